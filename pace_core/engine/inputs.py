@@ -1,0 +1,79 @@
+"""Turn what users pass to ``generate`` into a list of unpadded 1-D prompt tensors."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from pace_core.errors import ConfigError
+
+
+def _is_chat(obj: Any) -> bool:
+    return isinstance(obj, Sequence) and bool(obj) and all(
+        isinstance(m, Mapping) and "role" in m for m in obj
+    )
+
+
+def _encode(tokenizer: Any, text: str) -> torch.Tensor:
+    return torch.tensor(tokenizer(text, add_special_tokens=True)["input_ids"], dtype=torch.long)
+
+
+def _chat(tokenizer: Any, messages: Sequence[Mapping[str, Any]]) -> torch.Tensor:
+    if not getattr(tokenizer, "chat_template", None):
+        raise ConfigError("chat messages were given but the tokenizer has no chat template")
+    ids = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
+    if isinstance(ids, Mapping):
+        ids = ids["input_ids"]
+    return torch.tensor(list(ids), dtype=torch.long)
+
+
+def normalize_inputs(inputs: Any, tokenizer: Any | None) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+    """Prompts as 1-D tensors plus the caller's padded ``input_ids`` when one was given.
+
+    Accepts a BatchEncoding/dict (``input_ids`` + ``attention_mask``), a ``[T]`` or ``[B, T]``
+    tensor, a string, a list of strings, one chat (list of role/content dicts) or a list of chats.
+    """
+    def need_tokenizer() -> Any:
+        if tokenizer is None:
+            raise ConfigError("text inputs need a tokenizer; pass token ids or load one")
+        return tokenizer
+
+    if isinstance(inputs, Mapping) or hasattr(inputs, "input_ids"):
+        ids = inputs["input_ids"]
+        ids = torch.as_tensor(ids, dtype=torch.long)
+        if ids.dim() == 1:
+            ids = ids.unsqueeze(0)
+        mask = inputs.get("attention_mask") if isinstance(inputs, Mapping) else None
+        mask = torch.ones_like(ids, dtype=torch.bool) if mask is None else torch.as_tensor(mask).bool()
+        if mask.shape != ids.shape:
+            raise ConfigError(f"attention_mask shape {tuple(mask.shape)} != input_ids {tuple(ids.shape)}")
+        return [row[m] for row, m in zip(ids, mask)], ids
+    if isinstance(inputs, torch.Tensor):
+        ids = inputs.long()
+        if ids.dim() == 1:
+            ids = ids.unsqueeze(0)
+        if ids.dim() != 2:
+            raise ConfigError(f"token tensor must be [T] or [B, T] (got shape {tuple(inputs.shape)})")
+        return list(ids), ids
+    if isinstance(inputs, str):
+        return [_encode(need_tokenizer(), inputs)], None
+    if _is_chat(inputs):
+        return [_chat(need_tokenizer(), inputs)], None
+    if isinstance(inputs, Sequence) and inputs:
+        prompts = []
+        for item in inputs:
+            if isinstance(item, str):
+                prompts.append(_encode(need_tokenizer(), item))
+            elif _is_chat(item):
+                prompts.append(_chat(need_tokenizer(), item))
+            elif isinstance(item, Sequence) and all(isinstance(t, int) for t in item):
+                prompts.append(torch.tensor(list(item), dtype=torch.long))
+            else:
+                raise ConfigError(f"unsupported prompt item of type {type(item).__name__}")
+        return prompts, None
+    raise ConfigError(
+        f"unsupported generate() input of type {type(inputs).__name__}: pass a string, a list of "
+        "strings, chat messages, token tensors or a tokenizer BatchEncoding"
+    )

@@ -1,0 +1,279 @@
+"""LLMModel: load a Hugging Face causal LM as it is and generate with pace kernels."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pace_core.engine.generate import StepEvent, generation_loop, score
+from pace_core.engine.inputs import normalize_inputs
+from pace_core.engine.output import GenerationOutput, SequenceOutput, TokenLogprob
+from pace_core.errors import ConfigError
+from pace_core.models.decoder import DecoderLM, OpPlan
+from pace_core.models.loader import build_model, load_config, parse_dtype, resolve_model_path
+from pace_core.opconfig import OperatorConfig, OpResolver
+from pace_core.plugins import get_host
+from pace_core.sampling.config import SamplingConfig
+from pace_core.sampling.sampler import BatchSampler
+StopChecker = None  # TEMP
+
+log = logging.getLogger("pace.engine")
+
+
+@dataclass
+class StreamChunk:
+    """One token of one sequence, as yielded by :meth:`LLMModel.stream`."""
+
+    index: int
+    token_id: int
+    text: str
+    finish_reason: str | None
+
+
+class LLMModel:
+    """A causal LM ready to generate.
+
+    >>> model = LLMModel("smollm2", dtype=torch.bfloat16)
+    >>> model.generate("Once upon a time", SamplingConfig(max_new_tokens=20)).texts[0]
+    """
+
+    def __init__(
+        self,
+        model: str | os.PathLike,
+        tokenizer: Any | None = None,
+        dtype: torch.dtype | str = torch.bfloat16,
+        kv_cache_type: str = "dynamic",
+        opconfig: OperatorConfig | dict | str | None = None,
+        spec_config: Any | None = None,
+        *,
+        strict: bool = True,
+        load_tokenizer: bool = True,
+    ) -> None:
+        if spec_config is not None:
+            raise ConfigError("spec_config: speculative decoding is not available in this version")
+        self.dtype = parse_dtype(dtype)
+        self.host = get_host()
+        if kv_cache_type not in self.host.caches.caches:
+            raise ConfigError(
+                f"unknown kv_cache_type {kv_cache_type!r}; available: "
+                f"{', '.join(sorted(self.host.caches.caches))}"
+            )
+        self.kv_cache_type = kv_cache_type
+        self.path = resolve_model_path(model)
+        self.config = load_config(self.path)
+        self.opconfig = OperatorConfig.coerce(opconfig)
+        self.resolver = OpResolver(self.host.ops, self.opconfig)
+        self.model: DecoderLM = build_model(
+            self.path, self.config, self.dtype, self.host, self.resolver, strict=strict
+        )
+        self.tokenizer = tokenizer
+        if tokenizer is None and load_tokenizer:
+            from transformers import AutoTokenizer
+
+            self.tokenizer = AutoTokenizer.from_pretrained(str(self.path))
+        self.generation_config = self._read_generation_config(self.path)
+        self.eos_token_ids = self._default_eos()
+
+    # -- set-up helpers ------------------------------------------------------------------
+    @staticmethod
+    def _read_generation_config(path: Path) -> dict[str, Any]:
+        file = path / "generation_config.json"
+        if not file.exists():
+            return {}
+        try:
+            return json.loads(file.read_text())
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{file} is not valid JSON: {exc}") from None
+
+    def _default_eos(self) -> tuple[int, ...]:
+        for source in (self.generation_config.get("eos_token_id"),
+                       getattr(self.model.config, "eos_token_id", None),
+                       getattr(self.tokenizer, "eos_token_id", None)):  # fmt: skip
+            if source is not None:
+                return tuple(source) if isinstance(source, list | tuple) else (int(source),)
+        return ()
+
+    @property
+    def op_plan(self) -> OpPlan:
+        """Which backend serves each op call site, with fallback reasons."""
+        return self.model.plan
+
+    def new_cache(self, batch: int) -> Any:
+        spec = self.host.caches.caches[self.kv_cache_type]
+        return spec.factory(batch, self.model.num_kv_heads, self.model.head_dims, self.dtype)
+
+    def sampling_defaults(self, **overrides: Any) -> SamplingConfig:
+        """A SamplingConfig from the model's generation_config.json, then ``overrides``."""
+        return SamplingConfig.from_generation_config(self.generation_config, **overrides)
+
+    def _configs(self, sampling: SamplingConfig | Sequence[SamplingConfig] | None, n: int):
+        if sampling is None:
+            return [self.sampling_defaults()] * n
+        if isinstance(sampling, SamplingConfig):
+            return [sampling] * n
+        configs = list(sampling)
+        if len(configs) != n:
+            raise ConfigError(f"got {len(configs)} sampling configs for {n} prompts")
+        return configs
+
+    # -- generation ------------------------------------------------------------------------
+    def _run(self, inputs: Any, sampling: Any, *, keep_logits: bool = False):
+        prompts, padded = normalize_inputs(inputs, self.tokenizer)
+        for i, p in enumerate(prompts):
+            if p.numel() == 0:
+                raise ConfigError(f"prompt {i} is empty: every prompt needs at least one token")
+            bad = p[(p < 0) | (p >= self.model.vocab_size)]
+            if bad.numel():
+                raise ConfigError(f"prompt {i} has token id {int(bad[0])} outside the vocabulary "
+                                  f"[0, {self.model.vocab_size})")  # fmt: skip
+        configs = self._configs(sampling, len(prompts))
+        for cfg in configs:
+            if cfg.num_beams > 1:
+                raise ConfigError("num_beams > 1: use LLMModel.beam_search")
+        max_ctx = getattr(self.model.config, "max_position_embeddings", None)
+        eos = [set(cfg.eos_token_ids or self.eos_token_ids) for cfg in configs]
+        stops = [StopChecker(cfg.stop) if cfg.stop else None for cfg in configs]
+        generated: list[list[int]] = [[] for _ in prompts]
+
+        def finish(row: int, token: int, n: int) -> str | None:
+            cfg = configs[row]
+            generated[row].append(token)
+            if token in eos[row] and not cfg.ignore_eos and n > cfg.min_new_tokens - 1:
+                return "stop"
+            if stops[row] is not None and self.tokenizer is not None:
+                if stops[row].check(self.tokenizer.decode(generated[row], skip_special_tokens=True)):
+                    return "stop"
+            if n >= cfg.max_new_tokens:
+                return "length"
+            if max_ctx and prompts[row].numel() + n >= max_ctx:
+                return "length"
+            return None
+
+        sampler = BatchSampler(configs, prompts, self.model.vocab_size, eos_token_ids=eos)
+        cache = self.new_cache(len(prompts))
+        events = generation_loop(self.model, cache, prompts, sampler, finish, keep_logits=keep_logits)
+        return prompts, padded, configs, generated, stops, events
+
+    @torch.inference_mode()
+    def generate(
+        self,
+        inputs: Any,
+        sampling_config: SamplingConfig | Sequence[SamplingConfig] | None = None,
+        streamer: Any | None = None,
+        *,
+        output_logits: bool = False,
+    ) -> GenerationOutput:
+        """Generate for one prompt or a batch; see :class:`GenerationOutput`.
+
+        ``streamer`` follows transformers' streamer protocol (``put``/``end``; batch size 1).
+        """
+        prompts, padded, configs, generated, stops, events = self._run(
+            inputs, sampling_config, keep_logits=output_logits
+        )
+        if streamer is not None:
+            streamer.put(prompts[0].view(1, -1) if len(prompts) == 1 else torch.stack(prompts))
+        reasons: dict[int, str] = {}
+        logprobs: list[list[TokenLogprob]] = [[] for _ in prompts]
+        logits: list[list[torch.Tensor]] = [[] for _ in prompts]
+        for event in events:
+            self._record(event, configs, logprobs, logits)
+            reasons.update(event.finished)
+            if streamer is not None:
+                streamer.put(torch.tensor(event.tokens))
+        if streamer is not None:
+            streamer.end()
+        prompt_lp = self._prompt_logprobs(prompts, configs)
+        sequences = []
+        for i, prompt in enumerate(prompts):
+            text = self._text(generated[i], stops[i])
+            sequences.append(SequenceOutput(
+                prompt.tolist(), generated[i], text, reasons[i],
+                logprobs[i] if configs[i].logprobs is not None else None, prompt_lp[i],
+            ))  # fmt: skip
+        out_logits = [torch.stack(rows) for rows in logits] if output_logits else None
+        return GenerationOutput(self._pack(prompts, padded, generated), sequences, out_logits)
+
+    @torch.inference_mode()
+    def stream(
+        self, inputs: Any, sampling_config: SamplingConfig | Sequence[SamplingConfig] | None = None
+    ) -> Iterator[StreamChunk]:
+        """Yield each new token with its text delta (UTF-8 safe, stop strings held back)."""
+        prompts, _, _, generated, stops, events = self._run(inputs, sampling_config)
+        sent = [""] * len(prompts)
+        for event in events:
+            for row, token in zip(event.rows, event.tokens):
+                reason = event.finished.get(row)
+                text = self._text(generated[row], stops[row]) or ""
+                if reason is None:
+                    if text.endswith("\ufffd"):
+                        text = ""  # incomplete UTF-8 sequence: wait for the next token
+                    elif stops[row] is not None:
+                        text = text[: len(text) - stops[row].holdback(text)]
+                delta = text[len(sent[row]):] if text.startswith(sent[row]) else ""
+                sent[row] += delta
+                yield StreamChunk(row, token, delta, reason)
+
+    # -- output helpers --------------------------------------------------------------------
+    def _text(self, tokens: list[int], stop: StopChecker | None) -> str | None:
+        if self.tokenizer is None:
+            return None
+        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+        return stop.trim(text) if stop is not None else text
+
+    @staticmethod
+    def _record(event: StepEvent, configs, logprobs, logits) -> None:
+        for j, row in enumerate(event.rows):
+            if event.logits is not None:
+                logits[row].append(event.logits[j])
+            if configs[row].logprobs is not None and event.logprobs is not None:
+                top = {}
+                if event.top_ids is not None:
+                    k = configs[row].logprobs
+                    top = dict(zip(event.top_ids[j, :k].tolist(), event.top_logprobs[j, :k].tolist()))
+                logprobs[row].append(TokenLogprob(event.tokens[j], float(event.logprobs[j]), top))
+
+    def _prompt_logprobs(self, prompts, configs) -> list[list[TokenLogprob | None] | None]:
+        wanted = [i for i, c in enumerate(configs) if c.prompt_logprobs is not None]
+        result: list[list[TokenLogprob | None] | None] = [None] * len(prompts)
+        if not wanted:
+            return result
+        batch = [prompts[i] for i in wanted]
+        logits = score(self.model, self.new_cache(len(batch)), batch)
+        width = logits.shape[1]
+        for j, i in enumerate(wanted):
+            n, k = prompts[i].numel(), configs[i].prompt_logprobs
+            lp = torch.log_softmax(logits[j, width - n : width - 1], dim=-1)
+            entries: list[TokenLogprob | None] = [None]
+            for t in range(n - 1):
+                tok = int(prompts[i][t + 1])
+                top = lp[t].topk(k) if k else None
+                entries.append(TokenLogprob(tok, float(lp[t, tok]),
+                                            dict(zip(top.indices.tolist(), top.values.tolist())) if top else {}))  # fmt: skip
+            result[i] = entries
+        return result
+
+    def _pack(self, prompts, padded: torch.Tensor | None, generated: list[list[int]]) -> torch.Tensor:
+        pad = getattr(self.tokenizer, "pad_token_id", None)
+        pad = pad if pad is not None else (self.eos_token_ids[0] if self.eos_token_ids else 0)
+        if padded is None:
+            from pace_core.engine.generate import left_pad
+
+            padded = left_pad(prompts, pad)[0]
+        width = max(len(g) for g in generated)
+        tail = torch.full((len(prompts), width), pad, dtype=torch.long)
+        for i, g in enumerate(generated):
+            tail[i, : len(g)] = torch.tensor(g, dtype=torch.long)
+        return torch.cat([padded, tail], dim=1)
+
+    @torch.inference_mode()
+    def logits(self, inputs: Any) -> torch.Tensor:
+        """Raw logits ``[B, T, V]`` for every position of the (left-padded) prompts."""
+        prompts, _ = normalize_inputs(inputs, self.tokenizer)
+        return score(self.model, self.new_cache(len(prompts)), prompts)

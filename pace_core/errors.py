@@ -1,0 +1,21 @@
+"""Exceptions raised by pace; each message names the bad value and the fix."""
+
+
+class PaceError(Exception):
+    """Base class of pace's own errors."""
+
+
+class ConfigError(PaceError, ValueError):
+    """A user-supplied configuration value is invalid."""
+
+
+class OpResolutionError(PaceError):
+    """No usable kernel for an op (or a pinned backend is unavailable under ``strict``)."""
+
+
+class PluginError(PaceError):
+    """A plugin registered something invalid."""
+
+
+class ModelLoadError(PaceError, ValueError):
+    """A checkpoint cannot be loaded (missing/unexpected tensors, corrupt file, bad config)."""

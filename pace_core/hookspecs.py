@@ -1,0 +1,40 @@
+"""The plugin contract: hook specifications of the ``pace`` project.
+
+Every hook receives a registry object and adds to it (the tox pattern): a plugin declares
+what it provides and never patches the core. The core's own models, caches and sampling
+processors are registered through these same hooks by built-in plugins.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pluggy
+
+PROJECT_NAME = "pace"
+
+hookspec = pluggy.HookspecMarker(PROJECT_NAME)
+hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+
+if TYPE_CHECKING:
+    from pace_core.registry import CacheRegistry, ModelRegistry, OpRegistry, SamplerRegistry
+
+
+@hookspec
+def pace_register_ops(registry: OpRegistry) -> None:
+    """Register kernels: ``registry.add_kernel(op=..., backend=..., fn=..., ...)``."""
+
+
+@hookspec
+def pace_register_kv_caches(registry: CacheRegistry) -> None:
+    """Register KV cache types: ``registry.add_cache(name, factory, layout=...)``."""
+
+
+@hookspec
+def pace_register_models(registry: ModelRegistry) -> None:
+    """Register model architectures: ``registry.add_model(model_type, builder, ...)``."""
+
+
+@hookspec
+def pace_register_samplers(registry: SamplerRegistry) -> None:
+    """Register logits processors: ``registry.add_processor(name, factory, order=...)``."""

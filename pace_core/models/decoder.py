@@ -1,0 +1,181 @@
+"""The decoder-only LM shared by all families, and the builder that binds its kernels."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from pace_core.errors import ModelLoadError
+from pace_core.models.layers import Attention, Bound, Norm, StepContext
+from pace_core.models.rope import Rotary
+from pace_core.models.weights import WeightStore
+from pace_core.opconfig import OpResolver, Resolution
+from pace_core.registry import OpContext
+
+
+class OpPlan:
+    """The resolved backend of every op call site of a model, printable as a table."""
+
+    def __init__(self) -> None:
+        self.sites: Counter[tuple[str, str, str]] = Counter()  # (op, backend, fallback reason)
+        self.resolutions: list[Resolution] = []
+
+    def record(self, res: Resolution) -> None:
+        self.sites[(res.op, res.backend, res.fallback_reason)] += 1
+        self.resolutions.append(res)
+
+    def backends(self) -> dict[str, set[str]]:
+        out: dict[str, set[str]] = {}
+        for op, backend, _ in self.sites:
+            out.setdefault(op, set()).add(backend)
+        return out
+
+    def __str__(self) -> str:
+        from pace_core.report import format_table
+
+        rows = [[op, backend, str(n), reason or "-"] for (op, backend, reason), n in self.sites.items()]
+        return format_table(["op", "backend", "sites", "fallback reason"], rows)
+
+
+class ModelBuilder:
+    """Reads weights by name, resolves each op once, and returns bound blocks."""
+
+    def __init__(
+        self, config: Any, weights: WeightStore, dtype: torch.dtype, resolver: OpResolver
+    ) -> None:
+        self.config, self.weights, self.dtype, self.resolver = config, weights, dtype, resolver
+        self.plan = OpPlan()
+
+    def kernel(self, op: str, **attrs: Any):
+        res = self.resolver.resolve(OpContext(op, self.dtype, attrs))
+        self.plan.record(res)
+        return res.kernel
+
+    def tensor(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
+        return self.weights.take(name, dtype or self.dtype)
+
+    def optional(self, name: str) -> torch.Tensor | None:
+        return self.weights.take_optional(name, self.dtype)
+
+    def linear(self, name: str, *, bias: bool = False, weight: torch.Tensor | None = None) -> Bound:
+        w = self.tensor(f"{name}.weight") if weight is None else weight
+        b = self.tensor(f"{name}.bias") if bias else None
+        k = self.kernel("linear", in_features=int(w.shape[-1]), out_features=int(w.shape[0]))
+        return Bound(k.fn, k.prepare(w, b))
+
+    def qkv(self, names: Sequence[str] = (), *, bias: bool = False,
+            fused: str | None = None, sizes: Sequence[int] = ()) -> Bound:  # fmt: skip
+        """Q/K/V from three tensors, or from one ``fused`` tensor split by ``sizes``."""
+        if fused is not None:
+            weights = list(self.tensor(f"{fused}.weight").split(list(sizes)))
+            biases = list(self.tensor(f"{fused}.bias").split(list(sizes))) if bias else None
+        else:
+            weights = [self.tensor(f"{n}.weight") for n in names]
+            biases = [self.tensor(f"{n}.bias") for n in names] if bias else None
+        k = self.kernel("qkv_proj", in_features=int(weights[0].shape[-1]))
+        return Bound(k.fn, k.prepare(weights, biases))
+
+    def gated_mlp(self, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, activation: str) -> Bound:
+        k = self.kernel("gated_mlp", activation=activation, hidden=int(gate.shape[1]),
+                        intermediate=int(gate.shape[0]))  # fmt: skip
+        return Bound(k.fn, k.prepare(gate, up, down, activation))
+
+    def norm(self, name: str, eps: float, *, rms: bool = True, offset: float = 0.0,
+             bias: bool = False) -> Norm:  # fmt: skip
+        """Norm weights stay fp32; Gemma's ``(1 + w)`` is folded in via ``offset``."""
+        w = self.weights.take(f"{name}.weight", torch.float32) + offset
+        if rms:
+            return Norm(self.kernel("rms_norm").fn, w, eps)
+        b = self.weights.take(f"{name}.bias", torch.float32) if bias else None
+        return Norm(self.kernel("layer_norm").fn, w, eps, b, is_rms=False)
+
+    def attention(self, *, layer: int, qkv: Bound, o_proj: Bound, rotary: Rotary | None,
+                  num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
+                  window: int | None = None, **extra: Any) -> Attention:  # fmt: skip
+        if num_heads % num_kv_heads:
+            raise ModelLoadError(
+                f"num_attention_heads ({num_heads}) must be a multiple of "
+                f"num_key_value_heads ({num_kv_heads})"
+            )
+        attend = self.kernel("attention", head_dim=head_dim, gqa=num_heads // num_kv_heads,
+                             window=window, sinks=extra.get("sinks") is not None).fn  # fmt: skip
+        rope_fn = self.kernel("rope", head_dim=head_dim).fn if rotary is not None else None
+        return Attention(qkv, o_proj, attend, rope_fn, rotary, layer, num_heads, num_kv_heads,
+                         head_dim, scale, window, **extra)  # fmt: skip
+
+
+@dataclass
+class DecoderLM:
+    """Embeddings → decoder blocks → final norm → lm_head, for any family."""
+
+    config: Any
+    dtype: torch.dtype
+    embed: Callable[[torch.Tensor], torch.Tensor]
+    layers: list[Callable]
+    final_norm: Norm | None
+    lm_head: Bound
+    rotaries: list[Rotary]
+    windows: set[int | None]
+    num_layers: int
+    num_kv_heads: list[int]
+    head_dims: list[int]
+    vocab_size: int
+    plan: OpPlan
+    embed_scale: float | None = None
+    position_embed: Callable[[torch.Tensor], torch.Tensor] | None = None
+    project_in: Bound | None = None
+    project_out: Bound | None = None
+    logit_softcap: float | None = None
+
+    def make_step(
+        self, cache: Any, positions: torch.Tensor, key_valid: torch.Tensor, q_start: int
+    ) -> StepContext:
+        """Rope tables and boolean masks for ``T`` new tokens at slots ``q_start..``.
+
+        ``key_valid [B, S]`` marks real (non-pad) key slots over the whole cache incl. the new
+        tokens; ``positions [B, T]`` are the new tokens' position ids.
+        """
+        step = StepContext(cache, positions)
+        for rot in self.rotaries:
+            step.rope[id(rot)] = rot.tables(positions, self.dtype)
+        t, s = positions.shape[1], key_valid.shape[1]
+        q_slot = torch.arange(q_start, q_start + t).view(t, 1)
+        k_slot = torch.arange(s).view(1, s)
+        causal = k_slot <= q_slot  # [T, S]
+        base = key_valid[:, None, :] & causal[None]  # [B, T, S]
+        # Pad queries see only themselves, so no row is fully masked (avoids NaN).
+        own = (k_slot == q_slot)[None] & ~key_valid[:, q_start:q_start + t, None]
+        for window in self.windows:
+            mask = base if window is None else base & (q_slot - k_slot < window)[None]
+            step.masks[window] = (mask | own).unsqueeze(1)
+        return step
+
+    def forward(self, ids: torch.Tensor, step: StepContext, *, all_logits: bool = False) -> torch.Tensor:
+        """Logits ``[B, V]`` for the last position, or ``[B, T, V]`` with ``all_logits``."""
+        x = self.embed(ids)
+        if self.embed_scale is not None:
+            x = x * torch.tensor(self.embed_scale, dtype=x.dtype)
+        if self.project_in is not None:
+            x = self.project_in(x)
+        if self.position_embed is not None:
+            x = x + self.position_embed(step.positions)
+        residual = None
+        for layer in self.layers:
+            x, residual = layer(x, residual, step)
+        if not all_logits:
+            x = x[:, -1:]
+            residual = None if residual is None else residual[:, -1:]
+        if self.final_norm is not None:
+            x = self.final_norm(x, residual)[0]
+        elif residual is not None:
+            x = x + residual
+        if self.project_out is not None:
+            x = self.project_out(x)
+        logits = self.lm_head(x).float()
+        if self.logit_softcap:
+            logits = torch.tanh(logits / self.logit_softcap) * self.logit_softcap
+        return logits if all_logits else logits[:, 0]

@@ -1,0 +1,1 @@
+"""One module per model family; each exposes ``build(builder) -> DecoderLM``."""

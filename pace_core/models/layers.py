@@ -1,0 +1,176 @@
+"""Decoder building blocks shared by every model family.
+
+Blocks hold kernels bound at build time (plain callables plus prepared weights): the forward
+pass never consults the plugin system. Hidden states travel as ``(x, residual)`` pairs so
+norms can fuse the residual add; the true hidden state is ``x + residual``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from pace_core.models.rope import Rotary
+
+Kernel = Callable[..., Any]
+Residual = torch.Tensor | None
+
+
+class KVStore(Protocol):
+    """What attention needs from a KV cache during a forward pass."""
+
+    def update(
+        self, layer: int, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+@dataclass
+class StepContext:
+    """Per-forward data shared by all layers: cache, positions, rope tables and masks."""
+
+    cache: KVStore
+    positions: torch.Tensor  # [B, T]
+    rope: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    masks: dict[int | None, torch.Tensor] = field(default_factory=dict)  # by sliding window
+
+
+class Bound:
+    """A kernel bound to its prepared weight: ``Bound(fn, w)(x) == fn(x, w)``."""
+
+    __slots__ = ("fn", "weight")
+
+    def __init__(self, fn: Kernel, weight: Any) -> None:
+        self.fn, self.weight = fn, weight
+
+    def __call__(self, x: torch.Tensor) -> Any:
+        return self.fn(x, self.weight)
+
+
+class Norm:
+    """RMSNorm or LayerNorm with fused residual add: ``norm(x, residual) -> (y, x+residual)``."""
+
+    __slots__ = ("bias", "eps", "fn", "is_rms", "weight")
+
+    def __init__(
+        self, fn: Kernel, weight: torch.Tensor, eps: float, bias: torch.Tensor | None = None,
+        *, is_rms: bool = True,
+    ) -> None:  # fmt: skip
+        self.fn, self.weight, self.eps, self.bias, self.is_rms = fn, weight, eps, bias, is_rms
+
+    def __call__(self, x: torch.Tensor, residual: Residual = None) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.is_rms:
+            return self.fn(x, self.weight, self.eps, residual)
+        return self.fn(x, self.weight, self.bias, self.eps, residual)
+
+
+@dataclass
+class Attention:
+    """Multi-head attention with GQA, optional QK-norm, rope, sliding window and sinks."""
+
+    qkv: Bound
+    o_proj: Bound
+    attend: Kernel
+    rope_fn: Kernel | None
+    rotary: Rotary | None
+    layer: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    scale: float
+    window: int | None = None
+    q_norm: Norm | None = None
+    k_norm: Norm | None = None
+    sinks: torch.Tensor | None = None
+
+    def __call__(self, x: torch.Tensor, step: StepContext) -> torch.Tensor:
+        b, t, _ = x.shape
+        q, k, v = self.qkv(x)
+        q = q.view(b, t, self.num_heads, self.head_dim)
+        k = k.view(b, t, self.num_kv_heads, self.head_dim)
+        v = v.view(b, t, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q = self.q_norm(q)[0]
+        if self.k_norm is not None:
+            k = self.k_norm(k)[0]
+        if self.rope_fn is not None:
+            cos, sin = step.rope[id(self.rotary)]
+            q, k = self.rope_fn(q, k, cos, sin, self.rotary.interleaved)
+        k_all, v_all = step.cache.update(self.layer, k.transpose(1, 2), v.transpose(1, 2))
+        out = self.attend(q.transpose(1, 2), k_all, v_all, step.masks[self.window], self.scale, self.sinks)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim))
+
+
+class DenseMLP:
+    """``fc2(act(fc1(x)))`` (OPT, GPT-J)."""
+
+    __slots__ = ("act", "fc1", "fc2")
+
+    def __init__(self, fc1: Bound, fc2: Bound, act: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        self.fc1, self.fc2, self.act = fc1, fc2, act
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class PreNormBlock:
+    """``h += attn(norm1(h)); h += mlp(norm2(h))`` — Llama, Qwen2, Phi3, OPT, GPT-OSS."""
+
+    __slots__ = ("attn", "mlp", "norm1", "norm2")
+
+    def __init__(self, norm1: Norm, attn: Attention, norm2: Norm, mlp: Callable) -> None:
+        self.norm1, self.attn, self.norm2, self.mlp = norm1, attn, norm2, mlp
+
+    def __call__(self, x: torch.Tensor, residual: Residual, step: StepContext):
+        h, residual = self.norm1(x, residual)
+        h, residual = self.norm2(self.attn(h, step), residual)
+        return self.mlp(h), residual
+
+
+class SandwichBlock:
+    """Gemma: norms before and after both attention and MLP."""
+
+    __slots__ = ("attn", "mlp", "post_attn", "post_mlp", "pre_attn", "pre_mlp")
+
+    def __init__(
+        self, pre_attn: Norm, attn: Attention, post_attn: Norm,
+        pre_mlp: Norm, mlp: Callable, post_mlp: Norm,
+    ) -> None:  # fmt: skip
+        self.pre_attn, self.attn, self.post_attn = pre_attn, attn, post_attn
+        self.pre_mlp, self.mlp, self.post_mlp = pre_mlp, mlp, post_mlp
+
+    def __call__(self, x: torch.Tensor, residual: Residual, step: StepContext):
+        h, residual = self.pre_attn(x, residual)
+        h = self.post_attn(self.attn(h, step))[0]
+        h, residual = self.pre_mlp(h, residual)
+        return self.post_mlp(self.mlp(h))[0], residual
+
+
+class ParallelBlock:
+    """GPT-J: attention and MLP both read ``norm(h)``; ``h += attn + mlp``."""
+
+    __slots__ = ("attn", "mlp", "norm")
+
+    def __init__(self, norm: Norm, attn: Attention, mlp: Callable) -> None:
+        self.norm, self.attn, self.mlp = norm, attn, mlp
+
+    def __call__(self, x: torch.Tensor, residual: Residual, step: StepContext):
+        h, residual = self.norm(x, residual)
+        return self.attn(h, step) + self.mlp(h), residual
+
+
+class PostNormBlock:
+    """OPT-350m style: ``h = norm1(h + attn(h)); h = norm2(h + mlp(h))``."""
+
+    __slots__ = ("attn", "mlp", "norm1", "norm2")
+
+    def __init__(self, attn: Attention, norm1: Norm, mlp: Callable, norm2: Norm) -> None:
+        self.attn, self.norm1, self.mlp, self.norm2 = attn, norm1, mlp, norm2
+
+    def __call__(self, x: torch.Tensor, residual: Residual, step: StepContext):
+        if residual is not None:
+            x = x + residual
+        h = self.norm1(self.attn(x, step), x)[0]
+        return self.norm2(self.mlp(h), h)[0], None

@@ -1,0 +1,94 @@
+"""From a model name to a built :class:`DecoderLM`: path resolution, config, weights, builder."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pace_core.errors import ConfigError, ModelLoadError
+from pace_core.models.decoder import DecoderLM, ModelBuilder
+from pace_core.models.weights import WeightStore
+from pace_core.opconfig import OpResolver
+from pace_core.plugins import PluginHost
+
+log = logging.getLogger("pace.models")
+
+SUPPORTED_DTYPES = {"float32": torch.float32, "fp32": torch.float32,
+                    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}  # fmt: skip
+
+
+def parse_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    if isinstance(dtype, torch.dtype) and dtype in SUPPORTED_DTYPES.values():
+        return dtype
+    if isinstance(dtype, str) and dtype.lower() in SUPPORTED_DTYPES:
+        return SUPPORTED_DTYPES[dtype.lower()]
+    raise ConfigError(
+        f"unsupported dtype {dtype!r}; use torch.float32 or torch.bfloat16 "
+        "(float16 is not supported on CPU: its matmuls are emulated and slow)"
+    )
+
+
+def resolve_model_path(name: str | os.PathLike) -> Path:
+    """A local directory, a pace zoo name (prepared on demand) or a hub id in the HF cache."""
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return path
+    from pace_core import zoo
+
+    if zoo.is_zoo_name(str(name)):
+        return zoo.pull(str(name))
+    if path.exists():
+        raise ModelLoadError(f"{path} is a file; pass the model directory that contains it")
+    try:
+        from huggingface_hub import snapshot_download
+
+        offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
+        return Path(snapshot_download(str(name), local_files_only=offline))
+    except Exception as exc:
+        raise ModelLoadError(
+            f"model {str(name)!r} is not a local directory, not a pace zoo model "
+            f"({', '.join(m.name for m in zoo.list_models())}) and could not be fetched from the "
+            f"Hugging Face hub ({type(exc).__name__}: {exc}). Download it first, or set "
+            "HF_HUB_OFFLINE=1 and make sure it is in the local HF cache."
+        ) from None
+
+
+def load_config(path: Path) -> Any:
+    from transformers import AutoConfig
+
+    if not (path / "config.json").exists():
+        raise ModelLoadError(f"{path} has no config.json: not a Hugging Face model directory")
+    try:
+        return AutoConfig.from_pretrained(str(path))
+    except Exception as exc:
+        raise ModelLoadError(f"cannot read {path / 'config.json'}: {exc}") from None
+
+
+def build_model(
+    path: Path,
+    config: Any,
+    dtype: torch.dtype,
+    host: PluginHost,
+    resolver: OpResolver,
+    *,
+    strict: bool = True,
+) -> DecoderLM:
+    """Read the checkpoint and build the model with the builder registered for its type."""
+    model_type = getattr(config, "model_type", None)
+    spec = host.models.models.get(model_type)
+    if spec is None:
+        known = ", ".join(sorted(host.models.models)) or "none (is the pace.models plugin disabled?)"
+        raise ModelLoadError(f"unsupported model_type {model_type!r} in {path}; supported: {known}")
+    weights = WeightStore.from_dir(path)
+    builder = ModelBuilder(config, weights, dtype, resolver)
+    with torch.no_grad():
+        model = spec.builder(builder)
+    tolerated = weights.finish(getattr(spec.builder, "harmless_extras", ()), strict=strict)
+    if tolerated:
+        log.warning("ignored %d unexpected tensors (strict=False): %s", len(tolerated),
+                    ", ".join(tolerated[:5]))  # fmt: skip
+    return model

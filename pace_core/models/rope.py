@@ -1,0 +1,91 @@
+"""Rotary position tables for every HF rope type (default, linear, dynamic, yarn, longrope, llama3).
+
+Frequencies come from transformers' own init functions, so the numbers match HF exactly; the
+tables are computed once per step and shared by all layers of the same kind.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+from pace_core.errors import ConfigError
+
+
+def rope_parameters(config: Any, layer_type: str | None) -> dict[str, Any]:
+    params = getattr(config, "rope_parameters", None) or {}
+    if layer_type is not None and layer_type in params:
+        params = params[layer_type]
+    if "rope_type" not in params:
+        params = {**params, "rope_type": "default"}
+    return params
+
+
+class Rotary:
+    """cos/sin tables for one rope configuration; ``interleaved`` selects the GPT-J layout."""
+
+    def __init__(
+        self,
+        config: Any,
+        head_dim: int,
+        *,
+        layer_type: str | None = None,
+        interleaved: bool = False,
+        rotary_dim: int | None = None,
+        base: float | None = None,
+    ) -> None:
+        self.config = config
+        self.layer_type = layer_type
+        self.interleaved = interleaved
+        params = rope_parameters(config, layer_type)
+        self.rope_type = params["rope_type"]
+        self.max_positions = getattr(config, "max_position_embeddings", 0) or 0
+        self.original_max = params.get("original_max_position_embeddings", self.max_positions)
+        self._kwargs = {"layer_type": layer_type} if layer_type is not None else {}
+        if self.rope_type == "default":
+            theta = base if base is not None else params.get("rope_theta", 10000.0)
+            dim = rotary_dim or int(head_dim * params.get("partial_rotary_factor", 1.0))
+            arange = torch.arange(0, dim, 2, dtype=torch.int64).float()
+            self.inv_freq = 1.0 / (theta ** (arange / dim))
+            self.scaling = 1.0
+        elif self.rope_type in ROPE_INIT_FUNCTIONS:
+            self.inv_freq, self.scaling = ROPE_INIT_FUNCTIONS[self.rope_type](
+                config, None, **self._kwargs
+            )
+        else:
+            raise ConfigError(
+                f"unsupported rope_type {self.rope_type!r}; supported: default, "
+                f"{', '.join(ROPE_INIT_FUNCTIONS)}"
+            )
+        self._original_inv_freq = self.inv_freq
+        self._long_inv_freq: torch.Tensor | None = None
+        self.rotary_dim = 2 * self.inv_freq.shape[0]
+
+    def _inv_freq_for(self, seq_len: int) -> torch.Tensor:
+        if self.rope_type == "dynamic" and seq_len > self.max_positions:
+            inv, self.scaling = ROPE_INIT_FUNCTIONS["dynamic"](
+                self.config, None, seq_len=seq_len, **self._kwargs
+            )
+            return inv
+        if self.rope_type == "longrope":
+            if seq_len > self.original_max:
+                if self._long_inv_freq is None:
+                    self._long_inv_freq, _ = ROPE_INIT_FUNCTIONS["longrope"](
+                        self.config, None, seq_len=self.original_max + 1, **self._kwargs
+                    )
+                return self._long_inv_freq
+        return self._original_inv_freq
+
+    def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin ``[B, T, rotary_dim]`` for integer ``positions [B, T]``."""
+        inv_freq = self.inv_freq
+        if self.rope_type in ("dynamic", "longrope"):
+            inv_freq = self._inv_freq_for(int(positions.max()) + 1)
+        freqs = positions[..., None].float() * inv_freq
+        if self.interleaved:
+            emb = freqs.repeat_interleave(2, dim=-1)
+        else:
+            emb = torch.cat((freqs, freqs), dim=-1)
+        return (emb.cos() * self.scaling).to(dtype), (emb.sin() * self.scaling).to(dtype)

@@ -1,0 +1,69 @@
+"""The op catalogue: every op a model may call, with the signature its kernels implement.
+
+Kernels are registered per op by plugins (see ``hookspecs.pace_register_ops``). The native
+plugin implements all of them; other backends implement any subset.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """One op of the catalogue: its name, call signature and whether it takes a prepare step."""
+
+    name: str
+    signature: str
+    summary: str
+    prepared: bool = False
+
+
+OPS: dict[str, OpSpec] = {
+    spec.name: spec
+    for spec in (
+        OpSpec("embedding", "fn(ids[B,T] int64, weight[V,H]) -> [B,T,H]", "token embedding"),
+        OpSpec(
+            "linear",
+            "fn(x[...,K], w) -> [...,N]; w = prepare(weight[N,K], bias[N]|None)",
+            "dense projection (also lm_head)",
+            prepared=True,
+        ),
+        OpSpec(
+            "qkv_proj",
+            "fn(x[...,K], w) -> (q, k, v); w = prepare([wq, wk, wv], [bq, bk, bv]|None)",
+            "fused Q/K/V projection",
+            prepared=True,
+        ),
+        OpSpec(
+            "gated_mlp",
+            "fn(x[...,H], w) -> [...,H]; w = prepare(gate, up, down, activation, limit)",
+            "act(x@gate) * (x@up) @ down",
+            prepared=True,
+        ),
+        OpSpec(
+            "rms_norm",
+            "fn(x, weight, eps, residual|None) -> (y, x + residual)",
+            "RMSNorm with optional fused residual add",
+        ),
+        OpSpec(
+            "layer_norm",
+            "fn(x, weight, bias|None, eps, residual|None) -> (y, x + residual)",
+            "LayerNorm with optional fused residual add",
+        ),
+        OpSpec(
+            "rope",
+            "fn(q[B,T,Hq,D], k[B,T,Hk,D], cos[B,T,R], sin[B,T,R], interleaved: bool) -> (q, k)",
+            "rotary embedding on the first R dims (neox halves or GPT-J interleaved pairs)",
+        ),
+        OpSpec(
+            "attention",
+            "fn(q[B,Hq,T,D], k[B,Hk,S,D], v[B,Hk,S,D], mask[B,1,T,S] bool, scale, sinks[Hq]|None)"
+            " -> [B,Hq,T,D]",
+            "scaled dot-product attention with GQA, boolean mask and optional sinks",
+        ),
+    )
+}
+
+# Names a user may write in an OperatorConfig that stand for several ops.
+OP_GROUPS: dict[str, tuple[str, ...]] = {"norm": ("rms_norm", "layer_norm")}

@@ -1,0 +1,346 @@
+"""Batched logits processors (one request per row, each with its own parameters).
+
+Protocol: a *factory* ``factory(configs) -> processor | None`` is called once per batch
+composition with the per-row :class:`SamplingConfig` list (``None`` = no row needs it); it
+builds the per-row parameter tensors. The processor is then applied every decode step as
+``logits = proc(logits, state)`` with ``logits`` float ``[B, V]`` owned by the caller of the
+chain (processors may modify it in place) and ``state`` the batch's :class:`TokenState`.
+
+Order (``BUILTIN_PROCESSORS``) follows transformers' ``_get_logits_processor``: sequence bias
+(our ``logit_bias``), repetition penalty, [OpenAI frequency/presence penalty, not in HF, placed
+next to the other penalty as vLLM does], min_new_tokens, then the sampling-only warpers
+temperature, top_k, top_p, min_p. Bias and penalties apply to every row (greedy rows included,
+as in HF); the warpers only to rows with ``not cfg.is_greedy``. A row whose parameter is
+neutral is excluded (or gets an exactly neutral value), so its logits are bit-identical.
+
+``min_new_tokens`` reads ``cfg.eos_token_ids``: :class:`BatchSampler` resolves the model's EOS
+into the configs before calling factories; rows with unknown EOS are not masked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from torch import Tensor
+
+from pace_core.sampling.config import SamplingConfig
+from pace_core.sampling.state import TokenState
+
+__all__ = [
+    "BUILTIN_PROCESSORS",
+    "FrequencyPresencePenaltyProcessor",
+    "LogitBiasProcessor",
+    "LogitsProcessor",
+    "MinNewTokensProcessor",
+    "MinPProcessor",
+    "ProcessorFactory",
+    "RepetitionPenaltyProcessor",
+    "TemperatureProcessor",
+    "TopKProcessor",
+    "TopPProcessor",
+    "build_processors",
+]
+
+NEG_INF = float("-inf")
+_TOP_P_CANDIDATES = 256  # first candidate-set size of top-p (grown x8 until it covers top_p)
+
+
+@runtime_checkable
+class LogitsProcessor(Protocol):
+    """Transforms a ``[B, V]`` logits batch; may work in place and returns the result."""
+
+    def __call__(self, logits: Tensor, state: TokenState) -> Tensor: ...
+
+
+ProcessorFactory = Callable[[Sequence[SamplingConfig]], "LogitsProcessor | None"]
+
+
+def _row_index(flags: Sequence[bool]) -> Tensor | None:
+    """Indices of flagged rows, or None when every row is flagged (no gather needed)."""
+    if all(flags):
+        return None
+    return torch.tensor([i for i, f in enumerate(flags) if f], dtype=torch.long)
+
+
+def _col(values: Iterable[float], dtype: torch.dtype = torch.float32) -> Tensor:
+    """Per-row parameter as a ``[R, 1]`` column (broadcasts over the vocabulary)."""
+    return torch.tensor(list(values), dtype=dtype).reshape(-1, 1)
+
+
+class _RowwiseProcessor:
+    """Base for processors that transform a subset of rows with per-row ``[R, 1]`` params."""
+
+    def __init__(self, rows: Tensor | None) -> None:
+        self.rows = rows
+
+    def __call__(self, logits: Tensor, state: TokenState) -> Tensor:
+        if self.rows is None:
+            return self._apply(logits, state, None)
+        rows = self.rows.to(logits.device)
+        logits[rows] = self._apply(logits[rows], state, rows)
+        return logits
+
+    def _apply(self, x: Tensor, state: TokenState, rows: Tensor | None) -> Tensor:
+        raise NotImplementedError
+
+
+# ---------------------------------------------------------------------------- processors
+class LogitBiasProcessor:
+    """``logits[r, t] += bias`` for each row's ``logit_bias`` entries (sparse, no [B, V])."""
+
+    def __init__(self, rows: Tensor, cols: Tensor, values: Tensor) -> None:
+        self.rows, self.cols, self.values = rows, cols, values
+
+    @classmethod
+    def from_configs(cls, configs: Sequence[SamplingConfig]) -> LogitBiasProcessor | None:
+        rows: list[int] = []
+        cols: list[int] = []
+        vals: list[float] = []
+        for i, cfg in enumerate(configs):
+            for tok, bias in (cfg.logit_bias or {}).items():
+                rows.append(i)
+                cols.append(tok)
+                vals.append(float(bias))
+        if not rows:
+            return None
+        return cls(torch.tensor(rows), torch.tensor(cols), torch.tensor(vals))
+
+    def __call__(self, logits: Tensor, state: TokenState) -> Tensor:
+        dev = logits.device
+        logits.index_put_(
+            (self.rows.to(dev), self.cols.to(dev)),
+            self.values.to(device=dev, dtype=logits.dtype),
+            accumulate=True,
+        )
+        return logits
+
+
+class RepetitionPenaltyProcessor(_RowwiseProcessor):
+    """HF repetition penalty: for tokens in prompt + generated, ``x<0 ? x*p : x/p``."""
+
+    def __init__(self, rows: Tensor | None, penalty: Tensor) -> None:
+        super().__init__(rows)
+        self.penalty = penalty
+
+    @classmethod
+    def from_configs(cls, configs: Sequence[SamplingConfig]) -> RepetitionPenaltyProcessor | None:
+        flags = [c.repetition_penalty != 1.0 for c in configs]
+        if not any(flags):
+            return None
+        penalties = [c.repetition_penalty for c, f in zip(configs, flags, strict=True) if f]
+        return cls(_row_index(flags), _col(penalties))
+
+    def _apply(self, x: Tensor, state: TokenState, rows: Tensor | None) -> Tensor:
+        seen = state.seen_mask()
+        if rows is not None:
+            seen = seen[rows]
+        p = self.penalty.to(device=x.device, dtype=x.dtype)
+        return torch.where(seen, torch.where(x < 0, x * p, x / p), x)
+
+
+class FrequencyPresencePenaltyProcessor(_RowwiseProcessor):
+    """OpenAI penalties over generated tokens: ``x -= freq * count + presence * (count > 0)``."""
+
+    def __init__(self, rows: Tensor | None, frequency: Tensor, presence: Tensor) -> None:
+        super().__init__(rows)
+        self.frequency, self.presence = frequency, presence
+
+    @classmethod
+    def from_configs(
+        cls, configs: Sequence[SamplingConfig]
+    ) -> FrequencyPresencePenaltyProcessor | None:
+        flags = [c.frequency_penalty != 0.0 or c.presence_penalty != 0.0 for c in configs]
+        if not any(flags):
+            return None
+        active = [c for c, f in zip(configs, flags, strict=True) if f]
+        return cls(
+            _row_index(flags),
+            _col(c.frequency_penalty for c in active),
+            _col(c.presence_penalty for c in active),
+        )
+
+    def _apply(self, x: Tensor, state: TokenState, rows: Tensor | None) -> Tensor:
+        counts = state.output_counts()
+        if rows is not None:
+            counts = counts[rows]
+        freq = self.frequency.to(device=x.device, dtype=x.dtype)
+        pres = self.presence.to(device=x.device, dtype=x.dtype)
+        return x - counts.to(x.dtype) * freq - (counts > 0).to(x.dtype) * pres
+
+
+class MinNewTokensProcessor:
+    """Sets each row's EOS logits to ``-inf`` while it has generated < ``min_new_tokens``."""
+
+    def __init__(self, rows: Tensor, eos: Tensor, min_new: Tensor) -> None:
+        self.rows, self.eos, self.min_new = rows, eos, min_new
+
+    @classmethod
+    def from_configs(cls, configs: Sequence[SamplingConfig]) -> MinNewTokensProcessor | None:
+        rows: list[int] = []
+        eos: list[int] = []
+        min_new: list[int] = []
+        for i, cfg in enumerate(configs):
+            if cfg.min_new_tokens <= 0 or cfg.eos_token_ids is None:
+                continue
+            for tok in cfg.eos_token_ids:
+                rows.append(i)
+                eos.append(tok)
+                min_new.append(cfg.min_new_tokens)
+        if not rows:
+            return None
+        return cls(torch.tensor(rows), torch.tensor(eos), torch.tensor(min_new))
+
+    def __call__(self, logits: Tensor, state: TokenState) -> Tensor:
+        dev = logits.device
+        rows, eos = self.rows.to(dev), self.eos.to(dev)
+        active = state.num_generated.to(dev)[rows] < self.min_new.to(dev)
+        current = logits[rows, eos]
+        logits.index_put_((rows, eos), torch.where(active, NEG_INF, current))
+        return logits
+
+
+class TemperatureProcessor(_RowwiseProcessor):
+    """``x / temperature`` on sampling rows with temperature != 1."""
+
+    def __init__(self, rows: Tensor | None, temperature: Tensor) -> None:
+        super().__init__(rows)
+        self.temperature = temperature
+
+    @classmethod
+    def from_configs(cls, configs: Sequence[SamplingConfig]) -> TemperatureProcessor | None:
+        flags = [not c.is_greedy and c.temperature != 1.0 for c in configs]
+        if not any(flags):
+            return None
+        temps = [c.temperature for c, f in zip(configs, flags, strict=True) if f]
+        return cls(_row_index(flags), _col(temps))
+
+    def _apply(self, x: Tensor, state: TokenState, rows: Tensor | None) -> Tensor:
+        return x / self.temperature.to(device=x.device, dtype=x.dtype)
+
+
+class TopKProcessor(_RowwiseProcessor):
+    """Keeps the ``top_k`` largest logits per sampling row (ties with the k-th kept, as HF)."""
+
+    def __init__(self, rows: Tensor | None, k: Tensor) -> None:
+        super().__init__(rows)
+        self.k = k
+        self.kmax = int(k.max())
+
+    @classmethod
+    def from_configs(cls, configs: Sequence[SamplingConfig]) -> TopKProcessor | None:
+        flags = [not c.is_greedy and c.top_k > 0 for c in configs]
+        if not any(flags):
+            return None
+        ks = [c.top_k for c, f in zip(configs, flags, strict=True) if f]
+        return cls(_row_index(flags), _col(ks, torch.long))
+
+    def _apply(self, x: Tensor, state: TokenState, rows: Tensor | None) -> Tensor:
+        v = x.shape[-1]
+        k = self.k.to(x.device)
+        if self.kmax > v:
+            k = k.clamp(max=v)
+        top = torch.topk(x, min(self.kmax, v), dim=-1).values
+        kth = top.gather(1, k - 1)
+        return x.masked_fill(x < kth, NEG_INF)
+
+
+class TopPProcessor(_RowwiseProcessor):
+    """Nucleus filter: keep the most likely tokens whose exclusive cumulative prob < ``top_p``.
+
+    Same rule as HF's ascending-sort formulation (remove where ``cumsum_asc <= 1 - top_p``),
+    evaluated on a top-``K`` candidate set instead of a full vocabulary sort: if the
+    candidates' mass reaches ``top_p`` every other token is removed anyway; otherwise ``K``
+    grows (x8, up to ``V``). Cumulative sums are taken in float64.
+    """
+
+    def __init__(self, rows: Tensor | None, top_p: Tensor) -> None:
+        super().__init__(rows)
+        self.top_p = top_p
+
+    @classmethod
+    def from_configs(cls, configs: Sequence[SamplingConfig]) -> TopPProcessor | None:
+        flags = [not c.is_greedy and c.top_p < 1.0 for c in configs]
+        if not any(flags):
+            return None
+        ps = [c.top_p for c, f in zip(configs, flags, strict=True) if f]
+        return cls(_row_index(flags), _col(ps, torch.float64))
+
+    def _apply(self, x: Tensor, state: TokenState, rows: Tensor | None) -> Tensor:
+        v = x.shape[-1]
+        p = self.top_p.to(x.device)
+        probs = x.softmax(dim=-1)
+        k = min(v, _TOP_P_CANDIDATES)
+        while True:
+            vals, idx = torch.topk(probs, k, dim=-1)
+            csum = vals.to(torch.float64).cumsum(dim=-1)
+            if k == v or bool((csum[:, -1:] >= p).all()):
+                break
+            k = min(v, k * 8)
+        exclusive = torch.nn.functional.pad(csum[:, :-1], (1, 0))
+        keep = torch.zeros_like(x, dtype=torch.bool).scatter_(1, idx, exclusive < p)
+        return x.masked_fill(~keep, NEG_INF)
+
+
+class MinPProcessor(_RowwiseProcessor):
+    """Removes tokens with ``prob < min_p * max_prob`` on sampling rows (HF semantics)."""
+
+    def __init__(self, rows: Tensor | None, min_p: Tensor) -> None:
+        super().__init__(rows)
+        self.min_p = min_p
+
+    @classmethod
+    def from_configs(cls, configs: Sequence[SamplingConfig]) -> MinPProcessor | None:
+        flags = [not c.is_greedy and c.min_p > 0.0 for c in configs]
+        if not any(flags):
+            return None
+        ps = [c.min_p for c, f in zip(configs, flags, strict=True) if f]
+        return cls(_row_index(flags), _col(ps))
+
+    def _apply(self, x: Tensor, state: TokenState, rows: Tensor | None) -> Tensor:
+        probs = x.softmax(dim=-1)
+        top = probs.amax(dim=-1, keepdim=True)
+        threshold = self.min_p.to(device=x.device, dtype=probs.dtype) * top
+        return x.masked_fill(probs < threshold, NEG_INF)
+
+
+# ---------------------------------------------------------------------------- registry
+BUILTIN_PROCESSORS: list[tuple[str, int, ProcessorFactory]] = [
+    ("logit_bias", 100, LogitBiasProcessor.from_configs),
+    ("repetition_penalty", 200, RepetitionPenaltyProcessor.from_configs),
+    ("frequency_presence_penalty", 300, FrequencyPresencePenaltyProcessor.from_configs),
+    ("min_new_tokens", 400, MinNewTokensProcessor.from_configs),
+    ("temperature", 500, TemperatureProcessor.from_configs),
+    ("top_k", 600, TopKProcessor.from_configs),
+    ("top_p", 700, TopPProcessor.from_configs),
+    ("min_p", 800, MinPProcessor.from_configs),
+]
+"""``(name, order, factory)`` of the built-ins; applied in ascending ``order``."""
+
+
+def _spec_fields(spec: Any) -> tuple[str, int, ProcessorFactory]:
+    if isinstance(spec, tuple):
+        name, order, factory = spec
+        return name, order, factory
+    return spec.name, spec.order, spec.factory  # e.g. pace_core.registry.ProcessorSpec
+
+
+def build_processors(
+    configs: Sequence[SamplingConfig], specs: Iterable[Any] | None = None
+) -> list[tuple[str, LogitsProcessor]]:
+    """Instantiate the processors a batch needs, sorted by order.
+
+    ``specs``: ``(name, order, factory)`` tuples or objects with ``name``/``order``/``factory``
+    attributes (registry entries); default :data:`BUILTIN_PROCESSORS`.
+    """
+    entries = sorted(
+        (_spec_fields(s) for s in (BUILTIN_PROCESSORS if specs is None else specs)),
+        key=lambda e: e[1],
+    )
+    built: list[tuple[str, LogitsProcessor]] = []
+    for name, _, factory in entries:
+        proc = factory(configs)
+        if proc is not None:
+            built.append((name, proc))
+    return built

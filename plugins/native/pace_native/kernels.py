@@ -1,0 +1,152 @@
+"""Torch reference implementations of the pace op catalogue (see ``pace_core.ops``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+ACTIVATIONS = {
+    "silu": F.silu,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "relu": F.relu,
+}
+
+
+def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return F.embedding(ids, weight)
+
+
+# -- linear ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LinearWeight:
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+
+
+def prepare_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> LinearWeight:
+    return LinearWeight(weight.contiguous(), None if bias is None else bias.contiguous())
+
+
+def linear(x: torch.Tensor, w: LinearWeight) -> torch.Tensor:
+    return F.linear(x, w.weight, w.bias)
+
+
+# -- fused QKV ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class QKVWeight:
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    sizes: tuple[int, int, int]
+
+
+def prepare_qkv(
+    weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor] | None = None
+) -> QKVWeight:
+    sizes = tuple(int(w.shape[0]) for w in weights)
+    bias = torch.cat(list(biases)).contiguous() if biases is not None else None
+    return QKVWeight(torch.cat(list(weights)).contiguous(), bias, sizes)  # type: ignore[arg-type]
+
+
+def qkv_proj(x: torch.Tensor, w: QKVWeight) -> tuple[torch.Tensor, ...]:
+    return F.linear(x, w.weight, w.bias).split(w.sizes, dim=-1)
+
+
+# -- gated MLP ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class GatedMLPWeight:
+    gate_up: torch.Tensor
+    down: torch.Tensor
+    activation: str
+    intermediate: int
+
+
+def prepare_gated_mlp(
+    gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, activation: str
+) -> GatedMLPWeight:
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"unknown activation {activation!r}; known: {', '.join(ACTIVATIONS)}")
+    gate_up = torch.cat([gate, up]).contiguous()
+    return GatedMLPWeight(gate_up, down.contiguous(), activation, int(gate.shape[0]))
+
+
+def gated_mlp(x: torch.Tensor, w: GatedMLPWeight) -> torch.Tensor:
+    gate, up = F.linear(x, w.gate_up).split(w.intermediate, dim=-1)
+    return F.linear(ACTIVATIONS[w.activation](gate) * up, w.down)
+
+
+# -- norms ----------------------------------------------------------------------------------
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RMSNorm computed in fp32 (weight applied before the single cast back)."""
+    if residual is not None:
+        x = x + residual
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (y * weight.float()).to(x.dtype), x
+
+
+def layer_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    eps: float,
+    residual: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if residual is not None:
+        x = x + residual
+    y = F.layer_norm(x.float(), x.shape[-1:], weight.float(), None if bias is None else bias.float(), eps)
+    return y.to(x.dtype), x
+
+
+# -- rotary ---------------------------------------------------------------------------------
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    rot = cos.shape[-1]
+    x_rot, x_pass = x[..., :rot], x[..., rot:]
+    if interleaved:
+        x1, x2 = x_rot[..., 0::2], x_rot[..., 1::2]
+        rotated = torch.stack((-x2, x1), dim=-1).flatten(-2)
+    else:
+        x1, x2 = x_rot.chunk(2, dim=-1)
+        rotated = torch.cat((-x2, x1), dim=-1)
+    out = x_rot * cos + rotated * sin
+    return torch.cat((out, x_pass), dim=-1) if x_pass.shape[-1] else out
+
+
+def rope(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Apply rotary embedding; cos/sin are ``[B, T, R]`` in the layout of ``interleaved``."""
+    cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)
+    return _rotate(q, cos, sin, interleaved), _rotate(k, cos, sin, interleaved)
+
+
+# -- attention ------------------------------------------------------------------------------
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float,
+    sinks: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """SDPA over ``[B, H, T, D]`` with a boolean mask (True = attend) and GQA."""
+    if sinks is None:
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, scale=scale, enable_gqa=k.shape[1] != q.shape[1]
+        )
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:
+        k = k.repeat_interleave(groups, dim=1)
+        v = v.repeat_interleave(groups, dim=1)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    scores = scores.masked_fill(~mask, float("-inf"))
+    sink = sinks.to(scores.dtype).view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+    combined = torch.cat([scores, sink], dim=-1)
+    combined = combined - combined.amax(dim=-1, keepdim=True)
+    probs = torch.softmax(combined.float(), dim=-1).to(q.dtype)[..., :-1]
+    return torch.matmul(probs, v)

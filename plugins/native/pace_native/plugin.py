@@ -1,0 +1,27 @@
+"""Entry point of pace-native: registers every op of the catalogue at the lowest priority."""
+
+from __future__ import annotations
+
+import torch
+
+from pace_core import hookimpl
+from pace_core.registry import OpRegistry
+from pace_native import kernels
+
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@hookimpl
+def pace_register_ops(registry: OpRegistry) -> None:
+    add = registry.add_kernel
+    add("embedding", "native", kernels.embedding, dtypes=DTYPES)
+    add("linear", "native", kernels.linear, prepare=kernels.prepare_linear, dtypes=DTYPES)
+    add("qkv_proj", "native", kernels.qkv_proj, prepare=kernels.prepare_qkv, dtypes=DTYPES)
+    add(
+        "gated_mlp", "native", kernels.gated_mlp,
+        prepare=kernels.prepare_gated_mlp, dtypes=DTYPES,
+    )  # fmt: skip
+    add("rms_norm", "native", kernels.rms_norm, dtypes=DTYPES)
+    add("layer_norm", "native", kernels.layer_norm, dtypes=DTYPES)
+    add("rope", "native", kernels.rope, dtypes=DTYPES)
+    add("attention", "native", kernels.attention, dtypes=DTYPES)
