@@ -32,6 +32,47 @@ def _cmd_ops(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_models(args: argparse.Namespace) -> int:
+    from pace_core import zoo
+
+    if args.action == "pull":
+        for name in args.names or [zoo.DEFAULT_MODEL]:
+            print(zoo.pull(name, force=args.force, quiet=args.quiet))
+        return 0
+    for m in zoo.list_models():
+        state = "prepared" if zoo.is_prepared(m.name) else "not prepared"
+        print(f"{m.name:14s} {state:13s} {m.description}")
+    return 0
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from pace_core import zoo
+    from pace_core.engine.llm import LLMModel
+    from pace_core.sampling.config import SamplingConfig
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model = LLMModel(args.model or zoo.DEFAULT_MODEL, dtype=DTYPES[args.dtype],
+                     opconfig=args.opconfig)  # fmt: skip
+    overrides = {"max_new_tokens": args.max_new_tokens}
+    if args.temperature is not None:
+        overrides.update(do_sample=args.temperature > 0, temperature=args.temperature or 1.0)
+    if args.seed is not None:
+        overrides["seed"] = args.seed
+    config = model.sampling_defaults(**overrides)
+    prompt = args.prompt
+    if args.chat:
+        prompt = [{"role": "user", "content": args.prompt}]
+    if args.show_plan:
+        print(model.op_plan, file=sys.stderr)
+    if not args.chat:
+        print(args.prompt, end="", flush=True)
+    for chunk in model.stream(prompt, config):
+        print(chunk.text, end="", flush=True)
+    print()
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pace", description=__doc__)
     parser.add_argument("--log-level", default=os.environ.get("PACE_LOG_LEVEL", "warning"),
@@ -45,6 +86,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
     p.add_argument("--opconfig", default=None, help="e.g. 'linear=avx512,norm=native' or JSON")
     p.set_defaults(func=_cmd_ops)
+
+    p = sub.add_parser("models", help="list or prepare the bundled real models")
+    p.add_argument("action", choices=["list", "pull"], nargs="?", default="list")
+    p.add_argument("names", nargs="*", help="zoo model names (default: the default model)")
+    p.add_argument("--force", action="store_true", help="re-convert even if prepared")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=_cmd_models)
+
+    p = sub.add_parser("generate", help="generate text (default model: SmolLM2-135M-Instruct)")
+    p.add_argument("prompt")
+    p.add_argument("--model", default=None, help="directory, zoo name or hub id")
+    p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=None, help="0 = greedy")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--opconfig", default=None, help="e.g. 'linear=avx512,norm=native' or JSON")
+    p.add_argument("--show-plan", action="store_true", help="print the op plan to stderr")
+    p.set_defaults(func=_cmd_generate)
     return parser
 
 

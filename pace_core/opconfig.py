@@ -27,6 +27,7 @@ AUTO = "auto"
 # First-party backends: pinning one that is not installed falls back instead of erroring.
 KNOWN_BACKENDS = ("native", "avx512", "tpp", "onednn")
 ENV_VAR = "PACE_OPCONFIG"
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
 def _suggest(value: str, choices: list[str]) -> str:
@@ -111,7 +112,12 @@ class OperatorConfig:
                 )
             key, value = key.strip(), value.strip()
             if key == "strict":
-                data[key] = value.lower() in ("1", "true", "yes", "on")
+                if value.lower() not in _TRUE + _FALSE:
+                    raise ConfigError(
+                        f"bad OperatorConfig item {item!r} in {text!r}; strict takes "
+                        f"{'/'.join(_TRUE)} or {'/'.join(_FALSE)}"
+                    )
+                data[key] = value.lower() in _TRUE
             else:
                 data[key] = value
         return cls.from_dict(data)
@@ -208,11 +214,12 @@ class OpResolver:
         pinned = next((s for s in usable if s.backend == requested), None)
         if pinned is not None:
             return Resolution(ctx.op, requested, pinned, rejected=tuple(rejected))
-        reason = dict(rejected).get(requested) or (
-            f"plugin pace-{requested} is not installed"
-            if requested in KNOWN_BACKENDS
-            else f"no installed plugin provides backend {requested!r} for this op"
-        )
+        reason = dict(rejected).get(requested)
+        if reason is None:
+            if requested in KNOWN_BACKENDS and requested not in self.registry.backends():
+                reason = f"plugin pace-{requested} is not installed"
+            else:
+                reason = f"no installed plugin provides backend {requested!r} for this op"
         if self.config.strict:
             raise OpResolutionError(
                 f"op {ctx.op!r}: pinned backend {requested!r} unavailable ({reason}); "

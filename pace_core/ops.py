@@ -42,6 +42,13 @@ OPS: dict[str, OpSpec] = {
             prepared=True,
         ),
         OpSpec(
+            "moe",
+            "fn(x[N,H], experts[N,k] int64, weights[N,k], w) -> [N,H]; "
+            "w = prepare(gate_up[E,H,2I], gate_up_bias, down[E,I,H], down_bias, alpha, limit)",
+            "mixture-of-experts MLP (GPT-OSS clamped SwiGLU with interleaved gate/up)",
+            prepared=True,
+        ),
+        OpSpec(
             "rms_norm",
             "fn(x, weight, eps, residual|None) -> (y, x + residual)",
             "RMSNorm with optional fused residual add",

@@ -150,12 +150,17 @@ class PluginHost:
             self.pm.unregister(name=info.name)
             self._fail(info, exc)
             return
-        try:
+        try:  # duplicate names across plugins: check every registry before storing anything
             for registry in called:
-                registry._commit()
-        except Exception as exc:  # duplicate names across plugins
+                registry._validate()
+        except Exception as exc:
+            for registry in called:
+                registry._rollback()
+            self.pm.unregister(name=info.name)
             self._fail(info, exc)
             return
+        for registry in called:
+            registry._commit()
         info.provides = {
             "kernels": self.ops.count(info.name),
             "caches": self.caches.count(info.name),

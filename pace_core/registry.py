@@ -81,12 +81,29 @@ class _StagedRegistry:
     def _rollback(self) -> None:
         self._staged = []
 
-    def _commit(self) -> None:
+    def _validate(self) -> None:
+        """Raise if any staged item clashes with a stored one or another staged one."""
+        seen: dict[Any, Any] = {}
         for item in self._staged:
-            self._store(item)
+            key = self._key(item)
+            self._check(item, seen.get(key))
+            seen[key] = item
+
+    def _commit(self) -> None:
+        """Store every staged item, or none of them: all are checked before any is stored."""
+        self._validate()
+        for item in self._staged:
+            self._put(item)
         self._staged = []
 
-    def _store(self, item: Any) -> None:
+    def _key(self, item: Any) -> Any:
+        raise NotImplementedError
+
+    def _check(self, item: Any, staged_twin: Any | None) -> None:
+        """Raise PluginError if ``item`` is already stored or staged (``staged_twin``)."""
+        raise NotImplementedError
+
+    def _put(self, item: Any) -> None:
         raise NotImplementedError
 
 
@@ -132,13 +149,18 @@ class OpRegistry(_StagedRegistry):
         self._staged.append(spec)
         return spec
 
-    def _store(self, spec: KernelSpec) -> None:
-        existing = self._kernels[spec.op].get(spec.backend)
+    def _key(self, spec: KernelSpec) -> tuple[str, str]:
+        return (spec.op, spec.backend)
+
+    def _check(self, spec: KernelSpec, staged_twin: KernelSpec | None) -> None:
+        existing = self._kernels[spec.op].get(spec.backend) or staged_twin
         if existing is not None:
             raise PluginError(
                 f"backend {spec.backend!r} for op {spec.op!r} is registered twice "
                 f"(plugins {existing.plugin!r} and {spec.plugin!r})"
             )
+
+    def _put(self, spec: KernelSpec) -> None:
         self._kernels[spec.op][spec.backend] = spec
 
     def candidates(self, op: str) -> list[KernelSpec]:
@@ -177,9 +199,14 @@ class CacheRegistry(_StagedRegistry):
     ) -> None:
         self._staged.append(CacheSpec(name, factory, layout, self._plugin, description))
 
-    def _store(self, spec: CacheSpec) -> None:
-        if spec.name in self.caches:
+    def _key(self, spec: CacheSpec) -> str:
+        return spec.name
+
+    def _check(self, spec: CacheSpec, staged_twin: CacheSpec | None) -> None:
+        if spec.name in self.caches or staged_twin is not None:
             raise PluginError(f"KV cache {spec.name!r} is registered twice")
+
+    def _put(self, spec: CacheSpec) -> None:
         self.caches[spec.name] = spec
 
     def count(self, plugin: str) -> int:
@@ -206,12 +233,18 @@ class ModelRegistry(_StagedRegistry):
     def add_model(self, model_type: str, builder: Callable[..., Any], description: str = "") -> None:
         self._staged.append(ModelSpec(model_type, builder, self._plugin, description))
 
-    def _store(self, spec: ModelSpec) -> None:
-        if spec.model_type in self.models:
+    def _key(self, spec: ModelSpec) -> str:
+        return spec.model_type
+
+    def _check(self, spec: ModelSpec, staged_twin: ModelSpec | None) -> None:
+        existing = self.models.get(spec.model_type) or staged_twin
+        if existing is not None:
             raise PluginError(
                 f"model_type {spec.model_type!r} registered twice "
-                f"(plugins {self.models[spec.model_type].plugin!r} and {spec.plugin!r})"
+                f"(plugins {existing.plugin!r} and {spec.plugin!r})"
             )
+
+    def _put(self, spec: ModelSpec) -> None:
         self.models[spec.model_type] = spec
 
     def count(self, plugin: str) -> int:
@@ -238,9 +271,14 @@ class SamplerRegistry(_StagedRegistry):
     def add_processor(self, name: str, factory: Callable[..., Any], *, order: int) -> None:
         self._staged.append(ProcessorSpec(name, factory, order, self._plugin))
 
-    def _store(self, spec: ProcessorSpec) -> None:
-        if spec.name in self.processors:
+    def _key(self, spec: ProcessorSpec) -> str:
+        return spec.name
+
+    def _check(self, spec: ProcessorSpec, staged_twin: ProcessorSpec | None) -> None:
+        if spec.name in self.processors or staged_twin is not None:
             raise PluginError(f"logits processor {spec.name!r} registered twice")
+
+    def _put(self, spec: ProcessorSpec) -> None:
         self.processors[spec.name] = spec
 
     def ordered(self) -> list[ProcessorSpec]:

@@ -29,12 +29,12 @@ def plugins_table(host: PluginHost) -> str:
 
 
 def ops_table(host: PluginHost, config: OperatorConfig, cpu: CpuInfo, dtype: torch.dtype) -> str:
-    resolver = OpResolver(host.ops, OperatorConfig(default="auto"), cpu)
+    resolver = OpResolver(host.ops, config, cpu)  # a bad backend name raises ConfigError here
     rows = []
     for op in OPS:
         ctx = OpContext(op, dtype)
         try:
-            chosen = OpResolver(host.ops, config, cpu).resolve(ctx).backend
+            chosen = resolver.resolve(ctx).backend
         except Exception as exc:  # shown, not raised: this is a diagnostic table
             chosen = f"error: {exc}"
         for spec in host.ops.candidates(op):
@@ -46,7 +46,6 @@ def ops_table(host: PluginHost, config: OperatorConfig, cpu: CpuInfo, dtype: tor
             ])  # fmt: skip
         if not host.ops.candidates(op):
             rows.append([op, "-", "-", "-", "no kernel registered"])
-    del resolver
     dt = str(dtype).removeprefix("torch.")
     header = f"CPU: {cpu.model_name} [{cpu.isa_level}; features from {cpu.source}]\n"
     header += f"dtype: {dt}; config: {config.to_dict()}; * = chosen\n"

@@ -381,6 +381,19 @@ def _convert_gguf(src_dir: Path, gguf_name: str, out_dir: Path, *, quiet: bool) 
         gen_config = getattr(model, "generation_config", None)
         if gen_config is not None and not (out_dir / "generation_config.json").exists():
             gen_config.save_pretrained(str(out_dir))
+    _normalize_modes(out_dir)
+
+
+def _normalize_modes(out_dir: Path) -> None:
+    # The safetensors writer creates its file 0600; give every file the mode a plain open()
+    # got under the current umask (config.json) so a shared cache stays readable.
+    reference = out_dir / "config.json"
+    if not reference.is_file():
+        return
+    mode = reference.stat().st_mode & 0o777
+    for path in out_dir.iterdir():
+        if path.is_file() and not path.is_symlink() and path.stat().st_mode & 0o777 != mode:
+            path.chmod(mode)
 
 
 def _write_marker(directory: Path, m: ZooModel, seconds: float) -> None:

@@ -206,6 +206,8 @@ def test_pull_smollm2_real(smollm2_pulled: tuple[Path, Path, float]) -> None:
     assert config.get("dtype", config.get("torch_dtype")) == "float32"
     assert "quantization_config" not in config
     assert (path / "generation_config.json").is_file()
+    modes = {p.name: p.stat().st_mode & 0o777 for p in path.iterdir()}
+    assert len(set(modes.values())) == 1, modes  # weights as readable as the rest
     marker = json.loads((path / zoo.MARKER_NAME).read_text())
     assert marker["source_sha256"] == zoo.get_model("smollm2").sha256
     assert marker["format_version"] == zoo.ZOO_FORMAT_VERSION

@@ -14,7 +14,8 @@ import torch
 
 from pace_core.models.decoder import DecoderLM
 
-FinishFn = Callable[[int, int, int], str | None]  # (row, token, num_generated) -> reason
+# (row, token, hit_eos, hit_length) -> finish reason or None
+FinishFn = Callable[[int, int, bool, bool], str | None]
 
 
 @dataclass
@@ -55,7 +56,6 @@ def generation_loop(
     ids, valid = left_pad(prompts)
     positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
     rows = torch.arange(len(prompts))
-    num_generated = [0] * len(prompts)
     step = model.make_step(cache, positions, valid, 0)
     logits = model.forward(ids, step)
     cache.advance(ids.shape[1])
@@ -63,15 +63,16 @@ def generation_loop(
     while True:
         result = sampler.step(logits)
         tokens = result.tokens.tolist()
+        flags = zip(result.stopped_eos.tolist(), result.stopped_length.tolist())
         finished: dict[int, str] = {}
-        for row, token in zip(rows.tolist(), tokens):
-            num_generated[row] += 1
-            reason = finish(row, token, num_generated[row])
+        for row, token, (eos, length) in zip(rows.tolist(), tokens, flags):
+            reason = finish(row, token, eos, length)
             if reason is not None:
                 finished[row] = reason
+        top_ids, top_lp = result.top_logprobs or (None, None)
         yield StepEvent(
             rows.tolist(), tokens, finished, logits if keep_logits else None,
-            result.logprobs, result.top_ids, result.top_logprobs,
+            result.logprobs, top_ids, top_lp,
         )  # fmt: skip
         if finished:
             keep = torch.tensor([i for i, r in enumerate(rows.tolist()) if r not in finished])

@@ -15,6 +15,7 @@ import torch
 from pace_core.engine.generate import StepEvent, generation_loop, score
 from pace_core.engine.inputs import normalize_inputs
 from pace_core.engine.output import GenerationOutput, SequenceOutput, TokenLogprob
+from pace_core.engine.sequence import SequenceTracker
 from pace_core.errors import ConfigError
 from pace_core.models.decoder import DecoderLM, OpPlan
 from pace_core.models.loader import build_model, load_config, parse_dtype, resolve_model_path
@@ -22,7 +23,6 @@ from pace_core.opconfig import OperatorConfig, OpResolver
 from pace_core.plugins import get_host
 from pace_core.sampling.config import SamplingConfig
 from pace_core.sampling.sampler import BatchSampler
-StopChecker = None  # TEMP
 
 log = logging.getLogger("pace.engine")
 
@@ -124,7 +124,8 @@ class LLMModel:
         return configs
 
     # -- generation ------------------------------------------------------------------------
-    def _run(self, inputs: Any, sampling: Any, *, keep_logits: bool = False):
+    def _start(self, inputs: Any, sampling: Any, *, keep_logits: bool = False):
+        """Validate inputs and set up trackers and the generation loop."""
         prompts, padded = normalize_inputs(inputs, self.tokenizer)
         for i, p in enumerate(prompts):
             if p.numel() == 0:
@@ -134,32 +135,26 @@ class LLMModel:
                 raise ConfigError(f"prompt {i} has token id {int(bad[0])} outside the vocabulary "
                                   f"[0, {self.model.vocab_size})")  # fmt: skip
         configs = self._configs(sampling, len(prompts))
-        for cfg in configs:
+        max_ctx = getattr(self.model.config, "max_position_embeddings", None)
+        for i, (cfg, p) in enumerate(zip(configs, prompts)):
             if cfg.num_beams > 1:
                 raise ConfigError("num_beams > 1: use LLMModel.beam_search")
-        max_ctx = getattr(self.model.config, "max_position_embeddings", None)
-        eos = [set(cfg.eos_token_ids or self.eos_token_ids) for cfg in configs]
-        stops = [StopChecker(cfg.stop) if cfg.stop else None for cfg in configs]
-        generated: list[list[int]] = [[] for _ in prompts]
+            if max_ctx and p.numel() >= max_ctx:
+                raise ConfigError(f"prompt {i} has {p.numel()} tokens; the model's context window "
+                                  f"is {max_ctx}")  # fmt: skip
+        trackers = [SequenceTracker(cfg, p.numel(), self.tokenizer, max_ctx)
+                    for cfg, p in zip(configs, prompts)]  # fmt: skip
+        deltas: dict[int, str] = {}
 
-        def finish(row: int, token: int, n: int) -> str | None:
-            cfg = configs[row]
-            generated[row].append(token)
-            if token in eos[row] and not cfg.ignore_eos and n > cfg.min_new_tokens - 1:
-                return "stop"
-            if stops[row] is not None and self.tokenizer is not None:
-                if stops[row].check(self.tokenizer.decode(generated[row], skip_special_tokens=True)):
-                    return "stop"
-            if n >= cfg.max_new_tokens:
-                return "length"
-            if max_ctx and prompts[row].numel() + n >= max_ctx:
-                return "length"
-            return None
+        def finish(row: int, token: int, hit_eos: bool, hit_length: bool) -> str | None:
+            deltas[row] = trackers[row].add(token, hit_eos, hit_length)
+            return trackers[row].finish_reason
 
-        sampler = BatchSampler(configs, prompts, self.model.vocab_size, eos_token_ids=eos)
+        sampler = BatchSampler(configs, prompts, self.model.vocab_size, self.eos_token_ids,
+                               processors=self.host.samplers.ordered())  # fmt: skip
         cache = self.new_cache(len(prompts))
         events = generation_loop(self.model, cache, prompts, sampler, finish, keep_logits=keep_logits)
-        return prompts, padded, configs, generated, stops, events
+        return prompts, padded, trackers, deltas, events
 
     @torch.inference_mode()
     def generate(
@@ -174,30 +169,28 @@ class LLMModel:
 
         ``streamer`` follows transformers' streamer protocol (``put``/``end``; batch size 1).
         """
-        prompts, padded, configs, generated, stops, events = self._run(
+        prompts, padded, trackers, _, events = self._start(
             inputs, sampling_config, keep_logits=output_logits
         )
         if streamer is not None:
             streamer.put(prompts[0].view(1, -1) if len(prompts) == 1 else torch.stack(prompts))
-        reasons: dict[int, str] = {}
-        logprobs: list[list[TokenLogprob]] = [[] for _ in prompts]
         logits: list[list[torch.Tensor]] = [[] for _ in prompts]
         for event in events:
-            self._record(event, configs, logprobs, logits)
-            reasons.update(event.finished)
+            self._record(event, trackers, logits)
             if streamer is not None:
                 streamer.put(torch.tensor(event.tokens))
         if streamer is not None:
             streamer.end()
-        prompt_lp = self._prompt_logprobs(prompts, configs)
-        sequences = []
-        for i, prompt in enumerate(prompts):
-            text = self._text(generated[i], stops[i])
-            sequences.append(SequenceOutput(
-                prompt.tolist(), generated[i], text, reasons[i],
-                logprobs[i] if configs[i].logprobs is not None else None, prompt_lp[i],
-            ))  # fmt: skip
+        prompt_lp = self._prompt_logprobs(prompts, [t.config for t in trackers])
+        sequences = [
+            SequenceOutput(
+                p.tolist(), t.tokens, t.text, t.finish_reason or "length",
+                t.logprobs if t.config.logprobs is not None else None, prompt_lp[i],
+            )
+            for i, (p, t) in enumerate(zip(prompts, trackers))
+        ]  # fmt: skip
         out_logits = [torch.stack(rows) for rows in logits] if output_logits else None
+        generated = [t.tokens for t in trackers]
         return GenerationOutput(self._pack(prompts, padded, generated), sequences, out_logits)
 
     @torch.inference_mode()
@@ -205,39 +198,26 @@ class LLMModel:
         self, inputs: Any, sampling_config: SamplingConfig | Sequence[SamplingConfig] | None = None
     ) -> Iterator[StreamChunk]:
         """Yield each new token with its text delta (UTF-8 safe, stop strings held back)."""
-        prompts, _, _, generated, stops, events = self._run(inputs, sampling_config)
-        sent = [""] * len(prompts)
+        _, _, trackers, deltas, events = self._start(inputs, sampling_config)
         for event in events:
             for row, token in zip(event.rows, event.tokens):
-                reason = event.finished.get(row)
-                text = self._text(generated[row], stops[row]) or ""
-                if reason is None:
-                    if text.endswith("\ufffd"):
-                        text = ""  # incomplete UTF-8 sequence: wait for the next token
-                    elif stops[row] is not None:
-                        text = text[: len(text) - stops[row].holdback(text)]
-                delta = text[len(sent[row]):] if text.startswith(sent[row]) else ""
-                sent[row] += delta
-                yield StreamChunk(row, token, delta, reason)
+                yield StreamChunk(row, token, deltas.pop(row, ""), trackers[row].finish_reason)
 
     # -- output helpers --------------------------------------------------------------------
-    def _text(self, tokens: list[int], stop: StopChecker | None) -> str | None:
-        if self.tokenizer is None:
-            return None
-        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-        return stop.trim(text) if stop is not None else text
-
     @staticmethod
-    def _record(event: StepEvent, configs, logprobs, logits) -> None:
+    def _record(event: StepEvent, trackers: list[SequenceTracker], logits) -> None:
         for j, row in enumerate(event.rows):
             if event.logits is not None:
                 logits[row].append(event.logits[j])
-            if configs[row].logprobs is not None and event.logprobs is not None:
+            k = trackers[row].config.logprobs
+            if k is not None and event.logprobs is not None:
                 top = {}
-                if event.top_ids is not None:
-                    k = configs[row].logprobs
-                    top = dict(zip(event.top_ids[j, :k].tolist(), event.top_logprobs[j, :k].tolist()))
-                logprobs[row].append(TokenLogprob(event.tokens[j], float(event.logprobs[j]), top))
+                if k and event.top_ids is not None:
+                    ids, values = event.top_ids[j, :k].tolist(), event.top_logprobs[j, :k].tolist()
+                    top = {i: v for i, v in zip(ids, values) if i >= 0}
+                trackers[row].logprobs.append(
+                    TokenLogprob(event.tokens[j], float(event.logprobs[j]), top)
+                )
 
     def _prompt_logprobs(self, prompts, configs) -> list[list[TokenLogprob | None] | None]:
         wanted = [i for i, c in enumerate(configs) if c.prompt_logprobs is not None]
@@ -252,10 +232,12 @@ class LLMModel:
             lp = torch.log_softmax(logits[j, width - n : width - 1], dim=-1)
             entries: list[TokenLogprob | None] = [None]
             for t in range(n - 1):
-                tok = int(prompts[i][t + 1])
-                top = lp[t].topk(k) if k else None
-                entries.append(TokenLogprob(tok, float(lp[t, tok]),
-                                            dict(zip(top.indices.tolist(), top.values.tolist())) if top else {}))  # fmt: skip
+                top = {}
+                if k:
+                    best = lp[t].topk(k)
+                    top = dict(zip(best.indices.tolist(), best.values.tolist()))
+                token = int(prompts[i][t + 1])
+                entries.append(TokenLogprob(token, float(lp[t, token]), top))
             result[i] = entries
         return result
 

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import torch
+import torch.nn.functional as F
+
+from pace_core.errors import ModelLoadError
 from pace_core.models.decoder import DecoderLM, ModelBuilder
-from pace_core.models.layers import Bound, Norm
+from pace_core.models.layers import Bound, DenseMLP, Norm
 from pace_core.models.rope import Rotary
 
 SLIDING = "sliding_attention"
@@ -26,6 +31,12 @@ def layer_window(cfg: Any, layer: int) -> int | None:
     if types is not None and types[layer] == SLIDING and window:
         return int(window)
     return None
+
+
+def every_layer_window(cfg: Any, layer: int) -> int | None:
+    """``config.sliding_window`` on every layer (Phi-3: no ``layer_types``, one mask for all)."""
+    window = getattr(cfg, "sliding_window", None)
+    return int(window) if window else None
 
 
 def embedding(b: ModelBuilder, name: str) -> tuple[Bound, Any]:
@@ -51,6 +62,25 @@ def gated_mlp(b: ModelBuilder, prefix: str, activation: str) -> Bound:
     )
 
 
+# HF ``hidden_act`` / ``activation_function`` names -> torch activations for DenseMLP.
+TORCH_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "relu": F.relu,
+    "gelu": F.gelu,
+    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "silu": F.silu,
+    "swish": F.silu,
+}
+
+
+def dense_mlp(b: ModelBuilder, fc1: str, fc2: str, activation: str, *, bias: bool = True) -> DenseMLP:
+    """``fc2(act(fc1(x)))`` from two linear layers (OPT ``fc1/fc2``, GPT-J ``fc_in/fc_out``)."""
+    if activation not in TORCH_ACTIVATIONS:
+        raise ModelLoadError(f"unsupported activation {activation!r}; supported: "
+                             f"{', '.join(TORCH_ACTIVATIONS)}")  # fmt: skip
+    return DenseMLP(b.linear(fc1, bias=bias), b.linear(fc2, bias=bias), TORCH_ACTIVATIONS[activation])
+
+
 def rotaries_by_type(cfg: Any, head_dim: int) -> dict[str | None, Rotary]:
     """One Rotary per layer type when rope parameters differ by type (Gemma 3), else one."""
     params = getattr(cfg, "rope_parameters", None) or {}
@@ -69,10 +99,14 @@ def assemble(
     final_norm: Norm | None,
     head: Bound,
     rotaries: list[Rotary],
+    windows: Sequence[int | None] | None = None,
     **extra: Any,
 ) -> DecoderLM:
+    """``windows`` (one per layer) defaults to :func:`layer_window` of each layer."""
     n, kv, hd = heads(cfg)
     num_layers = len(layers)
+    if windows is None:
+        windows = [layer_window(cfg, i) for i in range(num_layers)]
     return DecoderLM(
         config=cfg,
         dtype=b.dtype,
@@ -81,7 +115,7 @@ def assemble(
         final_norm=final_norm,
         lm_head=head,
         rotaries=rotaries,
-        windows={layer_window(cfg, i) for i in range(num_layers)},
+        windows=set(windows),
         num_layers=num_layers,
         num_kv_heads=[kv] * num_layers,
         head_dims=[hd] * num_layers,
@@ -89,3 +123,27 @@ def assemble(
         plan=b.plan,
         **extra,
     )
+
+
+def self_attention(
+    b: ModelBuilder,
+    cfg: Any,
+    layer: int,
+    prefix: str,
+    *,
+    rotary: Rotary | None,
+    bias: bool = False,
+    o_bias: bool = False,
+    scale: float | None = None,
+    **extra: Any,
+):
+    """Attention from separate ``{q,k,v,o}_proj`` tensors under ``prefix`` (HF's usual names)."""
+    n, kv, hd = heads(cfg)
+    return b.attention(
+        layer=layer,
+        qkv=b.qkv([f"{prefix}.{x}_proj" for x in "qkv"], bias=bias),
+        o_proj=b.linear(f"{prefix}.o_proj", bias=o_bias),
+        rotary=rotary, num_heads=n, num_kv_heads=kv, head_dim=hd,
+        scale=hd**-0.5 if scale is None else scale,
+        window=layer_window(cfg, layer), **extra,
+    )  # fmt: skip

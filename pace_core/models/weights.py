@@ -78,10 +78,10 @@ class WeightStore:
     def has(self, name: str) -> bool:
         return name in self._tensors
 
-    def strip_prefix(self, prefix: str) -> None:
-        """Drop ``prefix`` from every name that has it (e.g. a multimodal wrapper's)."""
+    def rename_prefix(self, old: str, new: str = "") -> None:
+        """Replace ``old`` by ``new`` at the start of every name (e.g. a multimodal wrapper's)."""
         self._tensors = {
-            (k[len(prefix):] if k.startswith(prefix) else k): v for k, v in self._tensors.items()
+            (new + k[len(old):] if k.startswith(old) else k): v for k, v in self._tensors.items()
         }
 
     def take(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:

@@ -70,20 +70,31 @@ def _col(values: Iterable[float], dtype: torch.dtype = torch.float32) -> Tensor:
 
 
 class _RowwiseProcessor:
-    """Base for processors that transform a subset of rows with per-row ``[R, 1]`` params."""
+    """Base for dense warpers: ``_apply`` transforms the selected rows (in place if it likes)."""
 
     def __init__(self, rows: Tensor | None) -> None:
         self.rows = rows
 
     def __call__(self, logits: Tensor, state: TokenState) -> Tensor:
         if self.rows is None:
-            return self._apply(logits, state, None)
+            return self._apply(logits)
         rows = self.rows.to(logits.device)
-        logits[rows] = self._apply(logits[rows], state, rows)
+        logits[rows] = self._apply(logits[rows])
         return logits
 
-    def _apply(self, x: Tensor, state: TokenState, rows: Tensor | None) -> Tensor:
+    def _apply(self, x: Tensor) -> Tensor:
         raise NotImplementedError
+
+
+def _sparse_rows(rows: Tensor | None, ids: Tensor, *more: Tensor) -> tuple[Tensor, ...]:
+    """Restrict ``[B, L]`` tables to ``rows``; returns ``(row_index [R, L], ids, *more)``."""
+    if rows is None:
+        r = torch.arange(ids.shape[0], device=ids.device)
+    else:
+        r = rows.to(ids.device)
+        ids = ids[r]
+        more = tuple(m[r] for m in more)
+    return (r[:, None].expand_as(ids), ids, *more)
 
 
 # ---------------------------------------------------------------------------- processors
@@ -117,12 +128,14 @@ class LogitBiasProcessor:
         return logits
 
 
-class RepetitionPenaltyProcessor(_RowwiseProcessor):
-    """HF repetition penalty: for tokens in prompt + generated, ``x<0 ? x*p : x/p``."""
+class RepetitionPenaltyProcessor:
+    """HF repetition penalty over prompt + generated tokens: ``x < 0 ? x * p : x / p``.
+
+    Sparse: gathers the seen tokens' logits (``O(B * L)``), never builds a ``[B, V]`` mask.
+    """
 
     def __init__(self, rows: Tensor | None, penalty: Tensor) -> None:
-        super().__init__(rows)
-        self.penalty = penalty
+        self.rows, self.penalty = rows, penalty
 
     @classmethod
     def from_configs(cls, configs: Sequence[SamplingConfig]) -> RepetitionPenaltyProcessor | None:
@@ -132,20 +145,26 @@ class RepetitionPenaltyProcessor(_RowwiseProcessor):
         penalties = [c.repetition_penalty for c, f in zip(configs, flags, strict=True) if f]
         return cls(_row_index(flags), _col(penalties))
 
-    def _apply(self, x: Tensor, state: TokenState, rows: Tensor | None) -> Tensor:
-        seen = state.seen_mask()
-        if rows is not None:
-            seen = seen[rows]
-        p = self.penalty.to(device=x.device, dtype=x.dtype)
-        return torch.where(seen, torch.where(x < 0, x * p, x / p), x)
+    def __call__(self, logits: Tensor, state: TokenState) -> Tensor:
+        r, ids, valid = _sparse_rows(self.rows, *state.seen_ids())
+        if ids.numel() == 0:
+            return logits
+        p = self.penalty.to(device=logits.device, dtype=logits.dtype)
+        score = logits[r, ids]
+        new = torch.where(score < 0, score * p, score / p)
+        # Repeated ids write identical values, so duplicates are harmless.
+        logits[r[valid], ids[valid]] = new[valid]
+        return logits
 
 
-class FrequencyPresencePenaltyProcessor(_RowwiseProcessor):
-    """OpenAI penalties over generated tokens: ``x -= freq * count + presence * (count > 0)``."""
+class FrequencyPresencePenaltyProcessor:
+    """OpenAI penalties over generated tokens: ``x -= freq * count + presence * (count > 0)``.
+
+    Sparse: uses the per-entry counts kept by :class:`TokenState` (``O(B * G)``).
+    """
 
     def __init__(self, rows: Tensor | None, frequency: Tensor, presence: Tensor) -> None:
-        super().__init__(rows)
-        self.frequency, self.presence = frequency, presence
+        self.rows, self.frequency, self.presence = rows, frequency, presence
 
     @classmethod
     def from_configs(
@@ -161,13 +180,16 @@ class FrequencyPresencePenaltyProcessor(_RowwiseProcessor):
             _col(c.presence_penalty for c in active),
         )
 
-    def _apply(self, x: Tensor, state: TokenState, rows: Tensor | None) -> Tensor:
-        counts = state.output_counts()
-        if rows is not None:
-            counts = counts[rows]
-        freq = self.frequency.to(device=x.device, dtype=x.dtype)
-        pres = self.presence.to(device=x.device, dtype=x.dtype)
-        return x - counts.to(x.dtype) * freq - (counts > 0).to(x.dtype) * pres
+    def __call__(self, logits: Tensor, state: TokenState) -> Tensor:
+        r, ids, counts, valid = _sparse_rows(self.rows, *state.output_token_counts())
+        if ids.numel() == 0:
+            return logits
+        freq = self.frequency.to(device=logits.device, dtype=logits.dtype)
+        pres = self.presence.to(device=logits.device, dtype=logits.dtype)
+        c = counts.to(logits.dtype)
+        new = logits[r, ids] - c * freq - (c > 0).to(logits.dtype) * pres
+        logits[r[valid], ids[valid]] = new[valid]
+        return logits
 
 
 class MinNewTokensProcessor:
@@ -216,8 +238,8 @@ class TemperatureProcessor(_RowwiseProcessor):
         temps = [c.temperature for c, f in zip(configs, flags, strict=True) if f]
         return cls(_row_index(flags), _col(temps))
 
-    def _apply(self, x: Tensor, state: TokenState, rows: Tensor | None) -> Tensor:
-        return x / self.temperature.to(device=x.device, dtype=x.dtype)
+    def _apply(self, x: Tensor) -> Tensor:
+        return x.div_(self.temperature.to(device=x.device, dtype=x.dtype))
 
 
 class TopKProcessor(_RowwiseProcessor):
@@ -236,23 +258,23 @@ class TopKProcessor(_RowwiseProcessor):
         ks = [c.top_k for c, f in zip(configs, flags, strict=True) if f]
         return cls(_row_index(flags), _col(ks, torch.long))
 
-    def _apply(self, x: Tensor, state: TokenState, rows: Tensor | None) -> Tensor:
+    def _apply(self, x: Tensor) -> Tensor:
         v = x.shape[-1]
         k = self.k.to(x.device)
         if self.kmax > v:
             k = k.clamp(max=v)
         top = torch.topk(x, min(self.kmax, v), dim=-1).values
         kth = top.gather(1, k - 1)
-        return x.masked_fill(x < kth, NEG_INF)
+        return x.masked_fill_(x < kth, NEG_INF)
 
 
 class TopPProcessor(_RowwiseProcessor):
-    """Nucleus filter: keep the most likely tokens whose exclusive cumulative prob < ``top_p``.
+    """Nucleus filter with HF's rule: drop tokens whose ascending cumulative prob <= 1 - top_p.
 
-    Same rule as HF's ascending-sort formulation (remove where ``cumsum_asc <= 1 - top_p``),
-    evaluated on a top-``K`` candidate set instead of a full vocabulary sort: if the
-    candidates' mass reaches ``top_p`` every other token is removed anyway; otherwise ``K``
-    grows (x8, up to ``V``). Cumulative sums are taken in float64.
+    Equivalently: keep, best first, the tokens whose *exclusive* cumulative prob < ``top_p``.
+    Evaluated on the top-``K`` logits (``K`` = 256, grown x8 while their mass is < ``top_p``)
+    instead of sorting the vocabulary; probabilities are ``exp(x - logsumexp(x))``, sums in
+    float64. Tokens tied with the last kept logit are kept (HF keeps an arbitrary subset).
     """
 
     def __init__(self, rows: Tensor | None, top_p: Tensor) -> None:
@@ -267,28 +289,32 @@ class TopPProcessor(_RowwiseProcessor):
         ps = [c.top_p for c, f in zip(configs, flags, strict=True) if f]
         return cls(_row_index(flags), _col(ps, torch.float64))
 
-    def _apply(self, x: Tensor, state: TokenState, rows: Tensor | None) -> Tensor:
+    def _apply(self, x: Tensor) -> Tensor:
         v = x.shape[-1]
         p = self.top_p.to(x.device)
-        probs = x.softmax(dim=-1)
+        lse = torch.logsumexp(x, dim=-1, keepdim=True)
         k = min(v, _TOP_P_CANDIDATES)
         while True:
-            vals, idx = torch.topk(probs, k, dim=-1)
-            csum = vals.to(torch.float64).cumsum(dim=-1)
+            vals = torch.topk(x, k, dim=-1).values
+            csum = (vals - lse).exp_().to(torch.float64).cumsum_(dim=-1)
             if k == v or bool((csum[:, -1:] >= p).all()):
                 break
             k = min(v, k * 8)
         exclusive = torch.nn.functional.pad(csum[:, :-1], (1, 0))
-        keep = torch.zeros_like(x, dtype=torch.bool).scatter_(1, idx, exclusive < p)
-        return x.masked_fill(~keep, NEG_INF)
+        n_keep = (exclusive < p).sum(dim=-1, keepdim=True)  # >= 1: the top token
+        cut = vals.gather(1, n_keep - 1)
+        return x.masked_fill_(x < cut, NEG_INF)
 
 
 class MinPProcessor(_RowwiseProcessor):
-    """Removes tokens with ``prob < min_p * max_prob`` on sampling rows (HF semantics)."""
+    """Drops tokens with ``prob < min_p * max_prob`` on sampling rows (HF semantics).
+
+    Computed in logit space (``x < max(x) + log(min_p)``): no softmax over the vocabulary.
+    """
 
     def __init__(self, rows: Tensor | None, min_p: Tensor) -> None:
         super().__init__(rows)
-        self.min_p = min_p
+        self.log_min_p = torch.log(min_p.to(torch.float64)).to(torch.float32)
 
     @classmethod
     def from_configs(cls, configs: Sequence[SamplingConfig]) -> MinPProcessor | None:
@@ -296,13 +322,11 @@ class MinPProcessor(_RowwiseProcessor):
         if not any(flags):
             return None
         ps = [c.min_p for c, f in zip(configs, flags, strict=True) if f]
-        return cls(_row_index(flags), _col(ps))
+        return cls(_row_index(flags), _col(ps, torch.float64))
 
-    def _apply(self, x: Tensor, state: TokenState, rows: Tensor | None) -> Tensor:
-        probs = x.softmax(dim=-1)
-        top = probs.amax(dim=-1, keepdim=True)
-        threshold = self.min_p.to(device=x.device, dtype=probs.dtype) * top
-        return x.masked_fill(probs < threshold, NEG_INF)
+    def _apply(self, x: Tensor) -> Tensor:
+        thr = x.amax(dim=-1, keepdim=True) + self.log_min_p.to(device=x.device, dtype=x.dtype)
+        return x.masked_fill_(x < thr, NEG_INF)
 
 
 # ---------------------------------------------------------------------------- registry

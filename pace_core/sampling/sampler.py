@@ -54,14 +54,17 @@ class TokenLogprobs(NamedTuple):
 def compute_logprobs(logits: Tensor, token_ids: Tensor, k: int = 0) -> TokenLogprobs:
     """``log_softmax(logits)`` (float32) at ``token_ids`` plus the top-``k`` per row.
 
+    Computed as ``x - logsumexp(x)`` on the gathered entries only (no ``[N, V]`` output).
     Also serves prompt logprobs: pass the prefill logits ``[T-1, V]`` and ``prompt[1:]``.
     """
-    lp = torch.log_softmax(logits.float(), dim=-1)
-    chosen = lp.gather(-1, token_ids.to(lp.device).long().reshape(-1, 1)).reshape(-1)
+    x = logits.float()
+    lse = torch.logsumexp(x, dim=-1, keepdim=True)
+    ids = token_ids.to(x.device).long().reshape(-1, 1)
+    chosen = (x.gather(-1, ids) - lse).reshape(-1)
     if k <= 0:
         return TokenLogprobs(chosen, None, None)
-    values, ids = torch.topk(lp, min(k, lp.shape[-1]), dim=-1)
-    return TokenLogprobs(chosen, ids, values)
+    values, top_ids = torch.topk(x, min(k, x.shape[-1]), dim=-1)
+    return TokenLogprobs(chosen, top_ids, values - lse)
 
 
 def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:
@@ -71,16 +74,20 @@ def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torc
     return gen
 
 
-def sample_from_logits(logits: Tensor, generators: Sequence[torch.Generator]) -> Tensor:
+def sample_from_logits(
+    logits: Tensor, generators: Sequence[torch.Generator], inplace: bool = False
+) -> Tensor:
     """One token per row from ``softmax(logits)``, row ``i`` using ``generators[i]`` only.
 
     Inverse-CDF sampling with one uniform draw per row; ``-inf`` logits are never chosen.
+    ``inplace=True`` lets it overwrite ``logits`` (saves a ``[N, V]`` allocation).
     """
     n, v = logits.shape
     if n == 0:
         return torch.empty(0, dtype=torch.long, device=logits.device)
-    weights = (logits - logits.amax(dim=-1, keepdim=True)).exp_()
-    cdf = weights.cumsum_(dim=-1)  # CPU cumsum accumulates in float64
+    m = logits.amax(dim=-1, keepdim=True)
+    weights = logits.sub_(m) if inplace else logits - m
+    cdf = weights.exp_().cumsum_(dim=-1)  # CPU cumsum accumulates in float64
     total = cdf[:, -1:].contiguous()
     u = torch.cat(
         [torch.rand(1, generator=g, dtype=torch.float64, device=logits.device) for g in generators]
@@ -244,7 +251,12 @@ class BatchSampler:
 
     # ------------------------------------------------------------------ decoding
     def process(self, logits: Tensor) -> Tensor:
-        """The processed float32 logits (a copy; ``logits`` is not modified)."""
+        """The processed float32 logits; ``logits`` itself is never modified.
+
+        Returns ``logits`` itself (no copy) when it is float32 and no processor applies.
+        """
+        if not self.processors:
+            return logits.float()
         x = logits.to(torch.float32, copy=True)
         for _, proc in self.processors:
             x = proc(x, self.state)
@@ -256,8 +268,13 @@ class BatchSampler:
         if logits.dim() != 2 or tuple(logits.shape) != (b, v):
             raise ValueError(f"expected logits of shape ({b}, {v}), got {tuple(logits.shape)}")
         x = self.process(logits)
-        tokens = self._pick(x)
-        logprobs, top = self._logprobs(logits if self.logprobs_mode == "raw" else x, tokens)
+        raw = self.logprobs_mode == "raw"
+        if raw:
+            tokens = self._pick(x, scratch=x is not logits)
+            logprobs, top = self._logprobs(logits, tokens)
+        else:
+            tokens = self._pick(x, scratch=False)
+            logprobs, top = self._logprobs(x, tokens)
         self.state.append(tokens)
         if self._eos_table.shape[1]:
             stopped_eos = (tokens[:, None] == self._eos_table).any(dim=-1)
@@ -266,17 +283,18 @@ class BatchSampler:
         stopped_length = self.state.num_generated >= self._max_new
         return StepResult(tokens, logprobs, top, stopped_eos, stopped_length)
 
-    def _pick(self, x: Tensor) -> Tensor:
+    def _pick(self, x: Tensor, scratch: bool) -> Tensor:
+        """Greedy argmax / sampling per row; ``scratch``: ``x`` may be overwritten."""
         b = x.shape[0]
         n_sample = len(self._sample_rows)
         if n_sample == 0:
             return x.argmax(dim=-1)
-        gens = [self.generators[i] for i in self._sample_rows]
+        gens: list[Any] = [self.generators[i] for i in self._sample_rows]
         if n_sample == b:
-            return sample_from_logits(x, gens)  # type: ignore[arg-type]
+            return sample_from_logits(x, gens, inplace=scratch)
         tokens = torch.empty(b, dtype=torch.long, device=x.device)
         tokens[self._greedy_idx] = x[self._greedy_idx].argmax(dim=-1)
-        tokens[self._sample_idx] = sample_from_logits(x[self._sample_idx], gens)  # type: ignore[arg-type]
+        tokens[self._sample_idx] = sample_from_logits(x[self._sample_idx], gens, inplace=True)
         return tokens
 
     def _logprobs(

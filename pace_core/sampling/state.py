@@ -1,14 +1,15 @@
-"""Per-row token state of a decode batch: prompt/generated tokens and derived per-token tables.
+"""Per-row token state of a decode batch: prompt and generated tokens, in sparse form.
 
-The compact source of truth is the prompt list plus a ``[B, cap]`` history of generated ids.
-The dense ``[B, V]`` tables used by penalties are built lazily (only when a processor asks for
-them, so batches without penalties never allocate ``B * V`` memory) and are then kept up to
-date incrementally by :meth:`TokenState.append` with one scatter per step.
+Penalties only touch tokens a row has seen, so the state is kept *sparse* (``O(B * L)`` with
+``L`` = prompt + generated length, instead of ``O(B * V)``; V is up to 262144):
 
-* ``seen_mask()``: bool ``[B, V]``, token occurs in prompt or generated (repetition penalty).
-  A bool mask (1 byte/entry) suffices because HF applies the penalty once per distinct token.
-* ``output_counts()``: int32 ``[B, V]``, occurrences among generated tokens (OpenAI penalties).
+* :meth:`TokenState.seen_ids`: padded ids of prompt + generated tokens (repetition penalty).
+* :meth:`TokenState.output_token_counts`: the generated ids with, per entry, how often that
+  token was generated in the row so far (OpenAI frequency / presence penalties). Maintained
+  incrementally by :meth:`TokenState.append` with one ``[B, G]`` comparison per step.
 
+Dense ``[B, V]`` views (:meth:`seen_mask`, :meth:`output_counts`) exist for plugins that want
+them; they are built lazily from the history and then updated incrementally by ``append``.
 Prompt ids >= ``vocab_size`` (embedding larger than the LM head) are ignored, as in HF.
 """
 
@@ -51,6 +52,13 @@ class TokenState:
         prompts: one unpadded 1-D id tensor (or int list) per row.
         vocab_size: logits width ``V``.
         device: where the tensors live (default CPU).
+
+    Attributes:
+        prompts: the per-row prompt tensors.
+        output_ids: long ``[B, cap]``, row ``i``'s generated ids in ``[:num_generated[i]]``.
+        output_counts_sparse: int32 ``[B, cap]``, per entry of ``output_ids``: how often that
+            token occurs among the row's generated tokens (0 past ``num_generated``).
+        num_generated: long ``[B]``.
     """
 
     def __init__(
@@ -66,11 +74,16 @@ class TokenState:
         self.prompts: list[Tensor] = [_as_prompt(p, self.device) for p in prompts]
         b = len(self.prompts)
         self.output_ids = torch.zeros(b, _MIN_CAP, dtype=torch.long, device=self.device)
+        self.output_counts_sparse = torch.zeros(b, _MIN_CAP, dtype=torch.int32, device=self.device)
         self.num_generated = torch.zeros(b, dtype=torch.long, device=self.device)
-        self._max_generated = 0
+        self._init_derived()
+
+    def _init_derived(self) -> None:
+        self._max_generated = int(self.num_generated.max()) if self.batch_size else 0
+        self._arange = torch.arange(self.batch_size, device=self.device)
+        self._prompt_cache: tuple[Tensor, Tensor] | None = None
         self._seen: Tensor | None = None
         self._counts: Tensor | None = None
-        self._arange = torch.arange(b, device=self.device)
 
     # ------------------------------------------------------------------ basics
     @property
@@ -84,49 +97,73 @@ class TokenState:
         """The ids generated so far for ``row`` (1-D)."""
         return self.output_ids[row, : int(self.num_generated[row])]
 
-    # ------------------------------------------------------------------ lazy dense tables
-    def _padded(self, seqs: Sequence[Tensor]) -> Tensor:
-        """Rows padded with ``V`` (an extra, discarded column), ids clamped to ``V``."""
-        v = self.vocab_size
-        if not seqs or max(s.numel() for s in seqs) == 0:
-            return torch.full((len(seqs), 1), v, dtype=torch.long, device=self.device)
-        padded = torch.nn.utils.rnn.pad_sequence(list(seqs), batch_first=True, padding_value=v)
-        return padded.clamp_(max=v)
+    # ------------------------------------------------------------------ sparse views
+    def _output_valid(self) -> Tensor:
+        pos = torch.arange(self._max_generated, device=self.device)
+        return pos[None, :] < self.num_generated[:, None]
 
-    def _output_padded(self) -> Tensor:
-        n = self._max_generated
-        ids = self.output_ids[:, :n]
-        pos = torch.arange(n, device=self.device)
-        return ids.masked_fill(pos[None, :] >= self.num_generated[:, None], self.vocab_size)
+    def prompt_ids(self) -> tuple[Tensor, Tensor]:
+        """``(ids, valid)``, both ``[B, Lp]``: prompts right-padded with id 0 / valid False."""
+        if self._prompt_cache is None:
+            b, v = self.batch_size, self.vocab_size
+            lp = max((p.numel() for p in self.prompts), default=0)
+            ids = torch.zeros(b, lp, dtype=torch.long, device=self.device)
+            valid = torch.zeros(b, lp, dtype=torch.bool, device=self.device)
+            for i, p in enumerate(self.prompts):  # once per batch composition
+                ids[i, : p.numel()] = p
+                valid[i, : p.numel()] = True
+            valid &= ids < v
+            self._prompt_cache = (ids.masked_fill_(~valid, 0), valid)
+        return self._prompt_cache
 
+    def seen_ids(self) -> tuple[Tensor, Tensor]:
+        """``(ids, valid)`` ``[B, Lp + G]``: prompt + generated ids (with repeats), padded."""
+        p_ids, p_valid = self.prompt_ids()
+        g = self._max_generated
+        ids = torch.cat([p_ids, self.output_ids[:, :g]], dim=1)
+        valid = torch.cat([p_valid, self._output_valid()], dim=1)
+        return ids, valid
+
+    def output_token_counts(self) -> tuple[Tensor, Tensor, Tensor]:
+        """``(ids, counts, valid)`` ``[B, G]``: generated ids, their per-row counts, mask."""
+        g = self._max_generated
+        return self.output_ids[:, :g], self.output_counts_sparse[:, :g], self._output_valid()
+
+    # ------------------------------------------------------------------ dense views (lazy)
     def seen_mask(self) -> Tensor:
         """Bool ``[B, V]``: token occurs in the prompt or the generated tokens of the row."""
         if self._seen is None:
-            b, v = self.batch_size, self.vocab_size
-            seen = torch.zeros(b, v + 1, dtype=torch.bool, device=self.device)
-            seen.scatter_(1, self._padded(self.prompts), True)
-            if self._max_generated:
-                seen.scatter_(1, self._output_padded(), True)
-            self._seen = seen[:, :v].contiguous()
+            ids, valid = self.seen_ids()
+            seen = torch.zeros(
+                self.batch_size, self.vocab_size + 1, dtype=torch.bool, device=self.device
+            )
+            seen.scatter_(1, ids.masked_fill(~valid, self.vocab_size), True)
+            self._seen = seen[:, : self.vocab_size].contiguous()
         return self._seen
 
     def output_counts(self) -> Tensor:
         """Int32 ``[B, V]``: how often each token was generated in the row (prompt excluded)."""
         if self._counts is None:
-            b, v = self.batch_size, self.vocab_size
-            counts = torch.zeros(b, v + 1, dtype=torch.int32, device=self.device)
-            if self._max_generated:
-                idx = self._output_padded()
-                counts.scatter_add_(1, idx, torch.ones_like(idx, dtype=torch.int32))
-            self._counts = counts[:, :v].contiguous()
+            ids, _, valid = self.output_token_counts()
+            counts = torch.zeros(
+                self.batch_size, self.vocab_size + 1, dtype=torch.int32, device=self.device
+            )
+            idx = ids.masked_fill(~valid, self.vocab_size)
+            counts.scatter_add_(1, idx, torch.ones_like(idx, dtype=torch.int32))
+            self._counts = counts[:, : self.vocab_size].contiguous()
         return self._counts
 
-    def release_tables(self) -> None:
-        """Drop the dense tables (they are rebuilt exactly from the history on next use)."""
+    def release_dense(self) -> None:
+        """Drop the dense views (rebuilt exactly from the history on next use)."""
         self._seen = None
         self._counts = None
 
     # ------------------------------------------------------------------ updates
+    def _grow(self) -> None:
+        cap = self.output_ids.shape[1]
+        self.output_ids = torch.nn.functional.pad(self.output_ids, (0, cap))
+        self.output_counts_sparse = torch.nn.functional.pad(self.output_counts_sparse, (0, cap))
+
     def append(self, tokens: Tensor) -> None:
         """Record one new token per row (``tokens``: LongTensor ``[B]``)."""
         b = self.batch_size
@@ -136,13 +173,13 @@ class TokenState:
         if b == 0:
             return
         if self._max_generated >= self.output_ids.shape[1]:
-            grown = torch.zeros(
-                b, 2 * self.output_ids.shape[1], dtype=torch.long, device=self.device
-            )
-            grown[:, : self.output_ids.shape[1]] = self.output_ids
-            self.output_ids = grown
-        rows = self._arange
-        self.output_ids[rows, self.num_generated] = tokens
+            self._grow()
+        rows, pos = self._arange, self.num_generated
+        g = self._max_generated
+        matches = (self.output_ids[:, :g] == tokens[:, None]) & self._output_valid()
+        self.output_counts_sparse[:, :g] += matches.to(torch.int32)
+        self.output_counts_sparse[rows, pos] = matches.sum(dim=1, dtype=torch.int32) + 1
+        self.output_ids[rows, pos] = tokens
         self.num_generated += 1
         self._max_generated += 1
         in_vocab = tokens.clamp(max=self.vocab_size - 1)
@@ -158,11 +195,13 @@ class TokenState:
         new.vocab_size, new.device = self.vocab_size, self.device
         new.prompts = [self.prompts[i] for i in idx.tolist()]
         new.output_ids = self.output_ids.index_select(0, idx)
+        new.output_counts_sparse = self.output_counts_sparse.index_select(0, idx)
         new.num_generated = self.num_generated.index_select(0, idx)
-        new._max_generated = int(new.num_generated.max()) if idx.numel() else 0
-        new._seen = None if self._seen is None else self._seen.index_select(0, idx)
-        new._counts = None if self._counts is None else self._counts.index_select(0, idx)
-        new._arange = torch.arange(idx.numel(), device=self.device)
+        new._init_derived()
+        if self._seen is not None:
+            new._seen = self._seen.index_select(0, idx)
+        if self._counts is not None:
+            new._counts = self._counts.index_select(0, idx)
         return new
 
     def concat(self, other: TokenState) -> TokenState:
@@ -176,28 +215,26 @@ class TokenState:
         new.vocab_size, new.device = self.vocab_size, self.device
         new.prompts = self.prompts + [p.to(self.device) for p in other.prompts]
         cap = max(self.output_ids.shape[1], other.output_ids.shape[1])
-        new.output_ids = torch.cat(
-            [_pad_cols(self.output_ids, cap), _pad_cols(other.output_ids, cap).to(self.device)]
+        new.output_ids = _cat_padded(self.output_ids, other.output_ids, cap)
+        new.output_counts_sparse = _cat_padded(
+            self.output_counts_sparse, other.output_counts_sparse, cap
         )
         new.num_generated = torch.cat([self.num_generated, other.num_generated.to(self.device)])
-        new._max_generated = max(self._max_generated, other._max_generated)
-        new._seen = _cat_tables(self, other, "_seen", TokenState.seen_mask)
-        new._counts = _cat_tables(self, other, "_counts", TokenState.output_counts)
-        new._arange = torch.arange(new.batch_size, device=self.device)
+        new._init_derived()
+        new._seen = _cat_dense(self, other, "_seen", TokenState.seen_mask)
+        new._counts = _cat_dense(self, other, "_counts", TokenState.output_counts)
         return new
 
 
-def _pad_cols(t: Tensor, cap: int) -> Tensor:
-    if t.shape[1] == cap:
-        return t
-    return torch.nn.functional.pad(t, (0, cap - t.shape[1]))
+def _cat_padded(a: Tensor, b: Tensor, cap: int) -> Tensor:
+    pad = torch.nn.functional.pad
+    return torch.cat([pad(a, (0, cap - a.shape[1])), pad(b, (0, cap - b.shape[1])).to(a.device)])
 
 
-def _cat_tables(
+def _cat_dense(
     a: TokenState, b: TokenState, attr: str, build: Callable[[TokenState], Tensor]
 ) -> Tensor | None:
-    """Concatenate a lazy table; if only one side has it, build the other side exactly."""
-    ta, tb = getattr(a, attr), getattr(b, attr)
-    if ta is None and tb is None:
+    """Concatenate a lazy dense view; if only one side has it, build the other side exactly."""
+    if getattr(a, attr) is None and getattr(b, attr) is None:
         return None
     return torch.cat([build(a), build(b).to(a.device)])

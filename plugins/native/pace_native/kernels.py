@@ -78,6 +78,37 @@ def gated_mlp(x: torch.Tensor, w: GatedMLPWeight) -> torch.Tensor:
     return F.linear(ACTIVATIONS[w.activation](gate) * up, w.down)
 
 
+# -- mixture of experts -------------------------------------------------------------------
+@dataclass(frozen=True)
+class MoEWeight:
+    gate_up: torch.Tensor  # [E, H, 2I], gate and up interleaved along the last dim
+    gate_up_bias: torch.Tensor  # [E, 2I]
+    down: torch.Tensor  # [E, I, H]
+    down_bias: torch.Tensor  # [E, H]
+    alpha: float
+    limit: float
+
+
+def prepare_moe(
+    gate_up: torch.Tensor, gate_up_bias: torch.Tensor, down: torch.Tensor,
+    down_bias: torch.Tensor, alpha: float, limit: float,
+) -> MoEWeight:  # fmt: skip
+    return MoEWeight(gate_up.contiguous(), gate_up_bias, down.contiguous(), down_bias, alpha, limit)
+
+
+def moe(x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor, w: MoEWeight) -> torch.Tensor:
+    """Route each token to its top-k experts; loop over the experts actually hit."""
+    out = torch.zeros_like(x)
+    for expert in experts.unique().tolist():
+        token, slot = torch.where(experts == expert)
+        h = x[token] @ w.gate_up[expert] + w.gate_up_bias[expert]
+        gate, up = h[..., ::2].clamp(max=w.limit), h[..., 1::2].clamp(-w.limit, w.limit)
+        h = (up + 1) * (gate * torch.sigmoid(gate * w.alpha))
+        h = h @ w.down[expert] + w.down_bias[expert]
+        out.index_add_(0, token, (h * weights[token, slot, None]).to(x.dtype))
+    return out
+
+
 # -- norms ----------------------------------------------------------------------------------
 def rms_norm(
     x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None

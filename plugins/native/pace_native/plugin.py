@@ -21,6 +21,7 @@ def pace_register_ops(registry: OpRegistry) -> None:
         "gated_mlp", "native", kernels.gated_mlp,
         prepare=kernels.prepare_gated_mlp, dtypes=DTYPES,
     )  # fmt: skip
+    add("moe", "native", kernels.moe, prepare=kernels.prepare_moe, dtypes=DTYPES)
     add("rms_norm", "native", kernels.rms_norm, dtypes=DTYPES)
     add("layer_norm", "native", kernels.layer_norm, dtypes=DTYPES)
     add("rope", "native", kernels.rope, dtypes=DTYPES)

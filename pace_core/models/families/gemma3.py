@@ -1,0 +1,69 @@
+"""Gemma 3 (text): QK-norm, (1 + w) RMSNorms around attention and MLP, GeGLU, local/global
+layers with their own rope, ``query_pre_attn_scalar`` scale and scaled embeddings.
+
+``build_conditional`` loads the text part of a ``Gemma3ForConditionalGeneration`` checkpoint.
+"""
+
+from __future__ import annotations
+
+from pace_core.errors import ModelLoadError
+from pace_core.models import common
+from pace_core.models.decoder import DecoderLM, ModelBuilder
+from pace_core.models.layers import SandwichBlock
+from pace_core.models.families.llama import ACTIVATIONS
+
+
+def build(b: ModelBuilder) -> DecoderLM:
+    cfg = b.config
+    if getattr(cfg, "attn_logit_softcapping", None):
+        raise ModelLoadError("Gemma attn_logit_softcapping is not supported by pace's attention op")
+    _, _, hd = common.heads(cfg)
+    eps = cfg.rms_norm_eps
+
+    def norm(name: str):
+        return b.norm(name, eps, offset=1.0)
+
+    rotaries = common.rotaries_by_type(cfg, hd)
+    embed, embed_weight = common.embedding(b, "model.embed_tokens.weight")
+    layers = []
+    for i in range(cfg.num_hidden_layers):
+        p = f"model.layers.{i}"
+        layer_type = cfg.layer_types[i] if None not in rotaries else None
+        attn = common.self_attention(
+            b, cfg, i, f"{p}.self_attn", rotary=rotaries[layer_type],
+            bias=cfg.attention_bias, o_bias=cfg.attention_bias,
+            scale=cfg.query_pre_attn_scalar**-0.5,
+            q_norm=norm(f"{p}.self_attn.q_norm"), k_norm=norm(f"{p}.self_attn.k_norm"),
+        )  # fmt: skip
+        mlp = common.gated_mlp(b, f"{p}.mlp", ACTIVATIONS[cfg.hidden_activation])
+        layers.append(SandwichBlock(
+            norm(f"{p}.input_layernorm"), attn, norm(f"{p}.post_attention_layernorm"),
+            norm(f"{p}.pre_feedforward_layernorm"), mlp, norm(f"{p}.post_feedforward_layernorm"),
+        ))  # fmt: skip
+    return common.assemble(
+        b, cfg, embed=embed, layers=layers, final_norm=norm("model.norm"),
+        head=common.lm_head(b, cfg, embed_weight), rotaries=list(rotaries.values()),
+        embed_scale=cfg.hidden_size**0.5,
+        logit_softcap=getattr(cfg, "final_logit_softcapping", None),
+    )  # fmt: skip
+
+
+# Checkpoint prefixes of the text model inside ConditionalGeneration (new and old layouts).
+_TEXT_PREFIXES = (("model.language_model.", "model."), ("language_model.model.", "model."),
+                  ("language_model.lm_head.", "lm_head."))  # fmt: skip
+
+
+def build_conditional(b: ModelBuilder) -> DecoderLM:
+    text_config = getattr(b.config, "text_config", None)
+    if text_config is None:
+        raise ModelLoadError("gemma3 config has no text_config")
+    for old, new in _TEXT_PREFIXES:
+        b.weights.rename_prefix(old, new)
+    if not hasattr(text_config, "tie_word_embeddings"):
+        text_config.tie_word_embeddings = getattr(b.config, "tie_word_embeddings", True)
+    b.config = text_config
+    return build(b)
+
+
+build_conditional.harmless_extras = (r"model\.vision_tower\..*", r"model\.multi_modal_projector\..*",
+                                     r"vision_tower\..*", r"multi_modal_projector\..*")  # fmt: skip

@@ -1,0 +1,1 @@
+"""pace-broken: a test fixture whose entry point module fails on import."""

@@ -1,0 +1,1 @@
+"""pace-example: a minimal third-party pace plugin (see docs/plugins.md)."""
