@@ -57,7 +57,9 @@ class OperatorConfig:
         merged: dict[str, str] = {}
         for key, value in {**(backends or {}), **ops}.items():
             if not isinstance(value, str) or not value:
-                raise ConfigError(f"backend for op {key!r} must be a non-empty string (got {value!r})")
+                raise ConfigError(
+                    f"backend for op {key!r} must be a non-empty string (got {value!r})"
+                )
             for op in self._expand(key):
                 merged[op] = value.lower()
         if not isinstance(default, str) or not default:

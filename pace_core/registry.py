@@ -230,7 +230,9 @@ class ModelRegistry(_StagedRegistry):
         super().__init__()
         self.models: dict[str, ModelSpec] = {}
 
-    def add_model(self, model_type: str, builder: Callable[..., Any], description: str = "") -> None:
+    def add_model(
+        self, model_type: str, builder: Callable[..., Any], description: str = ""
+    ) -> None:
         self._staged.append(ModelSpec(model_type, builder, self._plugin, description))
 
     def _key(self, spec: ModelSpec) -> str:

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 import torch
 
 from pace_core.cpu import CpuInfo
-from pace_core.ops import OPS
 from pace_core.opconfig import OperatorConfig, OpResolver
+from pace_core.ops import OPS
 from pace_core.plugins import PluginHost
 from pace_core.registry import OpContext
 
@@ -24,19 +24,25 @@ def plugins_table(host: PluginHost) -> str:
     for info in host.plugins.values():
         provides = ", ".join(f"{n} {k}" for k, n in info.provides.items() if n) or "-"
         detail = info.error if info.status == "failed" else provides
-        rows.append([info.name, info.distribution or info.origin, info.version or "-", info.status, detail])
+        rows.append([info.name, info.distribution or info.origin, info.version or "-",
+                     info.status, detail])  # fmt: skip
     return format_table(["plugin", "from", "version", "status", "provides / error"], rows)
 
 
 def ops_table(host: PluginHost, config: OperatorConfig, cpu: CpuInfo, dtype: torch.dtype) -> str:
     resolver = OpResolver(host.ops, config, cpu)  # a bad backend name raises ConfigError here
-    rows = []
+    rows, notes = [], []
     for op in OPS:
         ctx = OpContext(op, dtype)
         try:
-            chosen = resolver.resolve(ctx).backend
+            res = resolver.resolve(ctx)
+            chosen = res.backend
+            if res.fallback_reason:
+                notes.append(f"{op}: {res.requested!r} unavailable ({res.fallback_reason}); "
+                             f"using {chosen!r}")  # fmt: skip
         except Exception as exc:  # shown, not raised: this is a diagnostic table
-            chosen = f"error: {exc}"
+            chosen = ""
+            notes.append(f"{op}: error: {exc}")
         for spec in host.ops.candidates(op):
             reason = spec.check(ctx, cpu.features)
             mark = "*" if spec.backend == chosen else ""
@@ -49,4 +55,7 @@ def ops_table(host: PluginHost, config: OperatorConfig, cpu: CpuInfo, dtype: tor
     dt = str(dtype).removeprefix("torch.")
     header = f"CPU: {cpu.model_name} [{cpu.isa_level}; features from {cpu.source}]\n"
     header += f"dtype: {dt}; config: {config.to_dict()}; * = chosen\n"
-    return header + format_table(["op", "backend", "plugin", "priority", "available"], rows)
+    table = format_table(["op", "backend", "plugin", "priority", "available"], rows)
+    if notes:  # fallbacks and errors, with their reasons
+        table += "\n\n" + "\n".join(notes)
+    return header + table

@@ -45,7 +45,9 @@ def embedding(b: ModelBuilder, name: str) -> tuple[Bound, Any]:
     return Bound(k.fn, weight), weight
 
 
-def lm_head(b: ModelBuilder, cfg: Any, embed_weight: Any, name: str = "lm_head", *, bias: bool = False) -> Bound:
+def lm_head(
+    b: ModelBuilder, cfg: Any, embed_weight: Any, name: str = "lm_head", *, bias: bool = False
+) -> Bound:
     """The output projection; tied to the embedding when the config says so (or no head)."""
     tied = getattr(cfg, "tie_word_embeddings", False) or not b.weights.has(f"{name}.weight")
     if tied and b.weights.has(f"{name}.weight"):
@@ -73,12 +75,15 @@ TORCH_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 }
 
 
-def dense_mlp(b: ModelBuilder, fc1: str, fc2: str, activation: str, *, bias: bool = True) -> DenseMLP:
+def dense_mlp(
+    b: ModelBuilder, fc1: str, fc2: str, activation: str, *, bias: bool = True
+) -> DenseMLP:
     """``fc2(act(fc1(x)))`` from two linear layers (OPT ``fc1/fc2``, GPT-J ``fc_in/fc_out``)."""
     if activation not in TORCH_ACTIVATIONS:
         raise ModelLoadError(f"unsupported activation {activation!r}; supported: "
                              f"{', '.join(TORCH_ACTIVATIONS)}")  # fmt: skip
-    return DenseMLP(b.linear(fc1, bias=bias), b.linear(fc2, bias=bias), TORCH_ACTIVATIONS[activation])
+    act = TORCH_ACTIVATIONS[activation]
+    return DenseMLP(b.linear(fc1, bias=bias), b.linear(fc2, bias=bias), act)
 
 
 def rotaries_by_type(cfg: Any, head_dim: int) -> dict[str | None, Rotary]:
@@ -103,7 +108,7 @@ def assemble(
     **extra: Any,
 ) -> DecoderLM:
     """``windows`` (one per layer) defaults to :func:`layer_window` of each layer."""
-    n, kv, hd = heads(cfg)
+    _, kv, hd = heads(cfg)
     num_layers = len(layers)
     if windows is None:
         windows = [layer_window(cfg, i) for i in range(num_layers)]

@@ -69,20 +69,25 @@ class Rotary:
                 self.config, None, seq_len=seq_len, **self._kwargs
             )
             return inv
-        if self.rope_type == "longrope":
-            if seq_len > self.original_max:
-                if self._long_inv_freq is None:
-                    self._long_inv_freq, _ = ROPE_INIT_FUNCTIONS["longrope"](
-                        self.config, None, seq_len=self.original_max + 1, **self._kwargs
-                    )
-                return self._long_inv_freq
+        if self.rope_type == "longrope" and seq_len > self.original_max:
+            if self._long_inv_freq is None:
+                self._long_inv_freq, _ = ROPE_INIT_FUNCTIONS["longrope"](
+                    self.config, None, seq_len=self.original_max + 1, **self._kwargs
+                )
+            return self._long_inv_freq
         return self._original_inv_freq
 
-    def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def tables(
+        self, positions: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin ``[B, T, rotary_dim]`` for integer ``positions [B, T]``."""
         inv_freq = self.inv_freq
         if self.rope_type in ("dynamic", "longrope"):
-            inv_freq = self._inv_freq_for(int(positions.max()) + 1)
+            # Per row, from the row's own length (as if it ran alone), so that batching
+            # (left padding, other rows' lengths) never changes a sequence's frequencies.
+            lengths = (positions.max(dim=-1).values + 1).tolist()
+            by_length = {n: self._inv_freq_for(n) for n in sorted(set(lengths))}
+            inv_freq = torch.stack([by_length[n] for n in lengths])[:, None, :]  # [B, 1, R/2]
         freqs = positions[..., None].float() * inv_freq
         if self.interleaved:
             emb = freqs.repeat_interleave(2, dim=-1)

@@ -1,17 +1,22 @@
 """Batched logits processors (one request per row, each with its own parameters).
 
 Protocol: a *factory* ``factory(configs) -> processor | None`` is called once per batch
-composition with the per-row :class:`SamplingConfig` list (``None`` = no row needs it); it
+composition with the per-row :class:`SamplingConfig` list (``None`` = no row needs it) and
 builds the per-row parameter tensors. The processor is then applied every decode step as
-``logits = proc(logits, state)`` with ``logits`` float ``[B, V]`` owned by the caller of the
-chain (processors may modify it in place) and ``state`` the batch's :class:`TokenState`.
+``logits = proc(logits, state)``: ``logits`` is a contiguous float ``[B, V]`` buffer owned by
+the caller of the chain (processors may modify it in place and return it), row ``i`` belongs
+to ``configs[i]``, ``state`` is the batch's :class:`TokenState`.
 
 Order (``BUILTIN_PROCESSORS``) follows transformers' ``_get_logits_processor``: sequence bias
 (our ``logit_bias``), repetition penalty, [OpenAI frequency/presence penalty, not in HF, placed
 next to the other penalty as vLLM does], min_new_tokens, then the sampling-only warpers
 temperature, top_k, top_p, min_p. Bias and penalties apply to every row (greedy rows included,
-as in HF); the warpers only to rows with ``not cfg.is_greedy``. A row whose parameter is
-neutral is excluded (or gets an exactly neutral value), so its logits are bit-identical.
+as in HF); the warpers only to rows with ``not cfg.is_greedy``. Rows whose parameter is neutral
+are left out, so their logits stay bit-identical.
+
+Cost per step: bias, penalties and min_new_tokens are sparse (``O(B * L)``, L = prompt +
+generated length; no ``[B, V]`` tables); the warpers are a few vectorised ``[R, V]`` passes over
+the R rows that use them (top-p uses a top-K candidate set instead of a full vocabulary sort).
 
 ``min_new_tokens`` reads ``cfg.eos_token_ids``: :class:`BatchSampler` resolves the model's EOS
 into the configs before calling factories; rows with unknown EOS are not masked.
@@ -44,7 +49,7 @@ __all__ = [
 ]
 
 NEG_INF = float("-inf")
-_TOP_P_CANDIDATES = 256  # first candidate-set size of top-p (grown x8 until it covers top_p)
+_TOP_P_CANDIDATES = 256  # first top-p candidate-set size (x16 for rows it does not cover)
 
 
 @runtime_checkable
@@ -79,22 +84,29 @@ class _RowwiseProcessor:
         if self.rows is None:
             return self._apply(logits)
         rows = self.rows.to(logits.device)
-        logits[rows] = self._apply(logits[rows])
-        return logits
+        return logits.index_copy_(0, rows, self._apply(logits.index_select(0, rows)))
 
     def _apply(self, x: Tensor) -> Tensor:
         raise NotImplementedError
 
 
-def _sparse_rows(rows: Tensor | None, ids: Tensor, *more: Tensor) -> tuple[Tensor, ...]:
-    """Restrict ``[B, L]`` tables to ``rows``; returns ``(row_index [R, L], ids, *more)``."""
+def _flat_index(rows: Tensor | None, ids: Tensor, vocab: int) -> Tensor:
+    """Flat indices ``row * V + id`` into a contiguous ``[B, V]`` for ``ids`` ``[B, L]``
+    (restricted to ``rows`` -> ``[R, L]``)."""
     if rows is None:
         r = torch.arange(ids.shape[0], device=ids.device)
     else:
         r = rows.to(ids.device)
-        ids = ids[r]
-        more = tuple(m[r] for m in more)
-    return (r[:, None].expand_as(ids), ids, *more)
+        ids = ids.index_select(0, r)
+    return r[:, None] * vocab + ids
+
+
+def _rows_of(rows: Tensor | None, t: Tensor) -> Tensor:
+    return t if rows is None else t.index_select(0, rows.to(t.device))
+
+
+def _contiguous(logits: Tensor) -> Tensor:
+    return logits if logits.is_contiguous() else logits.contiguous()
 
 
 # ---------------------------------------------------------------------------- processors
@@ -119,12 +131,10 @@ class LogitBiasProcessor:
         return cls(torch.tensor(rows), torch.tensor(cols), torch.tensor(vals))
 
     def __call__(self, logits: Tensor, state: TokenState) -> Tensor:
-        dev = logits.device
-        logits.index_put_(
-            (self.rows.to(dev), self.cols.to(dev)),
-            self.values.to(device=dev, dtype=logits.dtype),
-            accumulate=True,
-        )
+        logits = _contiguous(logits)
+        dev, v = logits.device, logits.shape[-1]
+        flat = self.rows.to(dev) * v + self.cols.to(dev)
+        logits.view(-1).index_add_(0, flat, self.values.to(device=dev, dtype=logits.dtype))
         return logits
 
 
@@ -146,14 +156,17 @@ class RepetitionPenaltyProcessor:
         return cls(_row_index(flags), _col(penalties))
 
     def __call__(self, logits: Tensor, state: TokenState) -> Tensor:
-        r, ids, valid = _sparse_rows(self.rows, *state.seen_ids())
+        ids, valid = state.seen_ids()
         if ids.numel() == 0:
             return logits
+        logits = _contiguous(logits)
+        flat = _flat_index(self.rows, ids, logits.shape[-1])
+        valid = _rows_of(self.rows, valid)
         p = self.penalty.to(device=logits.device, dtype=logits.dtype)
-        score = logits[r, ids]
+        score = logits.view(-1).index_select(0, flat.reshape(-1)).reshape(flat.shape)
         new = torch.where(score < 0, score * p, score / p)
-        # Repeated ids write identical values, so duplicates are harmless.
-        logits[r[valid], ids[valid]] = new[valid]
+        # A token seen several times is written several times with the same value.
+        logits.view(-1).index_copy_(0, flat.masked_select(valid), new.masked_select(valid))
         return logits
 
 
@@ -181,14 +194,18 @@ class FrequencyPresencePenaltyProcessor:
         )
 
     def __call__(self, logits: Tensor, state: TokenState) -> Tensor:
-        r, ids, counts, valid = _sparse_rows(self.rows, *state.output_token_counts())
+        ids, counts, valid = state.output_token_counts()
         if ids.numel() == 0:
             return logits
+        logits = _contiguous(logits)
+        flat = _flat_index(self.rows, ids, logits.shape[-1])
+        c = _rows_of(self.rows, counts).to(logits.dtype)
+        valid = _rows_of(self.rows, valid)
         freq = self.frequency.to(device=logits.device, dtype=logits.dtype)
         pres = self.presence.to(device=logits.device, dtype=logits.dtype)
-        c = counts.to(logits.dtype)
-        new = logits[r, ids] - c * freq - (c > 0).to(logits.dtype) * pres
-        logits[r[valid], ids[valid]] = new[valid]
+        score = logits.view(-1).index_select(0, flat.reshape(-1)).reshape(flat.shape)
+        new = score - c * freq - (c > 0).to(logits.dtype) * pres
+        logits.view(-1).index_copy_(0, flat.masked_select(valid), new.masked_select(valid))
         return logits
 
 
@@ -215,11 +232,13 @@ class MinNewTokensProcessor:
         return cls(torch.tensor(rows), torch.tensor(eos), torch.tensor(min_new))
 
     def __call__(self, logits: Tensor, state: TokenState) -> Tensor:
-        dev = logits.device
-        rows, eos = self.rows.to(dev), self.eos.to(dev)
-        active = state.num_generated.to(dev)[rows] < self.min_new.to(dev)
-        current = logits[rows, eos]
-        logits.index_put_((rows, eos), torch.where(active, NEG_INF, current))
+        logits = _contiguous(logits)
+        dev, v = logits.device, logits.shape[-1]
+        rows = self.rows.to(dev)
+        flat = rows * v + self.eos.to(dev)
+        active = state.num_generated.to(dev).index_select(0, rows) < self.min_new.to(dev)
+        current = logits.view(-1).index_select(0, flat)
+        logits.view(-1).index_copy_(0, flat, torch.where(active, NEG_INF, current))
         return logits
 
 
@@ -272,7 +291,7 @@ class TopPProcessor(_RowwiseProcessor):
     """Nucleus filter with HF's rule: drop tokens whose ascending cumulative prob <= 1 - top_p.
 
     Equivalently: keep, best first, the tokens whose *exclusive* cumulative prob < ``top_p``.
-    Evaluated on the top-``K`` logits (``K`` = 256, grown x8 while their mass is < ``top_p``)
+    Evaluated on the top-``K`` logits (``K`` = 256, x16 for rows whose top-K mass < ``top_p``)
     instead of sorting the vocabulary; probabilities are ``exp(x - logsumexp(x))``, sums in
     float64. Tokens tied with the last kept logit are kept (HF keeps an arbitrary subset).
     """
@@ -293,16 +312,26 @@ class TopPProcessor(_RowwiseProcessor):
         v = x.shape[-1]
         p = self.top_p.to(x.device)
         lse = torch.logsumexp(x, dim=-1, keepdim=True)
+        cut = torch.empty_like(lse)
+        todo: Tensor | None = None  # rows still undecided (None = all)
         k = min(v, _TOP_P_CANDIDATES)
         while True:
-            vals = torch.topk(x, k, dim=-1).values
-            csum = (vals - lse).exp_().to(torch.float64).cumsum_(dim=-1)
-            if k == v or bool((csum[:, -1:] >= p).all()):
+            xs, ps, ls = (x, p, lse) if todo is None else (x[todo], p[todo], lse[todo])
+            vals = torch.topk(xs, k, dim=-1).values
+            csum = (vals - ls).exp_().to(torch.float64).cumsum_(dim=-1)
+            done = (csum[:, -1:] >= ps).reshape(-1) | (k == v)
+            exclusive = torch.nn.functional.pad(csum[:, :-1], (1, 0))
+            n_keep = (exclusive < ps).sum(dim=-1, keepdim=True)  # >= 1: the top token
+            row_cut = vals.gather(1, n_keep - 1)
+            if todo is None and bool(done.all()):
+                cut = row_cut
                 break
-            k = min(v, k * 8)
-        exclusive = torch.nn.functional.pad(csum[:, :-1], (1, 0))
-        n_keep = (exclusive < p).sum(dim=-1, keepdim=True)  # >= 1: the top token
-        cut = vals.gather(1, n_keep - 1)
+            rows = torch.arange(x.shape[0], device=x.device) if todo is None else todo
+            cut[rows[done]] = row_cut[done]
+            todo = rows[~done]
+            if todo.numel() == 0:
+                break
+            k = min(v, k * 16)
         return x.masked_fill_(x < cut, NEG_INF)
 
 

@@ -8,9 +8,9 @@ Choices:
 * Sampling uses one private ``torch.Generator`` per row (seeded from ``cfg.seed``, else from
   ``os.urandom``); the global torch RNG is never touched. Each row draws a single uniform
   number and inverts the row's CDF (``cumsum`` + ``searchsorted``, batched). This is the same
-  distribution as ``torch.multinomial`` but ~15x cheaper at V=262144 (multinomial's one-sample
-  path draws V exponentials per row). A row's draws depend only on its own logits and seed, so
-  a row gives the same tokens alone or in any batch.
+  distribution as ``torch.multinomial`` but an order of magnitude cheaper at V=262144 (the
+  one-sample multinomial path draws V exponentials per row). A row's draws depend only on its
+  own logits and seed, so a row gives the same tokens alone or in any batch.
 * ``logprobs`` (default ``logprobs_mode="raw"``, as vLLM): ``log_softmax`` of the *raw model
   logits* before any processing, so they are comparable across sampling settings.
   ``logprobs_mode="processed"`` uses the logits actually sampled from (after all processors;
@@ -129,14 +129,16 @@ def _resolve_eos(eos: EosSpec, n: int) -> list[tuple[int, ...] | None]:
     """Per-row model EOS ids: None, an int, ints (same for all rows) or one set per row."""
     if eos is None:
         return [None] * n
+    if isinstance(eos, Tensor):
+        eos = eos.tolist()
     if isinstance(eos, int):
         return [(eos,)] * n
     items = list(eos)
     if all(isinstance(e, int) for e in items):
-        return [tuple(items)] * n  # type: ignore[arg-type]
+        return [tuple(items)] * n
     if len(items) != n:
         raise ValueError(f"eos_token_ids has {len(items)} per-row entries for {n} rows")
-    return [None if e is None else tuple(int(t) for t in e) for e in items]  # type: ignore[union-attr]
+    return [None if e is None else tuple(int(t) for t in e) for e in items]
 
 
 class BatchSampler:
@@ -293,9 +295,10 @@ class BatchSampler:
         if n_sample == b:
             return sample_from_logits(x, gens, inplace=scratch)
         tokens = torch.empty(b, dtype=torch.long, device=x.device)
-        tokens[self._greedy_idx] = x[self._greedy_idx].argmax(dim=-1)
-        tokens[self._sample_idx] = sample_from_logits(x[self._sample_idx], gens, inplace=True)
-        return tokens
+        g_idx, s_idx = self._greedy_idx, self._sample_idx
+        tokens.index_copy_(0, g_idx, x.index_select(0, g_idx).argmax(dim=-1))
+        sampled = sample_from_logits(x.index_select(0, s_idx), gens, inplace=True)
+        return tokens.index_copy_(0, s_idx, sampled)
 
     def _logprobs(
         self, src: Tensor, tokens: Tensor
@@ -307,7 +310,7 @@ class BatchSampler:
         if rows is None:
             res = compute_logprobs(src, tokens, k)
         else:
-            res = compute_logprobs(src[rows], tokens[rows], k)
+            res = compute_logprobs(src.index_select(0, rows), tokens.index_select(0, rows), k)
         chosen = res.chosen
         if rows is not None:
             chosen = torch.full((b,), float("nan"), device=src.device).index_copy_(0, rows, chosen)

@@ -1,38 +1,70 @@
-"""Llama 1–3.3 (and SmolLM, Mistral-style configs): pre-norm, GQA, gated SiLU MLP."""
+"""Llama 1–3.3 (and SmolLM, Mistral-style configs): pre-norm, GQA, gated SiLU MLP.
+
+:func:`build` is also the skeleton of the other Llama-layout families: Qwen2 passes its bias
+flags, Phi-3 its fused-projection readers and its window rule.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from pace_core.models import common
 from pace_core.models.decoder import DecoderLM, ModelBuilder
-from pace_core.models.layers import PreNormBlock
+from pace_core.models.layers import Bound, PreNormBlock
 
 ACTIVATIONS = {"silu": "silu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
 
+# (builder, attention prefix, qkv bias) -> fused Q/K/V projection
+QKVReader = Callable[[ModelBuilder, str, bool], Bound]
+# (builder, mlp prefix) -> MLP callable
+MLPReader = Callable[[ModelBuilder, str], Callable]
 
-def build(b: ModelBuilder, *, qkv_bias: bool | None = None) -> DecoderLM:
+
+def separate_qkv(b: ModelBuilder, prefix: str, bias: bool) -> Bound:
+    """Q/K/V from ``{prefix}.{q,k,v}_proj``."""
+    return b.qkv([f"{prefix}.{x}_proj" for x in "qkv"], bias=bias)
+
+
+def separate_gated_mlp(b: ModelBuilder, prefix: str) -> Bound:
+    """Gated MLP from ``{prefix}.{gate,up,down}_proj``."""
+    return common.gated_mlp(b, prefix, ACTIVATIONS[b.config.hidden_act])
+
+
+def build(
+    b: ModelBuilder,
+    *,
+    qkv_bias: bool | None = None,
+    o_bias: bool | None = None,
+    qkv: QKVReader = separate_qkv,
+    mlp: MLPReader = separate_gated_mlp,
+    window: Callable[[Any, int], int | None] = common.layer_window,
+) -> DecoderLM:
+    """Llama layout; ``qkv_bias``/``o_bias`` default to ``config.attention_bias``."""
     cfg = b.config
     n, kv, hd = common.heads(cfg)
     eps = cfg.rms_norm_eps
-    bias = getattr(cfg, "attention_bias", False) if qkv_bias is None else qkv_bias
-    o_bias = getattr(cfg, "attention_bias", False)
+    attention_bias = getattr(cfg, "attention_bias", False)
+    bias = attention_bias if qkv_bias is None else qkv_bias
+    out_bias = attention_bias if o_bias is None else o_bias
     rotaries = common.rotaries_by_type(cfg, hd)
     rotary = rotaries[None]
     embed, embed_weight = common.embedding(b, "model.embed_tokens.weight")
-    layers = []
+    layers, windows = [], [window(cfg, i) for i in range(cfg.num_hidden_layers)]
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}"
         attn = b.attention(
             layer=i,
-            qkv=b.qkv([f"{p}.self_attn.{x}_proj" for x in "qkv"], bias=bias),
-            o_proj=b.linear(f"{p}.self_attn.o_proj", bias=o_bias),
+            qkv=qkv(b, f"{p}.self_attn", bias),
+            o_proj=b.linear(f"{p}.self_attn.o_proj", bias=out_bias),
             rotary=rotary, num_heads=n, num_kv_heads=kv, head_dim=hd, scale=hd**-0.5,
-            window=common.layer_window(cfg, i),
+            window=windows[i],
         )  # fmt: skip
-        mlp = common.gated_mlp(b, f"{p}.mlp", ACTIVATIONS[cfg.hidden_act])
         layers.append(PreNormBlock(
-            b.norm(f"{p}.input_layernorm", eps), attn, b.norm(f"{p}.post_attention_layernorm", eps), mlp
+            b.norm(f"{p}.input_layernorm", eps), attn,
+            b.norm(f"{p}.post_attention_layernorm", eps), mlp(b, f"{p}.mlp"),
         ))  # fmt: skip
     return common.assemble(
         b, cfg, embed=embed, layers=layers, final_norm=b.norm("model.norm", eps),
-        head=common.lm_head(b, cfg, embed_weight), rotaries=[rotary],
+        head=common.lm_head(b, cfg, embed_weight), rotaries=[rotary], windows=windows,
     )  # fmt: skip

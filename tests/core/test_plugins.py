@@ -1,0 +1,330 @@
+"""Plugin discovery, selection and failure isolation with real installed plugin packages.
+
+``tests/plugins/pace_example`` (distribution ``pace-example``) registers an RMSNorm kernel
+under the backend ``example``; ``tests/plugins/pace_broken`` fails on import. Both are
+pip-installed by the session fixture in ``conftest.py``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata as metadata
+import logging
+
+import pytest
+import torch
+
+import pace_core
+from pace_core import hookimpl
+from pace_core.errors import ConfigError, OpResolutionError
+from pace_core.opconfig import OperatorConfig, OpResolver
+from pace_core.ops import OPS
+from pace_core.plugins import BUILTIN_PLUGINS, get_host, reset_host
+from pace_core.registry import OpContext
+
+FP32 = OpContext("rms_norm", torch.float32)
+
+
+def rms_norm(x, weight, eps, residual=None):
+    if residual is not None:
+        x = x + residual
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight, x
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory):
+    """A random 2-layer Llama saved as a HF checkpoint, its transformers logits and the input."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=128,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+    )  # fmt: skip
+    hf = LlamaForCausalLM(config).eval()
+    path = tmp_path_factory.mktemp("tiny_llama")
+    hf.save_pretrained(path)
+    ids = torch.randint(0, 128, (1, 8))
+    with torch.no_grad():
+        reference = hf(ids).logits.float()
+    return path, ids, reference
+
+
+def load(path, **kwargs):
+    return pace_core.LLMModel(path, dtype=torch.float32, load_tokenizer=False, **kwargs)
+
+
+def rms_norm_sites(model) -> int:
+    return sum(n for (op, _, _), n in model.op_plan.sites.items() if op == "rms_norm")
+
+
+# -- discovery and selection -------------------------------------------------------------------
+def test_example_plugin_is_discovered():
+    host = get_host()
+    info = host.plugins["example"]
+    assert (info.status, info.error, info.origin) == ("ok", "", "entry point")
+    assert info.module == "pace_example.plugin"
+    assert info.distribution == "pace-example"
+    assert info.version == metadata.version("pace-example") == "0.1.0"
+    assert info.provides == {"kernels": 1, "caches": 0, "models": 0, "processors": 0}
+    spec = next(s for s in host.ops.candidates("rms_norm") if s.backend == "example")
+    assert (spec.plugin, spec.priority) == ("example", -10)
+    assert host.ops.backends("linear") == ["native"]
+    # native and the built-in plugins load alongside it
+    assert host.plugins["native"].status == "ok"
+    assert host.plugins["native"].provides["kernels"] == len(OPS)
+    for name, _ in BUILTIN_PLUGINS:
+        assert host.plugins[name].origin == "builtin" and host.plugins[name].status == "ok"
+
+
+def test_example_is_selectable_per_op():
+    host = get_host()
+    resolve = lambda config, ctx=FP32: OpResolver(host.ops, config).resolve(ctx)  # noqa: E731
+    assert resolve(OperatorConfig(rms_norm="example")).backend == "example"
+    assert resolve(OperatorConfig(norm="example")).backend == "example"
+    # negative priority: auto keeps native
+    assert resolve(OperatorConfig()).backend == "native"
+    # example has no layer_norm: that op falls back, with the reason
+    res = resolve(OperatorConfig(norm="example"), OpContext("layer_norm", torch.float32))
+    assert res.backend == "native"
+    assert res.fallback_reason == "no installed plugin provides backend 'example' for this op"
+
+
+def test_example_kernel_is_called_in_a_real_forward(tiny_llama):
+    example = importlib.import_module("pace_example.plugin")
+    path, ids, reference = tiny_llama
+    native = load(path)
+    assert native.op_plan.backends()["rms_norm"] == {"native"}
+    native_logits = native.logits(ids)
+
+    model = load(path, opconfig={"rms_norm": "example"})
+    assert model.op_plan.backends()["rms_norm"] == {"example"}
+    assert model.op_plan.backends()["linear"] == {"native"}
+    assert "rms_norm   example" in str(model.op_plan)
+    before = example.calls
+    logits = model.logits(ids)
+    assert example.calls - before == rms_norm_sites(model) == 5  # 2 per layer + final norm
+    torch.testing.assert_close(logits, native_logits, atol=1e-5, rtol=0)
+    torch.testing.assert_close(logits, reference, atol=1e-5, rtol=0)
+
+    before = example.calls
+    native.logits(ids)
+    assert example.calls == before  # the native model never touches it
+
+
+def test_opconfig_from_env_selects_the_plugin(tiny_llama, monkeypatch):
+    monkeypatch.setenv("PACE_OPCONFIG", "norm=example,strict=1")
+    model = load(tiny_llama[0])
+    assert model.op_plan.backends()["rms_norm"] == {"example"}
+
+
+def test_broken_plugin_is_reported_and_engine_still_works(tiny_llama, caplog):
+    path, ids, reference = tiny_llama
+    with caplog.at_level(logging.WARNING, logger="pace.plugins"):
+        host = get_host()
+    info = host.plugins["broken"]
+    assert (info.status, info.distribution) == ("failed", "pace-broken")
+    assert info.module == "pace_broken.plugin"
+    assert info.error == (
+        "RuntimeError: pace-broken is broken on purpose (simulated missing native library)"
+    )
+    assert info.provides == {}
+    assert any("plugin 'broken' skipped: RuntimeError" in r.getMessage() for r in caplog.records)
+    assert host.plugins["example"].status == "ok"
+    torch.testing.assert_close(load(path).logits(ids), reference, atol=1e-5, rtol=0)
+
+
+# -- environment switches ----------------------------------------------------------------------
+def test_disable_plugins(monkeypatch, tiny_llama):
+    monkeypatch.setenv("PACE_DISABLE_PLUGINS", "example, broken")
+    host = get_host()
+    assert host.plugins["example"].status == "disabled"
+    assert host.plugins["broken"].status == "disabled"  # never imported: no error
+    assert host.plugins["broken"].error == ""
+    assert "example" not in host.ops.backends()
+    # A disabled third-party backend is unknown (not a first-party name): pinning it errors,
+    # whether or not strict is set.
+    for strict in (False, True):
+        with pytest.raises(ConfigError, match="unknown backend 'example' for op 'rms_norm'"):
+            OpResolver(host.ops, OperatorConfig(rms_norm="example", strict=strict))
+    with pytest.raises(ConfigError, match="unknown backend 'example'"):
+        load(tiny_llama[0], opconfig={"rms_norm": "example"})
+
+
+def test_disable_builtin_plugin(monkeypatch):
+    monkeypatch.setenv("PACE_DISABLE_PLUGINS", "pace.caches")
+    host = get_host()
+    assert host.plugins["pace.caches"].status == "disabled"
+    assert host.caches.caches == {}
+    assert host.plugins["pace.models"].status == "ok"
+
+
+def test_no_autoload_then_pace_plugins(monkeypatch, tiny_llama):
+    path, ids, reference = tiny_llama
+    monkeypatch.setenv("PACE_DISABLE_PLUGIN_AUTOLOAD", "1")
+    host = get_host()
+    assert set(host.plugins) == {name for name, _ in BUILTIN_PLUGINS}
+    assert host.ops.backends() == []
+    with pytest.raises(OpResolutionError, match="pace-native plugin installed"):
+        load(path)
+
+    monkeypatch.setenv("PACE_PLUGINS", "pace_native.plugin,pace_example.plugin")
+    reset_host()
+    host = get_host()
+    for module in ("pace_native.plugin", "pace_example.plugin"):
+        assert (host.plugins[module].origin, host.plugins[module].status) == ("PACE_PLUGINS", "ok")
+    assert "native" not in host.plugins and "broken" not in host.plugins
+    model = load(path, opconfig="rms_norm=example")
+    assert model.op_plan.backends()["rms_norm"] == {"example"}
+    torch.testing.assert_close(model.logits(ids), reference, atol=1e-5, rtol=0)
+
+
+def test_pace_plugins_with_a_missing_module_is_reported(monkeypatch):
+    monkeypatch.setenv("PACE_PLUGINS", "pace_no_such_plugin")
+    info = get_host().plugins["pace_no_such_plugin"]
+    assert info.status == "failed"
+    assert info.error.startswith("ModuleNotFoundError: No module named 'pace_no_such_plugin'")
+
+
+# -- failure isolation -------------------------------------------------------------------------
+class HalfWay:
+    """Registers a kernel, then a cache, then raises: nothing of it may remain."""
+
+    @hookimpl
+    def pace_register_ops(self, registry):
+        registry.add_kernel("rms_norm", "halfway", rms_norm)
+
+    @hookimpl
+    def pace_register_kv_caches(self, registry):
+        registry.add_cache("halfway", dict, layout="contiguous")
+        raise RuntimeError("boom half-way")
+
+
+class RaisesInOps:
+    @hookimpl
+    def pace_register_ops(self, registry):
+        registry.add_kernel("rms_norm", "halfway", rms_norm)
+        raise RuntimeError("boom")
+
+
+@pytest.mark.parametrize("plugin", [RaisesInOps(), HalfWay()], ids=["one-hook", "two-hooks"])
+def test_plugin_failing_half_way_leaves_nothing(plugin, caplog):
+    host = get_host()
+    with caplog.at_level(logging.WARNING, logger="pace.plugins"):
+        info = host.register(plugin, "halfway")
+    assert info.status == "failed" and info.error.startswith("RuntimeError: boom")
+    assert host.plugins["halfway"] is info
+    assert "halfway" not in host.ops.backends()
+    assert "halfway" not in host.caches.caches
+    assert host.pm.get_plugin("halfway") is None
+    assert any("plugin 'halfway' skipped" in r.getMessage() for r in caplog.records)
+    # the name is free again, and the rest keeps working
+    assert OpResolver(host.ops, OperatorConfig()).resolve(FP32).backend == "native"
+
+
+class Good:
+    @hookimpl
+    def pace_register_ops(self, registry):
+        registry.add_kernel("rms_norm", "halfway", rms_norm)
+
+
+def test_failed_plugin_name_can_be_registered_again():
+    host = get_host()
+    assert host.register(RaisesInOps(), "halfway").status == "failed"
+    assert host.register(Good(), "halfway").status == "ok"
+    assert "halfway" in host.ops.backends("rms_norm")
+
+
+def _plugin(**kernels):
+    """A plugin object whose pace_register_ops calls add_kernel with each kwargs dict."""
+
+    class Plugin:
+        @hookimpl
+        def pace_register_ops(self, registry):
+            for kw in kernels.values():
+                registry.add_kernel(**kw)
+
+    return Plugin()
+
+
+@pytest.mark.parametrize(("kernel", "message"), [
+    ({"op": "softmax", "backend": "x", "fn": rms_norm},
+     "PluginError: unknown op 'softmax'; the op catalogue has: " + ", ".join(OPS)),
+    ({"op": "linear", "backend": "x", "fn": rms_norm},
+     "PluginError: op 'linear' needs a prepare step (backend 'x' gave none)"),
+    ({"op": "rms_norm", "backend": "my-backend", "fn": rms_norm},
+     "PluginError: backend name must be alphanumeric/underscore (got 'my-backend')"),
+])  # fmt: skip
+def test_invalid_registration_is_reported(kernel, message):
+    host = get_host()
+    info = host.register(_plugin(k=kernel), "bad")
+    assert info.status == "failed"
+    assert info.error == message
+    assert "x" not in host.ops.backends() and "my_backend" not in host.ops.backends()
+
+
+def test_duplicate_op_backend_second_plugin_fails_and_stores_nothing():
+    host = get_host()
+    first = host.register(_plugin(a={"op": "rms_norm", "backend": "dup", "fn": rms_norm}), "first")
+    assert first.status == "ok"
+    second = host.register(_plugin(
+        a={"op": "layer_norm", "backend": "extra", "fn": rms_norm},  # staged before the clash
+        b={"op": "rms_norm", "backend": "dup", "fn": rms_norm},
+    ), "second")  # fmt: skip
+    assert second.status == "failed"
+    assert second.error == (
+        "PluginError: backend 'dup' for op 'rms_norm' is registered twice "
+        "(plugins 'first' and 'second')"
+    )
+    assert "extra" not in host.ops.backends()  # a failed commit stores nothing
+    assert host.ops.candidates("rms_norm")[0].plugin in ("native", "first")
+    assert {s.plugin for s in host.ops.candidates("rms_norm") if s.backend == "dup"} == {"first"}
+    assert host.pm.get_plugin("second") is None
+
+
+def test_duplicate_against_native_and_within_one_plugin():
+    host = get_host()
+    clash = host.register(_plugin(a={"op": "rms_norm", "backend": "native", "fn": rms_norm}), "c")
+    assert clash.status == "failed" and "(plugins 'native' and 'c')" in clash.error
+    twice = host.register(_plugin(
+        a={"op": "rms_norm", "backend": "twice", "fn": rms_norm},
+        b={"op": "rms_norm", "backend": "twice", "fn": rms_norm},
+    ), "twice")  # fmt: skip
+    assert twice.status == "failed" and "(plugins 'twice' and 'twice')" in twice.error
+    assert "twice" not in host.ops.backends()
+    native = next(s for s in host.ops.candidates("rms_norm") if s.backend == "native")
+    assert native.plugin == "native"
+
+
+def test_duplicate_in_one_registry_rolls_back_the_others():
+    """A cache-name clash must also drop the plugin's kernel (all-or-nothing across registries)."""
+
+    class KernelAndClash:
+        @hookimpl
+        def pace_register_ops(self, registry):
+            registry.add_kernel("rms_norm", "clash", rms_norm)  # ops are committed first
+
+        @hookimpl
+        def pace_register_kv_caches(self, registry):
+            registry.add_cache("dynamic", dict, layout="contiguous")  # pace.caches has it
+
+    host = get_host()
+    info = host.register(KernelAndClash(), "clash")
+    assert info.status == "failed"
+    assert info.error == "PluginError: KV cache 'dynamic' is registered twice"
+    assert "clash" not in host.ops.backends()
+    assert host.caches.caches["dynamic"].plugin == "pace.caches"
+    assert host.pm.get_plugin("clash") is None
+
+
+# -- docs --------------------------------------------------------------------------------------
+def test_plugin_docs_show_the_tested_example_and_the_catalogue(test_plugins):
+    docs = (test_plugins["pace-example"][0].parents[2] / "docs" / "plugins.md").read_text()
+    source = test_plugins["pace-example"][0]
+    for file in ("pyproject.toml", "pace_example/__init__.py", "pace_example/plugin.py"):
+        assert (source / file).read_text().rstrip() + "\n```" in docs, f"{file} differs"
+    for spec in OPS.values():
+        signature = spec.signature.replace("|", "\\|")
+        prepared = "yes" if spec.prepared else "no"
+        row = f"| `{spec.name}` | `{signature}` | {prepared} | {spec.summary} |"
+        assert row in docs, f"op catalogue row of {spec.name!r} is missing or stale"

@@ -1,0 +1,122 @@
+"""Tiny random-weight checkpoints, one factory per family variant, for parity tests.
+
+``FACTORIES`` maps a variant name to ``factory(tmp_dir) -> model_dir``: the factory builds a
+transformers config, randomizes every parameter (biases and norm weights too, so they are
+exercised), and ``save_pretrained``s safetensors into ``tmp_dir``. Nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers as tf
+
+SEED = 0
+# Shared shape of every tiny model: 4 heads of 16, GQA 2 where the family supports it.
+DIMS = dict(vocab_size=160, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip
+# No EOS: greedy runs must produce all their tokens in both HF and pace.
+NO_SPECIAL = dict(bos_token_id=None, eos_token_id=None, pad_token_id=None)
+
+
+def randomize(model: torch.nn.Module, std: float = 0.15) -> None:
+    """Re-draw all parameters: matrices N(0, std), biases N(0, 0.1), norm weights 1 + N(0, 0.1).
+
+    A larger std than HF's init keeps greedy margins well above fp32 noise.
+    """
+    gen = torch.Generator().manual_seed(SEED)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=gen)
+            if p.dim() > 1:
+                p.copy_(noise * std)
+            elif name.endswith("bias"):
+                p.copy_(noise * 0.1)
+            else:
+                p.copy_(1 + noise * 0.1)
+
+
+def save(model_cls: type, config: Any, tmp_dir: Path) -> Path:
+    torch.manual_seed(SEED)
+    model = model_cls(config).eval()
+    randomize(model)
+    model.save_pretrained(tmp_dir, safe_serialization=True)
+    return Path(tmp_dir)
+
+
+# -- Llama ---------------------------------------------------------------------------------
+def _llama(rope: dict | None = None, **over: Any) -> Callable[[Path], Path]:
+    def factory(tmp_dir: Path) -> Path:
+        params = {"rope_type": "default", "rope_theta": 10000.0, **(rope or {})}
+        cfg = tf.LlamaConfig(**{**DIMS, **NO_SPECIAL, "rope_parameters": params, **over})
+        return save(tf.LlamaForCausalLM, cfg, tmp_dir)
+
+    return factory
+
+
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 16}  # fmt: skip
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}
+
+
+# -- Qwen2: layers >= max_window_layers slide over the last 4 tokens ---------------------------
+def qwen2(tmp_dir: Path) -> Path:
+    cfg = tf.Qwen2Config(**{**DIMS, **NO_SPECIAL, "num_hidden_layers": 3,
+                            "use_sliding_window": True, "sliding_window": 4,
+                            "max_window_layers": 1})  # fmt: skip
+    assert cfg.layer_types == ["full_attention", "sliding_attention", "sliding_attention"]
+    return save(tf.Qwen2ForCausalLM, cfg, tmp_dir)
+
+
+# -- Phi-3: half the head dim rotates; longrope switches to long factors past 16 tokens --------
+def _phi3(rope: dict, **over: Any) -> Callable[[Path], Path]:
+    def factory(tmp_dir: Path) -> Path:
+        params = {"rope_theta": 10000.0, "partial_rotary_factor": 0.5, **rope}
+        cfg = tf.Phi3Config(**{**DIMS, **NO_SPECIAL, "rope_parameters": params, **over})
+        return save(tf.Phi3ForCausalLM, cfg, tmp_dir)
+
+    return factory
+
+
+LONGROPE = {"rope_type": "longrope", "original_max_position_embeddings": 16,
+            "short_factor": [1.0, 1.2, 1.5, 2.0], "long_factor": [1.0, 2.0, 4.0, 8.0]}  # fmt: skip
+
+
+# -- OPT: pre-norm (125m style) and post-norm with project_in/out (350m style) ---------------
+def _opt(**over: Any) -> Callable[[Path], Path]:
+    def factory(tmp_dir: Path) -> Path:
+        cfg = tf.OPTConfig(vocab_size=160, hidden_size=64, ffn_dim=128, num_hidden_layers=2,
+                           num_attention_heads=4, max_position_embeddings=64, **NO_SPECIAL,
+                           **over)  # fmt: skip
+        return save(tf.OPTForCausalLM, cfg, tmp_dir)
+
+    return factory
+
+
+# -- GPT-J: rotary on 8 of 16 head dims -------------------------------------------------------
+def gptj(tmp_dir: Path) -> Path:
+    cfg = tf.GPTJConfig(vocab_size=160, n_embd=64, n_layer=2, n_head=4, n_inner=128, rotary_dim=8,
+                        n_positions=64, **NO_SPECIAL)  # fmt: skip
+    return save(tf.GPTJForCausalLM, cfg, tmp_dir)
+
+
+FACTORIES: dict[str, Callable[[Path], Path]] = {
+    "llama": _llama(),
+    "llama-llama3": _llama(LLAMA3),
+    "llama-linear": _llama({"rope_type": "linear", "factor": 2.0}),
+    # max 30 positions: a 32-token prompt rescales, 8 + 20 generated tokens stay below.
+    "llama-dynamic": _llama({"rope_type": "dynamic", "factor": 2.0}, max_position_embeddings=30),
+    "llama-yarn": _llama(YARN),
+    "qwen2-sliding": qwen2,
+    "phi3-partial-sliding": _phi3({"rope_type": "default"}, sliding_window=6),
+    "phi3-longrope": _phi3(LONGROPE, original_max_position_embeddings=16),
+    "opt-prenorm": _opt(),
+    "opt-postnorm-project": _opt(do_layer_norm_before=False, word_embed_proj_dim=32),
+    "gptj": gptj,
+    # --- hook: Gemma 3 and GPT-OSS factories are added here (same signature) -----------------
+    # "gemma3": gemma3,
+    # "gpt-oss": gpt_oss,
+}
