@@ -117,3 +117,19 @@ def test_smollm2_fp32_batch_8_greedy_64_matches_transformers(smol):
         want = hf_greedy(hf, tok, prompt, 64)
         got = pace.generate(prompt, SamplingConfig(max_new_tokens=64, min_new_tokens=64))
         assert got.sequences[0].token_ids == want, prompt
+
+
+def test_smollm2_stop_strings_stream_and_chat(smol):
+    path, hf, tok, pace = smol
+    full = pace.generate(PROMPTS[0], SamplingConfig(max_new_tokens=24)).texts[0]
+    assert " Emma" in full
+    cfg = SamplingConfig(max_new_tokens=24, stop=[" Emma", "zzz"])
+    out = pace.generate(PROMPTS[0], cfg)
+    assert out.texts[0] == full[: full.index(" Emma")] and out.finish_reasons == ["stop"]
+    streamed = "".join(c.text for c in pace.stream(PROMPTS[0], cfg))
+    assert streamed == out.texts[0]
+    plain = "".join(c.text for c in pace.stream(PROMPTS[0], SamplingConfig(max_new_tokens=24)))
+    assert plain == full
+    chat = pace.generate([{"role": "user", "content": "What is the capital of France?"}],
+                         SamplingConfig(max_new_tokens=12))  # fmt: skip
+    assert "Paris" in chat.texts[0]

@@ -1,0 +1,122 @@
+"""Generation behaviour on a tiny random model: batching, finishing, seeds, logprobs, streams."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from pace_core import LLMModel, SamplingConfig
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_llama_dir):
+    return LLMModel(tiny_llama_dir, dtype=torch.float32, load_tokenizer=False)
+
+
+@pytest.fixture(scope="module")
+def hf(tiny_llama_dir):
+    return AutoModelForCausalLM.from_pretrained(str(tiny_llama_dir), dtype=torch.float32).eval()
+
+
+def test_output_shapes_and_padding(tiny):
+    ids = torch.tensor([[0, 0, 5, 6], [7, 8, 9, 10]])
+    mask = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]])
+    out = tiny.generate({"input_ids": ids, "attention_mask": mask},
+                        SamplingConfig(max_new_tokens=5, ignore_eos=True))  # fmt: skip
+    assert out.output_token_ids.shape == (2, 9)
+    assert torch.equal(out.output_token_ids[:, :4], ids)
+    assert out.sequences[0].prompt_token_ids == [5, 6]
+    assert out.finish_reasons == ["length", "length"]
+    assert [len(t) for t in out.generated_token_ids] == [5, 5]
+
+
+def test_eos_stops_row_and_others_continue(tiny, hf):
+    prompt = torch.tensor([[5, 6, 7]])
+    free = tiny.generate(prompt, SamplingConfig(max_new_tokens=8, ignore_eos=True))
+    eos = free.sequences[0].token_ids[2]  # make the 3rd generated token the EOS
+    cfg = SamplingConfig(max_new_tokens=8, eos_token_id=eos)
+    out = tiny.generate(torch.tensor([[5, 6, 7], [9, 9, 9]]), cfg)
+    first = out.sequences[0]
+    assert first.finish_reason == "stop" and first.token_ids == free.sequences[0].token_ids[:3]
+    other = tiny.generate(torch.tensor([[9, 9, 9]]), cfg).sequences[0]
+    assert out.sequences[1].token_ids == other.token_ids
+    # padding after an early stop uses the pad id; the finished row cost no more forwards
+    assert out.output_token_ids.shape[1] == 3 + max(len(first.token_ids), len(other.token_ids))
+
+
+def test_min_new_tokens_and_multiple_eos(tiny):
+    prompt = torch.tensor([[5, 6, 7]])
+    free = tiny.generate(prompt, SamplingConfig(max_new_tokens=6, ignore_eos=True)).sequences[0]
+    eos = [free.token_ids[0], free.token_ids[1]]
+    assert tiny.generate(prompt, SamplingConfig(max_new_tokens=6, eos_token_id=eos)).sequences[0].token_ids == eos[:1]
+    out = tiny.generate(prompt, SamplingConfig(max_new_tokens=6, eos_token_id=eos, min_new_tokens=3))
+    assert len(out.sequences[0].token_ids) >= 3
+    assert not set(out.sequences[0].token_ids[:2]) & set(eos)
+
+
+def test_seeded_sampling_reproducible_and_independent(tiny):
+    prompt = torch.tensor([[5, 6, 7]])
+    cfg = SamplingConfig(max_new_tokens=12, do_sample=True, temperature=1.5, seed=123, ignore_eos=True)
+    state = torch.get_rng_state()
+    a = tiny.generate(prompt, cfg).sequences[0].token_ids
+    assert torch.equal(state, torch.get_rng_state())  # the global RNG is never touched
+    b = tiny.generate(prompt, cfg).sequences[0].token_ids
+    assert a == b
+    other = cfg.merged(seed=7)
+    both = tiny.generate(torch.tensor([[5, 6, 7], [5, 6, 7]]), [cfg, other])
+    assert both.sequences[0].token_ids == a
+    assert both.sequences[1].token_ids == tiny.generate(prompt, other).sequences[0].token_ids
+    assert both.sequences[1].token_ids != a
+
+
+def test_logits_and_logprobs_match_hf(tiny, hf):
+    prompt = torch.tensor([[5, 6, 7, 8]])
+    out = tiny.generate(prompt, SamplingConfig(max_new_tokens=6, min_new_tokens=6, logprobs=3),
+                        output_logits=True)  # fmt: skip
+    ref = hf.generate(prompt, do_sample=False, max_new_tokens=6, min_new_tokens=6,
+                      output_logits=True, return_dict_in_generate=True)  # fmt: skip
+    assert out.sequences[0].token_ids == ref.sequences[0, 4:].tolist()
+    ref_logits = torch.cat(ref.logits)
+    assert torch.allclose(out.logits[0], ref_logits, atol=1e-4)
+    lp = torch.log_softmax(ref_logits, dim=-1)
+    for t, entry in enumerate(out.sequences[0].logprobs):
+        assert entry.logprob == pytest.approx(float(lp[t, entry.token_id]), abs=1e-4)
+        assert list(entry.top) == lp[t].topk(3).indices.tolist()
+
+
+def test_prompt_logprobs(tiny, hf):
+    prompt = torch.tensor([[5, 6, 7, 8]])
+    out = tiny.generate(prompt, SamplingConfig(max_new_tokens=1, prompt_logprobs=2))
+    entries = out.sequences[0].prompt_logprobs
+    assert entries[0] is None and len(entries) == 4
+    lp = torch.log_softmax(hf(prompt).logits[0], dim=-1)
+    for t in range(1, 4):
+        assert entries[t].logprob == pytest.approx(float(lp[t - 1, prompt[0, t]]), abs=1e-4)
+        assert len(entries[t].top) == 2
+
+
+def test_streamer_protocol(tiny):
+    class Recorder:
+        def __init__(self):
+            self.calls, self.ended = [], False
+
+        def put(self, value):
+            self.calls.append(value.tolist())
+
+        def end(self):
+            self.ended = True
+
+    rec = Recorder()
+    out = tiny.generate(torch.tensor([[5, 6, 7]]), SamplingConfig(max_new_tokens=4, ignore_eos=True), streamer=rec)
+    assert rec.calls[0] == [[5, 6, 7]] and rec.ended
+    assert [c[0] for c in rec.calls[1:]] == out.sequences[0].token_ids
+
+
+def test_stream_iterator_matches_generate(tiny):
+    cfg = SamplingConfig(max_new_tokens=5, ignore_eos=True)
+    chunks = list(tiny.stream(torch.tensor([[5, 6, 7], [1, 2, 3]]), cfg))
+    out = tiny.generate(torch.tensor([[5, 6, 7], [1, 2, 3]]), cfg)
+    for row in (0, 1):
+        assert [c.token_id for c in chunks if c.index == row] == out.sequences[row].token_ids
+        assert [c.finish_reason for c in chunks if c.index == row][-1] == "length"
