@@ -55,6 +55,7 @@ class LLMModel:
         *,
         strict: bool = True,
         load_tokenizer: bool = True,
+        quiet: bool = False,
     ) -> None:
         if spec_config is not None:
             raise ConfigError("spec_config: speculative decoding is not available in this version")
@@ -71,7 +72,7 @@ class LLMModel:
         self.opconfig = OperatorConfig.coerce(opconfig)
         self.resolver = OpResolver(self.host.ops, self.opconfig)
         self.model: DecoderLM = build_model(
-            self.path, self.config, self.dtype, self.host, self.resolver, strict=strict
+            self.path, self.config, self.dtype, self.host, self.resolver, strict=strict, quiet=quiet
         )
         self.tokenizer = tokenizer
         if tokenizer is None and load_tokenizer:

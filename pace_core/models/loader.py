@@ -76,6 +76,7 @@ def build_model(
     resolver: OpResolver,
     *,
     strict: bool = True,
+    quiet: bool = False,
 ) -> DecoderLM:
     """Read the checkpoint and build the model with the builder registered for its type."""
     model_type = getattr(config, "model_type", None)
@@ -83,7 +84,7 @@ def build_model(
     if spec is None:
         known = ", ".join(sorted(host.models.models)) or "none (is the pace.models plugin disabled?)"
         raise ModelLoadError(f"unsupported model_type {model_type!r} in {path}; supported: {known}")
-    weights = WeightStore.from_dir(path)
+    weights = WeightStore.from_dir(path, quiet=quiet)
     builder = ModelBuilder(config, weights, dtype, resolver)
     with torch.no_grad():
         model = spec.builder(builder)

@@ -65,10 +65,15 @@ class WeightStore:
         self.missing: list[str] = []
 
     @classmethod
-    def from_dir(cls, directory: str | Path) -> WeightStore:
+    def from_dir(cls, directory: str | Path, *, quiet: bool = False) -> WeightStore:
+        """Read every checkpoint file of ``directory`` (a progress bar for sharded ones)."""
+        from tqdm.auto import tqdm
+
         directory = Path(directory)
+        files = _checkpoint_files(directory)
         tensors: dict[str, torch.Tensor] = {}
-        for path in _checkpoint_files(directory):
+        for path in tqdm(files, desc="Loading weights", unit="file",
+                         disable=quiet or len(files) < 2):  # fmt: skip
             tensors.update(_read_file(path))
         return cls(tensors, str(directory))
 
