@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import emit, median_time  # noqa: E402
+from common import emit, median_time
 
 
 def run_pace(model, ids, new_tokens):
@@ -28,8 +28,15 @@ def run_pace(model, ids, new_tokens):
 def run_hf(model, ids, new_tokens):
     def go():
         with torch.inference_mode():
-            model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                           max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=0)
+            model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=False,
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                pad_token_id=0,
+            )
+
     return go
 
 
@@ -70,12 +77,35 @@ def main() -> None:
             torch.set_num_threads(threads)
             for batch in args.batches:
                 ids = torch.randint(100, 5000, (batch, args.prompt_len), generator=gen)
-                res = {e: measure(e, m, ids, args.new_tokens, args.repeats) for e, m in engines.items()}
+                res = {
+                    e: measure(e, m, ids, args.new_tokens, args.repeats) for e, m in engines.items()
+                }
                 for engine, r in res.items():
-                    rows.append({"model": name, "engine": engine, "threads": threads, "batch": batch,
-                                 **r, "decode_vs_hf": r["decode_tok_s"] / res["transformers"]["decode_tok_s"]})
-    emit("offline", rows, ["model", "engine", "threads", "batch", "ttft_s", "decode_tok_s",
-                           "total_tok_s", "decode_vs_hf"], args.out)
+                    rows.append(
+                        {
+                            "model": name,
+                            "engine": engine,
+                            "threads": threads,
+                            "batch": batch,
+                            **r,
+                            "decode_vs_hf": r["decode_tok_s"] / res["transformers"]["decode_tok_s"],
+                        }
+                    )
+    emit(
+        "offline",
+        rows,
+        [
+            "model",
+            "engine",
+            "threads",
+            "batch",
+            "ttft_s",
+            "decode_tok_s",
+            "total_tok_s",
+            "decode_vs_hf",
+        ],
+        args.out,
+    )
 
 
 if __name__ == "__main__":

@@ -10,7 +10,12 @@ from collections.abc import Sequence
 
 import torch
 
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+}
 
 
 def _cmd_plugins(args: argparse.Namespace) -> int:
@@ -48,7 +53,6 @@ def _cmd_models(args: argparse.Namespace) -> int:
 def _cmd_generate(args: argparse.Namespace) -> int:
     from pace_core import zoo
     from pace_core.engine.llm import LLMModel
-    from pace_core.sampling.config import SamplingConfig
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -75,8 +79,11 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pace", description=__doc__)
-    parser.add_argument("--log-level", default=os.environ.get("PACE_LOG_LEVEL", "warning"),
-                        choices=["debug", "info", "warning", "error"])
+    parser.add_argument(
+        "--log-level",
+        default=os.environ.get("PACE_LOG_LEVEL", "warning"),
+        choices=["debug", "info", "warning", "error"],
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("plugins", help="list installed plugins and what they provide")

@@ -234,6 +234,9 @@ class OpResolver:
             self._logged.add(log_key)
             log.warning(
                 "op %s: backend %r unavailable (%s); falling back to %r",
-                ctx.op, requested, reason, chosen.backend,
+                ctx.op,
+                requested,
+                reason,
+                chosen.backend,
             )
         return Resolution(ctx.op, requested, chosen, reason, tuple(rejected))

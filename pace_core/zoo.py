@@ -233,8 +233,12 @@ def gguf_paths(name: str) -> list[Path]:
     return paths
 
 
-_CONVERT_DEPS = (("torch", "torch"), ("transformers", "transformers"), ("gguf", "gguf"),
-                 ("accelerate", "accelerate"))
+_CONVERT_DEPS = (
+    ("torch", "torch"),
+    ("transformers", "transformers"),
+    ("gguf", "gguf"),
+    ("accelerate", "accelerate"),
+)
 
 
 def _check_convert_deps() -> None:
@@ -458,8 +462,13 @@ def pull(name: str, *, force: bool = False, quiet: bool = False) -> Path:
         _clean_stale_staging(parent, m.name)
         free_mb = shutil.disk_usage(parent).free // (1 << 20)
         if m.approx_disk_mb and free_mb < m.approx_disk_mb * 1.3:
-            log.warning("only %d MB free in %s; %s needs about %d MB",
-                        free_mb, parent, m.name, m.approx_disk_mb)
+            log.warning(
+                "only %d MB free in %s; %s needs about %d MB",
+                free_mb,
+                parent,
+                m.name,
+                m.approx_disk_mb,
+            )
 
         progress = _Progress(m.name, 4, quiet)
         staging = Path(tempfile.mkdtemp(prefix=f"{_STAGING_PREFIX}{m.name}-", dir=parent))

@@ -181,8 +181,8 @@ def test_model_dir_location(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
 
 
 @pytest.mark.parametrize(
-    "name", [pytest.param("smollm2", marks=needs_smollm2), pytest.param("gemma3-270m",
-                                                                      marks=needs_gemma)]
+    "name",
+    [pytest.param("smollm2", marks=needs_smollm2), pytest.param("gemma3-270m", marks=needs_gemma)],
 )
 def test_installed_gguf_matches_expected_hash(name: str) -> None:
     h = hashlib.sha256()
@@ -248,9 +248,7 @@ def test_second_pull_is_noop(
 
 
 @needs_smollm2
-def test_sha_mismatch_is_a_clear_error(
-    cache: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_sha_mismatch_is_a_clear_error(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     real = zoo.get_model("smollm2")
     bad = "0" * 64
     monkeypatch.setitem(zoo._MODELS, "smollm2", dataclasses.replace(real, sha256=bad))

@@ -39,7 +39,9 @@ class DynamicCache:
                 store[i] = new
         self.capacity = new_cap
 
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(
+        self, layer: int, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Write ``k, v [B, H, T, D]`` after the current length; return all keys/values so far."""
         end = self.length + k.shape[2]
         if end > self.capacity:

@@ -99,7 +99,9 @@ def beam_search(
     if not prompts:
         return []
     eos = tuple(config.eos_token_ids or tuple(int(e) for e in eos_token_ids))
-    cfg = config if config.eos_token_id is not None or not eos else config.merged(eos_token_id=list(eos))
+    cfg = config
+    if config.eos_token_id is None and eos:  # min_new_tokens masks the resolved EOS
+        cfg = config.merged(eos_token_id=list(eos))
     stop_ids = torch.tensor(() if config.ignore_eos else eos, dtype=torch.long)
     max_new, lp_pen = config.max_new_tokens, float(config.length_penalty)
     k = max(2, 1 + stop_ids.numel()) * nb
@@ -178,9 +180,10 @@ def beam_search(
 
         for i in done.nonzero().view(-1).tolist():
             results[alive[i]] = [
-                BeamHypothesis(fin_seq[i, j, : int(fin_len[i, j])].tolist(), float(fin_scores[i, j]))
+                BeamHypothesis(fin_seq[i, j, : int(fin_len[i, j])].tolist(),
+                               float(fin_scores[i, j]))
                 for j in range(num_return_sequences)
-            ]
+            ]  # fmt: skip
         keep = (~done).nonzero().view(-1)
         if keep.numel() == 0:
             break

@@ -30,7 +30,7 @@ class IncrementalDetokenizer:
         after = self._decode(self.ids[self._prefix :])
         if len(after) > len(before) and not after.endswith("\ufffd"):
             self._prefix, self._read = self._read, len(self.ids)
-            return after[len(before):]
+            return after[len(before) :]
         return ""
 
     def flush(self) -> str:
@@ -38,4 +38,4 @@ class IncrementalDetokenizer:
         before = self._decode(self.ids[self._prefix : self._read])
         after = self._decode(self.ids[self._prefix :])
         self._prefix = self._read = len(self.ids)
-        return after[len(before):] if after.startswith(before) else ""
+        return after[len(before) :] if after.startswith(before) else ""

@@ -38,8 +38,8 @@ def left_pad(prompts: Sequence[torch.Tensor], pad_id: int = 0) -> tuple[torch.Te
     valid = torch.zeros((len(prompts), width), dtype=torch.bool)
     for i, p in enumerate(prompts):
         if p.numel():
-            ids[i, width - p.numel():] = p
-            valid[i, width - p.numel():] = True
+            ids[i, width - p.numel() :] = p
+            valid[i, width - p.numel() :] = True
     return ids, valid
 
 
@@ -59,7 +59,7 @@ def generation_loop(
     step = model.make_step(cache, positions, valid, 0)
     logits = model.forward(ids, step)
     cache.advance(ids.shape[1])
-    key_valid, last_pos = valid, positions[:, -1]
+    key_valid, last_pos, all_ids = valid, positions[:, -1], ids
     while True:
         result = sampler.step(logits)
         tokens = result.tokens.tolist()
@@ -81,11 +81,20 @@ def generation_loop(
             cache.select_rows(keep)
             sampler.select_rows(keep)
             rows, key_valid, last_pos = rows[keep], key_valid[keep], last_pos[keep]
-            next_ids = result.tokens[keep].view(-1, 1)
+            all_ids, next_ids = all_ids[keep], result.tokens[keep].view(-1, 1)
         else:
             next_ids = result.tokens.view(-1, 1)
         last_pos = last_pos + 1
         key_valid = torch.cat([key_valid, torch.ones(len(rows), 1, dtype=torch.bool)], dim=1)
+        all_ids = torch.cat([all_ids, next_ids], dim=1)
+        if model.reprefill_at is not None and bool((last_pos == model.reprefill_at).any()):
+            # A row crosses LongRoPE's original length: like HF, recompute its keys with the
+            # long factors (rows still below keep their short factors, so they are unchanged).
+            cache.crop(cache.length)
+            positions = (key_valid.long().cumsum(-1) - 1).clamp(min=0)
+            logits = model.forward(all_ids, model.make_step(cache, positions, key_valid, 0))
+            cache.advance(all_ids.shape[1])
+            continue
         step = model.make_step(cache, last_pos.view(-1, 1), key_valid, cache.length)
         logits = model.forward(next_ids, step)
         cache.advance(1)

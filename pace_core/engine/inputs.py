@@ -11,8 +11,10 @@ from pace_core.errors import ConfigError
 
 
 def _is_chat(obj: Any) -> bool:
-    return isinstance(obj, Sequence) and bool(obj) and all(
-        isinstance(m, Mapping) and "role" in m for m in obj
+    return (
+        isinstance(obj, Sequence)
+        and bool(obj)
+        and all(isinstance(m, Mapping) and "role" in m for m in obj)
     )
 
 
@@ -29,12 +31,15 @@ def _chat(tokenizer: Any, messages: Sequence[Mapping[str, Any]]) -> torch.Tensor
     return torch.tensor(list(ids), dtype=torch.long)
 
 
-def normalize_inputs(inputs: Any, tokenizer: Any | None) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+def normalize_inputs(
+    inputs: Any, tokenizer: Any | None
+) -> tuple[list[torch.Tensor], torch.Tensor | None]:
     """Prompts as 1-D tensors plus the caller's padded ``input_ids`` when one was given.
 
     Accepts a BatchEncoding/dict (``input_ids`` + ``attention_mask``), a ``[T]`` or ``[B, T]``
     tensor, a string, a list of strings, one chat (list of role/content dicts) or a list of chats.
     """
+
     def need_tokenizer() -> Any:
         if tokenizer is None:
             raise ConfigError("text inputs need a tokenizer; pass token ids or load one")
@@ -46,16 +51,22 @@ def normalize_inputs(inputs: Any, tokenizer: Any | None) -> tuple[list[torch.Ten
         if ids.dim() == 1:
             ids = ids.unsqueeze(0)
         mask = inputs.get("attention_mask") if isinstance(inputs, Mapping) else None
-        mask = torch.ones_like(ids, dtype=torch.bool) if mask is None else torch.as_tensor(mask).bool()
+        mask = (
+            torch.ones_like(ids, dtype=torch.bool) if mask is None else torch.as_tensor(mask).bool()
+        )
         if mask.shape != ids.shape:
-            raise ConfigError(f"attention_mask shape {tuple(mask.shape)} != input_ids {tuple(ids.shape)}")
+            raise ConfigError(
+                f"attention_mask shape {tuple(mask.shape)} != input_ids {tuple(ids.shape)}"
+            )
         return [row[m] for row, m in zip(ids, mask)], ids
     if isinstance(inputs, torch.Tensor):
         ids = inputs.long()
         if ids.dim() == 1:
             ids = ids.unsqueeze(0)
         if ids.dim() != 2:
-            raise ConfigError(f"token tensor must be [T] or [B, T] (got shape {tuple(inputs.shape)})")
+            raise ConfigError(
+                f"token tensor must be [T] or [B, T] (got shape {tuple(inputs.shape)})"
+            )
         return list(ids), ids
     if isinstance(inputs, str):
         return [_encode(need_tokenizer(), inputs)], None

@@ -154,7 +154,9 @@ class LLMModel:
         sampler = BatchSampler(configs, prompts, self.model.vocab_size, self.eos_token_ids,
                                processors=self.host.samplers.ordered())  # fmt: skip
         cache = self.new_cache(len(prompts))
-        events = generation_loop(self.model, cache, prompts, sampler, finish, keep_logits=keep_logits)
+        events = generation_loop(
+            self.model, cache, prompts, sampler, finish, keep_logits=keep_logits
+        )
         return prompts, padded, trackers, deltas, events
 
     @torch.inference_mode()
@@ -242,7 +244,9 @@ class LLMModel:
             result[i] = entries
         return result
 
-    def _pack(self, prompts, padded: torch.Tensor | None, generated: list[list[int]]) -> torch.Tensor:
+    def _pack(
+        self, prompts, padded: torch.Tensor | None, generated: list[list[int]]
+    ) -> torch.Tensor:
         pad = getattr(self.tokenizer, "pad_token_id", None)
         pad = pad if pad is not None else (self.eos_token_ids[0] if self.eos_token_ids else 0)
         if padded is None:

@@ -37,7 +37,9 @@ class OpPlan:
     def __str__(self) -> str:
         from pace_core.report import format_table
 
-        rows = [[op, backend, str(n), reason or "-"] for (op, backend, reason), n in self.sites.items()]
+        rows = [
+            [op, backend, str(n), reason or "-"] for (op, backend, reason), n in self.sites.items()
+        ]
         return format_table(["op", "backend", "sites", "fallback reason"], rows)
 
 
@@ -79,7 +81,9 @@ class ModelBuilder:
         k = self.kernel("qkv_proj", in_features=int(weights[0].shape[-1]))
         return Bound(k.fn, k.prepare(weights, biases))
 
-    def gated_mlp(self, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, activation: str) -> Bound:
+    def gated_mlp(
+        self, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, activation: str
+    ) -> Bound:
         k = self.kernel("gated_mlp", activation=activation, hidden=int(gate.shape[1]),
                         intermediate=int(gate.shape[0]))  # fmt: skip
         return Bound(k.fn, k.prepare(gate, up, down, activation))
@@ -131,6 +135,14 @@ class DecoderLM:
     project_out: Bound | None = None
     logit_softcap: float | None = None
 
+    @property
+    def reprefill_at(self) -> int | None:
+        """Cache length at which LongRoPE models recompute all keys with the long factors."""
+        for rot in self.rotaries:
+            if rot.rope_type == "longrope":
+                return int(rot.original_max)
+        return None
+
     def make_step(
         self, cache: Any, positions: torch.Tensor, key_valid: torch.Tensor, q_start: int
     ) -> StepContext:
@@ -148,13 +160,15 @@ class DecoderLM:
         causal = k_slot <= q_slot  # [T, S]
         base = key_valid[:, None, :] & causal[None]  # [B, T, S]
         # Pad queries see only themselves, so no row is fully masked (avoids NaN).
-        own = (k_slot == q_slot)[None] & ~key_valid[:, q_start:q_start + t, None]
+        own = (k_slot == q_slot)[None] & ~key_valid[:, q_start : q_start + t, None]
         for window in self.windows:
             mask = base if window is None else base & (q_slot - k_slot < window)[None]
             step.masks[window] = (mask | own).unsqueeze(1)
         return step
 
-    def forward(self, ids: torch.Tensor, step: StepContext, *, all_logits: bool = False) -> torch.Tensor:
+    def forward(
+        self, ids: torch.Tensor, step: StepContext, *, all_logits: bool = False
+    ) -> torch.Tensor:
         """Logits ``[B, V]`` for the last position, or ``[B, T, V]`` with ``all_logits``."""
         x = self.embed(ids)
         if self.embed_scale is not None:

@@ -60,7 +60,9 @@ class Norm:
     ) -> None:  # fmt: skip
         self.fn, self.weight, self.eps, self.bias, self.is_rms = fn, weight, eps, bias, is_rms
 
-    def __call__(self, x: torch.Tensor, residual: Residual = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(
+        self, x: torch.Tensor, residual: Residual = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if self.is_rms:
             return self.fn(x, self.weight, self.eps, residual)
         return self.fn(x, self.weight, self.bias, self.eps, residual)
@@ -99,7 +101,9 @@ class Attention:
             cos, sin = step.rope[id(self.rotary)]
             q, k = self.rope_fn(q, k, cos, sin, self.rotary.interleaved)
         k_all, v_all = step.cache.update(self.layer, k.transpose(1, 2), v.transpose(1, 2))
-        out = self.attend(q.transpose(1, 2), k_all, v_all, step.masks[self.window], self.scale, self.sinks)
+        out = self.attend(
+            q.transpose(1, 2), k_all, v_all, step.masks[self.window], self.scale, self.sinks
+        )
         return self.o_proj(out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim))
 
 

@@ -82,7 +82,9 @@ def build_model(
     model_type = getattr(config, "model_type", None)
     spec = host.models.models.get(model_type)
     if spec is None:
-        known = ", ".join(sorted(host.models.models)) or "none (is the pace.models plugin disabled?)"
+        known = (
+            ", ".join(sorted(host.models.models)) or "none (is the pace.models plugin disabled?)"
+        )
         raise ModelLoadError(f"unsupported model_type {model_type!r} in {path}; supported: {known}")
     weights = WeightStore.from_dir(path, quiet=quiet)
     builder = ModelBuilder(config, weights, dtype, resolver)

@@ -21,12 +21,17 @@ BIN_INDEX = "pytorch_model.bin.index.json"
 
 
 def _checkpoint_files(directory: Path) -> list[Path]:
-    for single, index in (("model.safetensors", SAFETENSORS_INDEX), ("pytorch_model.bin", BIN_INDEX)):
+    for single, index in (
+        ("model.safetensors", SAFETENSORS_INDEX),
+        ("pytorch_model.bin", BIN_INDEX),
+    ):
         if (directory / index).exists():
             try:
                 weight_map = json.loads((directory / index).read_text())["weight_map"]
             except (json.JSONDecodeError, KeyError) as exc:
-                raise ModelLoadError(f"{directory / index} is not a valid shard index: {exc}") from None
+                raise ModelLoadError(
+                    f"{directory / index} is not a valid shard index: {exc}"
+                ) from None
             files = sorted({directory / name for name in weight_map.values()})
             missing = [f.name for f in files if not f.exists()]
             if missing:
@@ -86,7 +91,7 @@ class WeightStore:
     def rename_prefix(self, old: str, new: str = "") -> None:
         """Replace ``old`` by ``new`` at the start of every name (e.g. a multimodal wrapper's)."""
         self._tensors = {
-            (new + k[len(old):] if k.startswith(old) else k): v for k, v in self._tensors.items()
+            (new + k[len(old) :] if k.startswith(old) else k): v for k, v in self._tensors.items()
         }
 
     def take(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -114,11 +119,15 @@ class WeightStore:
         ]  # fmt: skip
         problems = []
         if self.missing:
-            problems.append(f"missing tensors: {', '.join(self.missing[:20])}"
-                            + (f" (+{len(self.missing) - 20} more)" if len(self.missing) > 20 else ""))
+            problems.append(
+                f"missing tensors: {', '.join(self.missing[:20])}"
+                + (f" (+{len(self.missing) - 20} more)" if len(self.missing) > 20 else "")
+            )
         if unused and strict:
-            problems.append(f"unexpected tensors: {', '.join(unused[:20])}"
-                            + (f" (+{len(unused) - 20} more)" if len(unused) > 20 else ""))
+            problems.append(
+                f"unexpected tensors: {', '.join(unused[:20])}"
+                + (f" (+{len(unused) - 20} more)" if len(unused) > 20 else "")
+            )
         if problems:
             raise ModelLoadError(
                 f"checkpoint {self.source} does not match the model: {'; '.join(problems)}. "

@@ -20,7 +20,7 @@ def rows(out: str) -> dict[str, list[str]]:
     """Table rows of ``pace plugins`` by plugin name (first column)."""
     lines = out.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("plugin "))
-    return {line.split()[0]: line.split(None, 4) for line in lines[start + 2:] if line.strip()}
+    return {line.split()[0]: line.split(None, 4) for line in lines[start + 2 :] if line.strip()}
 
 
 def test_plugins_lists_everything(capsys):
@@ -53,7 +53,7 @@ def op_rows(out: str) -> list[list[str]]:
     lines = out.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("op "))
     table = []
-    for line in lines[start + 2:]:
+    for line in lines[start + 2 :]:
         if not line.strip():
             break
         table.append(line.split(None, 4))
@@ -62,7 +62,7 @@ def op_rows(out: str) -> list[list[str]]:
 
 def op_notes(out: str) -> list[str]:
     lines = out.splitlines()
-    return lines[lines.index("") + 1:] if "" in lines else []
+    return lines[lines.index("") + 1 :] if "" in lines else []
 
 
 def test_ops_marks_the_chosen_backend_of_every_op(capsys):

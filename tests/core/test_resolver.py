@@ -202,8 +202,12 @@ def test_resolution_is_memoised(registry):
     resolver = OpResolver(registry, OperatorConfig(), SAPPHIRE)
     first = resolver.resolve(linear_ctx())
     assert resolver.resolve(linear_ctx()) is first
-    assert resolver.resolve(OpContext("linear", torch.bfloat16, {"out_features": 64,
-                                                                  "in_features": 128})) is first
+    assert (
+        resolver.resolve(
+            OpContext("linear", torch.bfloat16, {"out_features": 64, "in_features": 128})
+        )
+        is first
+    )
     other = resolver.resolve(linear_ctx(k=100))
     assert other is not first and other.backend == "fast"
     assert len(resolver.resolutions) == 2

@@ -66,11 +66,15 @@ def test_missing_and_unexpected_tensors(tiny_llama_dir, tmp_path):
     del tensors["model.layers.1.mlp.up_proj.weight"]
     tensors["model.extra.weight"] = torch.zeros(2)
     save_file(tensors, path / "model.safetensors")
-    with pytest.raises(ModelLoadError, match=r"missing tensors: model\.layers\.1\.mlp\.up_proj\.weight"):
+    with pytest.raises(
+        ModelLoadError, match=r"missing tensors: model\.layers\.1\.mlp\.up_proj\.weight"
+    ):
         LLMModel(path, load_tokenizer=False)
     tensors["model.layers.1.mlp.up_proj.weight"] = torch.zeros(128, 64)
     save_file(tensors, path / "model.safetensors")
-    with pytest.raises(ModelLoadError, match=r"unexpected tensors: model\.extra\.weight.*strict=False"):
+    with pytest.raises(
+        ModelLoadError, match=r"unexpected tensors: model\.extra\.weight.*strict=False"
+    ):
         LLMModel(path, load_tokenizer=False)
     LLMModel(path, load_tokenizer=False, strict=False)  # tolerated when asked
 

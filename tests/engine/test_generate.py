@@ -49,15 +49,24 @@ def test_min_new_tokens_and_multiple_eos(tiny):
     prompt = torch.tensor([[5, 6, 7]])
     free = tiny.generate(prompt, SamplingConfig(max_new_tokens=6, ignore_eos=True)).sequences[0]
     eos = [free.token_ids[0], free.token_ids[1]]
-    assert tiny.generate(prompt, SamplingConfig(max_new_tokens=6, eos_token_id=eos)).sequences[0].token_ids == eos[:1]
-    out = tiny.generate(prompt, SamplingConfig(max_new_tokens=6, eos_token_id=eos, min_new_tokens=3))
+    assert (
+        tiny.generate(prompt, SamplingConfig(max_new_tokens=6, eos_token_id=eos))
+        .sequences[0]
+        .token_ids
+        == eos[:1]
+    )
+    out = tiny.generate(
+        prompt, SamplingConfig(max_new_tokens=6, eos_token_id=eos, min_new_tokens=3)
+    )
     assert len(out.sequences[0].token_ids) >= 3
     assert not set(out.sequences[0].token_ids[:2]) & set(eos)
 
 
 def test_seeded_sampling_reproducible_and_independent(tiny):
     prompt = torch.tensor([[5, 6, 7]])
-    cfg = SamplingConfig(max_new_tokens=12, do_sample=True, temperature=1.5, seed=123, ignore_eos=True)
+    cfg = SamplingConfig(
+        max_new_tokens=12, do_sample=True, temperature=1.5, seed=123, ignore_eos=True
+    )
     state = torch.get_rng_state()
     a = tiny.generate(prompt, cfg).sequences[0].token_ids
     assert torch.equal(state, torch.get_rng_state())  # the global RNG is never touched
@@ -108,7 +117,9 @@ def test_streamer_protocol(tiny):
             self.ended = True
 
     rec = Recorder()
-    out = tiny.generate(torch.tensor([[5, 6, 7]]), SamplingConfig(max_new_tokens=4, ignore_eos=True), streamer=rec)
+    out = tiny.generate(
+        torch.tensor([[5, 6, 7]]), SamplingConfig(max_new_tokens=4, ignore_eos=True), streamer=rec
+    )
     assert rec.calls[0] == [[5, 6, 7]] and rec.ended
     assert [c[0] for c in rec.calls[1:]] == out.sequences[0].token_ids
 

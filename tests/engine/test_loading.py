@@ -52,9 +52,9 @@ def test_formats_give_identical_logits(tiny_llama_dir, tmp_path):
 
 
 def test_missing_shard_is_named(tiny_llama_dir, tmp_path):
+    import pytest
     from transformers import AutoModelForCausalLM
 
-    import pytest
     from pace_core.errors import ModelLoadError
 
     hf = AutoModelForCausalLM.from_pretrained(str(tiny_llama_dir), dtype=torch.float32)

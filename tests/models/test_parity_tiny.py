@@ -27,13 +27,7 @@ BATCH_LENS = (5, 8, 11)
 EXTRA_PROMPT_LENS = {"phi3-longrope": (18,)}
 # Known engine gaps: (variant, prompt length) -> reason. The test xfails while the gap is there
 # and fails once it is fixed, so the entry gets removed.
-KNOWN_GAPS = {
-    ("phi3-longrope", PROMPT_LEN): (
-        "HF Phi3ForCausalLM.prepare_inputs_for_generation drops the KV cache and re-prefills the "
-        "whole sequence with the long factors when it first exceeds "
-        "original_max_position_embeddings; pace's generation loop only rotates new tokens"
-    ),
-}
+KNOWN_GAPS: dict[tuple[str, int], str] = {}
 
 
 def prompt(length: int, vocab: int, seed: int = 1) -> torch.Tensor:
@@ -100,8 +94,8 @@ def _left_padded(prompts: list[torch.Tensor], pad: int = 0) -> dict[str, torch.T
     ids = torch.full((len(prompts), width), pad, dtype=torch.long)
     mask = torch.zeros((len(prompts), width), dtype=torch.long)
     for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = p
-        mask[i, width - len(p):] = 1
+        ids[i, width - len(p) :] = p
+        mask[i, width - len(p) :] = 1
     return {"input_ids": ids, "attention_mask": mask}
 
 

@@ -23,7 +23,7 @@ PROMPTS = [
 def hf_greedy(model, tok, prompt: str, n: int) -> list[int]:
     ids = tok(prompt, return_tensors="pt")
     out = model.generate(**ids, do_sample=False, max_new_tokens=n, min_new_tokens=n)
-    return out[0, ids["input_ids"].shape[1]:].tolist()
+    return out[0, ids["input_ids"].shape[1] :].tolist()
 
 
 def topk_rule_ok(ref_logits: torch.Tensor, token: int, k: int = 5, tol: float = 0.5) -> bool:
@@ -37,7 +37,6 @@ def topk_rule_ok(ref_logits: torch.Tensor, token: int, k: int = 5, tol: float = 
 def check_bf16(path, prompts, n):
     """bf16 greedy: each token must be a near-tie choice under the fp32 HF reference."""
     hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
-    tok = AutoTokenizer.from_pretrained(str(path))
     pace = LLMModel(path, dtype=torch.bfloat16)
     for prompt in prompts:
         got = pace.generate(prompt, SamplingConfig(max_new_tokens=n, ignore_eos=True))
@@ -53,22 +52,24 @@ def check_bf16(path, prompts, n):
 def smol(smollm2_dir):
     hf = AutoModelForCausalLM.from_pretrained(str(smollm2_dir), dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(str(smollm2_dir))
-    return smollm2_dir, hf, tok, LLMModel(smollm2_dir, dtype=torch.float32)
+    return hf, tok, LLMModel(smollm2_dir, dtype=torch.float32)
 
 
 def test_smollm2_fp32_greedy_64_matches_transformers(smol):
-    path, hf, tok, pace = smol
+    hf, tok, pace = smol
     for prompt in PROMPTS[:2]:
         want = hf_greedy(hf, tok, prompt, 64)
         got = pace.generate(prompt, SamplingConfig(max_new_tokens=64, min_new_tokens=64))
         assert got.sequences[0].token_ids == want, prompt
-    assert pace.generate(PROMPTS[0], SamplingConfig(max_new_tokens=12)).texts[0].startswith(
-        " girl named Emma who loved to play in the sun"
+    assert (
+        pace.generate(PROMPTS[0], SamplingConfig(max_new_tokens=12))
+        .texts[0]
+        .startswith(" girl named Emma who loved to play in the sun")
     )
 
 
 def test_smollm2_fp32_logits_match(smol):
-    path, hf, tok, pace = smol
+    hf, tok, pace = smol
     enc = tok(PROMPTS[:3], return_tensors="pt", padding=True, padding_side="left")
     with torch.no_grad():
         ref = hf(**enc).logits
@@ -78,7 +79,7 @@ def test_smollm2_fp32_logits_match(smol):
 
 
 def test_smollm2_batch_of_8_mixed_lengths_equals_single(smol):
-    path, hf, tok, pace = smol
+    _hf, tok, pace = smol
     cfg = SamplingConfig(max_new_tokens=16, ignore_eos=True)
     enc = tok(PROMPTS, return_tensors="pt", padding=True, padding_side="left")
     batch = pace.generate(enc, cfg)
@@ -112,7 +113,7 @@ def test_gemma3_bf16_within_topk_rule(gemma3_dir):
 
 @pytest.mark.slow
 def test_smollm2_fp32_batch_8_greedy_64_matches_transformers(smol):
-    path, hf, tok, pace = smol
+    hf, tok, pace = smol
     for prompt in PROMPTS:
         want = hf_greedy(hf, tok, prompt, 64)
         got = pace.generate(prompt, SamplingConfig(max_new_tokens=64, min_new_tokens=64))
@@ -120,7 +121,7 @@ def test_smollm2_fp32_batch_8_greedy_64_matches_transformers(smol):
 
 
 def test_smollm2_stop_strings_stream_and_chat(smol):
-    path, hf, tok, pace = smol
+    _hf, _tok, pace = smol
     full = pace.generate(PROMPTS[0], SamplingConfig(max_new_tokens=24)).texts[0]
     assert " Emma" in full
     cfg = SamplingConfig(max_new_tokens=24, stop=[" Emma", "zzz"])

@@ -9,8 +9,8 @@ from __future__ import annotations
 from pace_core.errors import ModelLoadError
 from pace_core.models import common
 from pace_core.models.decoder import DecoderLM, ModelBuilder
-from pace_core.models.layers import SandwichBlock
 from pace_core.models.families.llama import ACTIVATIONS
+from pace_core.models.layers import SandwichBlock
 
 
 def build(b: ModelBuilder) -> DecoderLM:
@@ -65,5 +65,7 @@ def build_conditional(b: ModelBuilder) -> DecoderLM:
     return build(b)
 
 
-build_conditional.harmless_extras = (r"model\.vision_tower\..*", r"model\.multi_modal_projector\..*",
-                                     r"vision_tower\..*", r"multi_modal_projector\..*")  # fmt: skip
+build_conditional.harmless_extras = (
+    r"(model\.)?vision_tower\..*",
+    r"(model\.)?multi_modal_projector\..*",
+)

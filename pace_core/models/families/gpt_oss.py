@@ -57,9 +57,9 @@ def build(b: ModelBuilder) -> DecoderLM:
             getattr(cfg, "swiglu_alpha", 1.702), cfg.swiglu_limit,
         ))  # fmt: skip
         mlp = MoE(b.linear(f"{p}.mlp.router", bias=True), experts, cfg.num_experts_per_tok)
-        layers.append(PreNormBlock(
-            b.norm(f"{p}.input_layernorm", eps), attn, b.norm(f"{p}.post_attention_layernorm", eps), mlp
-        ))  # fmt: skip
+        norm1 = b.norm(f"{p}.input_layernorm", eps)
+        norm2 = b.norm(f"{p}.post_attention_layernorm", eps)
+        layers.append(PreNormBlock(norm1, attn, norm2, mlp))
     return common.assemble(
         b, cfg, embed=embed, layers=layers, final_norm=b.norm("model.norm", eps),
         head=common.lm_head(b, cfg, embed_weight), rotaries=[rotary],

@@ -96,7 +96,9 @@ def prepare_moe(
     return MoEWeight(gate_up.contiguous(), gate_up_bias, down.contiguous(), down_bias, alpha, limit)
 
 
-def moe(x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor, w: MoEWeight) -> torch.Tensor:
+def moe(
+    x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor, w: MoEWeight
+) -> torch.Tensor:
     """Route each token to its top-k experts; loop over the experts actually hit."""
     out = torch.zeros_like(x)
     for expert in experts.unique().tolist():
@@ -130,12 +132,16 @@ def layer_norm(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     if residual is not None:
         x = x + residual
-    y = F.layer_norm(x.float(), x.shape[-1:], weight.float(), None if bias is None else bias.float(), eps)
+    y = F.layer_norm(
+        x.float(), x.shape[-1:], weight.float(), None if bias is None else bias.float(), eps
+    )
     return y.to(x.dtype), x
 
 
 # -- rotary ---------------------------------------------------------------------------------
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
+def _rotate(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool
+) -> torch.Tensor:
     rot = cos.shape[-1]
     x_rot, x_pass = x[..., :rot], x[..., rot:]
     if interleaved:
