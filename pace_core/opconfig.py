@@ -173,6 +173,7 @@ class OpResolver:
         self.cpu = cpu or detect_cpu()
         self.resolutions: dict[tuple[str, str], Resolution] = {}
         self._logged: set[tuple[str, str, str]] = set()
+        self.broken: dict[tuple[str, str], str] = {}  # (op, backend) -> why it failed at load
         self._validate_backend_names()
 
     def _validate_backend_names(self) -> None:
@@ -194,13 +195,19 @@ class OpResolver:
             found = self.resolutions[key] = self._resolve(ctx)
         return found
 
+    def disable(self, spec: KernelSpec, reason: str) -> None:
+        """Stop choosing ``spec`` (e.g. its prepare step failed to build); re-resolve its op."""
+        self.broken[(spec.op, spec.backend)] = reason
+        self.resolutions = {k: r for k, r in self.resolutions.items() if k[0] != spec.op}
+        log.warning("op %s: backend %r disabled: %s", spec.op, spec.backend, reason)
+
     def _resolve(self, ctx: OpContext) -> Resolution:
         requested = self.config.backend_for(ctx.op)
         candidates = self.registry.candidates(ctx.op)
         rejected: list[tuple[str, str]] = []
         usable: list[KernelSpec] = []
         for spec in candidates:
-            reason = spec.check(ctx, self.cpu.features)
+            reason = self.broken.get((spec.op, spec.backend)) or spec.check(ctx, self.cpu.features)
             if reason is None:
                 usable.append(spec)
             else:
@@ -216,6 +223,16 @@ class OpResolver:
         pinned = next((s for s in usable if s.backend == requested), None)
         if pinned is not None:
             return Resolution(ctx.op, requested, pinned, rejected=tuple(rejected))
+        incompatible = next(
+            (s for s in candidates if s.backend == requested and s.layout_problem(ctx)), None
+        )
+        if incompatible is not None:
+            compatible = [s.backend for s in candidates if not s.layout_problem(ctx)]
+            raise ConfigError(
+                f"op {ctx.op!r}: backend {requested!r} cannot be used with this KV cache "
+                f"({incompatible.layout_problem(ctx)}); compatible backends: "
+                f"{', '.join(compatible) or 'none'} — or choose another kv_cache_type"
+            )
         reason = dict(rejected).get(requested)
         if reason is None:
             if requested in KNOWN_BACKENDS and requested not in self.registry.backends():

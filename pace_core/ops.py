@@ -65,9 +65,8 @@ OPS: dict[str, OpSpec] = {
         ),
         OpSpec(
             "attention",
-            "fn(q[B,Hq,T,D], k[B,Hk,S,D], v[B,Hk,S,D], mask[B,1,T,S] bool, scale, sinks[Hq]|None)"
-            " -> [B,Hq,T,D]",
-            "scaled dot-product attention with GQA, boolean mask and optional sinks",
+            "fn(q[B,Hq,T,D], kv: cache view, scale, sinks[Hq]|None, window|None) -> [B,Hq,T,D]",
+            "attention over the KV cache view (layout-specific), GQA, sliding window, sinks",
         ),
     )
 }

@@ -52,12 +52,23 @@ class KernelSpec:
     priority: int = 0
     plugin: str = ""
     description: str = ""
+    cache_layouts: frozenset[str] | None = None  # attention: the KV layouts it reads
+
+    def layout_problem(self, ctx: OpContext) -> str | None:
+        """The reason this kernel cannot read the context's KV cache layout, if any."""
+        layout = ctx.attrs.get("cache_layout")
+        if self.cache_layouts is None or layout is None or layout in self.cache_layouts:
+            return None
+        return f"reads cache layouts {', '.join(sorted(self.cache_layouts))}, not {layout!r}"
 
     def check(self, ctx: OpContext, cpu_features: frozenset[str]) -> str | None:
         """Return None when this kernel can run for ``ctx`` on this CPU, else the reason."""
         missing = self.cpu_features - cpu_features
         if missing:
             return f"missing CPU features: {', '.join(sorted(missing))}"
+        layout = self.layout_problem(ctx)
+        if layout:
+            return layout
         if ctx.dtype not in self.dtypes:
             names = ", ".join(sorted(str(d).removeprefix("torch.") for d in self.dtypes))
             return f"dtype {str(ctx.dtype).removeprefix('torch.')} unsupported (supports {names})"
@@ -126,6 +137,7 @@ class OpRegistry(_StagedRegistry):
         prepare: Callable[..., Any] | None = None,
         priority: int = 0,
         description: str = "",
+        cache_layouts: Iterable[str] | None = None,
     ) -> KernelSpec:
         """Declare a kernel. ``priority`` orders candidates under ``auto`` (higher first)."""
         if op not in OPS:
@@ -145,6 +157,7 @@ class OpRegistry(_StagedRegistry):
             priority=priority,
             plugin=self._plugin,
             description=description,
+            cache_layouts=None if cache_layouts is None else frozenset(cache_layouts),
         )
         self._staged.append(spec)
         return spec

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from pace_core.caches.dynamic import DynamicCache
+from pace_core.caches.blocks import PagedCache, SlabPoolCache
+from pace_core.caches.contiguous import BMCCache, DynamicCache
 from pace_core.hookspecs import hookimpl
 from pace_core.registry import CacheRegistry
 
@@ -10,4 +11,10 @@ from pace_core.registry import CacheRegistry
 @hookimpl
 def pace_register_kv_caches(registry: CacheRegistry) -> None:
     registry.add_cache("dynamic", DynamicCache, layout="contiguous",
-                       description="contiguous per-layer buffers, geometric growth")  # fmt: skip
+                       description="contiguous per-sequence rows, geometric growth")
+    registry.add_cache("bmc", BMCCache, layout="contiguous",
+                       description="contiguous rows grown in sqrt(max_seq_len) segments")
+    registry.add_cache("paged", PagedCache, layout="paged",
+                       description="shared pool of 16-token blocks, per-sequence block tables")
+    registry.add_cache("slab_pool", SlabPoolCache, layout="slab",
+                       description="pre-allocated pool of L2-sized blocks, O(1) free list")  # fmt: skip

@@ -1,8 +1,9 @@
 """The batched generation loop: prefill, then one decode forward per step for live rows.
 
-Finished rows leave the batch at once (their cache rows are dropped), so they stop costing
-compute. The loop yields a :class:`StepEvent` per step; ``LLMModel`` builds outputs,
-streams and iterators on top of it.
+Prompts of different lengths are prefilled together with left padding in the query; the KV
+cache stores only real tokens. Finished rows leave the batch at once (their cache space is
+freed), so they stop costing compute. The loop yields a :class:`StepEvent` per step;
+``LLMModel`` builds outputs, streams and iterators on top of it.
 """
 
 from __future__ import annotations
@@ -43,6 +44,29 @@ def left_pad(prompts: Sequence[torch.Tensor], pad_id: int = 0) -> tuple[torch.Te
     return ids, valid
 
 
+def forward_step(
+    model: DecoderLM,
+    cache: object,
+    seq_ids: list[int],
+    ids: torch.Tensor,
+    num_new: Sequence[int],
+    *,
+    all_logits: bool = False,
+) -> torch.Tensor:
+    """One forward pass adding ``num_new[b]`` real (right-aligned) tokens of ``ids`` per row."""
+    meta = cache.begin_step(seq_ids, list(num_new), ids.shape[1])
+    logits = model.forward(ids, model.make_step(cache, meta), all_logits=all_logits)
+    cache.end_step()
+    return logits
+
+
+def prefill(model: DecoderLM, cache: object, seq_ids: list[int],
+            prompts: Sequence[torch.Tensor], *, all_logits: bool = False) -> torch.Tensor:  # fmt: skip
+    ids, _ = left_pad(prompts)
+    return forward_step(model, cache, seq_ids, ids, [p.numel() for p in prompts],
+                        all_logits=all_logits)  # fmt: skip
+
+
 def generation_loop(
     model: DecoderLM,
     cache: object,
@@ -53,58 +77,50 @@ def generation_loop(
     keep_logits: bool = False,
 ) -> Iterator[StepEvent]:
     """Run prefill and decode until every row has finished; ``finish`` decides per token."""
-    ids, valid = left_pad(prompts)
-    positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
-    rows = torch.arange(len(prompts))
-    step = model.make_step(cache, positions, valid, 0)
-    logits = model.forward(ids, step)
-    cache.advance(ids.shape[1])
-    key_valid, last_pos, all_ids = valid, positions[:, -1], ids
+    seq_ids = cache.add_sequences(len(prompts))
+    rows = list(range(len(prompts)))
+    histories = [p.clone() for p in prompts]  # only needed for LongRoPE re-prefill
+    logits = prefill(model, cache, seq_ids, prompts)
     while True:
         result = sampler.step(logits)
         tokens = result.tokens.tolist()
         flags = zip(result.stopped_eos.tolist(), result.stopped_length.tolist())
         finished: dict[int, str] = {}
-        for row, token, (eos, length) in zip(rows.tolist(), tokens, flags):
+        for row, token, (eos, length) in zip(rows, tokens, flags):
             reason = finish(row, token, eos, length)
             if reason is not None:
                 finished[row] = reason
         top_ids, top_lp = result.top_logprobs or (None, None)
         yield StepEvent(
-            rows.tolist(), tokens, finished, logits if keep_logits else None,
+            list(rows), tokens, finished, logits if keep_logits else None,
             result.logprobs, top_ids, top_lp,
         )  # fmt: skip
+        next_ids = result.tokens
         if finished:
-            keep = torch.tensor([i for i, r in enumerate(rows.tolist()) if r not in finished])
-            if keep.numel() == 0:
+            keep = [i for i, r in enumerate(rows) if r not in finished]
+            if not keep:
+                cache.retain([])
                 return
-            cache.select_rows(keep)
-            sampler.select_rows(keep)
-            rows, key_valid, last_pos = rows[keep], key_valid[keep], last_pos[keep]
-            all_ids, next_ids = all_ids[keep], result.tokens[keep].view(-1, 1)
-        else:
-            next_ids = result.tokens.view(-1, 1)
-        last_pos = last_pos + 1
-        key_valid = torch.cat([key_valid, torch.ones(len(rows), 1, dtype=torch.bool)], dim=1)
-        all_ids = torch.cat([all_ids, next_ids], dim=1)
-        if model.reprefill_at is not None and bool((last_pos == model.reprefill_at).any()):
-            # A row crosses LongRoPE's original length: like HF, recompute its keys with the
-            # long factors (rows still below keep their short factors, so they are unchanged).
-            cache.crop(cache.length)
-            positions = (key_valid.long().cumsum(-1) - 1).clamp(min=0)
-            logits = model.forward(all_ids, model.make_step(cache, positions, key_valid, 0))
-            cache.advance(all_ids.shape[1])
-            continue
-        step = model.make_step(cache, last_pos.view(-1, 1), key_valid, cache.length)
-        logits = model.forward(next_ids, step)
-        cache.advance(1)
+            seq_ids = cache.retain([seq_ids[i] for i in keep])
+            sampler.select_rows(torch.tensor(keep))
+            rows = [rows[i] for i in keep]
+            next_ids = next_ids[torch.tensor(keep)]
+        if model.reprefill_at is not None:
+            for i, r in enumerate(rows):
+                histories[r] = torch.cat([histories[r], next_ids[i : i + 1]])
+            if any(cache.get_num_tokens(s) == model.reprefill_at for s in seq_ids):
+                # A row crosses LongRoPE's original length: like HF, recompute its keys with the
+                # long factors (rows still below keep their short factors, so they are unchanged).
+                for s in seq_ids:
+                    cache.crop(s, cache.get_num_tokens(s))
+                logits = prefill(model, cache, seq_ids, [histories[r] for r in rows])
+                continue
+        logits = forward_step(model, cache, seq_ids, next_ids.view(-1, 1), [1] * len(rows))
 
 
 def score(model: DecoderLM, cache: object, prompts: Sequence[torch.Tensor]) -> torch.Tensor:
     """Logits ``[B, T, V]`` for every position of left-padded prompts (prompt logprobs)."""
-    ids, valid = left_pad(prompts)
-    positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
-    step = model.make_step(cache, positions, valid, 0)
-    logits = model.forward(ids, step, all_logits=True)
-    cache.advance(ids.shape[1])
+    seq_ids = cache.add_sequences(len(prompts))
+    logits = prefill(model, cache, seq_ids, prompts, all_logits=True)
+    cache.retain([])
     return logits

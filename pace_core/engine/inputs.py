@@ -79,6 +79,8 @@ def normalize_inputs(
                 prompts.append(_encode(need_tokenizer(), item))
             elif _is_chat(item):
                 prompts.append(_chat(need_tokenizer(), item))
+            elif isinstance(item, torch.Tensor) and item.dim() == 1:
+                prompts.append(item.long())
             elif isinstance(item, Sequence) and all(isinstance(t, int) for t in item):
                 prompts.append(torch.tensor(list(item), dtype=torch.long))
             else:

@@ -56,6 +56,8 @@ class LLMModel:
         strict: bool = True,
         load_tokenizer: bool = True,
         quiet: bool = False,
+        kv_cache_memory_gb: float | None = None,
+        max_cache_tokens: int | None = None,
     ) -> None:
         if spec_config is not None:
             raise ConfigError("spec_config: speculative decoding is not available in this version")
@@ -67,12 +69,15 @@ class LLMModel:
                 f"{', '.join(sorted(self.host.caches.caches))}"
             )
         self.kv_cache_type = kv_cache_type
+        self.cache_spec = self.host.caches.caches[kv_cache_type]
+        self.cache_options = {"memory_gb": kv_cache_memory_gb, "max_tokens": max_cache_tokens}
         self.path = resolve_model_path(model)
         self.config = load_config(self.path)
         self.opconfig = OperatorConfig.coerce(opconfig)
         self.resolver = OpResolver(self.host.ops, self.opconfig)
         self.model: DecoderLM = build_model(
-            self.path, self.config, self.dtype, self.host, self.resolver, strict=strict, quiet=quiet
+            self.path, self.config, self.dtype, self.host, self.resolver, strict=strict, quiet=quiet,
+            cache_layout=self.cache_spec.layout,
         )
         self.tokenizer = tokenizer
         if tokenizer is None and load_tokenizer:
@@ -106,9 +111,13 @@ class LLMModel:
         """Which backend serves each op call site, with fallback reasons."""
         return self.model.plan
 
-    def new_cache(self, batch: int) -> Any:
-        spec = self.host.caches.caches[self.kv_cache_type]
-        return spec.factory(batch, self.model.num_kv_heads, self.model.head_dims, self.dtype)
+    def new_cache(self) -> Any:
+        """An empty KV cache of this model's ``kv_cache_type``."""
+        max_len = getattr(self.model.config, "max_position_embeddings", None) or 4096
+        return self.cache_spec.factory(
+            self.model.num_kv_heads, self.model.head_dims, self.dtype,
+            max_seq_len=max_len, **self.cache_options,
+        )  # fmt: skip
 
     def sampling_defaults(self, **overrides: Any) -> SamplingConfig:
         """A SamplingConfig from the model's generation_config.json, then ``overrides``."""
@@ -153,7 +162,7 @@ class LLMModel:
 
         sampler = BatchSampler(configs, prompts, self.model.vocab_size, self.eos_token_ids,
                                processors=self.host.samplers.ordered())  # fmt: skip
-        cache = self.new_cache(len(prompts))
+        cache = self.new_cache()
         events = generation_loop(
             self.model, cache, prompts, sampler, finish, keep_logits=keep_logits
         )
@@ -228,7 +237,7 @@ class LLMModel:
         if not wanted:
             return result
         batch = [prompts[i] for i in wanted]
-        logits = score(self.model, self.new_cache(len(batch)), batch)
+        logits = score(self.model, self.new_cache(), batch)
         width = logits.shape[1]
         for j, i in enumerate(wanted):
             n, k = prompts[i].numel(), configs[i].prompt_logprobs
@@ -263,4 +272,4 @@ class LLMModel:
     def logits(self, inputs: Any) -> torch.Tensor:
         """Raw logits ``[B, T, V]`` for every position of the (left-padded) prompts."""
         prompts, _ = normalize_inputs(inputs, self.tokenizer)
-        return score(self.model, self.new_cache(len(prompts)), prompts)
+        return score(self.model, self.new_cache(), prompts)

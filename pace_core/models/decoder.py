@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from pace_core.caches.base import StepMeta
 from pace_core.errors import ModelLoadError
 from pace_core.models.layers import Attention, Bound, Norm, StepContext
 from pace_core.models.rope import Rotary
@@ -47,15 +48,36 @@ class ModelBuilder:
     """Reads weights by name, resolves each op once, and returns bound blocks."""
 
     def __init__(
-        self, config: Any, weights: WeightStore, dtype: torch.dtype, resolver: OpResolver
+        self,
+        config: Any,
+        weights: WeightStore,
+        dtype: torch.dtype,
+        resolver: OpResolver,
+        cache_layout: str = "contiguous",
     ) -> None:
         self.config, self.weights, self.dtype, self.resolver = config, weights, dtype, resolver
+        self.cache_layout = cache_layout
         self.plan = OpPlan()
 
     def kernel(self, op: str, **attrs: Any):
         res = self.resolver.resolve(OpContext(op, self.dtype, attrs))
         self.plan.record(res)
         return res.kernel
+
+    def bind(self, op: str, attrs: dict[str, Any], *weights: Any) -> Bound:
+        """Resolve ``op``, run its prepare step on ``weights`` and bind the kernel.
+
+        A backend whose prepare step fails (say, its JIT build breaks) is disabled with the
+        error as the reason and the next candidate is used; native failures propagate.
+        """
+        while True:
+            k = self.kernel(op, **attrs)
+            try:
+                return Bound(k.fn, k.prepare(*weights))
+            except Exception as exc:
+                if k.backend == "native" or self.resolver.config.strict:
+                    raise
+                self.resolver.disable(k, f"prepare failed: {type(exc).__name__}: {exc}")
 
     def tensor(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
         return self.weights.take(name, dtype or self.dtype)
@@ -66,8 +88,8 @@ class ModelBuilder:
     def linear(self, name: str, *, bias: bool = False, weight: torch.Tensor | None = None) -> Bound:
         w = self.tensor(f"{name}.weight") if weight is None else weight
         b = self.tensor(f"{name}.bias") if bias else None
-        k = self.kernel("linear", in_features=int(w.shape[-1]), out_features=int(w.shape[0]))
-        return Bound(k.fn, k.prepare(w, b))
+        attrs = {"in_features": int(w.shape[-1]), "out_features": int(w.shape[0])}
+        return self.bind("linear", attrs, w, b)
 
     def qkv(self, names: Sequence[str] = (), *, bias: bool = False,
             fused: str | None = None, sizes: Sequence[int] = ()) -> Bound:  # fmt: skip
@@ -78,15 +100,14 @@ class ModelBuilder:
         else:
             weights = [self.tensor(f"{n}.weight") for n in names]
             biases = [self.tensor(f"{n}.bias") for n in names] if bias else None
-        k = self.kernel("qkv_proj", in_features=int(weights[0].shape[-1]))
-        return Bound(k.fn, k.prepare(weights, biases))
+        return self.bind("qkv_proj", {"in_features": int(weights[0].shape[-1])}, weights, biases)
 
     def gated_mlp(
         self, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, activation: str
     ) -> Bound:
-        k = self.kernel("gated_mlp", activation=activation, hidden=int(gate.shape[1]),
-                        intermediate=int(gate.shape[0]))  # fmt: skip
-        return Bound(k.fn, k.prepare(gate, up, down, activation))
+        attrs = {"activation": activation, "hidden": int(gate.shape[1]),
+                 "intermediate": int(gate.shape[0])}  # fmt: skip
+        return self.bind("gated_mlp", attrs, gate, up, down, activation)
 
     def norm(self, name: str, eps: float, *, rms: bool = True, offset: float = 0.0,
              bias: bool = False) -> Norm:  # fmt: skip
@@ -106,7 +127,8 @@ class ModelBuilder:
                 f"num_key_value_heads ({num_kv_heads})"
             )
         attend = self.kernel("attention", head_dim=head_dim, gqa=num_heads // num_kv_heads,
-                             window=window, sinks=extra.get("sinks") is not None).fn  # fmt: skip
+                             window=window, sinks=extra.get("sinks") is not None,
+                             cache_layout=self.cache_layout).fn  # fmt: skip
         rope_fn = self.kernel("rope", head_dim=head_dim).fn if rotary is not None else None
         return Attention(qkv, o_proj, attend, rope_fn, rotary, layer, num_heads, num_kv_heads,
                          head_dim, scale, window, **extra)  # fmt: skip
@@ -143,27 +165,12 @@ class DecoderLM:
                 return int(rot.original_max)
         return None
 
-    def make_step(
-        self, cache: Any, positions: torch.Tensor, key_valid: torch.Tensor, q_start: int
-    ) -> StepContext:
-        """Rope tables and boolean masks for ``T`` new tokens at slots ``q_start..``.
-
-        ``key_valid [B, S]`` marks real (non-pad) key slots over the whole cache incl. the new
-        tokens; ``positions [B, T]`` are the new tokens' position ids.
-        """
+    def make_step(self, cache: Any, meta: StepMeta) -> StepContext:
+        """Positions and rope tables for the new tokens described by ``meta``."""
+        positions = meta.positions()
         step = StepContext(cache, positions)
         for rot in self.rotaries:
             step.rope[id(rot)] = rot.tables(positions, self.dtype)
-        t, s = positions.shape[1], key_valid.shape[1]
-        q_slot = torch.arange(q_start, q_start + t).view(t, 1)
-        k_slot = torch.arange(s).view(1, s)
-        causal = k_slot <= q_slot  # [T, S]
-        base = key_valid[:, None, :] & causal[None]  # [B, T, S]
-        # Pad queries see only themselves, so no row is fully masked (avoids NaN).
-        own = (k_slot == q_slot)[None] & ~key_valid[:, q_start : q_start + t, None]
-        for window in self.windows:
-            mask = base if window is None else base & (q_slot - k_slot < window)[None]
-            step.masks[window] = (mask | own).unsqueeze(1)
         return step
 
     def forward(

@@ -22,19 +22,16 @@ Residual = torch.Tensor | None
 class KVStore(Protocol):
     """What attention needs from a KV cache during a forward pass."""
 
-    def update(
-        self, layer: int, k: torch.Tensor, v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> Any: ...
 
 
 @dataclass
 class StepContext:
-    """Per-forward data shared by all layers: cache, positions, rope tables and masks."""
+    """Per-forward data shared by all layers: the cache, positions and rope tables."""
 
     cache: KVStore
     positions: torch.Tensor  # [B, T]
     rope: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
-    masks: dict[int | None, torch.Tensor] = field(default_factory=dict)  # by sliding window
 
 
 class Bound:
@@ -100,10 +97,8 @@ class Attention:
         if self.rope_fn is not None:
             cos, sin = step.rope[id(self.rotary)]
             q, k = self.rope_fn(q, k, cos, sin, self.rotary.interleaved)
-        k_all, v_all = step.cache.update(self.layer, k.transpose(1, 2), v.transpose(1, 2))
-        out = self.attend(
-            q.transpose(1, 2), k_all, v_all, step.masks[self.window], self.scale, self.sinks
-        )
+        view = step.cache.update(self.layer, k.transpose(1, 2), v.transpose(1, 2))
+        out = self.attend(q.transpose(1, 2), view, self.scale, self.sinks, self.window)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim))
 
 

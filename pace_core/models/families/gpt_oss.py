@@ -48,14 +48,15 @@ def build(b: ModelBuilder) -> DecoderLM:
             b, cfg, i, f"{p}.self_attn", rotary=rotary, bias=cfg.attention_bias,
             o_bias=cfg.attention_bias, sinks=b.tensor(f"{p}.self_attn.sinks", torch.float32),
         )  # fmt: skip
-        moe_kernel = b.kernel("moe", experts=cfg.num_local_experts, top_k=cfg.num_experts_per_tok)
-        experts = Bound(moe_kernel.fn, moe_kernel.prepare(
+        attrs = {"experts": cfg.num_local_experts, "top_k": cfg.num_experts_per_tok}
+        experts = b.bind(
+            "moe", attrs,
             _expert_tensor(b, f"{p}.mlp.experts.gate_up_proj"),
             b.tensor(f"{p}.mlp.experts.gate_up_proj_bias"),
             _expert_tensor(b, f"{p}.mlp.experts.down_proj"),
             b.tensor(f"{p}.mlp.experts.down_proj_bias"),
             getattr(cfg, "swiglu_alpha", 1.702), cfg.swiglu_limit,
-        ))  # fmt: skip
+        )  # fmt: skip
         mlp = MoE(b.linear(f"{p}.mlp.router", bias=True), experts, cfg.num_experts_per_tok)
         norm1 = b.norm(f"{p}.input_layernorm", eps)
         norm2 = b.norm(f"{p}.post_attention_layernorm", eps)

@@ -163,15 +163,8 @@ def rope(
 
 
 # -- attention ------------------------------------------------------------------------------
-def attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    mask: torch.Tensor,
-    scale: float,
-    sinks: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """SDPA over ``[B, H, T, D]`` with a boolean mask (True = attend) and GQA."""
+def _sdpa(q, k, v, mask, scale, sinks):
+    """Masked attention over ``[B, H, S, D]`` keys (True = attend), GQA, optional sinks."""
     if sinks is None:
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, scale=scale, enable_gqa=k.shape[1] != q.shape[1]
@@ -187,3 +180,42 @@ def attention(
     combined = combined - combined.amax(dim=-1, keepdim=True)
     probs = torch.softmax(combined.float(), dim=-1).to(q.dtype)[..., :-1]
     return torch.matmul(probs, v)
+
+
+def _gather_blocks(pool: torch.Tensor, table: torch.Tensor, length: int) -> torch.Tensor:
+    """``[B, H, length, D]`` from a block pool ``[N, H, bs, D]`` and tables ``[B, nb]``."""
+    b, nb = table.shape
+    _, h, bs, d = pool.shape
+    return pool[table].permute(0, 2, 1, 3, 4).reshape(b, h, nb * bs, d)[:, :, :length]
+
+
+def attention(
+    q: torch.Tensor,
+    kv,
+    scale: float,
+    sinks: torch.Tensor | None = None,
+    window: int | None = None,
+) -> torch.Tensor:
+    """Attention of ``q [B, Hq, T, D]`` over a cache view (contiguous, paged or slab layout).
+
+    Masks come from the view's step metadata: causal, per-row lengths, sliding ``window``.
+    """
+    meta = kv.meta
+    mask = meta.mask(window)
+    layout = getattr(kv, "layout", "contiguous")
+    if layout == "contiguous":
+        return _sdpa(q, kv.keys, kv.values, mask, scale, sinks)
+    if layout == "paged":
+        s = mask.shape[-1]
+        k = _gather_blocks(kv.key_pool, kv.block_table, s)
+        v = _gather_blocks(kv.value_pool, kv.block_table, s)
+        return _sdpa(q, k, v, mask, scale, sinks)
+    # slab: one attention call per sequence over exactly its own blocks and length
+    outs = []
+    for b, length in enumerate(meta.lens_after.tolist()):
+        nb = -(-length // kv.block_size)
+        table = kv.block_table[b : b + 1, :nb]
+        k = _gather_blocks(kv.key_pool, table, length)
+        v = _gather_blocks(kv.value_pool, table, length)
+        outs.append(_sdpa(q[b : b + 1], k, v, mask[b : b + 1, :, :, :length], scale, sinks))
+    return torch.cat(outs)

@@ -25,4 +25,7 @@ def pace_register_ops(registry: OpRegistry) -> None:
     add("rms_norm", "native", kernels.rms_norm, dtypes=DTYPES)
     add("layer_norm", "native", kernels.layer_norm, dtypes=DTYPES)
     add("rope", "native", kernels.rope, dtypes=DTYPES)
-    add("attention", "native", kernels.attention, dtypes=DTYPES)
+    add(
+        "attention", "native", kernels.attention, dtypes=DTYPES,
+        cache_layouts=("contiguous", "paged", "slab"),
+    )  # fmt: skip

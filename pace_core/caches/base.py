@@ -1,0 +1,118 @@
+"""The KV cache contract shared by every cache type, and the per-step metadata.
+
+A cache holds sequences, each with its own length (no shared slots, no padding in the cache).
+A forward step processes ``T`` new positions for a batch of sequences; row ``b`` has
+``num_new[b] <= T`` real tokens, right-aligned (left padding in the query only). The engine:
+
+1. ``meta = cache.begin_step(seq_ids, num_new, T)`` — reserves room (may raise CacheFullError);
+2. each attention layer calls ``view = cache.update(layer, k, v)`` and passes the view to its
+   attention kernel, which reads it according to ``cache.layout``;
+3. ``cache.end_step()`` — the new tokens become part of the sequences.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from pace_core.errors import PaceError
+
+
+class CacheFullError(PaceError, RuntimeError):
+    """The cache's memory budget cannot hold the requested tokens; nothing was changed."""
+
+    def __init__(self, message: str, *, requested_tokens: int = 0, free_tokens: int = 0) -> None:
+        super().__init__(message)
+        self.requested_tokens = requested_tokens
+        self.free_tokens = free_tokens
+
+
+@dataclass
+class StepMeta:
+    """Which sequences a forward step touches and where its new tokens go."""
+
+    seq_ids: list[int]
+    lens_before: torch.Tensor  # [B] tokens already cached per row
+    num_new: torch.Tensor  # [B] real new tokens per row (right-aligned in T)
+    width: int  # T, the padded number of new positions
+    _masks: dict[int | None, torch.Tensor] = field(default_factory=dict, repr=False)
+
+    @property
+    def lens_after(self) -> torch.Tensor:
+        return self.lens_before + self.num_new
+
+    @property
+    def uniform(self) -> bool:
+        """All rows start at the same length and add ``width`` tokens (no padding)."""
+        return bool((self.num_new == self.width).all()) and bool(
+            (self.lens_before == self.lens_before[0]).all()
+        )
+
+    def positions(self) -> torch.Tensor:
+        """Position ids ``[B, T]`` of the new tokens (pads get 0)."""
+        t = torch.arange(self.width)
+        pos = self.lens_before[:, None] + t[None] - (self.width - self.num_new)[:, None]
+        return pos.clamp(min=0)
+
+    def query_valid(self) -> torch.Tensor:
+        """``[B, T]`` True where the new position holds a real token."""
+        return torch.arange(self.width)[None] >= (self.width - self.num_new)[:, None]
+
+    def mask(self, window: int | None) -> torch.Tensor:
+        """Boolean attention mask ``[B, 1, T, S]`` (True = attend) over each row's keys
+        ``0..S-1`` (``S`` = longest row after the step): causal, within its own length and the
+        sliding ``window``. Pad queries see key 0 only, so no row is fully masked."""
+        found = self._masks.get(window)
+        if found is not None:
+            return found
+        s = int(self.lens_after.max())
+        keys = torch.arange(s)[None, None, :]  # [1, 1, S]
+        qpos = (self.lens_before[:, None] + torch.arange(self.width)[None]
+                - (self.width - self.num_new)[:, None])[:, :, None]  # fmt: skip
+        mask = (keys <= qpos) & (keys < self.lens_after[:, None, None])
+        if window is not None:
+            mask &= qpos - keys < window
+        mask |= (~self.query_valid())[:, :, None] & (keys == 0)
+        self._masks[window] = mask = mask.unsqueeze(1)
+        return mask
+
+
+@runtime_checkable
+class KVCache(Protocol):
+    """What the engine, attention kernels and speculative decoding use."""
+
+    layout: str
+
+    def add_sequences(self, count: int) -> list[int]:
+        """Create ``count`` empty sequences; return their ids."""
+
+    def retain(self, seq_ids: list[int]) -> list[int]:
+        """Keep exactly ``seq_ids`` in this order (ids may repeat: forks for beam search);
+        free all others. Returns the ids to use from now on."""
+
+    def begin_step(self, seq_ids: list[int], num_new: list[int] | torch.Tensor,
+                   width: int) -> StepMeta:  # fmt: skip
+        """Reserve room for the new tokens of a forward step."""
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> Any:
+        """Store ``k, v [B, H, T, D]`` of the current step; return this layer's view."""
+
+    def end_step(self) -> None:
+        """Commit the step's tokens to the sequences."""
+
+    def crop(self, seq_id: int, num_tokens: int) -> None:
+        """Drop the last ``num_tokens`` tokens of a sequence (speculative rollback)."""
+
+    def get_num_tokens(self, seq_id: int) -> int:
+        """Tokens held for ``seq_id``."""
+
+    def get_kv_states(self, seq_id: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer ``(keys, values)`` ``[heads, tokens, head_dim]`` of one sequence (a copy)."""
+
+    def memory_used(self) -> int:
+        """Bytes of KV storage in use."""
+
+    def memory_free(self) -> int:
+        """Bytes still available before CacheFullError (0 if unbounded growth)."""

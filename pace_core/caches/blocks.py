@@ -1,0 +1,239 @@
+"""Block caches: a pre-allocated pool of fixed-size token blocks per layer, shared by all
+sequences through per-sequence block tables; O(1) allocation and free from a free list.
+
+- PAGED (layout ``paged``): vLLM-style, small blocks (16 tokens); pool size from a memory
+  budget (``kv_cache_memory_gb``) or a token count (``PACE_MAX_CACHE_TOKENS``).
+- SLAB_POOL (layout ``slab``): blocks sized so one block of K and V of one layer fits half the
+  L2 cache (``PACE_SLAB_BLOCK_TOKENS`` overrides); attention runs per sequence.
+
+Exhaustion raises :class:`CacheFullError` before anything changes, so the caller can queue.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from pace_core.caches.base import CacheFullError, StepMeta
+from pace_core.errors import ConfigError
+
+DEFAULT_MAX_TOKENS = 32768
+
+
+@dataclass(frozen=True)
+class BlockKV:
+    """Attention view of one layer: pools ``[num_blocks, H, block, D]`` and block tables."""
+
+    key_pool: torch.Tensor
+    value_pool: torch.Tensor
+    block_table: torch.Tensor  # [B, max_blocks] int64 (unused entries 0)
+    block_size: int
+    meta: StepMeta
+    layout: str
+
+
+def l2_cache_bytes(default: int = 1 << 20) -> int:
+    """L2 size of CPU 0 from sysfs (``2048K`` → bytes), or ``default``."""
+    try:
+        text = Path("/sys/devices/system/cpu/cpu0/cache/index2/size").read_text().strip()
+        units = {"K": 1 << 10, "M": 1 << 20}
+        return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
+    except (OSError, ValueError, IndexError):
+        return default
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name)
+    if value is None:
+        return None
+    try:
+        number = int(value)
+    except ValueError:
+        raise ConfigError(f"{name} must be a positive integer (got {value!r})") from None
+    if number < 1:
+        raise ConfigError(f"{name} must be a positive integer (got {value!r})")
+    return number
+
+
+class BlockCache:
+    """Shared machinery of PAGED and SLAB_POOL."""
+
+    layout = "paged"
+
+    def __init__(self, num_kv_heads: Sequence[int], head_dims: Sequence[int], dtype: torch.dtype,
+                 *, block_size: int, max_tokens: int | None = None,
+                 memory_gb: float | None = None, **_: object) -> None:  # fmt: skip
+        self.block_size = block_size
+        elt = torch.empty(0, dtype=dtype).element_size()
+        self.bytes_per_block = sum(2 * h * d * elt * block_size
+                                   for h, d in zip(num_kv_heads, head_dims))  # fmt: skip
+        if memory_gb is not None:
+            if memory_gb <= 0:
+                raise ConfigError(f"kv_cache_memory_gb must be > 0 (got {memory_gb})")
+            num_blocks = int(memory_gb * (1 << 30)) // self.bytes_per_block
+        else:
+            tokens = max_tokens or _env_int("PACE_MAX_CACHE_TOKENS") or DEFAULT_MAX_TOKENS
+            num_blocks = -(-tokens // block_size)
+        if num_blocks < 1:
+            raise ConfigError("the KV cache budget is smaller than one block; raise it")
+        self.num_blocks = num_blocks
+        self.keys = [torch.zeros(num_blocks, h, block_size, d, dtype=dtype)
+                     for h, d in zip(num_kv_heads, head_dims)]  # fmt: skip
+        self.values = [torch.zeros_like(k) for k in self.keys]
+        self.free_blocks = list(range(num_blocks - 1, -1, -1))  # a stack: O(1) pop/push
+        self.blocks: dict[int, list[int]] = {}
+        self.lens: dict[int, int] = {}
+        self._next_id = 0
+        self._meta: StepMeta | None = None
+        self._write: tuple[torch.Tensor, ...] | None = None
+        self._table: torch.Tensor | None = None
+
+    # -- sequences -------------------------------------------------------------------------
+    def add_sequences(self, count: int) -> list[int]:
+        ids = list(range(self._next_id, self._next_id + count))
+        self._next_id += count
+        for sid in ids:
+            self.blocks[sid], self.lens[sid] = [], 0
+        return ids
+
+    def free_sequence(self, seq_id: int) -> None:
+        self.free_blocks.extend(reversed(self.blocks.pop(seq_id)))
+        del self.lens[seq_id]
+
+    def retain(self, seq_ids: list[int]) -> list[int]:
+        for sid in [s for s in self.blocks if s not in set(seq_ids)]:
+            self.free_sequence(sid)
+        out, seen = [], set()
+        for sid in seq_ids:
+            out.append(self._fork(sid) if sid in seen else sid)
+            seen.add(sid)
+        return out
+
+    def _fork(self, seq_id: int) -> int:
+        """A copy of ``seq_id`` in fresh blocks (beam search duplicates)."""
+        src = self.blocks[seq_id]
+        if len(src) > len(self.free_blocks):
+            raise CacheFullError(f"no room to fork a sequence of {self.lens[seq_id]} tokens",
+                                 requested_tokens=self.lens[seq_id], free_tokens=self.free_tokens)  # fmt: skip
+        (new,) = self.add_sequences(1)
+        dst = [self.free_blocks.pop() for _ in src]
+        index_src, index_dst = torch.tensor(src), torch.tensor(dst)
+        for pool in (*self.keys, *self.values):
+            pool[index_dst] = pool[index_src]
+        self.blocks[new], self.lens[new] = dst, self.lens[seq_id]
+        return new
+
+    @property
+    def free_tokens(self) -> int:
+        return len(self.free_blocks) * self.block_size
+
+    # -- steps -----------------------------------------------------------------------------
+    def begin_step(self, seq_ids: list[int], num_new, width: int) -> StepMeta:
+        num_new = torch.as_tensor(num_new, dtype=torch.long)
+        before = torch.tensor([self.lens[s] for s in seq_ids], dtype=torch.long)
+        meta = StepMeta(list(seq_ids), before, num_new, width)
+        bs = self.block_size
+        need = [max(0, -(-int(a) // bs) - len(self.blocks[s]))
+                for s, a in zip(seq_ids, meta.lens_after)]  # fmt: skip
+        if sum(need) > len(self.free_blocks):
+            raise CacheFullError(
+                f"KV cache full: step needs {sum(need)} blocks of {bs} tokens, "
+                f"{len(self.free_blocks)} free of {self.num_blocks}",
+                requested_tokens=int(num_new.sum()), free_tokens=self.free_tokens,
+            )
+        for sid, n in zip(seq_ids, need):
+            self.blocks[sid].extend(self.free_blocks.pop() for _ in range(n))
+        # Where each new real token goes: (row, t) -> (block, offset), shared by all layers.
+        src_b, src_t, dst_block, dst_off = [], [], [], []
+        for b, sid in enumerate(seq_ids):
+            n, start = int(num_new[b]), int(before[b])
+            for j in range(n):
+                pos = start + j
+                src_b.append(b)
+                src_t.append(width - n + j)
+                dst_block.append(self.blocks[sid][pos // bs])
+                dst_off.append(pos % bs)
+        self._write = tuple(torch.tensor(x, dtype=torch.long) for x in (src_b, src_t, dst_block, dst_off))
+        most = max((len(self.blocks[s]) for s in seq_ids), default=0)
+        table = torch.zeros(len(seq_ids), most, dtype=torch.long)
+        for b, sid in enumerate(seq_ids):
+            table[b, : len(self.blocks[sid])] = torch.tensor(self.blocks[sid], dtype=torch.long)
+        self._meta, self._table = meta, table
+        return meta
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> BlockKV:
+        src_b, src_t, dst_block, dst_off = self._write
+        self.keys[layer][dst_block, :, dst_off] = k[src_b, :, src_t]
+        self.values[layer][dst_block, :, dst_off] = v[src_b, :, src_t]
+        return BlockKV(self.keys[layer], self.values[layer], self._table, self.block_size,
+                       self._meta, self.layout)  # fmt: skip
+
+    def end_step(self) -> None:
+        for sid, n in zip(self._meta.seq_ids, self._meta.lens_after.tolist()):
+            self.lens[sid] = n
+        self._meta = self._write = self._table = None
+
+    # -- inspection and rollback ---------------------------------------------------------
+    def crop(self, seq_id: int, num_tokens: int) -> None:
+        have = self.lens[seq_id]
+        if not 0 <= num_tokens <= have:
+            raise ValueError(f"cannot crop {num_tokens} tokens from sequence {seq_id} of {have}")
+        self.lens[seq_id] = have - num_tokens
+        keep = -(-self.lens[seq_id] // self.block_size)
+        blocks = self.blocks[seq_id]
+        self.free_blocks.extend(reversed(blocks[keep:]))
+        del blocks[keep:]
+
+    def get_num_tokens(self, seq_id: int) -> int:
+        return self.lens[seq_id]
+
+    def gather(self, pool: torch.Tensor, seq_id: int) -> torch.Tensor:
+        """``[H, tokens, D]`` of one sequence from a pool (a copy)."""
+        blocks = torch.tensor(self.blocks[seq_id], dtype=torch.long)
+        h, d = pool.shape[1], pool.shape[3]
+        return pool[blocks].transpose(0, 1).reshape(h, -1, d)[:, : self.lens[seq_id]]
+
+    def get_kv_states(self, seq_id: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return [(self.gather(k, seq_id), self.gather(v, seq_id))
+                for k, v in zip(self.keys, self.values)]  # fmt: skip
+
+    def memory_used(self) -> int:
+        return (self.num_blocks - len(self.free_blocks)) * self.bytes_per_block
+
+    def memory_free(self) -> int:
+        return len(self.free_blocks) * self.bytes_per_block
+
+
+class PagedCache(BlockCache):
+    """PAGED: 16-token blocks (``block_size``), vLLM-style block tables."""
+
+    layout = "paged"
+
+    def __init__(self, num_kv_heads, head_dims, dtype, *, block_size: int = 16, **kw) -> None:
+        super().__init__(num_kv_heads, head_dims, dtype, block_size=block_size, **kw)
+
+
+def slab_block_tokens(num_kv_heads: Sequence[int], head_dims: Sequence[int],
+                      dtype: torch.dtype) -> int:  # fmt: skip
+    """Largest power of two (16..1024) whose K+V block of the widest layer fits L2 / 2."""
+    override = _env_int("PACE_SLAB_BLOCK_TOKENS")
+    if override:
+        return override
+    elt = torch.empty(0, dtype=dtype).element_size()
+    per_token = max(2 * h * d * elt for h, d in zip(num_kv_heads, head_dims))
+    tokens = max(16, (l2_cache_bytes() // 2) // per_token)
+    return min(1024, 1 << (tokens.bit_length() - 1))
+
+
+class SlabPoolCache(BlockCache):
+    """SLAB_POOL: L2-sized blocks from one pre-allocated pool per layer."""
+
+    layout = "slab"
+
+    def __init__(self, num_kv_heads, head_dims, dtype, *, block_size: int | None = None, **kw) -> None:
+        size = block_size or slab_block_tokens(num_kv_heads, head_dims, dtype)
+        super().__init__(num_kv_heads, head_dims, dtype, block_size=size, **kw)
