@@ -143,7 +143,8 @@ class BlockCache:
             raise CacheFullError(
                 f"KV cache full: step needs {sum(need)} blocks of {bs} tokens, "
                 f"{len(self.free_blocks)} free of {self.num_blocks}",
-                requested_tokens=int(num_new.sum()), free_tokens=self.free_tokens,
+                requested_tokens=int(num_new.sum()),
+                free_tokens=self.free_tokens,
             )
         for sid, n in zip(seq_ids, need):
             self.blocks[sid].extend(self.free_blocks.pop() for _ in range(n))
@@ -157,7 +158,9 @@ class BlockCache:
                 src_t.append(width - n + j)
                 dst_block.append(self.blocks[sid][pos // bs])
                 dst_off.append(pos % bs)
-        self._write = tuple(torch.tensor(x, dtype=torch.long) for x in (src_b, src_t, dst_block, dst_off))
+        self._write = tuple(
+            torch.tensor(x, dtype=torch.long) for x in (src_b, src_t, dst_block, dst_off)
+        )
         most = max((len(self.blocks[s]) for s in seq_ids), default=0)
         table = torch.zeros(len(seq_ids), most, dtype=torch.long)
         for b, sid in enumerate(seq_ids):

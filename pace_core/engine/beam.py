@@ -21,7 +21,9 @@ What is matched (see ``transformers/generation/utils.py``):
   hypotheses, best first, token ids incl. a final EOS, score as above (HF's
   ``sequences_scores``).
 
-A prompt that is done leaves the batch (its cache rows are dropped); this does not change any
+Each prompt is prefilled once and its cache sequence forked into the beams; every step the
+cache is reordered with ``cache.retain`` (beams that won twice are forked, the rest freed). A
+prompt that is done leaves the batch (its sequences are freed); this does not change any
 result because HF never updates a done prompt again.
 """
 
@@ -34,7 +36,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from pace_core.engine.generate import left_pad
+from pace_core.engine.generate import forward_step, prefill
 from pace_core.models.decoder import DecoderLM
 from pace_core.sampling.config import SamplingConfig
 from pace_core.sampling.processors import LogitsProcessor, build_processors
@@ -63,7 +65,7 @@ def _gather(t: Tensor, idx: Tensor) -> Tensor:
 @torch.inference_mode()
 def beam_search(
     model: DecoderLM,
-    new_cache: Callable[[int], Any],
+    new_cache: Callable[[], Any],
     prompts: Sequence[Tensor],
     config: SamplingConfig,
     eos_token_ids: Sequence[int],
@@ -76,7 +78,7 @@ def beam_search(
 
     Args:
         model: the decoder.
-        new_cache: ``new_cache(batch)`` returns an empty KV cache (e.g. ``LLMModel.new_cache``).
+        new_cache: returns an empty KV cache (e.g. ``LLMModel.new_cache``).
         prompts: unpadded 1-D token id tensors (batched with left padding).
         config: ``num_beams``, ``max_new_tokens``, ``min_new_tokens``, ``length_penalty``,
             ``early_stopping``, penalties / ``logit_bias`` (greedy only: ``do_sample`` raises).
@@ -109,17 +111,14 @@ def beam_search(
     specs = list(processors) if processors is not None else None
     built: dict[int, list[tuple[str, LogitsProcessor]]] = {}
 
-    # Prefill each prompt once, then copy its cache rows to its num_beams beams.
+    # Prefill each prompt once, then fork its cache sequence into its num_beams beams.
     b = len(prompts)
-    ids, valid = left_pad(prompts)
-    positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
-    cache = new_cache(b)
-    logits = model.forward(ids, model.make_step(cache, positions, valid, 0))
-    cache.advance(ids.shape[1])
+    cache = new_cache()
+    seq_ids = cache.add_sequences(b)
+    logits = prefill(model, cache, seq_ids, prompts)
+    seq_ids = cache.retain([s for s in seq_ids for _ in range(nb)])
     expand = torch.arange(b).repeat_interleave(nb)
-    cache.select_rows(expand)
     logits = logits.index_select(0, expand)
-    key_valid, last_pos = valid.index_select(0, expand), positions[:, -1].index_select(0, expand)
     state = TokenState([prompts[i] for i in expand.tolist()], logits.shape[-1])
 
     alive = list(range(b))
@@ -192,16 +191,22 @@ def beam_search(
             run_seq, run_scores, run_src = run_seq[keep], run_scores[keep], run_src[keep]
             fin_seq, fin_scores, fin_len = fin_seq[keep], fin_scores[keep], fin_len[keep]
             is_fin, heur = is_fin[keep], heur[keep]
-        # Reorder cache rows, masks and histories to the selected source beams.
+        # Reorder (fork / free) cache sequences and histories to the selected source beams.
         flat = (keep[:, None] * nb + run_src).view(-1)
+        seq_ids = cache.retain([seq_ids[r] for r in flat.tolist()])
         if not torch.equal(flat, torch.arange(rows)):
-            cache.select_rows(flat)
-            key_valid, last_pos, state = key_valid[flat], last_pos[flat], state.select(flat)
+            state = state.select(flat)
         next_ids = run_seq[:, :, step].reshape(-1)
         state.append(next_ids)
-        last_pos = last_pos + 1
-        key_valid = torch.cat([key_valid, torch.ones(len(flat), 1, dtype=torch.bool)], dim=1)
-        step_ctx = model.make_step(cache, last_pos.view(-1, 1), key_valid, cache.length)
-        logits = model.forward(next_ids.view(-1, 1), step_ctx)
-        cache.advance(1)
+        reprefill = model.reprefill_at
+        if reprefill is not None and any(cache.get_num_tokens(s) == reprefill for s in seq_ids):
+            # LongRoPE crossing: recompute all keys with the long factors, as generation_loop.
+            for s in seq_ids:
+                cache.crop(s, cache.get_num_tokens(s))
+            histories = [torch.cat([prompts[alive[r // nb]], run_seq[r // nb, r % nb, : step + 1]])
+                         for r in range(len(seq_ids))]  # fmt: skip
+            logits = prefill(model, cache, seq_ids, histories)
+        else:
+            logits = forward_step(model, cache, seq_ids, next_ids.view(-1, 1), [1] * len(seq_ids))
+    cache.retain([])
     return results
