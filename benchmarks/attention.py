@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import emit  # noqa: E402
+from common import emit
 
 
 def make_cache(kind: str, hk: int, d: int, dtype, tokens: int):
@@ -57,8 +57,11 @@ def bench(kind, batch, context, hq, hk, d, dtype, repeats):
             cache.crop(sid, 1)
     times = sorted(times[2:])
     med = times[len(times) // 2]
-    return {"us_per_step": med * 1e6, "us_per_seq": med * 1e6 / batch,
-            "memory_mb": cache.memory_used() / 2**20}  # fmt: skip
+    return {
+        "us_per_step": med * 1e6,
+        "us_per_seq": med * 1e6 / batch,
+        "memory_mb": cache.memory_used() / 2**20,
+    }
 
 
 def main() -> None:
@@ -79,8 +82,12 @@ def main() -> None:
             for kind in args.caches:
                 r = bench(kind, batch, context, 9, 3, 64, dtype, args.repeats)
                 rows.append({"cache": kind, "batch": batch, "context": context, **r})
-    emit("attention", rows, ["cache", "batch", "context", "us_per_step", "us_per_seq",
-                             "memory_mb"], args.out)  # fmt: skip
+    emit(
+        "attention",
+        rows,
+        ["cache", "batch", "context", "us_per_step", "us_per_seq", "memory_mb"],
+        args.out,
+    )
 
 
 if __name__ == "__main__":

@@ -22,10 +22,15 @@ def machine_info() -> dict[str, Any]:
     import transformers
 
     return {
-        "cpu": cpu.model_name, "isa": cpu.isa_level, "features": sorted(cpu.features),
-        "cores": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
-        "transformers": transformers.__version__, "pace": __version__,
-    }  # fmt: skip
+        "cpu": cpu.model_name,
+        "isa": cpu.isa_level,
+        "features": sorted(cpu.features),
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "pace": __version__,
+    }
 
 
 def median_time(fn: Callable[[], Any], repeats: int) -> float:

@@ -56,8 +56,9 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    model = LLMModel(args.model or zoo.DEFAULT_MODEL, dtype=DTYPES[args.dtype],
-                     opconfig=args.opconfig)  # fmt: skip
+    model = LLMModel(
+        args.model or zoo.DEFAULT_MODEL, dtype=DTYPES[args.dtype], opconfig=args.opconfig
+    )
     overrides = {"max_new_tokens": args.max_new_tokens}
     if args.temperature is not None:
         overrides.update(do_sample=args.temperature > 0, temperature=args.temperature or 1.0)

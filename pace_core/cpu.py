@@ -16,11 +16,24 @@ import torch
 
 # Canonical names used in kernel registrations (the Linux cpuinfo spelling).
 KNOWN_FEATURES = (
-    "sse4_2", "avx", "avx2", "fma", "f16c",
-    "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd",
-    "avx512_vnni", "avx512_bf16", "avx512_fp16", "avx512vbmi",
-    "amx_tile", "amx_bf16", "amx_int8",
-)  # fmt: skip
+    "sse4_2",
+    "avx",
+    "avx2",
+    "fma",
+    "f16c",
+    "avx512f",
+    "avx512bw",
+    "avx512vl",
+    "avx512dq",
+    "avx512cd",
+    "avx512_vnni",
+    "avx512_bf16",
+    "avx512_fp16",
+    "avx512vbmi",
+    "amx_tile",
+    "amx_bf16",
+    "amx_int8",
+)
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,9 @@ def plugins_table(host: PluginHost) -> str:
     for info in host.plugins.values():
         provides = ", ".join(f"{n} {k}" for k, n in info.provides.items() if n) or "-"
         detail = info.error if info.status == "failed" else provides
-        rows.append([info.name, info.distribution or info.origin, info.version or "-",
-                     info.status, detail])  # fmt: skip
+        rows.append(
+            [info.name, info.distribution or info.origin, info.version or "-", info.status, detail]
+        )
     return format_table(["plugin", "from", "version", "status", "provides / error"], rows)
 
 
@@ -38,18 +39,24 @@ def ops_table(host: PluginHost, config: OperatorConfig, cpu: CpuInfo, dtype: tor
             res = resolver.resolve(ctx)
             chosen = res.backend
             if res.fallback_reason:
-                notes.append(f"{op}: {res.requested!r} unavailable ({res.fallback_reason}); "
-                             f"using {chosen!r}")  # fmt: skip
+                notes.append(
+                    f"{op}: {res.requested!r} unavailable ({res.fallback_reason}); using {chosen!r}"
+                )
         except Exception as exc:  # shown, not raised: this is a diagnostic table
             chosen = ""
             notes.append(f"{op}: error: {exc}")
         for spec in host.ops.candidates(op):
             reason = spec.check(ctx, cpu.features)
             mark = "*" if spec.backend == chosen else ""
-            rows.append([
-                op, spec.backend + mark, spec.plugin, str(spec.priority),
-                "yes" if reason is None else f"no: {reason}",
-            ])  # fmt: skip
+            rows.append(
+                [
+                    op,
+                    spec.backend + mark,
+                    spec.plugin,
+                    str(spec.priority),
+                    "yes" if reason is None else f"no: {reason}",
+                ]
+            )
         if not host.ops.candidates(op):
             rows.append([op, "-", "-", "-", "no kernel registered"])
     dt = str(dtype).removeprefix("torch.")

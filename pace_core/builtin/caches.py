@@ -10,11 +10,27 @@ from pace_core.registry import CacheRegistry
 
 @hookimpl
 def pace_register_kv_caches(registry: CacheRegistry) -> None:
-    registry.add_cache("dynamic", DynamicCache, layout="contiguous",
-                       description="contiguous per-sequence rows, geometric growth")
-    registry.add_cache("bmc", BMCCache, layout="contiguous",
-                       description="contiguous rows grown in sqrt(max_seq_len) segments")
-    registry.add_cache("paged", PagedCache, layout="paged",
-                       description="shared pool of 16-token blocks, per-sequence block tables")
-    registry.add_cache("slab_pool", SlabPoolCache, layout="slab",
-                       description="pre-allocated pool of L2-sized blocks, O(1) free list")  # fmt: skip
+    registry.add_cache(
+        "dynamic",
+        DynamicCache,
+        layout="contiguous",
+        description="contiguous per-sequence rows, geometric growth",
+    )
+    registry.add_cache(
+        "bmc",
+        BMCCache,
+        layout="contiguous",
+        description="contiguous rows grown in sqrt(max_seq_len) segments",
+    )
+    registry.add_cache(
+        "paged",
+        PagedCache,
+        layout="paged",
+        description="shared pool of 16-token blocks, per-sequence block tables",
+    )
+    registry.add_cache(
+        "slab_pool",
+        SlabPoolCache,
+        layout="slab",
+        description="pre-allocated pool of L2-sized blocks, O(1) free list",
+    )

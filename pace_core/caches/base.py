@@ -69,8 +69,11 @@ class StepMeta:
             return found
         s = int(self.lens_after.max())
         keys = torch.arange(s)[None, None, :]  # [1, 1, S]
-        qpos = (self.lens_before[:, None] + torch.arange(self.width)[None]
-                - (self.width - self.num_new)[:, None])[:, :, None]  # fmt: skip
+        qpos = (
+            self.lens_before[:, None]
+            + torch.arange(self.width)[None]
+            - (self.width - self.num_new)[:, None]
+        )[:, :, None]
         mask = (keys <= qpos) & (keys < self.lens_after[:, None, None])
         if window is not None:
             mask &= qpos - keys < window
@@ -92,8 +95,9 @@ class KVCache(Protocol):
         """Keep exactly ``seq_ids`` in this order (ids may repeat: forks for beam search);
         free all others. Returns the ids to use from now on."""
 
-    def begin_step(self, seq_ids: list[int], num_new: list[int] | torch.Tensor,
-                   width: int) -> StepMeta:  # fmt: skip
+    def begin_step(
+        self, seq_ids: list[int], num_new: list[int] | torch.Tensor, width: int
+    ) -> StepMeta:
         """Reserve room for the new tokens of a forward step."""
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> Any:

@@ -64,13 +64,22 @@ class BlockCache:
 
     layout = "paged"
 
-    def __init__(self, num_kv_heads: Sequence[int], head_dims: Sequence[int], dtype: torch.dtype,
-                 *, block_size: int, max_tokens: int | None = None,
-                 memory_gb: float | None = None, **_: object) -> None:  # fmt: skip
+    def __init__(
+        self,
+        num_kv_heads: Sequence[int],
+        head_dims: Sequence[int],
+        dtype: torch.dtype,
+        *,
+        block_size: int,
+        max_tokens: int | None = None,
+        memory_gb: float | None = None,
+        **_: object,
+    ) -> None:
         self.block_size = block_size
         elt = torch.empty(0, dtype=dtype).element_size()
-        self.bytes_per_block = sum(2 * h * d * elt * block_size
-                                   for h, d in zip(num_kv_heads, head_dims))  # fmt: skip
+        self.bytes_per_block = sum(
+            2 * h * d * elt * block_size for h, d in zip(num_kv_heads, head_dims)
+        )
         if memory_gb is not None:
             if memory_gb <= 0:
                 raise ConfigError(f"kv_cache_memory_gb must be > 0 (got {memory_gb})")
@@ -81,8 +90,10 @@ class BlockCache:
         if num_blocks < 1:
             raise ConfigError("the KV cache budget is smaller than one block; raise it")
         self.num_blocks = num_blocks
-        self.keys = [torch.zeros(num_blocks, h, block_size, d, dtype=dtype)
-                     for h, d in zip(num_kv_heads, head_dims)]  # fmt: skip
+        self.keys = [
+            torch.zeros(num_blocks, h, block_size, d, dtype=dtype)
+            for h, d in zip(num_kv_heads, head_dims)
+        ]
         self.values = [torch.zeros_like(k) for k in self.keys]
         self.free_blocks = list(range(num_blocks - 1, -1, -1))  # a stack: O(1) pop/push
         self.blocks: dict[int, list[int]] = {}
@@ -117,8 +128,11 @@ class BlockCache:
         """A copy of ``seq_id`` in fresh blocks (beam search duplicates)."""
         src = self.blocks[seq_id]
         if len(src) > len(self.free_blocks):
-            raise CacheFullError(f"no room to fork a sequence of {self.lens[seq_id]} tokens",
-                                 requested_tokens=self.lens[seq_id], free_tokens=self.free_tokens)  # fmt: skip
+            raise CacheFullError(
+                f"no room to fork a sequence of {self.lens[seq_id]} tokens",
+                requested_tokens=self.lens[seq_id],
+                free_tokens=self.free_tokens,
+            )
         (new,) = self.add_sequences(1)
         dst = [self.free_blocks.pop() for _ in src]
         index_src, index_dst = torch.tensor(src), torch.tensor(dst)
@@ -137,8 +151,9 @@ class BlockCache:
         before = torch.tensor([self.lens[s] for s in seq_ids], dtype=torch.long)
         meta = StepMeta(list(seq_ids), before, num_new, width)
         bs = self.block_size
-        need = [max(0, -(-int(a) // bs) - len(self.blocks[s]))
-                for s, a in zip(seq_ids, meta.lens_after)]  # fmt: skip
+        need = [
+            max(0, -(-int(a) // bs) - len(self.blocks[s])) for s, a in zip(seq_ids, meta.lens_after)
+        ]
         if sum(need) > len(self.free_blocks):
             raise CacheFullError(
                 f"KV cache full: step needs {sum(need)} blocks of {bs} tokens, "
@@ -172,8 +187,14 @@ class BlockCache:
         src_b, src_t, dst_block, dst_off = self._write
         self.keys[layer][dst_block, :, dst_off] = k[src_b, :, src_t]
         self.values[layer][dst_block, :, dst_off] = v[src_b, :, src_t]
-        return BlockKV(self.keys[layer], self.values[layer], self._table, self.block_size,
-                       self._meta, self.layout)  # fmt: skip
+        return BlockKV(
+            self.keys[layer],
+            self.values[layer],
+            self._table,
+            self.block_size,
+            self._meta,
+            self.layout,
+        )
 
     def end_step(self) -> None:
         for sid, n in zip(self._meta.seq_ids, self._meta.lens_after.tolist()):
@@ -201,8 +222,9 @@ class BlockCache:
         return pool[blocks].transpose(0, 1).reshape(h, -1, d)[:, : self.lens[seq_id]]
 
     def get_kv_states(self, seq_id: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        return [(self.gather(k, seq_id), self.gather(v, seq_id))
-                for k, v in zip(self.keys, self.values)]  # fmt: skip
+        return [
+            (self.gather(k, seq_id), self.gather(v, seq_id)) for k, v in zip(self.keys, self.values)
+        ]
 
     def memory_used(self) -> int:
         return (self.num_blocks - len(self.free_blocks)) * self.bytes_per_block
@@ -220,8 +242,12 @@ class PagedCache(BlockCache):
         super().__init__(num_kv_heads, head_dims, dtype, block_size=block_size, **kw)
 
 
-def slab_block_tokens(num_kv_heads: Sequence[int], head_dims: Sequence[int],
-                      dtype: torch.dtype, max_seq_len: int = 1 << 30) -> int:  # fmt: skip
+def slab_block_tokens(
+    num_kv_heads: Sequence[int],
+    head_dims: Sequence[int],
+    dtype: torch.dtype,
+    max_seq_len: int = 1 << 30,
+) -> int:
     """Largest power of two (16..1024, at most ``max_seq_len``) whose K+V block of the widest
     layer fits L2 / 2."""
     override = _env_int("PACE_SLAB_BLOCK_TOKENS")
@@ -238,7 +264,15 @@ class SlabPoolCache(BlockCache):
 
     layout = "slab"
 
-    def __init__(self, num_kv_heads, head_dims, dtype, *, block_size: int | None = None,
-                 max_seq_len: int = 1 << 30, **kw) -> None:  # fmt: skip
+    def __init__(
+        self,
+        num_kv_heads,
+        head_dims,
+        dtype,
+        *,
+        block_size: int | None = None,
+        max_seq_len: int = 1 << 30,
+        **kw,
+    ) -> None:
         size = block_size or slab_block_tokens(num_kv_heads, head_dims, dtype, max_seq_len)
         super().__init__(num_kv_heads, head_dims, dtype, block_size=size, **kw)

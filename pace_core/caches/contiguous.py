@@ -34,8 +34,9 @@ class ContiguousCache:
 
     layout = "contiguous"
 
-    def __init__(self, num_kv_heads: Sequence[int], head_dims: Sequence[int],
-                 dtype: torch.dtype, **_: object) -> None:  # fmt: skip
+    def __init__(
+        self, num_kv_heads: Sequence[int], head_dims: Sequence[int], dtype: torch.dtype, **_: object
+    ) -> None:
         self.num_kv_heads, self.head_dims, self.dtype = list(num_kv_heads), list(head_dims), dtype
         self.capacity = 0
         self.lens = torch.zeros(0, dtype=torch.long)
@@ -76,8 +77,9 @@ class ContiguousCache:
     # -- steps -----------------------------------------------------------------------------
     def begin_step(self, seq_ids: list[int], num_new, width: int) -> StepMeta:
         if seq_ids != list(range(self.batch)):
-            raise ValueError("contiguous caches step over all their rows in order; "
-                             "call retain() first")  # fmt: skip
+            raise ValueError(
+                "contiguous caches step over all their rows in order; call retain() first"
+            )
         num_new = torch.as_tensor(num_new, dtype=torch.long)
         meta = StepMeta(list(seq_ids), self.lens.clone(), num_new, width)
         needed = int(meta.lens_after.max()) if self.batch else 0
@@ -130,8 +132,10 @@ class ContiguousCache:
 
     def get_kv_states(self, seq_id: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         n = int(self.lens[seq_id])
-        return [(k[seq_id, :, :n].clone(), v[seq_id, :, :n].clone())
-                for k, v in zip(self.keys, self.values)]  # fmt: skip
+        return [
+            (k[seq_id, :, :n].clone(), v[seq_id, :, :n].clone())
+            for k, v in zip(self.keys, self.values)
+        ]
 
     def memory_used(self) -> int:
         return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
@@ -152,8 +156,16 @@ class BMCCache(ContiguousCache):
 
     layout = "contiguous"
 
-    def __init__(self, num_kv_heads: Sequence[int], head_dims: Sequence[int], dtype: torch.dtype,
-                 *, max_seq_len: int = 4096, num_splits: int | None = None, **_: object) -> None:  # fmt: skip
+    def __init__(
+        self,
+        num_kv_heads: Sequence[int],
+        head_dims: Sequence[int],
+        dtype: torch.dtype,
+        *,
+        max_seq_len: int = 4096,
+        num_splits: int | None = None,
+        **_: object,
+    ) -> None:
         super().__init__(num_kv_heads, head_dims, dtype)
         env = os.environ.get("PACE_BMC_NUM_SPLITS")
         if num_splits is None:

@@ -60,11 +60,18 @@ def forward_step(
     return logits
 
 
-def prefill(model: DecoderLM, cache: object, seq_ids: list[int],
-            prompts: Sequence[torch.Tensor], *, all_logits: bool = False) -> torch.Tensor:  # fmt: skip
+def prefill(
+    model: DecoderLM,
+    cache: object,
+    seq_ids: list[int],
+    prompts: Sequence[torch.Tensor],
+    *,
+    all_logits: bool = False,
+) -> torch.Tensor:
     ids, _ = left_pad(prompts)
-    return forward_step(model, cache, seq_ids, ids, [p.numel() for p in prompts],
-                        all_logits=all_logits)  # fmt: skip
+    return forward_step(
+        model, cache, seq_ids, ids, [p.numel() for p in prompts], all_logits=all_logits
+    )
 
 
 def generation_loop(
@@ -92,9 +99,14 @@ def generation_loop(
                 finished[row] = reason
         top_ids, top_lp = result.top_logprobs or (None, None)
         yield StepEvent(
-            list(rows), tokens, finished, logits if keep_logits else None,
-            result.logprobs, top_ids, top_lp,
-        )  # fmt: skip
+            list(rows),
+            tokens,
+            finished,
+            logits if keep_logits else None,
+            result.logprobs,
+            top_ids,
+            top_lp,
+        )
         next_ids = result.tokens
         if finished:
             keep = [i for i, r in enumerate(rows) if r not in finished]

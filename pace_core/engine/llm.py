@@ -76,7 +76,13 @@ class LLMModel:
         self.opconfig = OperatorConfig.coerce(opconfig)
         self.resolver = OpResolver(self.host.ops, self.opconfig)
         self.model: DecoderLM = build_model(
-            self.path, self.config, self.dtype, self.host, self.resolver, strict=strict, quiet=quiet,
+            self.path,
+            self.config,
+            self.dtype,
+            self.host,
+            self.resolver,
+            strict=strict,
+            quiet=quiet,
             cache_layout=self.cache_spec.layout,
         )
         self.tokenizer = tokenizer
@@ -99,9 +105,11 @@ class LLMModel:
             raise ConfigError(f"{file} is not valid JSON: {exc}") from None
 
     def _default_eos(self) -> tuple[int, ...]:
-        for source in (self.generation_config.get("eos_token_id"),
-                       getattr(self.model.config, "eos_token_id", None),
-                       getattr(self.tokenizer, "eos_token_id", None)):  # fmt: skip
+        for source in (
+            self.generation_config.get("eos_token_id"),
+            getattr(self.model.config, "eos_token_id", None),
+            getattr(self.tokenizer, "eos_token_id", None),
+        ):
             if source is not None:
                 return tuple(source) if isinstance(source, list | tuple) else (int(source),)
         return ()
@@ -115,9 +123,12 @@ class LLMModel:
         """An empty KV cache of this model's ``kv_cache_type``."""
         max_len = getattr(self.model.config, "max_position_embeddings", None) or 4096
         return self.cache_spec.factory(
-            self.model.num_kv_heads, self.model.head_dims, self.dtype,
-            max_seq_len=max_len, **self.cache_options,
-        )  # fmt: skip
+            self.model.num_kv_heads,
+            self.model.head_dims,
+            self.dtype,
+            max_seq_len=max_len,
+            **self.cache_options,
+        )
 
     def sampling_defaults(self, **overrides: Any) -> SamplingConfig:
         """A SamplingConfig from the model's generation_config.json, then ``overrides``."""
@@ -142,26 +153,36 @@ class LLMModel:
                 raise ConfigError(f"prompt {i} is empty: every prompt needs at least one token")
             bad = p[(p < 0) | (p >= self.model.vocab_size)]
             if bad.numel():
-                raise ConfigError(f"prompt {i} has token id {int(bad[0])} outside the vocabulary "
-                                  f"[0, {self.model.vocab_size})")  # fmt: skip
+                raise ConfigError(
+                    f"prompt {i} has token id {int(bad[0])} outside the vocabulary "
+                    f"[0, {self.model.vocab_size})"
+                )
         configs = self._configs(sampling, len(prompts))
         max_ctx = getattr(self.model.config, "max_position_embeddings", None)
         for i, (cfg, p) in enumerate(zip(configs, prompts)):
             if cfg.num_beams > 1:
                 raise ConfigError("num_beams > 1: use LLMModel.beam_search")
             if max_ctx and p.numel() >= max_ctx:
-                raise ConfigError(f"prompt {i} has {p.numel()} tokens; the model's context window "
-                                  f"is {max_ctx}")  # fmt: skip
-        trackers = [SequenceTracker(cfg, p.numel(), self.tokenizer, max_ctx)
-                    for cfg, p in zip(configs, prompts)]  # fmt: skip
+                raise ConfigError(
+                    f"prompt {i} has {p.numel()} tokens; the model's context window is {max_ctx}"
+                )
+        trackers = [
+            SequenceTracker(cfg, p.numel(), self.tokenizer, max_ctx)
+            for cfg, p in zip(configs, prompts)
+        ]
         deltas: dict[int, str] = {}
 
         def finish(row: int, token: int, hit_eos: bool, hit_length: bool) -> str | None:
             deltas[row] = trackers[row].add(token, hit_eos, hit_length)
             return trackers[row].finish_reason
 
-        sampler = BatchSampler(configs, prompts, self.model.vocab_size, self.eos_token_ids,
-                               processors=self.host.samplers.ordered())  # fmt: skip
+        sampler = BatchSampler(
+            configs,
+            prompts,
+            self.model.vocab_size,
+            self.eos_token_ids,
+            processors=self.host.samplers.ordered(),
+        )
         cache = self.new_cache()
         events = generation_loop(
             self.model, cache, prompts, sampler, finish, keep_logits=keep_logits
@@ -196,11 +217,15 @@ class LLMModel:
         prompt_lp = self._prompt_logprobs(prompts, [t.config for t in trackers])
         sequences = [
             SequenceOutput(
-                p.tolist(), t.tokens, t.text, t.finish_reason or "length",
-                t.logprobs if t.config.logprobs is not None else None, prompt_lp[i],
+                p.tolist(),
+                t.tokens,
+                t.text,
+                t.finish_reason or "length",
+                t.logprobs if t.config.logprobs is not None else None,
+                prompt_lp[i],
             )
             for i, (p, t) in enumerate(zip(prompts, trackers))
-        ]  # fmt: skip
+        ]
         out_logits = [torch.stack(rows) for rows in logits] if output_logits else None
         generated = [t.tokens for t in trackers]
         return GenerationOutput(self._pack(prompts, padded, generated), sequences, out_logits)

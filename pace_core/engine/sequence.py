@@ -13,8 +13,13 @@ from pace_core.sampling.stop import StopChecker
 class SequenceTracker:
     """Follows one sequence: decides when it finishes and what text it has released."""
 
-    def __init__(self, config: SamplingConfig, prompt_len: int, tokenizer: Any | None,
-                 max_context: int | None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        config: SamplingConfig,
+        prompt_len: int,
+        tokenizer: Any | None,
+        max_context: int | None,
+    ) -> None:
         self.config = config
         self.prompt_len = prompt_len
         self.max_context = max_context

@@ -80,8 +80,9 @@ def dense_mlp(
 ) -> DenseMLP:
     """``fc2(act(fc1(x)))`` from two linear layers (OPT ``fc1/fc2``, GPT-J ``fc_in/fc_out``)."""
     if activation not in TORCH_ACTIVATIONS:
-        raise ModelLoadError(f"unsupported activation {activation!r}; supported: "
-                             f"{', '.join(TORCH_ACTIVATIONS)}")  # fmt: skip
+        raise ModelLoadError(
+            f"unsupported activation {activation!r}; supported: {', '.join(TORCH_ACTIVATIONS)}"
+        )
     act = TORCH_ACTIVATIONS[activation]
     return DenseMLP(b.linear(fc1, bias=bias), b.linear(fc2, bias=bias), act)
 
@@ -148,7 +149,11 @@ def self_attention(
         layer=layer,
         qkv=b.qkv([f"{prefix}.{x}_proj" for x in "qkv"], bias=bias),
         o_proj=b.linear(f"{prefix}.o_proj", bias=o_bias),
-        rotary=rotary, num_heads=n, num_kv_heads=kv, head_dim=hd,
+        rotary=rotary,
+        num_heads=n,
+        num_kv_heads=kv,
+        head_dim=hd,
         scale=hd**-0.5 if scale is None else scale,
-        window=layer_window(cfg, layer), **extra,
-    )  # fmt: skip
+        window=layer_window(cfg, layer),
+        **extra,
+    )

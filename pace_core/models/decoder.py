@@ -91,8 +91,14 @@ class ModelBuilder:
         attrs = {"in_features": int(w.shape[-1]), "out_features": int(w.shape[0])}
         return self.bind("linear", attrs, w, b)
 
-    def qkv(self, names: Sequence[str] = (), *, bias: bool = False,
-            fused: str | None = None, sizes: Sequence[int] = ()) -> Bound:  # fmt: skip
+    def qkv(
+        self,
+        names: Sequence[str] = (),
+        *,
+        bias: bool = False,
+        fused: str | None = None,
+        sizes: Sequence[int] = (),
+    ) -> Bound:
         """Q/K/V from three tensors, or from one ``fused`` tensor split by ``sizes``."""
         if fused is not None:
             weights = list(self.tensor(f"{fused}.weight").split(list(sizes)))
@@ -105,12 +111,16 @@ class ModelBuilder:
     def gated_mlp(
         self, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, activation: str
     ) -> Bound:
-        attrs = {"activation": activation, "hidden": int(gate.shape[1]),
-                 "intermediate": int(gate.shape[0])}  # fmt: skip
+        attrs = {
+            "activation": activation,
+            "hidden": int(gate.shape[1]),
+            "intermediate": int(gate.shape[0]),
+        }
         return self.bind("gated_mlp", attrs, gate, up, down, activation)
 
-    def norm(self, name: str, eps: float, *, rms: bool = True, offset: float = 0.0,
-             bias: bool = False) -> Norm:  # fmt: skip
+    def norm(
+        self, name: str, eps: float, *, rms: bool = True, offset: float = 0.0, bias: bool = False
+    ) -> Norm:
         """Norm weights stay fp32; Gemma's ``(1 + w)`` is folded in via ``offset``."""
         w = self.weights.take(f"{name}.weight", torch.float32) + offset
         if rms:
@@ -118,20 +128,48 @@ class ModelBuilder:
         b = self.weights.take(f"{name}.bias", torch.float32) if bias else None
         return Norm(self.kernel("layer_norm").fn, w, eps, b, is_rms=False)
 
-    def attention(self, *, layer: int, qkv: Bound, o_proj: Bound, rotary: Rotary | None,
-                  num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
-                  window: int | None = None, **extra: Any) -> Attention:  # fmt: skip
+    def attention(
+        self,
+        *,
+        layer: int,
+        qkv: Bound,
+        o_proj: Bound,
+        rotary: Rotary | None,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        scale: float,
+        window: int | None = None,
+        **extra: Any,
+    ) -> Attention:
         if num_heads % num_kv_heads:
             raise ModelLoadError(
                 f"num_attention_heads ({num_heads}) must be a multiple of "
                 f"num_key_value_heads ({num_kv_heads})"
             )
-        attend = self.kernel("attention", head_dim=head_dim, gqa=num_heads // num_kv_heads,
-                             window=window, sinks=extra.get("sinks") is not None,
-                             cache_layout=self.cache_layout).fn  # fmt: skip
+        attend = self.kernel(
+            "attention",
+            head_dim=head_dim,
+            gqa=num_heads // num_kv_heads,
+            window=window,
+            sinks=extra.get("sinks") is not None,
+            cache_layout=self.cache_layout,
+        ).fn
         rope_fn = self.kernel("rope", head_dim=head_dim).fn if rotary is not None else None
-        return Attention(qkv, o_proj, attend, rope_fn, rotary, layer, num_heads, num_kv_heads,
-                         head_dim, scale, window, **extra)  # fmt: skip
+        return Attention(
+            qkv,
+            o_proj,
+            attend,
+            rope_fn,
+            rotary,
+            layer,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            scale,
+            window,
+            **extra,
+        )
 
 
 @dataclass

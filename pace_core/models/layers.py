@@ -52,9 +52,14 @@ class Norm:
     __slots__ = ("bias", "eps", "fn", "is_rms", "weight")
 
     def __init__(
-        self, fn: Kernel, weight: torch.Tensor, eps: float, bias: torch.Tensor | None = None,
-        *, is_rms: bool = True,
-    ) -> None:  # fmt: skip
+        self,
+        fn: Kernel,
+        weight: torch.Tensor,
+        eps: float,
+        bias: torch.Tensor | None = None,
+        *,
+        is_rms: bool = True,
+    ) -> None:
         self.fn, self.weight, self.eps, self.bias, self.is_rms = fn, weight, eps, bias, is_rms
 
     def __call__(
@@ -134,9 +139,14 @@ class SandwichBlock:
     __slots__ = ("attn", "mlp", "post_attn", "post_mlp", "pre_attn", "pre_mlp")
 
     def __init__(
-        self, pre_attn: Norm, attn: Attention, post_attn: Norm,
-        pre_mlp: Norm, mlp: Callable, post_mlp: Norm,
-    ) -> None:  # fmt: skip
+        self,
+        pre_attn: Norm,
+        attn: Attention,
+        post_attn: Norm,
+        pre_mlp: Norm,
+        mlp: Callable,
+        post_mlp: Norm,
+    ) -> None:
         self.pre_attn, self.attn, self.post_attn = pre_attn, attn, post_attn
         self.pre_mlp, self.mlp, self.post_mlp = pre_mlp, mlp, post_mlp
 

@@ -17,8 +17,12 @@ from pace_core.plugins import PluginHost
 
 log = logging.getLogger("pace.models")
 
-SUPPORTED_DTYPES = {"float32": torch.float32, "fp32": torch.float32,
-                    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}  # fmt: skip
+SUPPORTED_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+}
 
 
 def parse_dtype(dtype: torch.dtype | str) -> torch.dtype:
@@ -93,6 +97,9 @@ def build_model(
         model = spec.builder(builder)
     tolerated = weights.finish(getattr(spec.builder, "harmless_extras", ()), strict=strict)
     if tolerated:
-        log.warning("ignored %d unexpected tensors (strict=False): %s", len(tolerated),
-                    ", ".join(tolerated[:5]))  # fmt: skip
+        log.warning(
+            "ignored %d unexpected tensors (strict=False): %s",
+            len(tolerated),
+            ", ".join(tolerated[:5]),
+        )
     return model

@@ -77,8 +77,9 @@ class WeightStore:
         directory = Path(directory)
         files = _checkpoint_files(directory)
         tensors: dict[str, torch.Tensor] = {}
-        for path in tqdm(files, desc="Loading weights", unit="file",
-                         disable=quiet or len(files) < 2):  # fmt: skip
+        for path in tqdm(
+            files, desc="Loading weights", unit="file", disable=quiet or len(files) < 2
+        ):
             tensors.update(_read_file(path))
         return cls(tensors, str(directory))
 
@@ -114,9 +115,10 @@ class WeightStore:
         """
         patterns = [re.compile(p) for p in ignore]
         unused = [
-            n for n in self._tensors
+            n
+            for n in self._tensors
             if n not in self._taken and not any(p.fullmatch(n) for p in patterns)
-        ]  # fmt: skip
+        ]
         problems = []
         if self.missing:
             problems.append(

@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from pace_native.kernels import attention
 
 from pace_core.caches.blocks import PagedCache, SlabPoolCache
 from pace_core.caches.contiguous import BMCCache, DynamicCache
-from pace_native.kernels import attention
 
 CACHES = {
     "dynamic": lambda h, d, dt: DynamicCache([h], [d], dt),
@@ -77,14 +77,18 @@ def run_steps(cache, seqs, chunks, hq, scale, window, sinks, dtype):
 def test_cache_attention_matches_reference(cache_type, dtype, hq, hk, d, window, with_sinks):
     gen = torch.Generator().manual_seed(hq * 100 + d)
     lens = [11, 6, 9]
-    seqs = [tuple(torch.randn(h, n, d, generator=gen).to(dtype) for h in (hk, hk, hq)) for n in lens]
+    seqs = [
+        tuple(torch.randn(h, n, d, generator=gen).to(dtype) for h in (hk, hk, hq)) for n in lens
+    ]
     sinks = torch.randn(hq, generator=gen) if with_sinks else None
     scale = d**-0.5
     # ragged prefill in two chunks (left padding inside each step), then decode steps
     chunks = [[4, 2, 5], [3, 2, 2], [1, 1, 1], [1, 1, 1], [1, 0, 0], [1, 0, 0]]
     # rows that finished their tokens get 0 new tokens in later steps
-    chunks = [[min(c, n - sum(s[i] for s in chunks[:j])) for i, (c, n) in enumerate(zip(row, lens))]
-              for j, row in enumerate(chunks)]  # fmt: skip
+    chunks = [
+        [min(c, n - sum(s[i] for s in chunks[:j])) for i, (c, n) in enumerate(zip(row, lens))]
+        for j, row in enumerate(chunks)
+    ]
     chunks = [c for c in chunks if max(c) > 0]
     cache = CACHES[cache_type](hk, d, dtype)
     outs = run_steps(cache, seqs, chunks, hq, scale, window, sinks, dtype)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from pace_native import kernels
 
 from pace_core import LLMModel, hookimpl
 from pace_core.errors import ConfigError
 from pace_core.plugins import get_host, reset_host
-from pace_native import kernels
 
 
 class ContiguousOnly:
@@ -16,8 +16,9 @@ class ContiguousOnly:
 
     @hookimpl
     def pace_register_ops(self, registry):
-        registry.add_kernel("attention", "flat", kernels.attention, priority=5,
-                            cache_layouts=("contiguous",))  # fmt: skip
+        registry.add_kernel(
+            "attention", "flat", kernels.attention, priority=5, cache_layouts=("contiguous",)
+        )
 
 
 @pytest.fixture
@@ -31,8 +32,13 @@ def host_with_flat():
 
 @pytest.mark.parametrize("cache", ["dynamic", "bmc", "paged", "slab_pool"])
 def test_auto_picks_a_compatible_backend(host_with_flat, tiny_llama_dir, cache):
-    model = LLMModel(tiny_llama_dir, dtype=torch.float32, load_tokenizer=False,
-                     kv_cache_type=cache, max_cache_tokens=1024)  # fmt: skip
+    model = LLMModel(
+        tiny_llama_dir,
+        dtype=torch.float32,
+        load_tokenizer=False,
+        kv_cache_type=cache,
+        max_cache_tokens=1024,
+    )
     chosen = model.op_plan.backends()["attention"]
     assert chosen == ({"flat"} if cache in ("dynamic", "bmc") else {"native"})
     assert model.generate(torch.tensor([[1, 2, 3]])).sequences[0].token_ids
@@ -40,15 +46,28 @@ def test_auto_picks_a_compatible_backend(host_with_flat, tiny_llama_dir, cache):
 
 def test_pinned_incompatible_pair_is_an_error(host_with_flat, tiny_llama_dir):
     with pytest.raises(ConfigError, match="'flat' cannot be used.*compatible backends: native"):
-        LLMModel(tiny_llama_dir, load_tokenizer=False, kv_cache_type="paged",
-                 opconfig={"attention": "flat"})  # fmt: skip
+        LLMModel(
+            tiny_llama_dir,
+            load_tokenizer=False,
+            kv_cache_type="paged",
+            opconfig={"attention": "flat"},
+        )
 
 
 def test_all_caches_give_identical_greedy_tokens(tiny_llama_dir):
-    prompts = [torch.tensor([5, 6, 7]), torch.tensor([9, 8, 7, 6, 5, 4, 3, 2, 1]), torch.tensor([4])]
+    prompts = [
+        torch.tensor([5, 6, 7]),
+        torch.tensor([9, 8, 7, 6, 5, 4, 3, 2, 1]),
+        torch.tensor([4]),
+    ]
     outs = []
     for cache in ("dynamic", "bmc", "paged", "slab_pool"):
-        model = LLMModel(tiny_llama_dir, dtype=torch.float32, load_tokenizer=False,
-                         kv_cache_type=cache, max_cache_tokens=1024)  # fmt: skip
+        model = LLMModel(
+            tiny_llama_dir,
+            dtype=torch.float32,
+            load_tokenizer=False,
+            kv_cache_type=cache,
+            max_cache_tokens=1024,
+        )
         outs.append(model.generate(prompts).generated_token_ids)
     assert all(o == outs[0] for o in outs)

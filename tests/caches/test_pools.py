@@ -23,8 +23,9 @@ def append(cache, ids, counts):
 
 
 ops = st.lists(
-    st.tuples(st.sampled_from(["add", "grow", "crop", "free"]), st.integers(0, 5),
-              st.integers(1, 9)),  # fmt: skip
+    st.tuples(
+        st.sampled_from(["add", "grow", "crop", "free"]), st.integers(0, 5), st.integers(1, 9)
+    ),
     max_size=40,
 )
 
@@ -77,8 +78,10 @@ def test_exhaustion_is_typed_and_leaves_others_intact():
 
 
 def test_crop_then_regrow_matches_fresh():
-    for cache in (DynamicCache([2], [8], torch.float32),
-                  PagedCache([2], [8], torch.float32, block_size=4, max_tokens=64)):  # fmt: skip
+    for cache in (
+        DynamicCache([2], [8], torch.float32),
+        PagedCache([2], [8], torch.float32, block_size=4, max_tokens=64),
+    ):
         (sid,) = cache.add_sequences(1)
         k1 = append(cache, [sid], [7])
         cache.crop(sid, 3)

@@ -57,6 +57,16 @@ def clean_host(monkeypatch: pytest.MonkeyPatch):
     """Each test starts and ends with no loaded host and no PACE_* variables set."""
     for name in PACE_ENV:
         monkeypatch.delenv(name, raising=False)
+    # Hermetic: only native and the two test plugins, whatever else the venv has installed.
+    real_entry_points = metadata.entry_points
+
+    def entry_points(**kw):
+        found = real_entry_points(**kw)
+        if kw.get("group") == plugins.ENTRY_POINT_GROUP:
+            return [ep for ep in found if ep.name in ("native", "example", "broken")]
+        return found
+
+    monkeypatch.setattr(plugins.metadata, "entry_points", entry_points)
     plugins.reset_host()
     yield
     plugins.reset_host()

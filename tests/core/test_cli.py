@@ -71,7 +71,8 @@ def test_ops_marks_the_chosen_backend_of_every_op(capsys):
     assert "dtype: float32; config: {'default': 'auto', 'strict': False}; * = chosen" in out
     assert out.startswith("CPU: ")
     table = op_rows(out)
-    assert [r[0] for r in table if r[1] == "native*"] == list(OPS)  # native chosen everywhere
+    chosen = [r[0] for r in table if r[1].endswith("*")]
+    assert sorted(chosen) == sorted(OPS)  # exactly one chosen backend per op
     assert ["rms_norm", "example", "example", "-10", "yes"] in table
     assert {r[0] for r in table} == set(OPS)
     assert op_notes(out) == []

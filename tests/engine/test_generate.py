@@ -22,8 +22,10 @@ def hf(tiny_llama_dir):
 def test_output_shapes_and_padding(tiny):
     ids = torch.tensor([[0, 0, 5, 6], [7, 8, 9, 10]])
     mask = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]])
-    out = tiny.generate({"input_ids": ids, "attention_mask": mask},
-                        SamplingConfig(max_new_tokens=5, ignore_eos=True))  # fmt: skip
+    out = tiny.generate(
+        {"input_ids": ids, "attention_mask": mask},
+        SamplingConfig(max_new_tokens=5, ignore_eos=True),
+    )
     assert out.output_token_ids.shape == (2, 9)
     assert torch.equal(out.output_token_ids[:, :4], ids)
     assert out.sequences[0].prompt_token_ids == [5, 6]
@@ -81,10 +83,17 @@ def test_seeded_sampling_reproducible_and_independent(tiny):
 
 def test_logits_and_logprobs_match_hf(tiny, hf):
     prompt = torch.tensor([[5, 6, 7, 8]])
-    out = tiny.generate(prompt, SamplingConfig(max_new_tokens=6, min_new_tokens=6, logprobs=3),
-                        output_logits=True)  # fmt: skip
-    ref = hf.generate(prompt, do_sample=False, max_new_tokens=6, min_new_tokens=6,
-                      output_logits=True, return_dict_in_generate=True)  # fmt: skip
+    out = tiny.generate(
+        prompt, SamplingConfig(max_new_tokens=6, min_new_tokens=6, logprobs=3), output_logits=True
+    )
+    ref = hf.generate(
+        prompt,
+        do_sample=False,
+        max_new_tokens=6,
+        min_new_tokens=6,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
     assert out.sequences[0].token_ids == ref.sequences[0, 4:].tolist()
     ref_logits = torch.cat(ref.logits)
     assert torch.allclose(out.logits[0], ref_logits, atol=1e-4)

@@ -66,7 +66,9 @@ def test_missing_shard_is_named(tiny_llama_dir, tmp_path):
 
 
 def test_bf16_load_casts_weights(tiny_llama_dir):
-    model = LLMModel(tiny_llama_dir, dtype="bfloat16", load_tokenizer=False)
+    model = LLMModel(
+        tiny_llama_dir, dtype="bfloat16", load_tokenizer=False, opconfig="default=native"
+    )
     assert model.model.lm_head.weight.weight.dtype == torch.bfloat16
     out = model.generate(torch.tensor([[1, 5, 9]]))
     assert out.sequences[0].token_ids

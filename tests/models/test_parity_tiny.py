@@ -62,11 +62,18 @@ def greedy_mismatch(hf, pace, length: int) -> str | None:
     """None when pace's 20 greedy tokens and per-step logits match HF's, else what differs."""
     ids = prompt(length, hf.config.vocab_size).view(1, -1)
     with torch.no_grad():
-        ref = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                          max_new_tokens=NEW_TOKENS, output_logits=True,
-                          return_dict_in_generate=True, pad_token_id=0)  # fmt: skip
-    out = pace.generate(ids, SamplingConfig(max_new_tokens=NEW_TOKENS, ignore_eos=True),
-                        output_logits=True)  # fmt: skip
+        ref = hf.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=False,
+            max_new_tokens=NEW_TOKENS,
+            output_logits=True,
+            return_dict_in_generate=True,
+            pad_token_id=0,
+        )
+    out = pace.generate(
+        ids, SamplingConfig(max_new_tokens=NEW_TOKENS, ignore_eos=True), output_logits=True
+    )
     ref_tokens, ref_logits = ref.sequences[0, length:].tolist(), torch.cat(ref.logits)
     if out.sequences[0].token_ids != ref_tokens:
         return f"tokens {out.sequences[0].token_ids} != HF {ref_tokens}"

@@ -131,8 +131,10 @@ def test_smollm2_stop_strings_stream_and_chat(smol):
     assert streamed == out.texts[0]
     plain = "".join(c.text for c in pace.stream(PROMPTS[0], SamplingConfig(max_new_tokens=24)))
     assert plain == full
-    chat = pace.generate([{"role": "user", "content": "What is the capital of France?"}],
-                         SamplingConfig(max_new_tokens=12))  # fmt: skip
+    chat = pace.generate(
+        [{"role": "user", "content": "What is the capital of France?"}],
+        SamplingConfig(max_new_tokens=12),
+    )
     assert "Paris" in chat.texts[0]
 
 

@@ -16,8 +16,15 @@ import transformers as tf
 
 SEED = 0
 # Shared shape of every tiny model: 4 heads of 16, GQA 2 where the family supports it.
-DIMS = dict(vocab_size=160, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip
+DIMS = dict(
+    vocab_size=160,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+)
 # No EOS: greedy runs must produce all their tokens in both HF and pace.
 NO_SPECIAL = dict(bos_token_id=None, eos_token_id=None, pad_token_id=None)
 
@@ -57,16 +64,28 @@ def _llama(rope: dict | None = None, **over: Any) -> Callable[[Path], Path]:
     return factory
 
 
-LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-          "original_max_position_embeddings": 16}  # fmt: skip
+LLAMA3 = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 16,
+}
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}
 
 
 # -- Qwen2: layers >= max_window_layers slide over the last 4 tokens ---------------------------
 def qwen2(tmp_dir: Path) -> Path:
-    cfg = tf.Qwen2Config(**{**DIMS, **NO_SPECIAL, "num_hidden_layers": 3,
-                            "use_sliding_window": True, "sliding_window": 4,
-                            "max_window_layers": 1})  # fmt: skip
+    cfg = tf.Qwen2Config(
+        **{
+            **DIMS,
+            **NO_SPECIAL,
+            "num_hidden_layers": 3,
+            "use_sliding_window": True,
+            "sliding_window": 4,
+            "max_window_layers": 1,
+        }
+    )
     assert cfg.layer_types == ["full_attention", "sliding_attention", "sliding_attention"]
     return save(tf.Qwen2ForCausalLM, cfg, tmp_dir)
 
@@ -81,16 +100,27 @@ def _phi3(rope: dict, **over: Any) -> Callable[[Path], Path]:
     return factory
 
 
-LONGROPE = {"rope_type": "longrope", "original_max_position_embeddings": 16,
-            "short_factor": [1.0, 1.2, 1.5, 2.0], "long_factor": [1.0, 2.0, 4.0, 8.0]}  # fmt: skip
+LONGROPE = {
+    "rope_type": "longrope",
+    "original_max_position_embeddings": 16,
+    "short_factor": [1.0, 1.2, 1.5, 2.0],
+    "long_factor": [1.0, 2.0, 4.0, 8.0],
+}
 
 
 # -- OPT: pre-norm (125m style) and post-norm with project_in/out (350m style) ---------------
 def _opt(**over: Any) -> Callable[[Path], Path]:
     def factory(tmp_dir: Path) -> Path:
-        cfg = tf.OPTConfig(vocab_size=160, hidden_size=64, ffn_dim=128, num_hidden_layers=2,
-                           num_attention_heads=4, max_position_embeddings=64, **NO_SPECIAL,
-                           **over)  # fmt: skip
+        cfg = tf.OPTConfig(
+            vocab_size=160,
+            hidden_size=64,
+            ffn_dim=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            max_position_embeddings=64,
+            **NO_SPECIAL,
+            **over,
+        )
         return save(tf.OPTForCausalLM, cfg, tmp_dir)
 
     return factory
@@ -98,8 +128,16 @@ def _opt(**over: Any) -> Callable[[Path], Path]:
 
 # -- GPT-J: rotary on 8 of 16 head dims -------------------------------------------------------
 def gptj(tmp_dir: Path) -> Path:
-    cfg = tf.GPTJConfig(vocab_size=160, n_embd=64, n_layer=2, n_head=4, n_inner=128, rotary_dim=8,
-                        n_positions=64, **NO_SPECIAL)  # fmt: skip
+    cfg = tf.GPTJConfig(
+        vocab_size=160,
+        n_embd=64,
+        n_layer=2,
+        n_head=4,
+        n_inner=128,
+        rotary_dim=8,
+        n_positions=64,
+        **NO_SPECIAL,
+    )
     return save(tf.GPTJForCausalLM, cfg, tmp_dir)
 
 

@@ -30,27 +30,47 @@ def build(b: ModelBuilder) -> DecoderLM:
         p = f"model.layers.{i}"
         layer_type = cfg.layer_types[i] if None not in rotaries else None
         attn = common.self_attention(
-            b, cfg, i, f"{p}.self_attn", rotary=rotaries[layer_type],
-            bias=cfg.attention_bias, o_bias=cfg.attention_bias,
+            b,
+            cfg,
+            i,
+            f"{p}.self_attn",
+            rotary=rotaries[layer_type],
+            bias=cfg.attention_bias,
+            o_bias=cfg.attention_bias,
             scale=cfg.query_pre_attn_scalar**-0.5,
-            q_norm=norm(f"{p}.self_attn.q_norm"), k_norm=norm(f"{p}.self_attn.k_norm"),
-        )  # fmt: skip
+            q_norm=norm(f"{p}.self_attn.q_norm"),
+            k_norm=norm(f"{p}.self_attn.k_norm"),
+        )
         mlp = common.gated_mlp(b, f"{p}.mlp", ACTIVATIONS[cfg.hidden_activation])
-        layers.append(SandwichBlock(
-            norm(f"{p}.input_layernorm"), attn, norm(f"{p}.post_attention_layernorm"),
-            norm(f"{p}.pre_feedforward_layernorm"), mlp, norm(f"{p}.post_feedforward_layernorm"),
-        ))  # fmt: skip
+        layers.append(
+            SandwichBlock(
+                norm(f"{p}.input_layernorm"),
+                attn,
+                norm(f"{p}.post_attention_layernorm"),
+                norm(f"{p}.pre_feedforward_layernorm"),
+                mlp,
+                norm(f"{p}.post_feedforward_layernorm"),
+            )
+        )
     return common.assemble(
-        b, cfg, embed=embed, layers=layers, final_norm=norm("model.norm"),
-        head=common.lm_head(b, cfg, embed_weight), rotaries=list(rotaries.values()),
+        b,
+        cfg,
+        embed=embed,
+        layers=layers,
+        final_norm=norm("model.norm"),
+        head=common.lm_head(b, cfg, embed_weight),
+        rotaries=list(rotaries.values()),
         embed_scale=cfg.hidden_size**0.5,
         logit_softcap=getattr(cfg, "final_logit_softcapping", None),
-    )  # fmt: skip
+    )
 
 
 # Checkpoint prefixes of the text model inside ConditionalGeneration (new and old layouts).
-_TEXT_PREFIXES = (("model.language_model.", "model."), ("language_model.model.", "model."),
-                  ("language_model.lm_head.", "lm_head."))  # fmt: skip
+_TEXT_PREFIXES = (
+    ("model.language_model.", "model."),
+    ("language_model.model.", "model."),
+    ("language_model.lm_head.", "lm_head."),
+)
 
 
 def build_conditional(b: ModelBuilder) -> DecoderLM:

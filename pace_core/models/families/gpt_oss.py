@@ -45,23 +45,36 @@ def build(b: ModelBuilder) -> DecoderLM:
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}"
         attn = common.self_attention(
-            b, cfg, i, f"{p}.self_attn", rotary=rotary, bias=cfg.attention_bias,
-            o_bias=cfg.attention_bias, sinks=b.tensor(f"{p}.self_attn.sinks", torch.float32),
-        )  # fmt: skip
+            b,
+            cfg,
+            i,
+            f"{p}.self_attn",
+            rotary=rotary,
+            bias=cfg.attention_bias,
+            o_bias=cfg.attention_bias,
+            sinks=b.tensor(f"{p}.self_attn.sinks", torch.float32),
+        )
         attrs = {"experts": cfg.num_local_experts, "top_k": cfg.num_experts_per_tok}
         experts = b.bind(
-            "moe", attrs,
+            "moe",
+            attrs,
             _expert_tensor(b, f"{p}.mlp.experts.gate_up_proj"),
             b.tensor(f"{p}.mlp.experts.gate_up_proj_bias"),
             _expert_tensor(b, f"{p}.mlp.experts.down_proj"),
             b.tensor(f"{p}.mlp.experts.down_proj_bias"),
-            getattr(cfg, "swiglu_alpha", 1.702), cfg.swiglu_limit,
-        )  # fmt: skip
+            getattr(cfg, "swiglu_alpha", 1.702),
+            cfg.swiglu_limit,
+        )
         mlp = MoE(b.linear(f"{p}.mlp.router", bias=True), experts, cfg.num_experts_per_tok)
         norm1 = b.norm(f"{p}.input_layernorm", eps)
         norm2 = b.norm(f"{p}.post_attention_layernorm", eps)
         layers.append(PreNormBlock(norm1, attn, norm2, mlp))
     return common.assemble(
-        b, cfg, embed=embed, layers=layers, final_norm=b.norm("model.norm", eps),
-        head=common.lm_head(b, cfg, embed_weight), rotaries=[rotary],
-    )  # fmt: skip
+        b,
+        cfg,
+        embed=embed,
+        layers=layers,
+        final_norm=b.norm("model.norm", eps),
+        head=common.lm_head(b, cfg, embed_weight),
+        rotaries=[rotary],
+    )

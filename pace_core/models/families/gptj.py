@@ -27,15 +27,23 @@ def build(b: ModelBuilder) -> DecoderLM:
             layer=i,
             qkv=b.qkv([f"{p}.attn.{x}_proj" for x in "qkv"]),
             o_proj=b.linear(f"{p}.attn.out_proj"),
-            rotary=rotary, num_heads=n, num_kv_heads=n, head_dim=hd, scale=hd**-0.5,
-        )  # fmt: skip
+            rotary=rotary,
+            num_heads=n,
+            num_kv_heads=n,
+            head_dim=hd,
+            scale=hd**-0.5,
+        )
         mlp = common.dense_mlp(b, f"{p}.mlp.fc_in", f"{p}.mlp.fc_out", cfg.activation_function)
         layers.append(ParallelBlock(b.norm(f"{p}.ln_1", eps, rms=False, bias=True), attn, mlp))
     return common.assemble(
-        b, cfg, embed=embed, layers=layers,
+        b,
+        cfg,
+        embed=embed,
+        layers=layers,
         final_norm=b.norm("transformer.ln_f", eps, rms=False, bias=True),
-        head=b.linear("lm_head", bias=True), rotaries=[rotary],
-    )  # fmt: skip
+        head=b.linear("lm_head", bias=True),
+        rotaries=[rotary],
+    )
 
 
 # Causal-mask buffers stored by older GPT-J checkpoints (e.g. EleutherAI/gpt-j-6b).

@@ -57,14 +57,28 @@ def build(
             layer=i,
             qkv=qkv(b, f"{p}.self_attn", bias),
             o_proj=b.linear(f"{p}.self_attn.o_proj", bias=out_bias),
-            rotary=rotary, num_heads=n, num_kv_heads=kv, head_dim=hd, scale=hd**-0.5,
+            rotary=rotary,
+            num_heads=n,
+            num_kv_heads=kv,
+            head_dim=hd,
+            scale=hd**-0.5,
             window=windows[i],
-        )  # fmt: skip
-        layers.append(PreNormBlock(
-            b.norm(f"{p}.input_layernorm", eps), attn,
-            b.norm(f"{p}.post_attention_layernorm", eps), mlp(b, f"{p}.mlp"),
-        ))  # fmt: skip
+        )
+        layers.append(
+            PreNormBlock(
+                b.norm(f"{p}.input_layernorm", eps),
+                attn,
+                b.norm(f"{p}.post_attention_layernorm", eps),
+                mlp(b, f"{p}.mlp"),
+            )
+        )
     return common.assemble(
-        b, cfg, embed=embed, layers=layers, final_norm=b.norm("model.norm", eps),
-        head=common.lm_head(b, cfg, embed_weight), rotaries=[rotary], windows=windows,
-    )  # fmt: skip
+        b,
+        cfg,
+        embed=embed,
+        layers=layers,
+        final_norm=b.norm("model.norm", eps),
+        head=common.lm_head(b, cfg, embed_weight),
+        rotaries=[rotary],
+        windows=windows,
+    )

@@ -54,8 +54,12 @@ def build(b: ModelBuilder) -> DecoderLM:
             layer=i,
             qkv=b.qkv([f"{p}.self_attn.{x}_proj" for x in "qkv"], bias=bias),
             o_proj=b.linear(f"{p}.self_attn.out_proj", bias=bias),
-            rotary=None, num_heads=n, num_kv_heads=n, head_dim=hd, scale=hd**-0.5,
-        )  # fmt: skip
+            rotary=None,
+            num_heads=n,
+            num_kv_heads=n,
+            head_dim=hd,
+            scale=hd**-0.5,
+        )
         mlp = common.dense_mlp(b, f"{p}.fc1", f"{p}.fc2", cfg.activation_function, bias=bias)
         attn_norm = _layer_norm(b, f"{p}.self_attn_layer_norm")
         mlp_norm = _layer_norm(b, f"{p}.final_layer_norm")
@@ -67,9 +71,14 @@ def build(b: ModelBuilder) -> DecoderLM:
     removed = getattr(cfg, "_remove_final_layer_norm", False)
     has_final_norm = cfg.do_layer_norm_before and not removed
     return common.assemble(
-        b, cfg, embed=embed, layers=layers,
+        b,
+        cfg,
+        embed=embed,
+        layers=layers,
         final_norm=_layer_norm(b, f"{root}.final_layer_norm") if has_final_norm else None,
-        head=common.lm_head(b, cfg, embed_weight), rotaries=[], position_embed=positions,
+        head=common.lm_head(b, cfg, embed_weight),
+        rotaries=[],
+        position_embed=positions,
         project_in=b.linear(f"{root}.project_in") if projected else None,
         project_out=b.linear(f"{root}.project_out") if projected else None,
-    )  # fmt: skip
+    )

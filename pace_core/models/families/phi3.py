@@ -24,5 +24,11 @@ def fused_gated_mlp(b: ModelBuilder, prefix: str) -> Bound:
 
 
 def build(b: ModelBuilder) -> DecoderLM:
-    return llama.build(b, qkv_bias=False, o_bias=False, qkv=fused_qkv, mlp=fused_gated_mlp,
-                       window=common.every_layer_window)  # fmt: skip
+    return llama.build(
+        b,
+        qkv_bias=False,
+        o_bias=False,
+        qkv=fused_qkv,
+        mlp=fused_gated_mlp,
+        window=common.every_layer_window,
+    )

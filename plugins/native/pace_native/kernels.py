@@ -90,9 +90,13 @@ class MoEWeight:
 
 
 def prepare_moe(
-    gate_up: torch.Tensor, gate_up_bias: torch.Tensor, down: torch.Tensor,
-    down_bias: torch.Tensor, alpha: float, limit: float,
-) -> MoEWeight:  # fmt: skip
+    gate_up: torch.Tensor,
+    gate_up_bias: torch.Tensor,
+    down: torch.Tensor,
+    down_bias: torch.Tensor,
+    alpha: float,
+    limit: float,
+) -> MoEWeight:
     return MoEWeight(gate_up.contiguous(), gate_up_bias, down.contiguous(), down_bias, alpha, limit)
 
 

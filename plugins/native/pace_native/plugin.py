@@ -18,14 +18,20 @@ def pace_register_ops(registry: OpRegistry) -> None:
     add("linear", "native", kernels.linear, prepare=kernels.prepare_linear, dtypes=DTYPES)
     add("qkv_proj", "native", kernels.qkv_proj, prepare=kernels.prepare_qkv, dtypes=DTYPES)
     add(
-        "gated_mlp", "native", kernels.gated_mlp,
-        prepare=kernels.prepare_gated_mlp, dtypes=DTYPES,
-    )  # fmt: skip
+        "gated_mlp",
+        "native",
+        kernels.gated_mlp,
+        prepare=kernels.prepare_gated_mlp,
+        dtypes=DTYPES,
+    )
     add("moe", "native", kernels.moe, prepare=kernels.prepare_moe, dtypes=DTYPES)
     add("rms_norm", "native", kernels.rms_norm, dtypes=DTYPES)
     add("layer_norm", "native", kernels.layer_norm, dtypes=DTYPES)
     add("rope", "native", kernels.rope, dtypes=DTYPES)
     add(
-        "attention", "native", kernels.attention, dtypes=DTYPES,
+        "attention",
+        "native",
+        kernels.attention,
+        dtypes=DTYPES,
         cache_layouts=("contiguous", "paged", "slab"),
-    )  # fmt: skip
+    )
