@@ -91,8 +91,9 @@ def beam_search(
     if config.do_sample:
         raise ValueError("beam search is greedy only: do_sample=True is not supported")
     if not 1 <= num_return_sequences <= nb:
-        raise ValueError(f"num_return_sequences must be in [1, num_beams={nb}] "
-                         f"(got {num_return_sequences})")  # fmt: skip
+        raise ValueError(
+            f"num_return_sequences must be in [1, num_beams={nb}] (got {num_return_sequences})"
+        )
     es = config.early_stopping if early_stopping is None else early_stopping
     if es not in (True, False, "never"):
         raise ValueError(f"early_stopping must be True, False or 'never' (got {es!r})")
@@ -179,10 +180,11 @@ def beam_search(
 
         for i in done.nonzero().view(-1).tolist():
             results[alive[i]] = [
-                BeamHypothesis(fin_seq[i, j, : int(fin_len[i, j])].tolist(),
-                               float(fin_scores[i, j]))
+                BeamHypothesis(
+                    fin_seq[i, j, : int(fin_len[i, j])].tolist(), float(fin_scores[i, j])
+                )
                 for j in range(num_return_sequences)
-            ]  # fmt: skip
+            ]
         keep = (~done).nonzero().view(-1)
         if keep.numel() == 0:
             break
@@ -203,8 +205,10 @@ def beam_search(
             # LongRoPE crossing: recompute all keys with the long factors, as generation_loop.
             for s in seq_ids:
                 cache.crop(s, cache.get_num_tokens(s))
-            histories = [torch.cat([prompts[alive[r // nb]], run_seq[r // nb, r % nb, : step + 1]])
-                         for r in range(len(seq_ids))]  # fmt: skip
+            histories = [
+                torch.cat([prompts[alive[r // nb]], run_seq[r // nb, r % nb, : step + 1]])
+                for r in range(len(seq_ids))
+            ]
             logits = prefill(model, cache, seq_ids, histories)
         else:
             logits = forward_step(model, cache, seq_ids, next_ids.view(-1, 1), [1] * len(seq_ids))

@@ -12,7 +12,8 @@ from typing import Any
 
 import torch
 
-from pace_core.engine.generate import StepEvent, generation_loop, score
+from pace_core.engine.beam import BeamHypothesis, beam_search
+from pace_core.engine.generate import StepEvent, generation_loop, left_pad, score
 from pace_core.engine.inputs import normalize_inputs
 from pace_core.engine.output import GenerationOutput, SequenceOutput, TokenLogprob
 from pace_core.engine.sequence import SequenceTracker
@@ -161,7 +162,7 @@ class LLMModel:
         max_ctx = getattr(self.model.config, "max_position_embeddings", None)
         for i, (cfg, p) in enumerate(zip(configs, prompts)):
             if cfg.num_beams > 1:
-                raise ConfigError("num_beams > 1: use LLMModel.beam_search")
+                raise ConfigError("num_beams > 1 needs one SamplingConfig for the whole batch")
             if max_ctx and p.numel() >= max_ctx:
                 raise ConfigError(
                     f"prompt {i} has {p.numel()} tokens; the model's context window is {max_ctx}"
@@ -201,7 +202,24 @@ class LLMModel:
         """Generate for one prompt or a batch; see :class:`GenerationOutput`.
 
         ``streamer`` follows transformers' streamer protocol (``put``/``end``; batch size 1).
+        With ``num_beams > 1`` this runs beam search and returns the best beam per prompt.
         """
+        if isinstance(sampling_config, SamplingConfig) and sampling_config.num_beams > 1:
+            if streamer is not None or output_logits:
+                raise ConfigError("beam search does not stream or return logits")
+            prompts, padded = normalize_inputs(inputs, self.tokenizer)
+            best = [h[0] for h in self.beam_search(prompts, sampling_config)]
+            sequences = [
+                SequenceOutput(
+                    p.tolist(),
+                    h.token_ids,
+                    self._decode(h.token_ids),
+                    self._beam_reason(h, sampling_config),
+                )
+                for p, h in zip(prompts, best)
+            ]
+            tokens = self._pack(prompts, padded, [h.token_ids for h in best])
+            return GenerationOutput(tokens, sequences)
         prompts, padded, trackers, _, events = self._start(
             inputs, sampling_config, keep_logits=output_logits
         )
@@ -229,6 +247,33 @@ class LLMModel:
         out_logits = [torch.stack(rows) for rows in logits] if output_logits else None
         generated = [t.tokens for t in trackers]
         return GenerationOutput(self._pack(prompts, padded, generated), sequences, out_logits)
+
+    @torch.inference_mode()
+    def beam_search(
+        self, inputs: Any, sampling_config: SamplingConfig, num_return_sequences: int = 1
+    ) -> list[list[BeamHypothesis]]:
+        """Beam search with transformers' semantics: the best ``num_return_sequences``
+        hypotheses (generated ids and score) per prompt, best first."""
+        prompts, _ = normalize_inputs(inputs, self.tokenizer)
+        eos = sampling_config.eos_token_ids or self.eos_token_ids
+        return beam_search(
+            self.model,
+            self.new_cache,
+            prompts,
+            sampling_config,
+            list(eos),
+            self.host.samplers.ordered(),
+            num_return_sequences,
+        )
+
+    def _decode(self, tokens: list[int]) -> str | None:
+        if self.tokenizer is None:
+            return None
+        return self.tokenizer.decode(tokens, skip_special_tokens=True)
+
+    def _beam_reason(self, hyp: BeamHypothesis, config: SamplingConfig) -> str:
+        eos = set(config.eos_token_ids or self.eos_token_ids)
+        return "stop" if hyp.token_ids and hyp.token_ids[-1] in eos else "length"
 
     @torch.inference_mode()
     def stream(
@@ -284,8 +329,6 @@ class LLMModel:
         pad = getattr(self.tokenizer, "pad_token_id", None)
         pad = pad if pad is not None else (self.eos_token_ids[0] if self.eos_token_ids else 0)
         if padded is None:
-            from pace_core.engine.generate import left_pad
-
             padded = left_pad(prompts, pad)[0]
         width = max(len(g) for g in generated)
         tail = torch.full((len(prompts), width), pad, dtype=torch.long)
