@@ -78,6 +78,17 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_check(args: argparse.Namespace) -> int:
+    from pace_core import zoo
+    from pace_core.check import format_rows, run_check
+    from pace_core.models.loader import resolve_model_path
+
+    path = resolve_model_path(args.model or zoo.DEFAULT_MODEL)
+    rows = run_check(str(path), new_tokens=args.new_tokens, plans=args.plans)
+    print(format_rows(rows))
+    return 0 if all(r.passed for r in rows) else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pace", description=__doc__)
     parser.add_argument(
@@ -114,6 +125,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--opconfig", default=None, help="e.g. 'linear=avx512,norm=native' or JSON")
     p.add_argument("--show-plan", action="store_true", help="print the op plan to stderr")
     p.set_defaults(func=_cmd_generate)
+
+    p = sub.add_parser("check", help="compare pace with transformers on a model (pass/fail)")
+    p.add_argument("model", nargs="?", default=None, help="directory, zoo name or hub id")
+    p.add_argument("--new-tokens", type=int, default=24)
+    p.add_argument("--plans", nargs="+", default=["native", "auto"])
+    p.set_defaults(func=_cmd_check)
     return parser
 
 
