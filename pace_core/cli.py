@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 import sys
+import time
 from collections.abc import Sequence
 
 import torch
@@ -57,7 +58,10 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     model = LLMModel(
-        args.model or zoo.DEFAULT_MODEL, dtype=DTYPES[args.dtype], opconfig=args.opconfig
+        args.model or zoo.DEFAULT_MODEL,
+        dtype=DTYPES[args.dtype],
+        opconfig=args.opconfig,
+        profile=args.profile or None,
     )
     overrides = {"max_new_tokens": args.max_new_tokens}
     if args.temperature is not None:
@@ -72,9 +76,16 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         print(model.op_plan, file=sys.stderr)
     if not args.chat:
         print(args.prompt, end="", flush=True)
+    start = time.perf_counter()
+    count = 0
     for chunk in model.stream(prompt, config):
         print(chunk.text, end="", flush=True)
+        count += 1
+    wall = time.perf_counter() - start
     print()
+    if args.profile:
+        print(f"\n{count} tokens in {wall:.2f} s ({count / wall:.1f} tok/s)", file=sys.stderr)
+        print(model.profiler.report(wall), file=sys.stderr)
     return 0
 
 
@@ -124,6 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--opconfig", default=None, help="e.g. 'linear=avx512,norm=native' or JSON")
     p.add_argument("--show-plan", action="store_true", help="print the op plan to stderr")
+    p.add_argument("--profile", action="store_true", help="time every op; print a table")
     p.set_defaults(func=_cmd_generate)
 
     p = sub.add_parser("check", help="compare pace with transformers on a model (pass/fail)")

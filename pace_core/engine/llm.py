@@ -22,6 +22,7 @@ from pace_core.models.decoder import DecoderLM, OpPlan
 from pace_core.models.loader import build_model, load_config, parse_dtype, resolve_model_path
 from pace_core.opconfig import OperatorConfig, OpResolver
 from pace_core.plugins import get_host
+from pace_core.profiling import OpProfiler
 from pace_core.sampling.config import SamplingConfig
 from pace_core.sampling.sampler import BatchSampler
 
@@ -59,6 +60,7 @@ class LLMModel:
         quiet: bool = False,
         kv_cache_memory_gb: float | None = None,
         max_cache_tokens: int | None = None,
+        profile: bool | None = None,
     ) -> None:
         if spec_config is not None:
             raise ConfigError("spec_config: speculative decoding is not available in this version")
@@ -75,6 +77,9 @@ class LLMModel:
         self.path = resolve_model_path(model)
         self.config = load_config(self.path)
         self.opconfig = OperatorConfig.coerce(opconfig)
+        if profile is None:
+            profile = os.environ.get("PACE_PROFILE", "") not in ("", "0")
+        self.profiler = OpProfiler() if profile else None
         self.resolver = OpResolver(self.host.ops, self.opconfig)
         self.model: DecoderLM = build_model(
             self.path,
@@ -85,6 +90,7 @@ class LLMModel:
             strict=strict,
             quiet=quiet,
             cache_layout=self.cache_spec.layout,
+            profiler=self.profiler,
         )
         self.tokenizer = tokenizer
         if tokenizer is None and load_tokenizer:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -15,6 +15,7 @@ from pace_core.models.layers import Attention, Bound, Norm, StepContext
 from pace_core.models.rope import Rotary
 from pace_core.models.weights import WeightStore
 from pace_core.opconfig import OpResolver, Resolution
+from pace_core.profiling import OpProfiler
 from pace_core.registry import OpContext
 
 
@@ -58,11 +59,14 @@ class ModelBuilder:
         self.config, self.weights, self.dtype, self.resolver = config, weights, dtype, resolver
         self.cache_layout = cache_layout
         self.plan = OpPlan()
+        self.profiler: OpProfiler | None = None
 
     def kernel(self, op: str, **attrs: Any):
         res = self.resolver.resolve(OpContext(op, self.dtype, attrs))
         self.plan.record(res)
-        return res.kernel
+        if self.profiler is None:
+            return res.kernel
+        return replace(res.kernel, fn=self.profiler.wrap(op, res.backend, res.kernel.fn))
 
     def bind(self, op: str, attrs: dict[str, Any], *weights: Any) -> Bound:
         """Resolve ``op``, run its prepare step on ``weights`` and bind the kernel.

@@ -82,6 +82,7 @@ def build_model(
     strict: bool = True,
     quiet: bool = False,
     cache_layout: str = "contiguous",
+    profiler: Any | None = None,
 ) -> DecoderLM:
     """Read the checkpoint and build the model with the builder registered for its type."""
     model_type = getattr(config, "model_type", None)
@@ -93,6 +94,7 @@ def build_model(
         raise ModelLoadError(f"unsupported model_type {model_type!r} in {path}; supported: {known}")
     weights = WeightStore.from_dir(path, quiet=quiet)
     builder = ModelBuilder(config, weights, dtype, resolver, cache_layout)
+    builder.profiler = profiler
     with torch.no_grad():
         model = spec.builder(builder)
     tolerated = weights.finish(getattr(spec.builder, "harmless_extras", ()), strict=strict)
