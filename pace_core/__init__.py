@@ -9,6 +9,19 @@ from pace_core.opconfig import OperatorConfig
 
 __version__ = "0.1.0"
 
+
+def _configure_logging() -> None:
+    """Honour ``PACE_LOG_LEVEL`` (debug, info, warning, error) for the ``pace`` loggers."""
+    import logging
+    import os
+
+    level = os.environ.get("PACE_LOG_LEVEL")
+    if level:
+        logging.getLogger("pace").setLevel(level.upper())
+
+
+_configure_logging()
+
 __all__ = ["LLMModel", "OperatorConfig", "SamplingConfig", "__version__", "hookimpl"]
 
 if TYPE_CHECKING:
