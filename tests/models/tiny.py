@@ -141,6 +141,33 @@ def gptj(tmp_dir: Path) -> Path:
     return save(tf.GPTJForCausalLM, cfg, tmp_dir)
 
 
+# -- Gemma 3: local (window 4) and global layers with their own rope, QK-norm, GeGLU --------
+def gemma3(tmp_dir: Path) -> Path:
+    cfg = tf.Gemma3TextConfig(
+        **{**DIMS, "num_hidden_layers": 3},
+        head_dim=32,
+        sliding_window=4,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+        query_pre_attn_scalar=24,
+        **NO_SPECIAL,
+    )
+    return save(tf.Gemma3ForCausalLM, cfg, tmp_dir)
+
+
+# -- GPT-OSS: MoE (4 experts, top-2), sinks, sliding window 4 on layer 0, yarn rope -----------
+def gpt_oss(tmp_dir: Path) -> Path:
+    cfg = tf.GptOssConfig(
+        **{**DIMS, "intermediate_size": 64, "max_position_embeddings": 256},
+        head_dim=16,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        sliding_window=4,
+        layer_types=["sliding_attention", "full_attention"],
+        **NO_SPECIAL,
+    )
+    return save(tf.GptOssForCausalLM, cfg, tmp_dir)
+
+
 FACTORIES: dict[str, Callable[[Path], Path]] = {
     "llama": _llama(),
     "llama-llama3": _llama(LLAMA3),
@@ -154,7 +181,6 @@ FACTORIES: dict[str, Callable[[Path], Path]] = {
     "opt-prenorm": _opt(),
     "opt-postnorm-project": _opt(do_layer_norm_before=False, word_embed_proj_dim=32),
     "gptj": gptj,
-    # --- hook: Gemma 3 and GPT-OSS factories are added here (same signature) -----------------
-    # "gemma3": gemma3,
-    # "gpt-oss": gpt_oss,
+    "gemma3": gemma3,
+    "gpt-oss": gpt_oss,
 }

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from pace_core.models import common
 from pace_core.models.decoder import DecoderLM, ModelBuilder
-from pace_core.models.layers import Bound, PreNormBlock
+from pace_core.models.families import llama
+from pace_core.models.layers import Bound
 from pace_core.models.mxfp4 import dequantize_mxfp4
 
 
@@ -36,45 +36,27 @@ def _expert_tensor(b: ModelBuilder, name: str) -> torch.Tensor:
     return b.tensor(name)
 
 
-def build(b: ModelBuilder) -> DecoderLM:
+def moe_mlp(b: ModelBuilder, prefix: str) -> MoE:
+    """Router + experts under ``{prefix}`` (``mlp.router``, ``mlp.experts``)."""
     cfg = b.config
-    eps = cfg.rms_norm_eps
-    rotary = common.rotaries_by_type(cfg, common.heads(cfg)[2])[None]
-    embed, embed_weight = common.embedding(b, "model.embed_tokens.weight")
-    layers = []
-    for i in range(cfg.num_hidden_layers):
-        p = f"model.layers.{i}"
-        attn = common.self_attention(
-            b,
-            cfg,
-            i,
-            f"{p}.self_attn",
-            rotary=rotary,
-            bias=cfg.attention_bias,
-            o_bias=cfg.attention_bias,
-            sinks=b.tensor(f"{p}.self_attn.sinks", torch.float32),
-        )
-        attrs = {"experts": cfg.num_local_experts, "top_k": cfg.num_experts_per_tok}
-        experts = b.bind(
-            "moe",
-            attrs,
-            _expert_tensor(b, f"{p}.mlp.experts.gate_up_proj"),
-            b.tensor(f"{p}.mlp.experts.gate_up_proj_bias"),
-            _expert_tensor(b, f"{p}.mlp.experts.down_proj"),
-            b.tensor(f"{p}.mlp.experts.down_proj_bias"),
-            getattr(cfg, "swiglu_alpha", 1.702),
-            cfg.swiglu_limit,
-        )
-        mlp = MoE(b.linear(f"{p}.mlp.router", bias=True), experts, cfg.num_experts_per_tok)
-        norm1 = b.norm(f"{p}.input_layernorm", eps)
-        norm2 = b.norm(f"{p}.post_attention_layernorm", eps)
-        layers.append(PreNormBlock(norm1, attn, norm2, mlp))
-    return common.assemble(
-        b,
-        cfg,
-        embed=embed,
-        layers=layers,
-        final_norm=b.norm("model.norm", eps),
-        head=common.lm_head(b, cfg, embed_weight),
-        rotaries=[rotary],
+    attrs = {"experts": cfg.num_local_experts, "top_k": cfg.num_experts_per_tok}
+    experts = b.bind(
+        "moe",
+        attrs,
+        _expert_tensor(b, f"{prefix}.experts.gate_up_proj"),
+        b.tensor(f"{prefix}.experts.gate_up_proj_bias"),
+        _expert_tensor(b, f"{prefix}.experts.down_proj"),
+        b.tensor(f"{prefix}.experts.down_proj_bias"),
+        getattr(cfg, "swiglu_alpha", 1.702),
+        cfg.swiglu_limit,
     )
+    return MoE(b.linear(f"{prefix}.router", bias=True), experts, cfg.num_experts_per_tok)
+
+
+def sinks(b: ModelBuilder, prefix: str) -> dict[str, torch.Tensor]:
+    """The per-head attention sink logits (kept in fp32)."""
+    return {"sinks": b.tensor(f"{prefix}.sinks", torch.float32)}
+
+
+def build(b: ModelBuilder) -> DecoderLM:
+    return llama.build(b, mlp=moe_mlp, attention_extra=sinks)

@@ -39,8 +39,10 @@ def build(
     qkv: QKVReader = separate_qkv,
     mlp: MLPReader = separate_gated_mlp,
     window: Callable[[Any, int], int | None] = common.layer_window,
+    attention_extra: Callable[[ModelBuilder, str], dict[str, Any]] | None = None,
 ) -> DecoderLM:
-    """Llama layout; ``qkv_bias``/``o_bias`` default to ``config.attention_bias``."""
+    """Llama layout; ``qkv_bias``/``o_bias`` default to ``config.attention_bias``;
+    ``attention_extra(b, prefix)`` adds attention fields (e.g. GPT-OSS sinks)."""
     cfg = b.config
     n, kv, hd = common.heads(cfg)
     eps = cfg.rms_norm_eps
@@ -63,6 +65,7 @@ def build(
             head_dim=hd,
             scale=hd**-0.5,
             window=windows[i],
+            **(attention_extra(b, f"{p}.self_attn") if attention_extra else {}),
         )
         layers.append(
             PreNormBlock(

@@ -1,0 +1,52 @@
+"""Gemma 3 ConditionalGeneration's text part, and MXFP4 expert de-quantization."""
+
+from __future__ import annotations
+
+import torch
+import transformers as tf
+from tiny import DIMS, NO_SPECIAL, randomize
+from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+from pace_core import LLMModel
+from pace_core.models.mxfp4 import dequantize_mxfp4
+
+
+def test_gemma3_conditional_generation_text_part(tmp_path):
+    text = tf.Gemma3TextConfig(
+        **{**DIMS, "num_hidden_layers": 2},
+        head_dim=32,
+        sliding_window=4,
+        layer_types=["sliding_attention", "full_attention"],
+        query_pre_attn_scalar=24,
+        **NO_SPECIAL,
+    )
+    vision = tf.SiglipVisionConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        image_size=32,
+        patch_size=16,
+    )
+    cfg = tf.Gemma3Config(
+        text_config=text.to_dict(), vision_config=vision.to_dict(), mm_tokens_per_image=4
+    )
+    torch.manual_seed(0)
+    model = tf.Gemma3ForConditionalGeneration(cfg).eval()
+    randomize(model)
+    model.save_pretrained(tmp_path)
+    ids = torch.randint(0, 160, (1, 12))
+    with torch.no_grad():
+        ref = model(input_ids=ids).logits
+    pace = LLMModel(tmp_path, dtype=torch.float32, load_tokenizer=False)
+    assert (pace.logits(ids) - ref).abs().max() < 1e-4
+
+
+def test_mxfp4_dequantization_matches_transformers():
+    gen = torch.Generator().manual_seed(0)
+    blocks = torch.randint(0, 256, (2, 6, 3, 16), generator=gen, dtype=torch.uint8)
+    scales = torch.randint(120, 134, (2, 6, 3), generator=gen, dtype=torch.uint8)
+    want = convert_moe_packed_tensors(blocks, scales, dtype=torch.float32)
+    got = dequantize_mxfp4(blocks, scales, torch.float32)
+    assert got.shape == want.shape == (2, 96, 6)
+    assert torch.equal(got, want)
