@@ -62,8 +62,11 @@ class LLMModel:
         max_cache_tokens: int | None = None,
         profile: bool | None = None,
     ) -> None:
-        if spec_config is not None:
-            raise ConfigError("spec_config: speculative decoding is not available in this version")
+        spec = None
+        if spec_config is not None:  # validate before the (slow) load
+            from pace_core.speculative.config import coerce_spec_config
+
+            spec = coerce_spec_config(spec_config)
         self.dtype = parse_dtype(dtype)
         self.host = get_host()
         if kv_cache_type not in self.host.caches.caches:
@@ -99,6 +102,11 @@ class LLMModel:
             self.tokenizer = AutoTokenizer.from_pretrained(str(self.path))
         self.generation_config = self._read_generation_config(self.path)
         self.eos_token_ids = self._default_eos()
+        self.speculator = None  # pace_core.speculative.Speculator when spec_config is given
+        if spec is not None:
+            from pace_core.speculative.speculator import Speculator
+
+            self.speculator = Speculator(self, spec)
 
     # -- set-up helpers ------------------------------------------------------------------
     @staticmethod
@@ -120,6 +128,13 @@ class LLMModel:
             if source is not None:
                 return tuple(source) if isinstance(source, list | tuple) else (int(source),)
         return ()
+
+    @property
+    def inferencer(self) -> Any:
+        """This model as a speculative-decoding ``Inferencer`` (prefill / decode on KV rows)."""
+        from pace_core.speculative.inferencer import ModelInferencer
+
+        return ModelInferencer(self)
 
     @property
     def op_plan(self) -> OpPlan:
@@ -190,6 +205,9 @@ class LLMModel:
             self.eos_token_ids,
             processors=self.host.samplers.ordered(),
         )
+        if self.speculator is not None:
+            events = self.speculator.run(prompts, sampler, finish, keep_logits=keep_logits)
+            return prompts, padded, trackers, deltas, events
         cache = self.new_cache()
         events = generation_loop(
             self.model, cache, prompts, sampler, finish, keep_logits=keep_logits
@@ -239,6 +257,7 @@ class LLMModel:
         if streamer is not None:
             streamer.end()
         prompt_lp = self._prompt_logprobs(prompts, [t.config for t in trackers])
+        row_stats = getattr(events, "row_stats", None)  # speculative runs only
         sequences = [
             SequenceOutput(
                 p.tolist(),
@@ -247,12 +266,18 @@ class LLMModel:
                 t.finish_reason or "length",
                 t.logprobs if t.config.logprobs is not None else None,
                 prompt_lp[i],
+                row_stats[i] if row_stats is not None else None,
             )
             for i, (p, t) in enumerate(zip(prompts, trackers))
         ]
         out_logits = [torch.stack(rows) for rows in logits] if output_logits else None
         generated = [t.tokens for t in trackers]
-        return GenerationOutput(self._pack(prompts, padded, generated), sequences, out_logits)
+        return GenerationOutput(
+            self._pack(prompts, padded, generated),
+            sequences,
+            out_logits,
+            getattr(events, "stats", None),
+        )
 
     @torch.inference_mode()
     def beam_search(

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from pace_core.speculative.stats import SpecStats
 
 
 @dataclass
@@ -26,6 +30,7 @@ class SequenceOutput:
     finish_reason: str  # "stop" (EOS or stop string) or "length"
     logprobs: list[TokenLogprob] | None = None
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    spec_stats: SpecStats | None = None  # speculative decoding counters of this sequence
 
 
 @dataclass
@@ -38,6 +43,7 @@ class GenerationOutput:
     output_token_ids: torch.Tensor
     sequences: list[SequenceOutput]
     logits: list[torch.Tensor] | None = None  # per row: [new_tokens, V] raw logits
+    spec_stats: SpecStats | None = None  # speculative decoding counters of the whole batch
 
     @property
     def generated_token_ids(self) -> list[list[int]]:

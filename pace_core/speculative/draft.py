@@ -1,8 +1,10 @@
 """Classic draft-model proposer: ``k`` autoregressive steps of a small model.
 
 The draft keeps its own KV cache (same cache type as the target). Per row it remembers which
-tokens its cache holds (:attr:`ModelProposer.held`); each round it crops whatever disagrees
-with the row's history (rejected drafts), feeds the missing suffix and drafts ``k`` tokens.
+tokens its cache holds (:attr:`ModelProposer.held`). After verification :meth:`on_accept`
+crops the rejected drafts, so the cache holds only accepted history; each round then feeds
+the tokens it has not seen (the target's last token, maybe the last accepted draft) and drafts
+``k`` tokens. A consistency check against the history at every round crops anything else.
 """
 
 from __future__ import annotations
@@ -24,22 +26,26 @@ class ModelProposer:
         self.inferencer = inferencer
         self.kv: KVRows | None = None
         self.held: list[list[int]] = []  # per row: the tokens whose KV the draft cache holds
+        self._base: list[int] = []  # per row: len(held) before this round's drafts were fed
+        self._valid: list[int] = []  # per row: held[:n] is known to match the history
 
     def _sync(self, contexts: Sequence[Sequence[int]]) -> list[list[int]]:
         """Crop cached tokens that left the history; return each row's missing suffix."""
         if self.kv is None:
             self.kv = self.inferencer.new_kv(len(contexts))
             self.held = [[] for _ in contexts]
+            self._valid = [0] * len(contexts)
         crops, suffixes = [], []
         for b, ctx in enumerate(contexts):
             held = self.held[b]
-            n = 0
             limit = min(len(held), len(ctx) - 1)  # re-feed >= 1 token: its logits draft next
+            n = min(self._valid[b], limit)
             while n < limit and held[n] == ctx[n]:
                 n += 1
             crops.append(len(held) - n)
             del held[n:]
             suffixes.append(list(ctx[n:]))
+            self._valid[b] = len(ctx)
         self.kv.crop(crops)
         return suffixes
 
@@ -50,19 +56,34 @@ class ModelProposer:
             return list(k)
         return [max(0, min(kb, limit - len(ctx) - extra)) for ctx, kb in zip(contexts, k)]
 
+    def _mark(self) -> None:
+        """Remember where this round's draft tokens start in ``held``."""
+        self._base = [len(h) for h in self.held]
+
     def on_accept(self, num_accepted: Sequence[int]) -> None:
-        pass  # rejected drafts are cropped lazily by _sync (their ids are in ``held``)
+        """Crop the draft KV of rejected draft tokens."""
+        if self.kv is None or not self._base:
+            return
+        crops = []
+        for held, base, m in zip(self.held, self._base, num_accepted):
+            n = max(0, len(held) - (base + m))
+            del held[len(held) - n :]
+            crops.append(n)
+        self.kv.crop(crops)
+        self._base = []
 
     def retain(self, rows: Sequence[int]) -> None:
         if self.kv is not None:
             self.kv.retain(rows)
             self.held = [self.held[r] for r in rows]
+            self._valid = [self._valid[r] for r in rows]
+            self._base = [self._base[r] for r in rows] if self._base else []
 
     def close(self) -> None:
         if self.kv is not None:
             self.kv.release()
             self.kv = None
-        self.held = []
+        self.held, self._valid, self._base = [], [], []
 
 
 class DraftModelProposer(ModelProposer):
@@ -85,6 +106,7 @@ class DraftModelProposer(ModelProposer):
         logits = self.inferencer.forward(suffixes, kv, all_logits=False)
         for row, s in zip(self.held, suffixes):
             row.extend(s)
+        self._mark()
         drafted: list[torch.Tensor] = []
         probs: list[list[torch.Tensor | None]] = []
         for step in range(steps):

@@ -76,6 +76,7 @@ class PardProposer(ModelProposer):
         self.kv.crop(masks)
         for row, s in zip(self.held, suffixes):
             row.extend(s)
+        self._mark()  # nothing to roll back later: the masks are gone already
         if self.mask_token < logits.shape[-1]:
             logits[..., self.mask_token] = float("-inf")  # never propose the mask itself
         b, width = len(contexts), logits.shape[1]
