@@ -143,6 +143,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--new-tokens", type=int, default=24)
     p.add_argument("--plans", nargs="+", default=["native", "auto"])
     p.set_defaults(func=_cmd_check)
+
+    from pace_core.server.cli import add_serve_parser
+
+    add_serve_parser(sub)
     return parser
 
 

@@ -1,0 +1,456 @@
+"""The serving engine: iteration-level continuous batching over a block KV cache.
+
+One :class:`EngineCore` owns one model and one block cache (PAGED or SLAB_POOL) and runs a
+loop in a dedicated thread. Each iteration:
+
+1. drains its inbox (new sequences, cancellations; blocks on the inbox when idle);
+2. admits waiting sequences in FIFO order while fewer than ``max_running`` are active and the
+   KV *booking* fits (see below);
+3. prefills: up to ``max_prefill_tokens`` prompt tokens, taken FIFO from admitted sequences;
+   a long prompt is split into chunks over several iterations (``forward_step`` with
+   ``num_new`` < prompt length), so running decodes never stall for more than one chunk;
+4. runs ONE batched decode forward for every running sequence;
+5. samples with one :class:`BatchSampler` whose rows follow the running sequences (rows of
+   sequences whose prefill just completed join with ``add``; finished or cancelled rows leave
+   with ``select_rows``), detokenizes, and emits events;
+6. frees the KV blocks of finished sequences at once.
+
+Admission policy ("full booking"): a sequence books ``ceil((prompt + max_tokens) / block)``
+blocks when admitted and keeps the booking until it finishes; it is admitted only when the sum
+of bookings stays within the pool. A running sequence never needs more blocks than it booked,
+so a decode step can never hit :class:`CacheFullError` and nothing is ever preempted; the
+price is that capacity is reserved for tokens that an early EOS never uses. Requests whose
+booking exceeds the whole pool are rejected (400) by the front door.
+
+Events sent to ``emit`` (a list per iteration; plain tuples so they pickle cheaply):
+
+* ``("admit", key, queue_seconds)``
+* ``("tok", key, token_id, text_delta, finish_reason | None, logprob | None, top_ids, top_lps)``
+* ``("err", key, message, error_type, http_status)``
+* ``("stats", running, waiting, kv_used_fraction, kv_booked_fraction)``
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from pace_core.engine.generate import forward_step
+from pace_core.engine.sequence import SequenceTracker
+from pace_core.errors import ConfigError
+from pace_core.sampling.config import SamplingConfig
+from pace_core.sampling.sampler import BatchSampler
+
+log = logging.getLogger("pace.server.engine")
+
+Event = tuple
+Emit = Callable[[list[Event]], None]
+
+
+@dataclass
+class EngineConfig:
+    """Scheduler knobs of one engine instance."""
+
+    max_running: int = 32
+    max_queue: int = 256
+    max_prefill_tokens: int = 512
+    threads: int | None = None  # torch intra-op threads of the engine thread
+
+    def __post_init__(self) -> None:
+        for name in ("max_running", "max_prefill_tokens"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1 (got {getattr(self, name)})")
+        if self.max_queue < 0:
+            raise ConfigError(f"max_queue must be >= 0 (got {self.max_queue})")
+
+
+@dataclass
+class SeqSpec:
+    """One sequence (one choice of one request) as sent to an engine; picklable."""
+
+    key: str
+    prompt: list[int]
+    config: SamplingConfig
+    arrival: float = field(default_factory=time.monotonic)
+
+    @property
+    def reserve_tokens(self) -> int:
+        return len(self.prompt) + self.config.max_new_tokens
+
+
+class _Seq:
+    __slots__ = ("booked", "done", "last", "prompt", "sampler", "seq_id", "spec", "tracker")
+
+    def __init__(self, spec: SeqSpec) -> None:
+        self.spec = spec
+        self.prompt = torch.tensor(spec.prompt, dtype=torch.long)
+        self.seq_id = -1
+        self.booked = 0
+        self.done = 0  # prompt tokens prefilled so far
+        self.last = -1  # last sampled token (the next decode input)
+        self.tracker: SequenceTracker | None = None
+        self.sampler: BatchSampler | None = None  # its row, until it joins the batch
+
+
+def check_block_cache(cache: Any, kv_cache_type: str) -> None:
+    needed = ("free_sequence", "num_blocks", "block_size", "free_blocks")
+    if not all(hasattr(cache, n) for n in needed):
+        raise ConfigError(
+            f"kv_cache_type {kv_cache_type!r} cannot serve: continuous batching steps a changing "
+            "subset of sequences, which needs a block cache; use 'paged' or 'slab_pool'"
+        )
+
+
+def context_window(llm: Any) -> int:
+    """Tokens one sequence may hold (prompt + generated)."""
+    ctx = getattr(llm.model.config, "max_position_embeddings", None) or 4096
+    # LongRoPE models re-prefill when crossing their original length; the server stays below.
+    if llm.model.reprefill_at is not None:
+        ctx = min(ctx, int(llm.model.reprefill_at))
+    return int(ctx)
+
+
+class EngineCore:
+    """The scheduler and model loop of one instance; :meth:`run` is the thread body."""
+
+    def __init__(self, llm: Any, config: EngineConfig, emit: Emit, name: str = "0") -> None:
+        self.llm = llm
+        self.config = config
+        self.emit = emit
+        self.name = name
+        self.cache = llm.new_cache()
+        check_block_cache(self.cache, getattr(llm, "kv_cache_type", "?"))
+        self.block_size = int(self.cache.block_size)
+        self.num_blocks = int(self.cache.num_blocks)
+        self.max_context = context_window(llm)
+        self.processors = llm.host.samplers.ordered()
+        self.inbox: queue.Queue = queue.Queue()
+        self.waiting: collections.deque[_Seq] = collections.deque()
+        self.prefilling: list[_Seq] = []
+        self.running: list[_Seq] = []
+        self.sampler: BatchSampler | None = None
+        self.booked = 0
+        self.steps = 0
+        self._out: list[Event] = []
+        self._stopped = False
+        self._last_stats: tuple | None = None
+
+    # -- thread-safe entry points --------------------------------------------------------
+    def submit(self, specs: list[SeqSpec]) -> None:
+        self.inbox.put(("add", specs))
+
+    def cancel(self, keys: list[str]) -> None:
+        self.inbox.put(("cancel", keys))
+
+    def stop(self) -> None:
+        self.inbox.put(("stop",))
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+    def blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.block_size)
+
+    def kv_used_blocks(self) -> int:
+        return self.num_blocks - len(self.cache.free_blocks)
+
+    # -- the loop --------------------------------------------------------------------------
+    def run(self) -> None:
+        if self.config.threads:
+            torch.set_num_threads(self.config.threads)
+        while not self._stopped:
+            self.run_once(block=True)
+        self._fail_active("server is shutting down", status=503)
+        for seq in self.waiting:
+            self._out.append(("err", seq.spec.key, "server is shutting down", "unavailable", 503))
+        self.waiting.clear()
+        self._flush()
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.waiting or self.prefilling or self.running)
+
+    def run_once(self, block: bool = False) -> bool:
+        """One scheduler iteration; with ``block``, first wait for work when idle.
+        Returns whether a step ran."""
+        if not self.busy:
+            self._flush()
+        self._drain(block=block and not self.busy)
+        if self._stopped or not self.busy:
+            self._flush()  # e.g. rejections made while draining
+            return False
+        with torch.inference_mode():
+            try:
+                self._admit()
+                self._step()
+            except Exception as exc:  # keep serving: fail what was in flight, reset
+                log.exception("engine %s: step failed", self.name)
+                self._fail_active(f"engine step failed: {type(exc).__name__}: {exc}")
+        self._flush()
+        return True
+
+    def _drain(self, block: bool) -> None:
+        try:
+            item = self.inbox.get() if block else self.inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            self._handle(item)
+            try:
+                item = self.inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _handle(self, item: tuple) -> None:
+        kind = item[0]
+        if kind == "add":
+            for spec in item[1]:
+                need = self.blocks_for(spec.reserve_tokens)
+                if need > self.num_blocks:
+                    self._out.append(
+                        (
+                            "err",
+                            spec.key,
+                            f"the request needs {spec.reserve_tokens} tokens of KV cache "
+                            f"(prompt + max_tokens); this server holds {self.capacity_tokens}",
+                            "invalid_request_error",
+                            400,
+                        )
+                    )
+                else:
+                    self.waiting.append(_Seq(spec))
+        elif kind == "cancel":
+            self._cancel(set(item[1]))
+        elif kind == "stop":
+            self._stopped = True
+
+    def _cancel(self, keys: set[str]) -> None:
+        if any(s.spec.key in keys for s in self.waiting):
+            self.waiting = collections.deque(s for s in self.waiting if s.spec.key not in keys)
+        for seq in [s for s in self.prefilling if s.spec.key in keys]:
+            self.prefilling.remove(seq)
+            self._release(seq)
+        rows = [j for j, s in enumerate(self.running) if s.spec.key in keys]
+        if rows:
+            self._remove_rows(rows)
+
+    def _release(self, seq: _Seq) -> None:
+        self.cache.free_sequence(seq.seq_id)
+        self.booked -= seq.booked
+        seq.booked = 0
+
+    def _remove_rows(self, rows: list[int]) -> None:
+        gone = set(rows)
+        for j in rows:
+            self._release(self.running[j])
+        keep = [j for j in range(len(self.running)) if j not in gone]
+        self.running = [self.running[j] for j in keep]
+        if not keep:
+            self.sampler = None
+        elif self.sampler is not None:
+            self.sampler.select_rows(keep)
+
+    def _admit(self) -> None:
+        now = time.monotonic()
+        while self.waiting and len(self.prefilling) + len(self.running) < self.config.max_running:
+            seq = self.waiting[0]
+            need = self.blocks_for(seq.spec.reserve_tokens)
+            if self.booked + need > self.num_blocks:
+                break
+            self.waiting.popleft()
+            try:  # per-request problems surface here, not in the shared batch
+                seq.sampler = BatchSampler(
+                    [seq.spec.config],
+                    [seq.prompt],
+                    self.llm.model.vocab_size,
+                    self.llm.eos_token_ids,
+                    processors=self.processors,
+                )
+            except (ValueError, TypeError, NotImplementedError) as exc:
+                msg = f"invalid sampling parameters: {exc}"
+                self._out.append(("err", seq.spec.key, msg, "invalid_request_error", 400))
+                continue
+            seq.booked = need
+            self.booked += need
+            (seq.seq_id,) = self.cache.add_sequences(1)
+            seq.tracker = SequenceTracker(
+                seq.spec.config, len(seq.spec.prompt), self.llm.tokenizer, self.max_context
+            )
+            self.prefilling.append(seq)
+            self._out.append(("admit", seq.spec.key, max(0.0, now - seq.spec.arrival)))
+
+    def _prefill(self) -> list[tuple[_Seq, torch.Tensor]]:
+        """Run this iteration's prefill chunks; returns sequences whose prompt is complete."""
+        budget = self.config.max_prefill_tokens
+        chunks: list[tuple[_Seq, int]] = []
+        for seq in self.prefilling:
+            if budget <= 0:
+                break
+            n = min(seq.prompt.numel() - seq.done, budget)
+            chunks.append((seq, n))
+            budget -= n
+        ready = []
+        for group in _group_chunks(chunks):
+            width = max(n for _, n in group)
+            ids = torch.zeros(len(group), width, dtype=torch.long)
+            for b, (seq, n) in enumerate(group):
+                ids[b, width - n :] = seq.prompt[seq.done : seq.done + n]
+            logits = forward_step(
+                self.llm.model, self.cache, [s.seq_id for s, _ in group], ids, [n for _, n in group]
+            )
+            for b, (seq, n) in enumerate(group):
+                seq.done += n
+                if seq.done == seq.prompt.numel():
+                    ready.append((seq, logits[b]))
+        return ready
+
+    def _step(self) -> None:
+        ready = self._prefill() if self.prefilling else []
+        parts = []
+        if self.running:
+            ids = torch.tensor([s.last for s in self.running], dtype=torch.long).view(-1, 1)
+            seq_ids = [s.seq_id for s in self.running]
+            parts.append(forward_step(self.llm.model, self.cache, seq_ids, ids, [1] * len(ids)))
+        if ready:
+            seqs = [s for s, _ in ready]
+            for s in seqs:
+                if self.sampler is None:
+                    self.sampler = s.sampler
+                else:
+                    self.sampler.add(s.sampler)
+                s.sampler = None
+                self.prefilling.remove(s)
+            self.running.extend(seqs)
+            parts.append(torch.stack([lg for _, lg in ready]))
+        if not parts:
+            return
+        logits = parts[0] if len(parts) == 1 else torch.cat(parts)
+        result = self.sampler.step(logits)
+        self.steps += 1
+        tokens = result.tokens.tolist()
+        eos = result.stopped_eos.tolist()
+        length = result.stopped_length.tolist()
+        lps = result.logprobs.tolist() if result.logprobs is not None else None
+        top_ids = top_vals = None
+        if result.top_logprobs is not None:
+            top_ids, top_vals = (t.tolist() for t in result.top_logprobs)
+        finished = []
+        for j, seq in enumerate(self.running):
+            token = tokens[j]
+            seq.last = token
+            tracker = seq.tracker
+            delta = tracker.add(token, eos[j], length[j])
+            k = seq.spec.config.logprobs
+            lp = ids_j = vals_j = None
+            if k is not None and lps is not None:
+                lp = lps[j]
+                if k and top_ids is not None:
+                    ids_j, vals_j = top_ids[j][:k], top_vals[j][:k]
+            reason = tracker.finish_reason
+            self._out.append(("tok", seq.spec.key, token, delta, reason, lp, ids_j, vals_j))
+            if reason is not None:
+                finished.append(j)
+        if finished:
+            self._remove_rows(finished)
+
+    def _fail_active(self, message: str, status: int = 503) -> None:
+        for seq in self.prefilling + self.running:
+            self._out.append(("err", seq.spec.key, message, "engine_error", status))
+        self.prefilling, self.running, self.sampler = [], [], None
+        self.booked = 0
+        self.cache = self.llm.new_cache()
+
+    def stats(self) -> tuple:
+        nb = self.num_blocks
+        return (
+            "stats",
+            len(self.running) + len(self.prefilling),
+            len(self.waiting),
+            self.kv_used_blocks() / nb,
+            self.booked / nb,
+        )
+
+    def _flush(self) -> None:
+        stats = self.stats()
+        if stats != self._last_stats:
+            self._out.append(stats)
+            self._last_stats = stats
+        if not self._out:
+            return
+        out, self._out = self._out, []
+        try:
+            self.emit(out)
+        except Exception:  # the receiver is gone (shutdown); nothing else to tell
+            log.debug("engine %s: emit failed", self.name, exc_info=True)
+
+
+def _group_chunks(chunks: list[tuple[Any, int]]) -> list[list[tuple[Any, int]]]:
+    """Batch prefill chunks into forwards with at most ~25% padding (rows are left-padded)."""
+    groups: list[list[tuple[Any, int]]] = []
+    real = 0
+    for item in sorted(chunks, key=lambda c: -c[1]):
+        if groups:
+            g = groups[-1]
+            width = g[0][1]
+            if (len(g) + 1) * width <= 1.25 * (real + item[1]):
+                g.append(item)
+                real += item[1]
+                continue
+        groups.append([item])
+        real = item[1]
+    return groups
+
+
+class LocalEngine:
+    """An :class:`EngineCore` running in a thread of this process (the default)."""
+
+    def __init__(self, llm: Any, config: EngineConfig, name: str = "0") -> None:
+        self.name = name
+        self.config = config
+        self.core = EngineCore(llm, config, self._emit, name)
+        self.capacity_tokens: int | None = self.core.capacity_tokens
+        self.block_size: int | None = self.core.block_size
+        self.healthy = True
+        self.pid = None
+        self._deliver: Callable[[list[Event]], None] | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self, deliver: Callable[[list[Event]], None]) -> None:
+        """``deliver`` is called from the engine thread with each batch of events."""
+        self._deliver = deliver
+        self._thread = threading.Thread(
+            target=self._run, name=f"pace-engine-{self.name}", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.core.run()
+        except BaseException as exc:  # a bug outside a step: fail everything in flight
+            log.exception("engine %s: loop died", self.name)
+            self.healthy = False
+            self._emit([("dead", f"engine {self.name} stopped: {type(exc).__name__}: {exc}")])
+
+    def _emit(self, events: list[Event]) -> None:
+        if self._deliver is not None:
+            self._deliver(events)
+
+    def submit(self, specs: list[SeqSpec]) -> None:
+        self.core.submit(specs)
+
+    def cancel(self, keys: list[str]) -> None:
+        self.core.cancel(keys)
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        self.core.stop()
+        if self._thread is not None:
+            self._thread.join(timeout)

@@ -1,0 +1,225 @@
+"""The front door's side of the engines: routing, queue limits, event fan-out, metrics.
+
+Runs on the asyncio loop. Engines (threads or processes) deliver event batches from their own
+threads; :meth:`Frontend.deliver` hops onto the loop with ``call_soon_threadsafe`` and fans
+the events out to one :class:`Submission` (an ``asyncio.Queue``) per HTTP request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from pace_core.server.engine import Event, SeqSpec
+from pace_core.server.metrics import Metrics
+from pace_core.server.protocol import APIError
+
+log = logging.getLogger("pace.server")
+
+
+@dataclass
+class _SeqState:
+    sub: Submission
+    instance: int
+    last_token: float | None = None
+
+
+@dataclass
+class Submission:
+    """The sequences of one HTTP request and the queue their events arrive on."""
+
+    keys: list[str]
+    instance: int
+    created: float
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    remaining: set[str] = field(default_factory=set)
+    first_token: float | None = None
+    finish: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def done(self) -> bool:
+        return not self.remaining
+
+
+class Frontend:
+    """Routes requests to the least-loaded healthy instance and tracks what is in flight."""
+
+    def __init__(self, instances: list[Any], metrics: Metrics, *, max_running: int, max_queue: int):
+        self.instances = instances
+        self.metrics = metrics
+        self.max_running = max_running
+        self.max_queue = max_queue
+        self.outstanding = [0] * len(instances)
+        self.stats: list[tuple] = [("stats", 0, 0, 0.0, 0.0)] * len(instances)
+        self._seqs: dict[str, _SeqState] = {}
+        self._ids = itertools.count()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        for inst in instances:
+            metrics.init_instance(inst.name)
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        for i, inst in enumerate(self.instances):
+            inst.start(lambda events, i=i: self._threadsafe(i, events))
+
+    def shutdown(self) -> None:
+        for inst in self.instances:
+            try:
+                inst.shutdown()
+            except Exception:
+                log.exception("instance %s: shutdown failed", inst.name)
+
+    def _threadsafe(self, index: int, events: list[Event]) -> None:
+        loop = self.loop
+        if loop is None or loop.is_closed():
+            return
+        with contextlib.suppress(RuntimeError):  # the loop closed during shutdown
+            loop.call_soon_threadsafe(self.deliver, index, events)
+
+    # -- capacity ------------------------------------------------------------------------
+    @property
+    def healthy(self) -> bool:
+        return any(inst.healthy for inst in self.instances)
+
+    def capacity_tokens(self) -> int | None:
+        caps = [i.capacity_tokens for i in self.instances if i.capacity_tokens is not None]
+        return min(caps) if caps else None
+
+    def _choose(self, n: int) -> int:
+        candidates = [i for i, inst in enumerate(self.instances) if inst.healthy]
+        if not candidates:
+            raise APIError(
+                503,
+                "no engine instance is ready; retry shortly",
+                "service_unavailable",
+                code="engine_unavailable",
+                headers={"Retry-After": "2"},
+            )
+        best = min(candidates, key=lambda i: (self.outstanding[i], i))
+        load = self.outstanding[best]
+        if load > 0 and load + n - self.max_running > self.max_queue:
+            raise APIError(
+                429,
+                f"the server is at capacity ({load} sequences in flight on the least-loaded "
+                "instance); retry later",
+                "rate_limit_error",
+                code="queue_full",
+                headers={"Retry-After": "1"},
+            )
+        return best
+
+    # -- submissions ---------------------------------------------------------------------
+    def new_id(self) -> int:
+        return next(self._ids)
+
+    def submit(self, rid: str, specs: list[SeqSpec], prompt_tokens: int) -> Submission:
+        """Route all ``specs`` (one request) to one instance; raises 429/503 APIError."""
+        tried: set[int] = set()
+        while True:
+            index = self._choose(len(specs))
+            if index in tried:
+                raise APIError(
+                    503,
+                    "engine instances are restarting",
+                    "service_unavailable",
+                    headers={"Retry-After": "2"},
+                )
+            tried.add(index)
+            inst = self.instances[index]
+            sub = Submission([s.key for s in specs], index, time.monotonic())
+            sub.remaining = set(sub.keys)
+            for spec in specs:
+                self._seqs[spec.key] = _SeqState(sub, index)
+            self.outstanding[index] += len(specs)
+            try:
+                inst.submit(specs)
+            except (OSError, ValueError, AttributeError) as exc:
+                log.warning("instance %s refused a submission: %s", inst.name, exc)
+                self._drop(sub)
+                inst.healthy = False
+                continue
+            self.metrics.prompt_tokens.labels(inst.name).inc(prompt_tokens)
+            return sub
+
+    def cancel(self, sub: Submission) -> None:
+        """Stop the request's unfinished sequences and free their KV (client went away)."""
+        keys = [k for k in sub.keys if k in sub.remaining]
+        if keys:
+            self.instances[sub.instance].cancel(keys)
+        self._drop(sub)
+
+    def _drop(self, sub: Submission) -> None:
+        for key in list(sub.remaining):
+            if self._seqs.pop(key, None) is not None:
+                self.outstanding[sub.instance] -= 1
+        sub.remaining.clear()
+
+    def _finish(self, key: str, state: _SeqState) -> None:
+        self._seqs.pop(key, None)
+        state.sub.remaining.discard(key)
+        self.outstanding[state.instance] -= 1
+
+    # -- events --------------------------------------------------------------------------
+    def deliver(self, index: int, events: list[Event]) -> None:
+        name = self.instances[index].name
+        m = self.metrics
+        now = time.monotonic()
+        for ev in events:
+            kind = ev[0]
+            if kind == "tok":
+                state = self._seqs.get(ev[1])
+                if state is None:
+                    continue  # cancelled meanwhile
+                sub = state.sub
+                m.generation_tokens.labels(name).inc()
+                if sub.first_token is None:
+                    sub.first_token = now
+                    m.ttft.labels(name).observe(now - sub.created)
+                if state.last_token is not None:
+                    m.itl.labels(name).observe(now - state.last_token)
+                state.last_token = now
+                reason = ev[4]
+                if reason is not None:
+                    m.requests.labels(name, reason).inc()
+                    self._finish(ev[1], state)
+                    sub.finish[ev[1]] = reason
+                    if sub.done:
+                        m.e2e.labels(name).observe(now - sub.created)
+                sub.queue.put_nowait(ev)
+            elif kind == "admit":
+                if ev[1] in self._seqs:
+                    m.queue_time.labels(name).observe(ev[2])
+            elif kind == "err":
+                state = self._seqs.get(ev[1])
+                if state is None:
+                    continue
+                self._finish(ev[1], state)
+                state.sub.queue.put_nowait(ev)
+            elif kind == "stats":
+                self.stats[index] = ev
+                _, running, waiting, used, booked = ev
+                m.running.labels(name).set(running)
+                m.waiting.labels(name).set(waiting)
+                m.kv_usage.labels(name).set(used)
+                m.kv_booked.labels(name).set(booked)
+            elif kind == "dead":
+                self._fail_instance(index, ev[1])
+            elif kind == "ready":
+                log.info("instance %s ready (pid %s)", name, ev[3])
+
+    def _fail_instance(self, index: int, reason: str) -> None:
+        for key, state in list(self._seqs.items()):
+            if state.instance == index:
+                self._finish(key, state)
+                state.sub.queue.put_nowait(("err", key, reason, "engine_error", 503))
+        self.outstanding[index] = 0
+        self.stats[index] = ("stats", 0, 0, 0.0, 0.0)
+        name = self.instances[index].name
+        self.metrics.running.labels(name).set(0)
+        self.metrics.waiting.labels(name).set(0)

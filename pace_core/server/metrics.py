@@ -1,0 +1,91 @@
+"""Prometheus metrics of one server (its own registry, so apps never share series)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+_LATENCY = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
+_ITL = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0)
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+class Metrics:
+    """All series carry an ``instance`` label (``frontend`` for errors before routing)."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        inst = ["instance"]
+        self.ttft = Histogram(
+            "pace_time_to_first_token_seconds",
+            "Time from request arrival to its first generated token.",
+            inst,
+            buckets=_LATENCY,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "pace_inter_token_latency_seconds",
+            "Time between consecutive tokens of one sequence.",
+            inst,
+            buckets=_ITL,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "pace_e2e_request_latency_seconds",
+            "Time from request arrival to its last token.",
+            inst,
+            buckets=_LATENCY,
+            registry=r,
+        )
+        self.queue_time = Histogram(
+            "pace_request_queue_time_seconds",
+            "Time a sequence waited before the engine admitted it.",
+            inst,
+            buckets=_LATENCY,
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "pace_prompt_tokens", "Prompt tokens of admitted sequences.", inst, registry=r
+        )
+        self.generation_tokens = Counter(
+            "pace_generation_tokens", "Generated tokens.", inst, registry=r
+        )
+        self.requests = Counter(
+            "pace_requests_finished",
+            "Finished sequences (one per choice) by finish reason.",
+            [*inst, "finish_reason"],
+            registry=r,
+        )
+        self.errors = Counter(
+            "pace_request_errors",
+            "Requests answered with an error, by type.",
+            [*inst, "type"],
+            registry=r,
+        )
+        self.running = Gauge(
+            "pace_num_requests_running", "Sequences in prefill or decode.", inst, registry=r
+        )
+        self.waiting = Gauge(
+            "pace_num_requests_waiting", "Sequences queued for admission.", inst, registry=r
+        )
+        self.kv_usage = Gauge(
+            "pace_kv_cache_usage_ratio", "Fraction of KV cache blocks in use.", inst, registry=r
+        )
+        self.kv_booked = Gauge(
+            "pace_kv_cache_booked_ratio",
+            "Fraction of KV cache blocks booked by admitted sequences (prompt + max_tokens).",
+            inst,
+            registry=r,
+        )
+
+    def init_instance(self, name: str) -> None:
+        """Create the instance's series at zero so they are visible before any traffic."""
+        for metric in (self.ttft, self.itl, self.e2e, self.queue_time, self.prompt_tokens):
+            metric.labels(name)
+        for metric in (self.generation_tokens, self.running, self.waiting, self.kv_usage):
+            metric.labels(name)
+        self.kv_booked.labels(name)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

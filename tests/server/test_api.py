@@ -1,0 +1,224 @@
+"""OpenAI API surface against the real SmolLM2, driven by the official openai client."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+
+import httpx
+import pytest
+
+from .conftest import MODEL_NAME, client, wait_idle
+
+PROMPTS = [
+    "Once upon a time, there was a little",
+    "The capital of France is",
+    "def fibonacci(n):",
+]
+CHAT = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def _complete(http, prompt, max_tokens, **kw):
+    return client(http).completions.create(
+        model=MODEL_NAME, prompt=prompt, max_tokens=max_tokens, temperature=0, **kw
+    )
+
+
+def test_completions_greedy_match_offline_under_batching(server, offline):
+    refs = [offline(p, 16) for p in PROMPTS]
+    with cf.ThreadPoolExecutor(len(PROMPTS)) as pool:  # concurrent: one batch in the engine
+        outs = list(pool.map(lambda p: _complete(server, p, 16), PROMPTS))
+    for ref, out in zip(refs, outs):
+        choice = out.choices[0]
+        assert choice.text == ref.text
+        assert out.usage.completion_tokens == len(ref.token_ids)
+        assert out.usage.prompt_tokens == len(ref.prompt_token_ids)
+        assert out.usage.total_tokens == out.usage.prompt_tokens + out.usage.completion_tokens
+        assert choice.finish_reason == ref.finish_reason
+        assert out.object == "text_completion" and out.model == MODEL_NAME and out.id
+    wait_idle(server)
+
+
+def test_token_ids_match_offline(server, offline):
+    """logprobs tokens give the token sequence; compare ids via the tokenizer round trip."""
+    ref = offline(PROMPTS[0], 12)
+    out = _complete(server, ref.prompt_token_ids, 12, logprobs=0)
+    lp = out.choices[0].logprobs
+    assert len(lp.tokens) == len(ref.token_ids) == out.usage.completion_tokens
+    assert "".join(lp.tokens) == ref.text
+    assert all(v <= 0 for v in lp.token_logprobs)
+
+
+def test_long_prompt_chunked_prefill_matches_offline(server, offline, llm):
+    # ~300 tokens with a 64-token prefill budget: prefilled in 5 chunks over 5 iterations.
+    prompt = " ".join(f"item {i}," for i in range(100)) + " and the next item is"
+    assert len(llm.tokenizer(prompt)["input_ids"]) > 4 * 64
+    ref = offline(prompt, 8)
+    out = _complete(server, prompt, 8)
+    assert out.choices[0].text == ref.text
+
+
+def test_chat_greedy_matches_offline(server, offline):
+    ref = offline([CHAT], 20)
+    out = client(server).chat.completions.create(
+        model=MODEL_NAME, messages=CHAT, max_tokens=20, temperature=0
+    )
+    assert out.object == "chat.completion"
+    msg = out.choices[0].message
+    assert msg.role == "assistant" and msg.content == ref.text
+    assert out.usage.prompt_tokens == len(ref.prompt_token_ids)
+    assert out.usage.completion_tokens == len(ref.token_ids)
+    assert out.choices[0].finish_reason == ref.finish_reason
+
+
+def test_completion_stream_with_usage(server):
+    full = _complete(server, PROMPTS[1], 10)
+    stream = client(server).completions.create(
+        model=MODEL_NAME,
+        prompt=PROMPTS[1],
+        max_tokens=10,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == full.choices[0].text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 10
+    assert chunks[-1].usage.total_tokens == full.usage.total_tokens
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_chat_stream_n2_with_usage(server):
+    stream = client(server).chat.completions.create(
+        model=MODEL_NAME,
+        messages=CHAT,
+        max_tokens=8,
+        n=2,
+        temperature=0.8,
+        seed=7,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    texts, reasons, roles = {0: "", 1: ""}, {}, set()
+    usage = None
+    for c in stream:
+        if c.usage is not None:
+            usage = c.usage
+        for ch in c.choices:
+            if ch.delta.role:
+                roles.add(ch.index)
+            texts[ch.index] += ch.delta.content or ""
+            if ch.finish_reason:
+                reasons[ch.index] = ch.finish_reason
+    assert roles == {0, 1}
+    assert set(reasons) == {0, 1}
+    assert usage is not None and usage.completion_tokens <= 16
+    non_stream = client(server).chat.completions.create(
+        model=MODEL_NAME, messages=CHAT, max_tokens=8, n=2, temperature=0.8, seed=7
+    )
+    assert [c.message.content for c in non_stream.choices] == [texts[0], texts[1]]
+
+
+def test_n_and_seed_reproducible(server):
+    def run():
+        return client(server).completions.create(
+            model=MODEL_NAME, prompt=PROMPTS[0], max_tokens=8, n=3, temperature=1.0, seed=123
+        )
+
+    a, b = run(), run()
+    assert [c.index for c in a.choices] == [0, 1, 2]
+    assert [c.text for c in a.choices] == [c.text for c in b.choices]
+    assert len({c.text for c in a.choices}) > 1  # per-choice seeds differ
+    assert a.usage.prompt_tokens == b.usage.prompt_tokens
+    assert a.usage.completion_tokens <= 24
+
+
+def test_mixed_sampling_in_one_batch(server, offline, llm):
+    """Greedy, random, penalties and seeds together: the greedy rows stay exact."""
+    ref = offline(PROMPTS[2], 12)
+    (the,) = llm.tokenizer(" the")["input_ids"]
+    jobs = [
+        dict(prompt=PROMPTS[2], temperature=0),
+        dict(prompt=PROMPTS[0], temperature=0.9, seed=1, top_p=0.9),
+        dict(prompt=PROMPTS[1], temperature=0.7, frequency_penalty=1.0, presence_penalty=0.5),
+        dict(prompt=PROMPTS[0], temperature=1.0, extra_body={"top_k": 5, "min_p": 0.05}),
+        dict(prompt=PROMPTS[1], temperature=0, extra_body={"repetition_penalty": 1.3}),
+        dict(prompt=PROMPTS[2], temperature=0, logit_bias={str(the): 100}),
+    ]
+    c = client(server)
+    with cf.ThreadPoolExecutor(len(jobs)) as pool:
+        futs = [
+            pool.submit(c.completions.create, model=MODEL_NAME, max_tokens=12, **j) for j in jobs
+        ]
+        outs = [f.result() for f in futs]
+    assert outs[0].choices[0].text == ref.text
+    for out in outs:
+        assert out.usage.completion_tokens >= 1
+    assert outs[5].choices[0].text == " the" * 12  # +100 bias forces the token
+    wait_idle(server)
+
+
+def test_completion_logprobs(server):
+    out = _complete(server, PROMPTS[0], 6, logprobs=3)
+    lp = out.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 6
+    assert lp.text_offset == sorted(lp.text_offset) and lp.text_offset[0] == 0
+    for tok, val, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        assert len(top) <= 3 and val <= 0
+        assert tok in top  # greedy: the chosen token is the best one
+        assert max(top.values()) == pytest.approx(val, abs=1e-5)
+
+
+def test_chat_logprobs(server):
+    out = client(server).chat.completions.create(
+        model=MODEL_NAME, messages=CHAT, max_tokens=5, temperature=0, logprobs=True, top_logprobs=2
+    )
+    content = out.choices[0].logprobs.content
+    assert len(content) == out.usage.completion_tokens
+    assert "".join(c.token for c in content) == out.choices[0].message.content
+    for item in content:
+        assert len(item.top_logprobs) == 2
+        assert item.top_logprobs[0].logprob >= item.top_logprobs[1].logprob
+        assert bytes(item.bytes).decode("utf-8", "replace")
+
+
+def test_prompt_forms(server, llm):
+    ids = llm.tokenizer(PROMPTS[1])["input_ids"]
+    c = client(server)
+    a = c.completions.create(model=MODEL_NAME, prompt=PROMPTS[1], max_tokens=4, temperature=0)
+    b = c.completions.create(model=MODEL_NAME, prompt=ids, max_tokens=4, temperature=0)
+    assert a.choices[0].text == b.choices[0].text
+    many = c.completions.create(
+        model=MODEL_NAME, prompt=[PROMPTS[1], PROMPTS[0]], max_tokens=4, temperature=0, n=2
+    )
+    assert [ch.index for ch in many.choices] == [0, 1, 2, 3]
+    assert many.choices[0].text == many.choices[1].text == a.choices[0].text
+    both = c.completions.create(
+        model=MODEL_NAME, prompt=[ids, ids[:3]], max_tokens=4, temperature=0
+    )
+    assert both.choices[0].text == a.choices[0].text
+    assert both.usage.prompt_tokens == len(ids) + 3
+
+
+def test_stop_strings_and_echo(server):
+    c = client(server)
+    full = c.completions.create(model=MODEL_NAME, prompt=PROMPTS[0], max_tokens=16, temperature=0)
+    text = full.choices[0].text
+    word = text.split()[2]
+    out = c.completions.create(
+        model=MODEL_NAME, prompt=PROMPTS[0], max_tokens=16, temperature=0, stop=[word, "zzz"]
+    )
+    assert out.choices[0].finish_reason == "stop"
+    assert out.choices[0].text == text[: text.index(word)]
+    echo = c.completions.create(
+        model=MODEL_NAME, prompt=PROMPTS[0], max_tokens=3, temperature=0, echo=True
+    )
+    assert echo.choices[0].text.startswith(PROMPTS[0])
+
+
+def test_models_and_health(server):
+    models = client(server).models.list()
+    assert [m.id for m in models.data] == [MODEL_NAME]
+    r = httpx.get(server.url + "/health")
+    assert r.status_code == 200 and r.json() == {"status": "ok"}

@@ -1,0 +1,65 @@
+"""`pace serve` argument parsing and set-up errors (no model load)."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from pace_core.errors import ConfigError
+from pace_core.server.cli import add_serve_parser, build_server
+from pace_core.server.engine import EngineConfig, check_block_cache
+
+
+def _parse(argv):
+    parser = argparse.ArgumentParser(prog="pace")
+    add_serve_parser(parser.add_subparsers(dest="command", required=True))
+    return parser.parse_args(argv)
+
+
+def test_defaults():
+    args = _parse(["serve"])
+    assert args.model is None and args.host == "127.0.0.1" and args.port == 8000
+    assert args.kv_cache_type == "paged" and args.instances == 1
+    assert args.max_prefill_tokens == 512 and callable(args.func)
+
+
+def test_flags():
+    args = _parse(
+        [
+            "serve",
+            "smollm2",
+            "--port",
+            "9001",
+            "--instances",
+            "2",
+            "--api-key",
+            "k",
+            "--max-cache-tokens",
+            "4096",
+            "--request-timeout",
+            "0",
+            "--served-model-name",
+            "m",
+        ]
+    )
+    assert (args.model, args.port, args.instances, args.api_key) == ("smollm2", 9001, 2, "k")
+    assert args.max_cache_tokens == 4096 and args.request_timeout == 0
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "bmc"])
+def test_contiguous_cache_is_rejected(cache):
+    with pytest.raises(ConfigError, match="block cache"):
+        build_server(_parse(["serve", "--kv-cache-type", cache]))
+
+
+def test_engine_rejects_contiguous_cache_object():
+    with pytest.raises(ConfigError, match="paged"):
+        check_block_cache(object(), "dynamic")
+
+
+def test_engine_config_validation():
+    with pytest.raises(ConfigError):
+        EngineConfig(max_running=0)
+    with pytest.raises(ConfigError):
+        EngineConfig(max_prefill_tokens=0)

@@ -1,0 +1,147 @@
+"""The scheduler without HTTP: EngineCore driven one iteration at a time."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+from pace_core.sampling.config import SamplingConfig
+from pace_core.server.engine import EngineConfig, EngineCore, SeqSpec, _group_chunks
+
+from .conftest import THREADS
+
+
+@contextlib.contextmanager
+def one_thread():
+    saved = torch.get_num_threads()
+    torch.set_num_threads(THREADS)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.events: list[tuple] = []
+
+    def __call__(self, events):
+        self.events.extend(events)
+
+    def tokens(self, key: str) -> list[int]:
+        return [e[2] for e in self.events if e[0] == "tok" and e[1] == key]
+
+    def errors(self, key: str) -> list[tuple]:
+        return [e for e in self.events if e[0] == "err" and e[1] == key]
+
+
+def finish(core) -> None:
+    """Iterate until the inbox is drained and nothing is queued or running."""
+    core.run_once()
+    while core.busy:
+        core.run_once()
+
+
+def _spec(llm, key, prompt, max_tokens, **kw):
+    ids = llm.tokenizer(prompt)["input_ids"] if isinstance(prompt, str) else prompt
+    cfg = SamplingConfig(max_new_tokens=max_tokens, ignore_eos=True, **kw)
+    return SeqSpec(key, list(ids), cfg)
+
+
+@pytest.fixture
+def engine(llm):
+    def make(**kw):
+        rec = Recorder()
+        core = EngineCore(llm, EngineConfig(**kw), rec)
+        return core, rec
+
+    return make
+
+
+def test_group_chunks_limits_padding():
+    groups = _group_chunks([("a", 100), ("b", 90), ("c", 10), ("d", 8)])
+    assert [[k for k, _ in g] for g in groups] == [["a", "b"], ["c", "d"]]
+
+
+def test_chunked_prefill_interleaves_with_decode(llm, engine):
+    core, rec = engine(max_prefill_tokens=16)
+    long_prompt = list(range(100, 170))  # 70 tokens: 5 chunks of <= 16
+    with one_thread():
+        core.submit([_spec(llm, "A", "Hello there", 30)])
+        core.run_once()
+        assert len(rec.tokens("A")) == 1
+        core.submit([_spec(llm, "B", long_prompt, 4)])
+        for i in range(5):
+            core.run_once()
+            # A decodes one token every iteration while B's prompt is prefilled in chunks
+            assert len(rec.tokens("A")) == 2 + i
+            assert len(rec.tokens("B")) == (1 if i == 4 else 0)
+        assert core.cache.get_num_tokens(core.running[1].seq_id) == 70
+        while core.busy:
+            core.run_once()
+    assert len(rec.tokens("A")) == 30 and len(rec.tokens("B")) == 4
+    assert len(core.cache.free_blocks) == core.num_blocks and core.booked == 0
+
+
+def test_admission_books_prompt_plus_max_tokens(llm, engine):
+    core, _rec = engine(max_running=8)
+    per_seq = core.num_blocks * core.block_size // 2 - 16  # two bookings fit, three do not
+    with one_thread():
+        core.submit([_spec(llm, k, "Hi", per_seq - 2) for k in ("A", "B", "C")])
+        core.run_once()
+        assert [s.spec.key for s in core.running] == ["A", "B"]
+        assert [s.spec.key for s in core.waiting] == ["C"]
+        assert core.booked <= core.num_blocks
+        core.run_once()
+        assert [s.spec.key for s in core.waiting] == ["C"]  # still no room
+        core.cancel(["A"])
+        core.run_once()  # A leaves, its booking is released, C is admitted and prefilled
+        assert [s.spec.key for s in core.running] == ["B", "C"]
+        core.cancel(["B", "C"])
+        core.run_once()
+    assert not core.busy and core.booked == 0
+    assert len(core.cache.free_blocks) == core.num_blocks
+
+
+def test_max_running_caps_the_batch(llm, engine):
+    core, rec = engine(max_running=2)
+    with one_thread():
+        core.submit([_spec(llm, str(i), "Hi", 3) for i in range(5)])
+        core.run_once()
+        assert len(core.running) == 2 and len(core.waiting) == 3
+        while core.busy:
+            core.run_once()
+            assert len(core.running) + len(core.prefilling) <= 2
+    assert all(len(rec.tokens(str(i))) == 3 for i in range(5))
+
+
+def test_bad_request_fails_alone(llm, engine):
+    core, rec = engine()
+    bad = _spec(llm, "bad", "Hi", 3, logit_bias={10**7: 1.0})  # id outside the vocabulary
+    with one_thread():
+        core.submit([_spec(llm, "good", "Hi", 3), bad])
+        finish(core)
+    assert rec.errors("bad") and rec.errors("bad")[0][4] == 400
+    assert len(rec.tokens("good")) == 3
+    assert core.booked == 0 and len(core.cache.free_blocks) == core.num_blocks
+
+
+def test_oversized_request_is_rejected(llm, engine):
+    core, rec = engine()
+    with one_thread():
+        core.submit([_spec(llm, "big", "Hi", core.num_blocks * core.block_size)])
+        core.run_once()
+    assert rec.errors("big")[0][4] == 400 and not core.busy
+
+
+def test_stats_events(llm, engine):
+    core, rec = engine()
+    with one_thread():
+        core.submit([_spec(llm, "A", "Hi", 2)])
+        finish(core)
+        core.run_once()  # idle: flushes the final stats
+    stats = [e for e in rec.events if e[0] == "stats"]
+    assert any(s[1] == 1 and s[3] > 0 for s in stats)  # one running, some KV in use
+    assert stats[-1] == ("stats", 0, 0, 0.0, 0.0)

@@ -1,0 +1,145 @@
+"""Every invalid request is a 4xx in the OpenAI error shape, never a 5xx."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from .conftest import CACHE_TOKENS, MODEL_NAME, serve
+
+P = "/v1/completions"
+C = "/v1/chat/completions"
+MSG = [{"role": "user", "content": "hi"}]
+
+
+def _ok(**kw):
+    return {"model": MODEL_NAME, "prompt": "hi", "max_tokens": 2, **kw}
+
+
+def _chat(**kw):
+    return {"model": MODEL_NAME, "messages": MSG, "max_tokens": 2, **kw}
+
+
+# (id, path, body (dict = JSON, bytes = raw), status, param or None)
+CASES = [
+    ("malformed-json", P, b'{"prompt": "hi",', 400, None),
+    ("not-an-object", P, b"[1, 2, 3]", 400, None),
+    ("empty-body", P, b"", 400, None),
+    ("missing-prompt", P, {"model": MODEL_NAME}, 400, "prompt"),
+    ("prompt-wrong-type", P, _ok(prompt=5), 400, "prompt"),
+    ("prompt-mixed-list", P, _ok(prompt=[1, "a"]), 400, "prompt"),
+    ("empty-prompt", P, _ok(prompt=""), 400, "prompt"),
+    ("empty-prompt-list", P, _ok(prompt=[]), 400, "prompt"),
+    ("negative-token", P, _ok(prompt=[1, -2]), 400, "prompt"),
+    ("token-outside-vocab", P, _ok(prompt=[1, 10**7]), 400, "prompt"),
+    ("max-tokens-string", P, _ok(max_tokens="16"), 400, "max_tokens"),
+    ("max-tokens-zero", P, _ok(max_tokens=0), 400, "max_tokens"),
+    ("max-tokens-float", P, _ok(max_tokens=1.5), 400, "max_tokens"),
+    ("temperature-3", P, _ok(temperature=3), 400, "temperature"),
+    ("temperature-negative", P, _ok(temperature=-0.1), 400, "temperature"),
+    ("temperature-string", P, _ok(temperature="hot"), 400, "temperature"),
+    ("top-p-0", P, _ok(top_p=0), 400, "top_p"),
+    ("top-p-above-1", P, _ok(top_p=1.5), 400, "top_p"),
+    ("n-0", P, _ok(n=0), 400, "n"),
+    ("n-bool", P, _ok(n=True), 400, "n"),
+    ("too-many-stops", P, _ok(stop=["a", "b", "c", "d", "e"]), 400, "stop"),
+    ("empty-stop", P, _ok(stop=[""]), 400, "stop"),
+    ("stop-wrong-type", P, _ok(stop=5), 400, "stop"),
+    ("presence-penalty-3", P, _ok(presence_penalty=3), 400, "presence_penalty"),
+    ("frequency-penalty-low", P, _ok(frequency_penalty=-2.5), 400, "frequency_penalty"),
+    ("logprobs-6", P, _ok(logprobs=6), 400, "logprobs"),
+    ("logit-bias-key", P, _ok(logit_bias={"abc": 1}), 400, "logit_bias"),
+    ("logit-bias-range", P, _ok(logit_bias={"5": 101}), 400, "logit_bias.5"),
+    ("logit-bias-vocab", P, _ok(logit_bias={"99999999": 1}), 400, "logit_bias"),
+    ("seed-negative", P, _ok(seed=-1), 400, "seed"),
+    ("stream-string", P, _ok(stream="yes"), 400, "stream"),
+    ("stream-options-type", P, _ok(stream_options={"include_usage": "y"}), 400, None),
+    ("min-tokens-over-max", P, _ok(min_tokens=5, max_tokens=2), 400, None),
+    ("best-of-mismatch", P, _ok(best_of=3), 400, "best_of"),
+    ("suffix", P, _ok(suffix="x"), 400, "suffix"),
+    ("too-many-sequences", P, _ok(prompt=["a"] * 20, n=16), 400, "n"),
+    ("over-context", P, _ok(max_tokens=9000), 400, "max_tokens"),
+    ("over-kv-pool", P, _ok(max_tokens=4000), 400, "max_tokens"),
+    ("unknown-model", P, _ok(model="gpt-4"), 404, "model"),
+    ("chat-missing-messages", C, {"model": MODEL_NAME}, 400, "messages"),
+    ("chat-empty-messages", C, _chat(messages=[]), 400, "messages"),
+    ("chat-bad-role", C, _chat(messages=[{"role": "wizard", "content": "x"}]), 400, None),
+    ("chat-content-type", C, _chat(messages=[{"role": "user", "content": 3}]), 400, None),
+    ("chat-top-logprobs-21", C, _chat(logprobs=True, top_logprobs=21), 400, "top_logprobs"),
+    ("chat-top-logprobs-alone", C, _chat(top_logprobs=2), 400, "top_logprobs"),
+    ("chat-logprobs-int", C, _chat(logprobs=3), 400, "logprobs"),
+    ("chat-over-context", C, _chat(max_completion_tokens=9000), 400, "max_tokens"),
+    ("chat-unknown-model", C, _chat(model="nope"), 404, "model"),
+]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "param"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
+def test_invalid_requests(server, path, body, status, param):
+    kw = {"content": body} if isinstance(body, bytes) else {"json": body}
+    r = httpx.post(
+        server.url + path, headers={"content-type": "application/json"}, timeout=30, **kw
+    )
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["message"] and isinstance(err["message"], str)
+    if param is not None:
+        assert err["param"] == param, err
+
+
+def test_default_max_tokens_fit_context_and_kv_pool(server):
+    state = server.server_state
+    assert state.max_tokens(None, 10, None) == CACHE_TOKENS - 10  # clamped to the KV pool
+    assert state.max_tokens(None, 10, 1024) == 1024  # chat default
+    assert state.max_tokens(5, 10, 1024) == 5
+
+
+def test_unknown_fields_are_ignored(server):
+    r = httpx.post(server.url + P, json=_ok(frobnicate=True, user="u1"), timeout=30)
+    assert r.status_code == 200, r.text
+
+
+def test_unknown_route_and_method(server):
+    r = httpx.get(server.url + "/v1/nothing")
+    assert r.status_code == 404 and "error" in r.json()
+    r = httpx.get(server.url + P)
+    assert r.status_code == 405 and "error" in r.json()
+
+
+def test_api_key_and_size_limit(llm):
+    with serve(llm, api_key="sekrit", max_request_bytes=2000) as http:
+        url = http.url + P
+        r = httpx.post(url, json=_ok())
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        r = httpx.post(url, json=_ok(), headers={"Authorization": "Bearer wrong"})
+        assert r.status_code == 401
+        good = {"Authorization": "Bearer sekrit"}
+        assert httpx.post(url, json=_ok(), headers=good, timeout=30).status_code == 200
+        assert httpx.get(http.url + "/v1/models", headers=good).status_code == 200
+        assert httpx.get(http.url + "/v1/models").status_code == 401
+        assert httpx.get(http.url + "/health").status_code == 200  # health stays open
+        r = httpx.post(url, json=_ok(prompt="x" * 5000), headers=good)
+        assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+
+        def chunks():  # no Content-Length: the limit is enforced while reading
+            yield b'{"prompt": "'
+            for _ in range(10):
+                yield b"x" * 500
+            yield b'"}'
+
+        r = httpx.post(url, content=chunks(), headers=good)
+        assert r.status_code == 413
+
+
+def test_no_chat_template_is_400(llm):
+    saved = llm.tokenizer.chat_template
+    llm.tokenizer.chat_template = None
+    try:
+        with serve(llm) as http:
+            r = httpx.post(http.url + C, json=_chat())
+            assert r.status_code == 400
+            assert r.json()["error"]["code"] == "no_chat_template"
+    finally:
+        llm.tokenizer.chat_template = saved

@@ -1,0 +1,156 @@
+"""Bounded load: many concurrent streams, disconnects, overload and timeouts."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures as cf
+import contextlib
+import time
+from pathlib import Path
+
+import httpx
+import openai
+
+from .conftest import MODEL_NAME, client, engine_core, serve, wait_idle
+
+PROMPTS = [
+    "Once upon a time",
+    "The capital of France is",
+    "List three colors:",
+    "A long time ago, in a galaxy far, far away, there was a small planet where",
+]
+
+
+def test_32_concurrent_streams(server):
+    """32 streaming clients, mixed prompt/output lengths and sampling; all finish correctly,
+    identical greedy requests agree, and the KV pool is empty afterwards."""
+
+    async def one(c: openai.AsyncOpenAI, i: int):
+        prompt = PROMPTS[i % len(PROMPTS)] * (1 + i % 3)
+        max_tokens = 4 + (i % 4) * 4
+        greedy = i % 2 == 0
+        stream = await c.completions.create(
+            model=MODEL_NAME,
+            prompt=prompt,
+            max_tokens=max_tokens,
+            temperature=0 if greedy else 0.8,
+            seed=i,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        text, finish, usage = "", None, None
+        async for chunk in stream:
+            if chunk.usage is not None:
+                usage = chunk.usage
+            for ch in chunk.choices:
+                text += ch.text
+                finish = ch.finish_reason or finish
+        return (prompt, max_tokens, greedy), text, finish, usage
+
+    async def main():
+        c = openai.AsyncOpenAI(
+            base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=120
+        )
+        try:
+            return await asyncio.wait_for(asyncio.gather(*(one(c, i) for i in range(32))), 150)
+        finally:
+            await c.close()
+
+    started = time.monotonic()
+    results = asyncio.run(main())
+    assert time.monotonic() - started < 150
+    greedy_text: dict = {}
+    for (prompt, max_tokens, greedy), text, finish, usage in results:
+        assert finish in ("stop", "length")
+        assert usage is not None and 1 <= usage.completion_tokens <= max_tokens
+        if finish == "length":
+            assert usage.completion_tokens == max_tokens
+        if greedy:
+            key = (prompt, max_tokens)
+            assert greedy_text.setdefault(key, text) == text
+    wait_idle(server)
+
+
+def test_stream_disconnect_frees_kv(server):
+    core = engine_core(server)
+    body = {
+        "model": MODEL_NAME,
+        "prompt": PROMPTS[3],
+        "max_tokens": 400,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    with (
+        httpx.Client(timeout=60) as http,
+        http.stream("POST", server.url + "/v1/completions", json=body) as r,
+    ):
+        assert r.status_code == 200
+        lines = r.iter_lines()
+        got = 0
+        for line in lines:
+            if line.startswith("data: "):
+                got += 1
+                if got == 3:
+                    break
+        assert core.booked > 0  # the sequence is running and holds its booking
+    # the connection is closed here, mid-stream: the engine must drop the sequence
+    wait_idle(server, timeout=15)
+
+
+def test_nonstream_disconnect_frees_kv(server):
+    body = {"model": MODEL_NAME, "prompt": PROMPTS[0], "max_tokens": 400, "ignore_eos": True}
+    with contextlib.suppress(httpx.TimeoutException):
+        httpx.post(server.url + "/v1/completions", json=body, timeout=1.5)
+    wait_idle(server, timeout=15)
+
+
+def test_overload_gets_429_not_a_hang(llm):
+    with serve(llm, engine={"max_running": 1, "max_queue": 1}) as http:
+        c = client(http, timeout=60)
+
+        def call(i):
+            try:
+                c.completions.create(
+                    model=MODEL_NAME, prompt=PROMPTS[i % 4], max_tokens=12, temperature=0
+                )
+                return 200, None
+            except openai.RateLimitError as exc:
+                return 429, exc.response.headers.get("retry-after")
+
+        started = time.monotonic()
+        with cf.ThreadPoolExecutor(6) as pool:
+            results = list(pool.map(call, range(6)))
+        assert time.monotonic() - started < 60
+        codes = [code for code, _ in results]
+        assert codes.count(429) >= 1 and codes.count(200) >= 2, codes
+        assert all(ra is not None and int(ra) >= 1 for code, ra in results if code == 429)
+        wait_idle(http)
+        metrics = httpx.get(http.url + "/metrics").text
+        assert 'pace_request_errors_total{instance="frontend",type="rate_limit_error"}' in metrics
+
+
+def test_request_timeout(llm):
+    with serve(llm, request_timeout=1.0) as http:
+        body = {"model": MODEL_NAME, "prompt": "hi", "max_tokens": 500, "ignore_eos": True}
+        r = httpx.post(http.url + "/v1/completions", json=body, timeout=30)
+        assert r.status_code == 408 and r.json()["error"]["code"] == "request_timeout"
+        r = httpx.post(http.url + "/v1/completions", json={**body, "stream": True}, timeout=30)
+        assert r.status_code == 200
+        assert '"request_timeout"' in r.text and r.text.rstrip().endswith("data: [DONE]")
+        wait_idle(http)
+
+
+def _thread_cpu_ticks(native_id: int) -> int:
+    stat = Path(f"/proc/self/task/{native_id}/stat").read_text()
+    fields = stat.rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime (fields 14, 15 of stat)
+
+
+def test_idle_engine_does_not_spin(server):
+    wait_idle(server)
+    core = engine_core(server)
+    thread = server.server_state.frontend.instances[0]._thread
+    steps, ticks = core.steps, _thread_cpu_ticks(thread.native_id)
+    time.sleep(1.0)
+    assert core.steps == steps
+    assert _thread_cpu_ticks(thread.native_id) - ticks <= 2  # blocked on its inbox

@@ -1,0 +1,93 @@
+"""Multi-instance: engine processes with partitioned cores behind one front door."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import time
+
+import httpx
+import openai
+import pytest
+
+from pace_core.server.app import Server, ServerConfig, create_app
+from pace_core.server.engine import EngineConfig
+from pace_core.server.multi import partition_cores
+from pace_core.server.testing import ThreadedServer
+
+from .conftest import CACHE_TOKENS, MODEL_NAME
+
+
+def test_partition_cores():
+    assert partition_cores(2, [0, 1, 2, 3, 4]) == [[0, 1, 2], [3, 4]]
+    assert partition_cores(1, [0, 1]) == [[0, 1]]
+    assert partition_cores(3, [0, 1]) == [[0], [1], [0]]
+
+
+def _wait(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+@pytest.mark.slow  # 40-70 s here: three model loads in spawned processes
+def test_two_instances_survive_a_crash(smollm2_dir):
+    model_args = {
+        "model": str(smollm2_dir),
+        "dtype": "float32",
+        "kv_cache_type": "paged",
+        "max_cache_tokens": CACHE_TOKENS,
+    }
+    server = Server.multi_instance(
+        model_args,
+        2,
+        EngineConfig(max_running=8, max_queue=16),
+        ServerConfig(served_model_name=MODEL_NAME, request_timeout=120),
+    )
+    instances = server.frontend.instances
+    with ThreadedServer(create_app(server), timeout=60) as http:
+        _wait(lambda: all(i.healthy for i in instances), 240, "both instances ready")
+        assert httpx.get(http.url + "/health").status_code == 200
+        c = openai.OpenAI(base_url=http.url + "/v1", api_key="x", max_retries=0, timeout=120)
+
+        def call(i, max_tokens=6, **kw):
+            return c.completions.create(
+                model=MODEL_NAME,
+                prompt=f"Count to {i}:",
+                max_tokens=max_tokens,
+                temperature=0,
+                **kw,
+            )
+
+        # concurrent requests spread over both instances and agree with each other
+        with cf.ThreadPoolExecutor(4) as pool:
+            outs = list(pool.map(call, [3, 3, 3, 3]))
+        assert len({o.choices[0].text for o in outs}) == 1
+        assert server.metrics.render().count(b'pace_generation_tokens_total{instance="1"}') == 1
+        text = server.metrics.render().decode()
+        for name in ("0", "1"):
+            line = next(
+                x
+                for x in text.splitlines()
+                if x.startswith(f'pace_generation_tokens_total{{instance="{name}"}}')
+            )
+            assert float(line.split()[-1]) > 0, f"instance {name} served nothing"
+
+        # a long request lands on instance 0 (both idle: lowest index), then it is killed
+        victim = instances[0]
+        old_pid = victim.pid
+        with cf.ThreadPoolExecutor(1) as pool:
+            doomed = pool.submit(call, 1, 2000, extra_body={"ignore_eos": True})
+            _wait(lambda: server.frontend.outstanding[0] > 0, 30, "request on instance 0")
+            victim.kill()
+            with pytest.raises(openai.APIStatusError) as err:
+                doomed.result(timeout=60)
+        assert err.value.status_code == 503
+        # new requests succeed meanwhile (instance 1) and after the restart
+        assert call(5).choices[0].text
+        _wait(lambda: victim.healthy and victim.pid != old_pid, 240, "instance 0 restarted")
+        assert victim.restarts == 1
+        with cf.ThreadPoolExecutor(4) as pool:
+            outs = list(pool.map(call, [4, 4, 4, 4]))
+        assert all(o.choices[0].text for o in outs)
