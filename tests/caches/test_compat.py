@@ -22,7 +22,9 @@ class ContiguousOnly:
 
 
 @pytest.fixture
-def host_with_flat():
+def host_with_flat(monkeypatch):
+    # Only native and "flat" provide attention here, whatever else is installed.
+    monkeypatch.setenv("PACE_DISABLE_PLUGINS", "avx512,tpp,onednn")
     reset_host()
     host = get_host()
     host.register(ContiguousOnly(), "flat")

@@ -20,7 +20,9 @@ def test_profile_counts_calls_per_op(tiny_llama_dir):
 
 def test_no_profiler_by_default(tiny_llama_dir, monkeypatch):
     monkeypatch.delenv("PACE_PROFILE", raising=False)
-    model = LLMModel(tiny_llama_dir, dtype=torch.float32, load_tokenizer=False)
+    model = LLMModel(
+        tiny_llama_dir, dtype=torch.float32, load_tokenizer=False, opconfig="default=native"
+    )
     assert model.profiler is None
     from pace_native import kernels
 
