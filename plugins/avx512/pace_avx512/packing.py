@@ -1,0 +1,99 @@
+"""Weight packing: the ``prepare`` half of the prepared ops, run once at model build.
+
+Layouts (see ``csrc/kernels.h``), in blocks of 16 output columns, zero padded:
+
+- bf16 ``[NB, Kp/2, 32]``: element ``[b, p, 2j+e] = W[16b+j, 2p+e]`` (Kp = K rounded up to
+  even), so each 64-byte line is the k-pair operand of one ``vdpbf16ps`` for 16 columns;
+- fp32 ``[NB, K, 16]``: element ``[b, k, j] = W[16b+j, k]``.
+
+Each column block is one contiguous run of memory, so a thread streams its blocks linearly.
+Biases become fp32 padded to ``NB*16`` (the kernels add them in fp32 before rounding).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+BLOCK = 16
+ACTIVATIONS = {"silu": 0, "gelu": 1, "gelu_tanh": 2, "relu": 3}  # csrc/simd.h `Act`
+
+
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """``[N, K]`` -> the blocked layout of its dtype (bf16 VNNI pairs or fp32)."""
+    if weight.dim() != 2:
+        raise ValueError(f"pace-avx512 packs 2-D weights, got shape {tuple(weight.shape)}")
+    n, k = weight.shape
+    nb = -(-n // BLOCK)
+    if weight.dtype == torch.bfloat16:
+        kp = k + k % 2
+        w = F.pad(weight, (0, kp - k, 0, nb * BLOCK - n))
+        return (
+            w.view(nb, BLOCK, kp // 2, 2).permute(0, 2, 1, 3).reshape(nb, kp // 2, 32).contiguous()
+        )
+    if weight.dtype == torch.float32:
+        w = F.pad(weight, (0, 0, 0, nb * BLOCK - n))
+        return w.view(nb, BLOCK, k).permute(0, 2, 1).contiguous()
+    raise TypeError(f"pace-avx512 kernels take float32 or bfloat16 weights, got {weight.dtype}")
+
+
+def pack_bias(bias: torch.Tensor | None, n: int) -> torch.Tensor | None:
+    if bias is None:
+        return None
+    nb = -(-n // BLOCK)
+    return F.pad(bias.reshape(-1).float(), (0, nb * BLOCK - n)).contiguous()
+
+
+@dataclass(frozen=True)
+class PackedLinear:
+    weight: torch.Tensor  # packed, see module doc
+    bias: torch.Tensor | None  # fp32 [NB*16]
+    out_features: int
+    in_features: int
+
+
+@dataclass(frozen=True)
+class PackedQKV:
+    linear: PackedLinear  # [wq; wk; wv] packed as one matrix
+    sizes: tuple[int, int, int]
+
+
+@dataclass(frozen=True)
+class PackedGatedMLP:
+    gate_up: torch.Tensor  # blocks g0, u0, g1, u1, ... of the packed gate and up
+    down: torch.Tensor  # packed [hidden, intermediate]
+    activation: int  # ACTIVATIONS code
+    intermediate: int
+    hidden: int
+
+
+def prepare_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> PackedLinear:
+    n, k = weight.shape
+    return PackedLinear(pack(weight), pack_bias(bias, n), int(n), int(k))
+
+
+def prepare_qkv(
+    weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor] | None = None
+) -> PackedQKV:
+    sizes = tuple(int(w.shape[0]) for w in weights)
+    bias = torch.cat([b.reshape(-1) for b in biases]) if biases is not None else None
+    return PackedQKV(prepare_linear(torch.cat(list(weights)), bias), sizes)  # type: ignore[arg-type]
+
+
+def prepare_gated_mlp(
+    gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, activation: str
+) -> PackedGatedMLP:
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"unknown activation {activation!r}; known: {', '.join(ACTIVATIONS)}")
+    if gate.shape != up.shape or down.shape != gate.shape[::-1]:
+        raise ValueError(
+            f"gated MLP shapes disagree: gate {tuple(gate.shape)}, up {tuple(up.shape)}, "
+            f"down {tuple(down.shape)}"
+        )
+    g, u = pack(gate), pack(up)
+    gate_up = torch.stack([g, u], dim=1).reshape(2 * g.shape[0], *g.shape[1:])
+    inter, hidden = gate.shape
+    return PackedGatedMLP(gate_up, pack(down), ACTIVATIONS[activation], int(inter), int(hidden))

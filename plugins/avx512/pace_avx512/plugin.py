@@ -1,0 +1,102 @@
+"""Entry point of pace-avx512: registers the AVX-512 kernels under the backend ``avx512``.
+
+When the C++ extension gets built (the choice, and why):
+
+- ``import``/registration never compiles by default: compiling takes about a minute, and
+  every ``pace`` command and model load registers plugins.
+- If a build for this CPU target, torch version and source hash is already cached, the hook
+  imports it right away (a ``dlopen``, milliseconds). ``PACE_AVX512_EAGER=1`` makes the hook
+  compile when nothing is cached (e.g. to pay the cost at container start).
+- Otherwise the first *resolution* of one of these kernels compiles it: the ``supports``
+  predicate calls :func:`pace_avx512.build.available`, so at the first model load that picks
+  ``avx512``. If that build fails, the predicate returns the reason and the resolver falls
+  back to ``native`` (the resolver never picks a kernel that then fails), and the failure is
+  recorded so later processes register nothing, with the reason shown by ``pace plugins``.
+- The hook raises (plugin "failed", registers nothing) when this CPU could run the kernels
+  but they cannot be built here: no C++ compiler, no Python headers, no ninja, or an earlier
+  failed build. On a CPU without AVX-512 the kernels are registered anyway and the resolver
+  skips them by their ``cpu_features``, which shows the reason in ``pace ops`` and op plans.
+
+``pace_avx512.build.prebuild()`` builds ahead of time (for a future ``pace build-kernels``).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from pace_avx512 import build, kernels, packing
+from pace_core import hookimpl
+from pace_core.cpu import detect_cpu
+from pace_core.registry import OpContext, OpRegistry
+
+BACKEND = "avx512"
+PRIORITY = 50  # above native (0)
+DTYPES = (torch.float32, torch.bfloat16)
+# What the compiled code needs on every target (csrc is built with these ISA flags) ...
+BASE = build.BASE_FEATURES
+# ... and the bf16 dot-product kernels (vdpbf16ps) on top of it, checked per dtype below
+# because one registration serves both dtypes and fp32 runs without it.
+BF16_DOT = "avx512_bf16"
+
+
+def _supports(*, bf16_dot: bool):
+    def supports(ctx: OpContext) -> bool | str:
+        if bf16_dot and ctx.dtype == torch.bfloat16 and not detect_cpu().has(BF16_DOT):
+            return f"missing CPU features: {BF16_DOT} (bf16 kernels use vdpbf16ps)"
+        if ctx.op == "attention":
+            layout = getattr(ctx, "cache_layout", "contiguous")
+            if layout != "contiguous":
+                return f"cache layout {layout!r} not supported (contiguous only)"
+        if ctx.op == "gated_mlp":
+            act = getattr(ctx, "activation", None)  # absent when `pace ops` asks generally
+            if act is not None and act not in packing.ACTIVATIONS:
+                return f"activation {act!r} not implemented (have {', '.join(packing.ACTIVATIONS)})"
+        return build.available()
+
+    return supports
+
+
+def _check_buildable() -> None:
+    """Raise when this CPU could use the kernels but they cannot be built/loaded here."""
+    if build.loaded():
+        return
+    tag = build.target()
+    if tag is None:
+        return  # no AVX-512: register anyway, the resolver declines by cpu_features
+    if build.cached_library(tag) is not None:
+        build.load_extension()
+        return
+    failure = build.previous_failure(tag)
+    if failure is not None:
+        raise build.BuildError(failure + "\n(run pace_avx512.build.prebuild() to retry)")
+    problem = build.toolchain_problem()
+    if problem is not None:
+        raise build.BuildError(f"cannot build the kernels: {problem}")
+    if os.environ.get("PACE_AVX512_EAGER", "") not in ("", "0"):
+        build.load_extension()
+
+
+@hookimpl
+def pace_register_ops(registry: OpRegistry) -> None:
+    _check_buildable()
+
+    def add(op, fn, *, prepare=None, bf16_dot=True, description=""):
+        registry.add_kernel(
+            op, BACKEND, fn, dtypes=DTYPES, cpu_features=BASE, prepare=prepare,
+            supports=_supports(bf16_dot=bf16_dot), priority=PRIORITY, description=description,
+        )  # fmt: skip
+
+    add("linear", kernels.linear, prepare=packing.prepare_linear,
+        description="GEMV/GEMM over packed weights (bf16: vdpbf16ps, fp32: FMA)")  # fmt: skip
+    add("qkv_proj", kernels.qkv_proj, prepare=packing.prepare_qkv,
+        description="one GEMV/GEMM over the packed [wq; wk; wv]")  # fmt: skip
+    add("gated_mlp", kernels.gated_mlp, prepare=packing.prepare_gated_mlp,
+        description="gate/up in one pass with the activation fused, then down")  # fmt: skip
+    add("rms_norm", kernels.rms_norm, bf16_dot=False,
+        description="RMSNorm with fused residual add (fp32 math)")  # fmt: skip
+    add("rope", kernels.rope, bf16_dot=False,
+        description="rotary embedding in place (neox or interleaved)")  # fmt: skip
+    add("attention", kernels.attention, bf16_dot=False,
+        description="decode attention, GQA, online softmax (prefill: torch SDPA)")  # fmt: skip

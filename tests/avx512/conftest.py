@@ -1,0 +1,51 @@
+"""Fixtures of the pace-avx512 tests: the kernels built once per session, a clean PACE_* env.
+
+Each test module skips itself (module level, with the reason) on a CPU without AVX512-BF16
+or when pace-avx512 is not installed.
+
+The first session on a machine compiles the extension (~20-60 s on 2 busy cores); later
+sessions import the cached build from ``$PACE_CACHE_DIR/kernels/``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from pace_core import plugins
+from pace_core.cpu import detect_cpu
+
+PACE_ENV = (
+    "PACE_DISABLE_PLUGINS", "PACE_DISABLE_PLUGIN_AUTOLOAD", "PACE_PLUGINS",
+    "PACE_CPU_FEATURES", "PACE_CPU_FEATURES_DISABLE", "PACE_OPCONFIG", "PACE_AVX512_EAGER",
+)  # fmt: skip
+
+
+# Other first-party kernel plugins that may be installed alongside: fallback tests disable
+# them so that "falls back" means "to native", the end of every chain.
+OTHER_KERNEL_PLUGINS = "onednn,tpp"
+
+
+@pytest.fixture(scope="session")
+def ext():
+    """The compiled kernel module (built on first use, then cached)."""
+    from pace_avx512 import build
+
+    return build.load_extension()
+
+
+@pytest.fixture
+def only_native_fallback(clean_env):
+    clean_env.setenv("PACE_DISABLE_PLUGINS", OTHER_KERNEL_PLUGINS)
+    return clean_env
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch):
+    """No PACE_* overrides; CPU probe and plugin host fresh before and after the test."""
+    for name in PACE_ENV:
+        monkeypatch.delenv(name, raising=False)
+    detect_cpu.cache_clear()
+    plugins.reset_host()
+    yield monkeypatch
+    detect_cpu.cache_clear()
+    plugins.reset_host()

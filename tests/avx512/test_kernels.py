@@ -1,0 +1,201 @@
+"""Every pace-avx512 kernel against the pace-native reference, over randomized shapes.
+
+Tolerances (elementwise, ``ref`` computed by pace-native in fp32 from the same inputs):
+
+- fp32: ``|got - ref| <= 1e-4 * |ref| + 1e-5 * scale``, where ``scale = |x| @ |W|^T`` bounds
+  the reordering error of fp32 accumulation (it matters only under cancellation).
+- bf16 (fp32 accumulation, one rounding to bf16 at the end): ``|got - ref| <= 2^-8 * |ref|
+  + 1e-5 * scale``, one bf16 ulp. The gated MLP also rounds its intermediate ``h`` to bf16
+  (as native does), which adds ``2^-8 * (|h| @ |down|^T)``.
+- RMSNorm: the residual sum is exact (same rounding as torch); ``y`` within 1e-5 relative
+  (fp32) or one bf16 ulp (<= 2^-7 relative) of native's own output.
+- rope and attention: 1e-4 (fp32) or 2^-8 (bf16) relative to native in fp32 from the same
+  inputs (fp32 math, one rounding); attention also ``1e-5 * max|v|`` absolute.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pace_core.cpu import detect_cpu
+
+if not detect_cpu().has("avx512f", "avx512bw", "avx512vl", "avx512_bf16"):
+    pytest.skip("pace-avx512 tests need an AVX512-BF16 CPU", allow_module_level=True)
+pytest.importorskip("pace_avx512", reason="pip install --no-deps -e plugins/avx512")
+
+from pace_avx512 import kernels, packing
+from pace_native import kernels as native
+
+DTYPES = st.sampled_from([torch.float32, torch.bfloat16])
+ROWS = st.one_of(st.integers(1, 20), st.integers(64, 200))  # decode GEMV and prefill GEMM
+DIMS = st.one_of(st.integers(1, 80), st.integers(81, 300))  # incl. non-multiples of 16/32
+SETTINGS = settings(max_examples=40, deadline=None, derandomize=True)
+
+
+def tensor(seed: int, *shape: int, dtype: torch.dtype, scale: float = 1.0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=gen) * scale).to(dtype)
+
+
+def rows_of(x2d: torch.Tensor, lead: int) -> torch.Tensor:
+    """Give the activations a leading batch dim when it divides M (the kernels flatten it)."""
+    m = x2d.shape[0]
+    return x2d.view(lead, m // lead, -1) if m % lead == 0 else x2d
+
+
+def assert_within(got: torch.Tensor, ref: torch.Tensor, bound: torch.Tensor) -> None:
+    err = (got.float() - ref).abs()
+    worst = (err - bound).max()
+    assert worst <= 0, f"max error {float(err.max()):.3g} exceeds the bound by {float(worst):.3g}"
+
+
+def rel(dtype: torch.dtype) -> float:
+    return 1e-4 if dtype == torch.float32 else 2.0**-8
+
+
+@SETTINGS
+@given(dtype=DTYPES, m=ROWS, k=DIMS, n=DIMS, bias=st.booleans(), lead=st.sampled_from([1, 2]))
+def test_linear(ext, dtype, m, k, n, bias, lead):
+    x = rows_of(tensor(1, m, k, dtype=dtype), lead)
+    w = tensor(2, n, k, dtype=dtype, scale=k**-0.5)
+    b = tensor(3, n, dtype=dtype) if bias else None
+    got = kernels.linear(x, packing.prepare_linear(w, b))
+    assert got.dtype == dtype and got.shape == (*x.shape[:-1], n)
+    ref = native.linear(
+        x.float(), native.prepare_linear(w.float(), None if b is None else b.float())
+    )
+    scale = x.float().abs() @ w.float().abs().T
+    assert_within(got, ref, rel(dtype) * ref.abs() + 1e-5 * scale)
+
+
+@SETTINGS
+@given(dtype=DTYPES, m=ROWS, k=DIMS, sizes=st.tuples(DIMS, DIMS, DIMS), bias=st.booleans())
+def test_qkv_proj(ext, dtype, m, k, sizes, bias):
+    x = tensor(1, 1, m, k, dtype=dtype)
+    ws = [tensor(10 + i, s, k, dtype=dtype, scale=k**-0.5) for i, s in enumerate(sizes)]
+    bs = [tensor(20 + i, s, dtype=dtype) for i, s in enumerate(sizes)] if bias else None
+    got = kernels.qkv_proj(x, packing.prepare_qkv(ws, bs))
+    ref = native.qkv_proj(x.float(), native.prepare_qkv(
+        [w.float() for w in ws], None if bs is None else [b.float() for b in bs]))  # fmt: skip
+    for g, r, w in zip(got, ref, ws):
+        assert g.shape == r.shape and g.dtype == dtype
+        assert_within(g, r, rel(dtype) * r.abs() + 1e-5 * (x.float().abs() @ w.float().abs().T))
+
+
+@SETTINGS
+@given(dtype=DTYPES, m=ROWS, hidden=DIMS, inter=DIMS,
+       act=st.sampled_from(sorted(packing.ACTIVATIONS)))  # fmt: skip
+def test_gated_mlp(ext, dtype, m, hidden, inter, act):
+    x = tensor(1, m, hidden, dtype=dtype)
+    gate = tensor(2, inter, hidden, dtype=dtype, scale=hidden**-0.5)
+    up = tensor(3, inter, hidden, dtype=dtype, scale=hidden**-0.5)
+    down = tensor(4, hidden, inter, dtype=dtype, scale=inter**-0.5)
+    got = kernels.gated_mlp(x, packing.prepare_gated_mlp(gate, up, down, act))
+    assert got.shape == x.shape and got.dtype == dtype
+    gf, uf, df, xf = gate.float(), up.float(), down.float(), x.float()
+    ref = native.gated_mlp(xf, native.prepare_gated_mlp(gf, uf, df, act))
+    h = native.ACTIVATIONS[act](xf @ gf.T) * (xf @ uf.T)
+    # relative to the magnitude of the terms of the down projection; also covers the
+    # activations' exp/erf approximations (~1e-7) and fp32 accumulation order
+    assert_within(got, ref, rel(dtype) * (ref.abs() + h.abs() @ df.abs().T) + 1e-6)
+
+
+@SETTINGS
+@given(dtype=DTYPES, rows=st.one_of(st.integers(1, 8), st.integers(100, 300)),
+       h=DIMS, residual=st.booleans(), eps=st.sampled_from([1e-6, 1e-5, 0.1]))  # fmt: skip
+def test_rms_norm(ext, dtype, rows, h, residual, eps):
+    x = tensor(1, 1, rows, h, dtype=dtype)
+    res = tensor(2, 1, rows, h, dtype=dtype) if residual else None
+    w = tensor(3, h, dtype=torch.float32)
+    y, s = kernels.rms_norm(x, w, eps, res)
+    y_ref, s_ref = native.rms_norm(x, w, eps, res)
+    assert y.dtype == dtype and s.dtype == dtype and y.shape == x.shape
+    if res is None:
+        assert s is x  # native returns its input as the new residual
+    torch.testing.assert_close(s, s_ref, rtol=0, atol=0)
+    ulp = 1e-5 if dtype == torch.float32 else 2.0**-7
+    assert_within(y, y_ref.float(), ulp * y_ref.float().abs() + 1e-6)
+
+
+@SETTINGS
+@given(dtype=DTYPES, b=st.integers(1, 3), t=st.integers(1, 20), heads=st.sampled_from(
+       [(4, 2), (9, 3), (2, 2)]), d=st.sampled_from([8, 16, 24, 64, 80]),
+       part=st.sampled_from([1.0, 0.5]), interleaved=st.booleans())  # fmt: skip
+def test_rope_in_place(ext, dtype, b, t, heads, d, part, interleaved):
+    hq, hk = heads
+    qkv = tensor(1, b, t, (hq + 2 * hk) * d, dtype=dtype)  # q and k are strided views of it
+    q = qkv[..., : hq * d].view(b, t, hq, d)
+    k = qkv[..., hq * d : (hq + hk) * d].view(b, t, hk, d)
+    r = int(d * part) // 2 * 2
+    angles = tensor(2, b, t, r // 2, dtype=torch.float32)
+    emb = angles.repeat_interleave(2, -1) if interleaved else torch.cat([angles, angles], -1)
+    cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
+    ref = native.rope(q.float(), k.float(), cos.float(), sin.float(), interleaved)
+    q0, k0 = q.clone(), k.clone()
+    got = kernels.rope(q, k, cos, sin, interleaved)
+    assert got[0].data_ptr() == q.data_ptr() and got[1].data_ptr() == k.data_ptr()  # in place
+    for g, rf, before in zip(got, ref, (q0, k0)):
+        assert_within(g, rf, rel(dtype) * rf.abs() + 1e-6)
+        assert torch.equal(g[..., r:], before[..., r:])  # dims past R pass through
+
+
+def cache_view(k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> SimpleNamespace:
+    """A stand-in for a contiguous-layout KV cache view (keys/values/meta.mask)."""
+    meta = SimpleNamespace(mask=lambda window: mask)
+    return SimpleNamespace(keys=k, values=v, layout="contiguous", meta=meta)
+
+
+@SETTINGS
+@given(dtype=DTYPES, b=st.integers(1, 2), t=st.sampled_from([1, 2, 5, 16, 24]),
+       heads=st.sampled_from([(4, 2), (9, 3), (2, 2), (8, 1)]), s=st.integers(1, 300),
+       d=st.sampled_from([16, 24, 64, 128]), sinks=st.booleans())  # fmt: skip
+def test_attention(ext, dtype, b, t, heads, s, d, sinks):
+    hq, hk = heads
+    q = tensor(1, b, t, hq, d, dtype=dtype).transpose(1, 2)  # [B, Hq, T, D], strided
+    k = tensor(2, b, hk, s + 7, d, dtype=dtype)[:, :, :s]  # cache buffer wider than S
+    v = tensor(3, b, hk, s + 7, d, dtype=dtype)[:, :, :s]
+    mask = tensor(4, b, 1, t, s, dtype=torch.float32) > -0.5
+    mask[..., 0] = True  # no fully masked row
+    sink = tensor(5, hq, dtype=dtype) if sinks else None
+    got = kernels.attention(q, cache_view(k, v, mask), d**-0.5, sink)
+    assert got.shape == (b, hq, t, d) and got.dtype == dtype
+    if t > kernels.DECODE_MAX_QUERIES:  # prefill: delegated to native as is
+        assert torch.equal(got, native.attention(q, cache_view(k, v, mask), d**-0.5, sink))
+        return
+    f = lambda x: None if x is None else x.float()  # noqa: E731
+    ref = native.attention(q.float(), cache_view(k.float(), v.float(), mask), d**-0.5, f(sink))
+    # outputs are convex combinations of value rows: bound by the largest |v|
+    assert_within(got, ref, rel(dtype) * ref.abs() + 1e-5 * v.float().abs().max())
+
+
+def test_non_contiguous_and_odd_k(ext):
+    """Strided activations are copied; an odd K gets a zero pad lane (bf16 pairs)."""
+    for dtype in (torch.float32, torch.bfloat16):
+        x = tensor(1, 33, 8, dtype=dtype).T  # [8, 33], not contiguous
+        w = tensor(2, 40, 33, dtype=dtype)
+        got = kernels.linear(x, packing.prepare_linear(w))
+        ref, scale = x.float() @ w.float().T, x.float().abs() @ w.float().abs().T
+        assert_within(got, ref, rel(dtype) * ref.abs() + 1e-5 * scale)
+
+
+def test_packed_layouts():
+    """The documented layouts: bf16 [b, p, 2j+e] = W[16b+j, 2p+e]; fp32 [b, k, j] = W[16b+j, k]."""
+    w = torch.arange(20 * 7, dtype=torch.float32).view(20, 7)
+    p32 = packing.pack(w)
+    assert p32.shape == (2, 7, 16) and p32[1, 3, 2] == w[18, 3] and p32[1, 0, 5] == 0
+    p16 = packing.pack(w.bfloat16())
+    assert p16.shape == (2, 4, 32)
+    assert p16[1, 2, 2 * 3 + 1] == w[19, 5].bfloat16() and p16[0, 3, 1] == 0  # k pad
+    gu = packing.prepare_gated_mlp(w, w + 1, w.T.contiguous(), "silu").gate_up
+    assert torch.equal(gu[2], packing.pack(w)[1]) and torch.equal(gu[3], packing.pack(w + 1)[1])
+
+
+def test_empty_rows(ext):
+    for dtype in (torch.float32, torch.bfloat16):
+        w = packing.prepare_linear(torch.ones(5, 24, dtype=dtype))
+        assert kernels.linear(torch.zeros(0, 24, dtype=dtype), w).shape == (0, 5)

@@ -1,0 +1,118 @@
+"""End to end: a tiny random Llama on the avx512 kernels against the native plan.
+
+Shapes are chosen to hit the tails: hidden 96 (6 heads of 16, 2 KV heads: QKV N = 160),
+intermediate 200 and vocab 250 (not multiples of 16), prompts longer than 16 tokens (the
+prefill GEMM path) and single-token decode steps (the GEMV path).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pace_core.cpu import detect_cpu
+
+if not detect_cpu().has("avx512f", "avx512bw", "avx512vl", "avx512_bf16"):
+    pytest.skip("pace-avx512 tests need an AVX512-BF16 CPU", allow_module_level=True)
+pytest.importorskip("pace_avx512", reason="pip install --no-deps -e plugins/avx512")
+
+from pace_core import LLMModel, SamplingConfig
+
+OPS = ("linear", "qkv_proj", "gated_mlp", "rms_norm", "rope", "attention")
+AVX512 = {**dict.fromkeys(OPS, "avx512"), "default": "native", "strict": True}
+NATIVE = {"default": "native"}
+NEW_TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=250, hidden_size=96, intermediate_size=200, num_hidden_layers=2,
+        num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=128,
+        bos_token_id=None, eos_token_id=None, pad_token_id=None, tie_word_embeddings=False,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).eval()
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # larger weights than HF's init: clear greedy margins
+        for p in model.parameters():
+            noise = torch.randn(p.shape, generator=gen)
+            p.copy_(noise * 0.15 if p.dim() > 1 else 1 + noise * 0.1)
+    path = tmp_path_factory.mktemp("tiny_llama_avx512")
+    model.save_pretrained(path)
+    return path
+
+
+def load(path, dtype, opconfig):
+    return LLMModel(path, dtype=dtype, opconfig=opconfig, load_tokenizer=False)
+
+
+def prompt(length: int, seed: int = 1) -> torch.Tensor:
+    return torch.randint(3, 250, (1, length), generator=torch.Generator().manual_seed(seed))
+
+
+def greedy(model, ids):
+    cfg = SamplingConfig(max_new_tokens=NEW_TOKENS, ignore_eos=True)
+    out = model.generate(ids, cfg, output_logits=True)
+    return out.sequences[0].token_ids, out.logits[0]
+
+
+def test_plan_uses_avx512(tiny_llama, ext, clean_env):
+    model = load(tiny_llama, torch.float32, AVX512)
+    backends = model.op_plan.backends()
+    for op in OPS:
+        assert backends[op] == {"avx512"}, str(model.op_plan)
+
+
+def test_fp32_matches_native(tiny_llama, ext, clean_env):
+    ours, ref = load(tiny_llama, torch.float32, AVX512), load(tiny_llama, torch.float32, NATIVE)
+    ids = prompt(40)  # prefill M = 40: GEMM path
+    torch.testing.assert_close(ours.logits(ids), ref.logits(ids), rtol=0, atol=1e-4)
+    tokens, logits = greedy(ours, ids[:, :8])  # decode M = 1: GEMV path
+    ref_tokens, ref_logits = greedy(ref, ids[:, :8])
+    assert tokens == ref_tokens
+    torch.testing.assert_close(logits, ref_logits, rtol=0, atol=1e-4)
+
+
+def test_bf16_close_to_native(tiny_llama, ext, clean_env):
+    """bf16 logits: no further from the fp32 reference than native bf16 is (with margin)."""
+    exact = load(tiny_llama, torch.float32, NATIVE)
+    ours, ref = load(tiny_llama, torch.bfloat16, AVX512), load(tiny_llama, torch.bfloat16, NATIVE)
+    ids = prompt(40)
+    truth = exact.logits(ids).float()
+    ours_err = (ours.logits(ids).float() - truth).abs().max()
+    native_err = (ref.logits(ids).float() - truth).abs().max()
+    assert ours_err <= 2 * native_err + 1e-2, (float(ours_err), float(native_err))
+    _, truth_steps = greedy(exact, ids[:, :8])
+    tokens, steps = greedy(ours, ids[:, :8])
+    assert len(tokens) == NEW_TOKENS
+    # compare the first step only (later steps may follow different tokens)
+    assert (steps[0].float() - truth_steps[0]).abs().max() <= 2 * native_err + 1e-2
+
+
+def test_simulated_cpu_without_avx512_falls_back(tiny_llama, ext, only_native_fallback):
+    only_native_fallback.setenv("PACE_CPU_FEATURES_DISABLE", "avx512f,avx512_bf16")
+    detect_cpu.cache_clear()
+    model = load(tiny_llama, torch.float32, {**AVX512, "strict": False})
+    for (op, backend, reason), _ in model.op_plan.sites.items():
+        if op in OPS:
+            assert backend == "native"
+            assert "missing CPU features: avx512f" in reason, reason
+    ref = load(tiny_llama, torch.float32, NATIVE)
+    ids = prompt(10)
+    torch.testing.assert_close(model.logits(ids), ref.logits(ids), rtol=0, atol=0)
+
+
+def test_without_bf16_dot_fp32_still_runs(tiny_llama, ext, only_native_fallback):
+    """AVX-512 without AVX512-BF16: fp32 keeps the avx512 kernels, bf16 matmuls fall back."""
+    only_native_fallback.setenv("PACE_CPU_FEATURES_DISABLE", "avx512_bf16")
+    detect_cpu.cache_clear()
+    fp32 = load(tiny_llama, torch.float32, AVX512)
+    assert fp32.op_plan.backends()["linear"] == {"avx512"}
+    bf16 = load(tiny_llama, torch.bfloat16, {**AVX512, "strict": False})
+    plan = bf16.op_plan.backends()
+    assert plan["linear"] == {"native"} and plan["rms_norm"] == {"avx512"}
+    reasons = {reason for (op, _, reason) in bf16.op_plan.sites if op == "linear"}
+    assert any("avx512_bf16" in r for r in reasons), reasons

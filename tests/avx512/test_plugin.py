@@ -1,0 +1,114 @@
+"""pace-avx512 as a plugin: registration, `pace plugins`, build cache and failure handling.
+
+Failure cases use an empty ``PACE_CACHE_DIR`` (so nothing is cached) and a fake compiler;
+nothing here compiles for real (the session ``ext`` fixture did that once).
+"""
+
+from __future__ import annotations
+
+import stat
+
+import pytest
+import torch
+
+from pace_core.cpu import detect_cpu
+
+if not detect_cpu().has("avx512f", "avx512bw", "avx512vl", "avx512_bf16"):
+    pytest.skip("pace-avx512 tests need an AVX512-BF16 CPU", allow_module_level=True)
+pytest.importorskip("pace_avx512", reason="pip install --no-deps -e plugins/avx512")
+
+from pace_avx512 import build
+from pace_avx512.plugin import BACKEND, PRIORITY
+
+from pace_core import cli
+from pace_core.opconfig import OperatorConfig, OpResolver
+from pace_core.plugins import get_host
+from pace_core.registry import OpContext
+
+OPS = ("linear", "qkv_proj", "gated_mlp", "rms_norm", "rope", "attention")
+LINEAR = OpContext("linear", torch.float32, {"in_features": 64, "out_features": 64})
+
+
+@pytest.fixture
+def no_cache(clean_env, tmp_path, monkeypatch):
+    """An empty kernel cache and no kernel module loaded in this process (restored after)."""
+    clean_env.setenv("PACE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(build, "_module", None)
+    return tmp_path
+
+
+def fake_compiler(tmp_path) -> str:
+    """A "compiler" that reports a version (torch checks it) and fails every compile."""
+    path = tmp_path / "fake-c++"
+    path.write_text(
+        "#!/bin/sh\n"
+        'for a in "$@"; do case "$a" in --version|-dumpversion|-dumpfullversion)'
+        ' echo "c++ (GCC) 12.2.0"; exit 0;; esac; done\n'
+        "echo 'simulated compiler failure' >&2\nexit 1\n"
+    )
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return str(path)
+
+
+def test_pace_plugins_lists_avx512(ext, clean_env, capsys):
+    assert cli.main(["plugins"]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("avx512 "))
+    assert "pace-avx512" in line and " ok " in line and "6 kernels" in line
+
+
+def test_registrations(ext, clean_env):
+    ops = get_host().ops
+    for op in OPS:
+        spec = next(s for s in ops.candidates(op) if s.backend == BACKEND)
+        assert spec.priority == PRIORITY > 0
+        assert spec.cpu_features == frozenset(build.BASE_FEATURES)
+        assert spec.dtypes == {torch.float32, torch.bfloat16}
+        assert ops.candidates(op)[0].backend == BACKEND  # auto picks it on this CPU
+
+
+def test_build_is_tagged_and_threaded(ext):
+    tag = build.target()
+    assert tag == "avx512bf16" and ext.has_bf16
+    directory = build.build_dir(tag)
+    assert directory.name.startswith(f"avx512-{tag}-torch{torch.__version__}-")
+    assert build.cached_library(tag) is not None
+    assert "-march=native" not in build.TARGETS[tag][1]
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert ext.parallel_width() == 2  # -fopenmp reached compiler and linker
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_missing_compiler_fails_the_plugin(no_cache, clean_env):
+    clean_env.setenv("CXX", "/nonexistent/c++")
+    info = get_host().plugins["avx512"]
+    assert info.status == "failed" and "no C++ compiler" in info.error
+    assert BACKEND not in get_host().ops.backends()
+
+
+def test_failed_build_falls_back_then_fails_the_plugin(no_cache, only_native_fallback):
+    """A build that fails at first resolution: native with the reason, then recorded."""
+    only_native_fallback.setenv("CXX", fake_compiler(no_cache))
+    assert get_host().plugins["avx512"].status == "ok"  # the hook does not compile
+    resolver = OpResolver(get_host().ops, OperatorConfig(linear="avx512"))
+    res = resolver.resolve(LINEAR)
+    assert res.backend == "native"
+    assert "kernels unavailable" in res.fallback_reason and "failed" in res.fallback_reason
+    failure = build.previous_failure(build.target())
+    assert failure is not None and "simulated compiler failure" in failure
+    from pace_core.plugins import reset_host
+
+    reset_host()  # a later process: the recorded failure makes the plugin register nothing
+    info = get_host().plugins["avx512"]
+    assert info.status == "failed" and "simulated compiler failure" in info.error
+
+
+def test_cpu_without_avx512_registers_but_declines(only_native_fallback):
+    only_native_fallback.setenv("PACE_CPU_FEATURES_DISABLE", "avx512f,avx512_bf16")
+    detect_cpu.cache_clear()
+    host = get_host()
+    assert host.plugins["avx512"].status == "ok"
+    res = OpResolver(host.ops, OperatorConfig(linear="avx512")).resolve(LINEAR)
+    assert res.backend == "native" and "missing CPU features: avx512f" in res.fallback_reason
