@@ -9,10 +9,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from pace_native import kernels as native
 
 from pace_avx512 import build
 from pace_avx512.packing import PackedGatedMLP, PackedLinear, PackedQKV
-from pace_native import kernels as native
 
 # Queries per row up to which attention runs here; longer (prefill) goes to torch SDPA via
 # pace-native, whose flash kernel is the better tool there.
