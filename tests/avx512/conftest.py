@@ -20,8 +20,8 @@ PACE_ENV = (
 )  # fmt: skip
 
 
-# Other first-party kernel plugins that may be installed alongside: fallback tests disable
-# them so that "falls back" means "to native", the end of every chain.
+# Other first-party kernel plugins that may be installed alongside are disabled: fallbacks
+# then go to native (the end of every chain), and their own JIT builds stay out of these tests.
 OTHER_KERNEL_PLUGINS = "onednn,tpp"
 
 
@@ -34,16 +34,12 @@ def ext():
 
 
 @pytest.fixture
-def only_native_fallback(clean_env):
-    clean_env.setenv("PACE_DISABLE_PLUGINS", OTHER_KERNEL_PLUGINS)
-    return clean_env
-
-
-@pytest.fixture
 def clean_env(monkeypatch: pytest.MonkeyPatch):
-    """No PACE_* overrides; CPU probe and plugin host fresh before and after the test."""
+    """No PACE_* overrides but the other kernel plugins disabled; CPU probe and plugin host
+    fresh before and after the test."""
     for name in PACE_ENV:
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PACE_DISABLE_PLUGINS", OTHER_KERNEL_PLUGINS)
     detect_cpu.cache_clear()
     plugins.reset_host()
     yield monkeypatch

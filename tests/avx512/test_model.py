@@ -76,6 +76,21 @@ def test_fp32_matches_native(tiny_llama, ext, clean_env):
     torch.testing.assert_close(logits, ref_logits, rtol=0, atol=1e-4)
 
 
+def test_fp32_left_padded_batch_matches_native(tiny_llama, ext, clean_env):
+    """Batch of 3 (M = 3 GEMV rows, padded attention masks) against native and alone."""
+    ours, ref = load(tiny_llama, torch.float32, AVX512), load(tiny_llama, torch.float32, NATIVE)
+    prompts = [prompt(n, seed=7)[0] for n in (5, 8, 11)]
+    ids = torch.zeros(3, 11, dtype=torch.long)
+    mask = torch.zeros(3, 11, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, 11 - len(p) :], mask[i, 11 - len(p) :] = p, 1
+    batch = {"input_ids": ids, "attention_mask": mask}
+    sampling = SamplingConfig(max_new_tokens=NEW_TOKENS, ignore_eos=True)
+    together = ours.generate(batch, sampling).generated_token_ids
+    assert together == ref.generate(batch, sampling).generated_token_ids
+    assert together[1] == ours.generate(prompts[1].view(1, -1), sampling).generated_token_ids[0]
+
+
 def test_bf16_close_to_native(tiny_llama, ext, clean_env):
     """bf16 logits: no further from the fp32 reference than native bf16 is (with margin)."""
     exact = load(tiny_llama, torch.float32, NATIVE)
@@ -92,8 +107,8 @@ def test_bf16_close_to_native(tiny_llama, ext, clean_env):
     assert (steps[0].float() - truth_steps[0]).abs().max() <= 2 * native_err + 1e-2
 
 
-def test_simulated_cpu_without_avx512_falls_back(tiny_llama, ext, only_native_fallback):
-    only_native_fallback.setenv("PACE_CPU_FEATURES_DISABLE", "avx512f,avx512_bf16")
+def test_simulated_cpu_without_avx512_falls_back(tiny_llama, ext, clean_env):
+    clean_env.setenv("PACE_CPU_FEATURES_DISABLE", "avx512f,avx512_bf16")
     detect_cpu.cache_clear()
     model = load(tiny_llama, torch.float32, {**AVX512, "strict": False})
     for (op, backend, reason), _ in model.op_plan.sites.items():
@@ -105,9 +120,9 @@ def test_simulated_cpu_without_avx512_falls_back(tiny_llama, ext, only_native_fa
     torch.testing.assert_close(model.logits(ids), ref.logits(ids), rtol=0, atol=0)
 
 
-def test_without_bf16_dot_fp32_still_runs(tiny_llama, ext, only_native_fallback):
+def test_without_bf16_dot_fp32_still_runs(tiny_llama, ext, clean_env):
     """AVX-512 without AVX512-BF16: fp32 keeps the avx512 kernels, bf16 matmuls fall back."""
-    only_native_fallback.setenv("PACE_CPU_FEATURES_DISABLE", "avx512_bf16")
+    clean_env.setenv("PACE_CPU_FEATURES_DISABLE", "avx512_bf16")
     detect_cpu.cache_clear()
     fp32 = load(tiny_llama, torch.float32, AVX512)
     assert fp32.op_plan.backends()["linear"] == {"avx512"}

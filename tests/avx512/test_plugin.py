@@ -88,9 +88,9 @@ def test_missing_compiler_fails_the_plugin(no_cache, clean_env):
     assert BACKEND not in get_host().ops.backends()
 
 
-def test_failed_build_falls_back_then_fails_the_plugin(no_cache, only_native_fallback):
+def test_failed_build_falls_back_then_fails_the_plugin(no_cache, clean_env):
     """A build that fails at first resolution: native with the reason, then recorded."""
-    only_native_fallback.setenv("CXX", fake_compiler(no_cache))
+    clean_env.setenv("CXX", fake_compiler(no_cache))
     assert get_host().plugins["avx512"].status == "ok"  # the hook does not compile
     resolver = OpResolver(get_host().ops, OperatorConfig(linear="avx512"))
     res = resolver.resolve(LINEAR)
@@ -105,8 +105,8 @@ def test_failed_build_falls_back_then_fails_the_plugin(no_cache, only_native_fal
     assert info.status == "failed" and "simulated compiler failure" in info.error
 
 
-def test_cpu_without_avx512_registers_but_declines(only_native_fallback):
-    only_native_fallback.setenv("PACE_CPU_FEATURES_DISABLE", "avx512f,avx512_bf16")
+def test_cpu_without_avx512_registers_but_declines(clean_env):
+    clean_env.setenv("PACE_CPU_FEATURES_DISABLE", "avx512f,avx512_bf16")
     detect_cpu.cache_clear()
     host = get_host()
     assert host.plugins["avx512"].status == "ok"
