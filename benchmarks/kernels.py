@@ -9,6 +9,9 @@
 - GEMM (prefill, M = 128 and 512): GFLOP/s (2*M*N*K per call).
 - Decode ops of SmolLM2-135M (avx512 vs native, hot data): gated MLP, RMSNorm + residual,
   rope, attention over 512 cached tokens; microseconds per call.
+- ``--sections model`` (not in the default set): a whole model (``--model``, default the zoo's
+  SmolLM2-135M) on the native plan vs every op pace-avx512 serves: prefill time of a
+  128-token prompt and decode tokens/s over 32 new tokens.
 
 Backends: ``torch`` (F.linear on the [N, K] weight), ``mkldnn`` (oneDNN prepacked:
 ``torch.ops.mkldnn._reorder_linear_weight(w, M)`` + ``torch.ops.mkldnn._linear_pointwise``),
@@ -43,7 +46,8 @@ from common import emit
 SHAPES = {"576x1536": (576, 1536), "2048x8192": (2048, 8192), "4096x4096": (4096, 4096)}  # K x N
 COLD_BYTES = 96 << 20  # per weight set: 3x the 32 MiB L3 of the reference machine
 BACKENDS = ("torch", "mkldnn", "native", "avx512")
-SECTIONS = ("gemv", "gemm", "ops")
+SECTIONS = ("gemv", "gemm", "ops", "model")
+AVX512_OPS = ("linear", "qkv_proj", "gated_mlp", "rms_norm", "rope", "attention")
 COLUMNS = ["section", "dtype", "shape", "M", "threads", "backend", "value", "best", "unit",
            "vs_torch", "vs_native", "of_dram"]  # fmt: skip
 Backend = tuple[Callable[[torch.Tensor, int], Any], Callable[[torch.Tensor, Any], torch.Tensor]]
@@ -194,13 +198,41 @@ def bench_ops(args, dtype, threads, rows) -> None:
                  unit="us")  # fmt: skip
 
 
+def bench_model(args, dtype, threads, rows) -> None:
+    """Prefill (128 tokens) and decode (32 tokens) of a whole model, native vs avx512 plan."""
+    from pace_core import LLMModel, SamplingConfig, zoo
+
+    path = zoo.pull(args.model, quiet=True) if zoo.is_zoo_name(args.model) else args.model
+    plans = {"native": {"default": "native"},
+             "avx512": {**dict.fromkeys(AVX512_OPS, "avx512"), "default": "native",
+                        "strict": True}}  # fmt: skip
+    models = {name: LLMModel(path, dtype=dtype, opconfig=plan) for name, plan in plans.items()}
+    ids = torch.randint(100, 5000, (1, 128), generator=torch.Generator().manual_seed(0))
+    steps = {n: SamplingConfig(max_new_tokens=n, min_new_tokens=n) for n in (1, 33)}
+    fns = {f"{name}/{n}": partial(model.generate, ids, cfg)
+           for name, model in models.items() for n, cfg in steps.items()}  # fmt: skip
+    times = interleaved(fns, args.repeats, args.clock_fn)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    for name in models:
+        prefill, total = med[f"{name}/1"], med[f"{name}/33"]
+        fields = {"dtype": str(dtype).removeprefix("torch."), "shape": str(args.model),
+                  "threads": threads, "backend": name}  # fmt: skip
+        rows.append({**fields, "section": "model-prefill", "M": 128, "value": prefill * 1e3,
+                     "unit": "ms", "vs_native": med["native/1"] / prefill})  # fmt: skip
+        decode = 32 / (total - prefill)
+        native = 32 / (med["native/33"] - med["native/1"])
+        rows.append({**fields, "section": "model-decode", "M": 1, "value": decode,
+                     "unit": "tok/s", "vs_native": decode / native})  # fmt: skip
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
     p.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     p.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=BACKENDS)
-    p.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=SECTIONS)
+    p.add_argument("--sections", nargs="+", default=list(SECTIONS[:3]), choices=SECTIONS)
+    p.add_argument("--model", default="smollm2", help="zoo name or path (--sections model)")
     p.add_argument("--gemv-m", nargs="+", type=int, default=[1, 8])
     p.add_argument("--gemm-m", nargs="+", type=int, default=[128, 512])
     p.add_argument("--repeats", type=int, default=7)
@@ -226,6 +258,8 @@ def main() -> None:
                 bench_linear(args, dtype, threads, dram, rows)
                 if "ops" in args.sections and "avx512" in args.backends:
                     bench_ops(args, dtype, threads, rows)
+                if "model" in args.sections:
+                    bench_model(args, dtype, threads, rows)
     emit("kernels", rows, COLUMNS, args.out)
 
 
