@@ -32,8 +32,6 @@ from typing import Any
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 _TEXT = (
     "the quick brown fox jumps over a lazy dog while seven curious engineers measure how "
     "fast a small language model answers many questions at once on two shared cores"
@@ -298,7 +296,7 @@ def main() -> int:
         "itl_p99_ms",
         "e2e_p50_s",
     ]
-    from common import emit
+    from pace_core.bench.common import emit
 
     emit("serving", rows, columns, args.out)
     if args.out:

@@ -10,14 +10,11 @@ reports the median in µs per step, per-token cost and the cache memory in use.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import emit
+from pace_core.bench.common import emit
 
 
 def make_cache(kind: str, hk: int, d: int, dtype, tokens: int):

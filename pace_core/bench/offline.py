@@ -9,13 +9,11 @@ for batch 1 and 8 at 1 and 2 threads; reports medians and the pace/transformers 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import emit, median_time
+from pace_core.bench.common import emit, median_time
 
 
 def run_pace(model, ids, new_tokens):

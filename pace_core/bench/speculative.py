@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -32,8 +31,7 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import emit
+from pace_core.bench.common import emit
 
 CODE = '''def summarize_orders(orders, tax_rate=0.08):
     """Return per-customer totals and the grand total of a list of orders."""

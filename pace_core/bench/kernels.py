@@ -29,19 +29,16 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from functools import partial
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import emit
+from pace_core.bench.common import emit
 
 SHAPES = {"576x1536": (576, 1536), "2048x8192": (2048, 8192), "4096x4096": (4096, 4096)}  # K x N
 COLD_BYTES = 96 << 20  # per weight set: 3x the 32 MiB L3 of the reference machine
