@@ -144,31 +144,53 @@ def test_rope_in_place(ext, dtype, b, t, heads, d, part, interleaved):
         assert torch.equal(g[..., r:], before[..., r:])  # dims past R pass through
 
 
-def cache_view(k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> SimpleNamespace:
-    """A stand-in for a contiguous-layout KV cache view (keys/values/meta.mask)."""
+def cache_view(k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, layout: str, seed: int):
+    """A cache view of ``k``/``v`` ``[B, Hk, S, D]`` in ``layout``: the contiguous tensors, or
+    pools of shuffled blocks (16-token ``paged``, 64-token ``slab``) with a block table."""
     meta = SimpleNamespace(mask=lambda window: mask)
-    return SimpleNamespace(keys=k, values=v, layout="contiguous", meta=meta)
+    if layout == "contiguous":
+        return SimpleNamespace(keys=k, values=v, layout=layout, meta=meta)
+    b, hk, s, d = k.shape
+    bs = 16 if layout == "paged" else 64
+    per_row = -(-s // bs)
+    order = torch.randperm(b * per_row + 3, generator=torch.Generator().manual_seed(seed))
+    table = order[: b * per_row].view(b, per_row)  # block ids scattered over a larger pool
+
+    def pool(x: torch.Tensor) -> torch.Tensor:
+        out = torch.randn(b * per_row + 3, hk, bs, d).to(x.dtype)  # garbage in unused slots
+        padded = torch.nn.functional.pad(x, (0, 0, 0, per_row * bs - s))
+        out[table.reshape(-1)] = padded.view(b, hk, per_row, bs, d).transpose(1, 2).reshape(
+            b * per_row, hk, bs, d
+        )
+        return out
+
+    return SimpleNamespace(key_pool=pool(k), value_pool=pool(v), block_table=table,
+                           block_size=bs, layout=layout, meta=meta)  # fmt: skip
 
 
 @SETTINGS
-@given(dtype=DTYPES, b=st.integers(1, 2), t=st.sampled_from([1, 2, 5, 16, 24]),
+@given(dtype=DTYPES, b=st.integers(1, 2), t=st.sampled_from([1, 2, 5, 16, 17, 40]),
        heads=st.sampled_from([(4, 2), (9, 3), (2, 2), (8, 1)]), s=st.integers(1, 300),
-       d=st.sampled_from([16, 24, 64, 128]), sinks=st.booleans())  # fmt: skip
-def test_attention(ext, dtype, b, t, heads, s, d, sinks):
+       d=st.sampled_from([16, 24, 64, 128]), sinks=st.booleans(), causal=st.booleans(),
+       layout=st.sampled_from(["contiguous", "paged", "slab"]))  # fmt: skip
+def test_attention(ext, dtype, b, t, heads, s, d, sinks, causal, layout):
     hq, hk = heads
     q = tensor(1, b, t, hq, d, dtype=dtype).transpose(1, 2)  # [B, Hq, T, D], strided
     k = tensor(2, b, hk, s + 7, d, dtype=dtype)[:, :, :s]  # cache buffer wider than S
     v = tensor(3, b, hk, s + 7, d, dtype=dtype)[:, :, :s]
-    mask = tensor(4, b, 1, t, s, dtype=torch.float32) > -0.5
+    if causal:  # queries are the last t positions; the second row is shorter (ragged)
+        lens = torch.tensor([s, max(1, s - 5)])[:b]
+        keys, qpos = torch.arange(s), lens[:, None] - t + torch.arange(t)
+        mask = ((keys <= qpos[..., None]) & (keys < lens[:, None, None]))[:, None]
+    else:
+        mask = tensor(4, b, 1, t, s, dtype=torch.float32) > -0.5
     mask[..., 0] = True  # no fully masked row
     sink = tensor(5, hq, dtype=dtype) if sinks else None
-    got = kernels.attention(q, cache_view(k, v, mask), d**-0.5, sink)
+    got = kernels.attention(q, cache_view(k, v, mask, layout, seed=s), d**-0.5, sink)
     assert got.shape == (b, hq, t, d) and got.dtype == dtype
-    if t > kernels.DECODE_MAX_QUERIES:  # prefill: delegated to native as is
-        assert torch.equal(got, native.attention(q, cache_view(k, v, mask), d**-0.5, sink))
-        return
     f = lambda x: None if x is None else x.float()  # noqa: E731
-    ref = native.attention(q.float(), cache_view(k.float(), v.float(), mask), d**-0.5, f(sink))
+    ref_view = cache_view(k.float(), v.float(), mask, "contiguous", seed=s)
+    ref = native.attention(q.float(), ref_view, d**-0.5, f(sink))
     # outputs are convex combinations of value rows: bound by the largest |v|
     assert_within(got, ref, rel(dtype) * ref.abs() + 1e-5 * v.float().abs().max())
 

@@ -9,15 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from pace_native import kernels as native
-
 from pace_avx512 import build
 from pace_avx512.packing import PackedGatedMLP, PackedLinear, PackedQKV
-
-# Queries per row up to which attention runs here; longer (prefill) goes to torch SDPA via
-# pace-native, whose flash kernel is the better tool there.
-DECODE_MAX_QUERIES = 16
-
 
 def _ext():
     return build.load_extension()  # a global check once loaded
@@ -53,7 +46,10 @@ def attention(
     q: torch.Tensor, kv: Any, scale: float, sinks: torch.Tensor | None = None,
     window: int | None = None,
 ) -> torch.Tensor:  # fmt: skip
-    """Decode attention over a contiguous cache view; prefill and other layouts: native."""
-    if q.shape[2] > DECODE_MAX_QUERIES or getattr(kv, "layout", "contiguous") != "contiguous":
-        return native.attention(q, kv, scale, sinks, window)
-    return _ext().attention(q, kv.keys, kv.values, kv.meta.mask(window), scale, sinks)
+    """Attention over a cache view: contiguous, or paged/slab pools read through the table."""
+    mask = kv.meta.mask(window)
+    if getattr(kv, "layout", "contiguous") == "contiguous":
+        return _ext().attention(q, kv.keys, kv.values, mask, scale, sinks)
+    return _ext().attention(
+        q, kv.key_pool, kv.value_pool, mask, scale, sinks, kv.block_table, kv.block_size
+    )

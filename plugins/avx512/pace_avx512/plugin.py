@@ -39,16 +39,13 @@ BASE = build.BASE_FEATURES
 # ... and the bf16 dot-product kernels (vdpbf16ps) on top of it, checked per dtype below
 # because one registration serves both dtypes and fp32 runs without it.
 BF16_DOT = "avx512_bf16"
+CACHE_LAYOUTS = ("contiguous", "paged", "slab")
 
 
 def _supports(*, bf16_dot: bool):
     def supports(ctx: OpContext) -> bool | str:
         if bf16_dot and ctx.dtype == torch.bfloat16 and not detect_cpu().has(BF16_DOT):
             return f"missing CPU features: {BF16_DOT} (bf16 kernels use vdpbf16ps)"
-        if ctx.op == "attention":
-            layout = getattr(ctx, "cache_layout", "contiguous")
-            if layout != "contiguous":
-                return f"cache layout {layout!r} not supported (contiguous only)"
         if ctx.op == "gated_mlp":
             act = getattr(ctx, "activation", None)  # absent when `pace ops` asks generally
             if act is not None and act not in packing.ACTIVATIONS:
@@ -82,10 +79,11 @@ def _check_buildable() -> None:
 def pace_register_ops(registry: OpRegistry) -> None:
     _check_buildable()
 
-    def add(op, fn, *, prepare=None, bf16_dot=True, description=""):
+    def add(op, fn, *, prepare=None, bf16_dot=True, description="", **extra):
         registry.add_kernel(
             op, BACKEND, fn, dtypes=DTYPES, cpu_features=BASE, prepare=prepare,
             supports=_supports(bf16_dot=bf16_dot), priority=PRIORITY, description=description,
+            **extra,
         )  # fmt: skip
 
     add("linear", kernels.linear, prepare=packing.prepare_linear,
@@ -98,5 +96,6 @@ def pace_register_ops(registry: OpRegistry) -> None:
         description="RMSNorm with fused residual add (fp32 math)")  # fmt: skip
     add("rope", kernels.rope, bf16_dot=False,
         description="rotary embedding in place (neox or interleaved)")  # fmt: skip
-    add("attention", kernels.attention, bf16_dot=False,
-        description="decode attention, GQA, online softmax (prefill: torch SDPA)")  # fmt: skip
+    add("attention", kernels.attention, bf16_dot=False, cache_layouts=CACHE_LAYOUTS,
+        description="flash-style attention (decode and prefill), GQA, sinks, windows; reads "
+        "paged/slab pools through the block table")  # fmt: skip

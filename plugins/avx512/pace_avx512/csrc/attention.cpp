@@ -1,12 +1,16 @@
-// Decode attention over contiguous-in-D K/V [B, Hk, S, D] with GQA, a boolean mask
-// (True = attend) and optional sinks, as pace_native.kernels.attention for few queries.
+// Attention of a few (decode) or many (prefill) queries over a KV cache with GQA, a boolean
+// mask (True = attend) and optional sinks, as pace_native.kernels.attention. The cache is
+// contiguous [B, Hk, S, D] or a block pool (paged / slab layouts) read through the block table
+// in place: no gather.
 //
-// One work item is (batch row, KV head): all `group * T` query rows of that KV head use each
-// block of BS keys/values while it is in L1, so K and V are read once per KV head (bf16
-// blocks are widened to fp32 once, for all rows). Scores of 16 keys come from 16 partial dot
-// products reduced together (no per-key horizontal sum); an online softmax (running max m,
-// running sum l, rescaled accumulator) means no [rows, S] score matrix is kept. A sink joins
-// the softmax denominator only: it starts as (m = sink, l = 1). All math is fp32.
+// One work item is (batch row, KV head, tile of query positions): all `group * tile` query
+// rows of that KV head use each block of BS keys/values while it is in L1, so K and V are read
+// once per KV head (bf16 blocks are widened to fp32 once, for all rows). Only the keys some row
+// of the tile may see are visited (a causal prefill tile stops at its last position). Scores of
+// 16 keys come from 16 partial dot products reduced together (no per-key horizontal sum); an
+// online softmax (running max m, running sum l, rescaled accumulator) means no [rows, S] score
+// matrix is kept (flash-attention style). A sink joins the softmax denominator only: it starts
+// as (m = sink, l = 1). All math is fp32.
 #include <omp.h>
 
 #include <algorithm>
@@ -42,6 +46,11 @@ static inline __m512 reduce16(const __m512 (&v)[16]) {
   return _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xDD));
 }
 
+// Bytes [0, n) of a 64-byte vector (n may exceed 64).
+static inline __mmask64 bytes_mask(int64_t n) {
+  return n >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << n) - 1);
+}
+
 // Mask bits of up to 16 keys (True = attend) starting at `m` with element stride `stride`.
 static inline __mmask16 mask_bits(const bool* m, int64_t stride, int64_t n) {
   if (stride == 1) {
@@ -53,26 +62,70 @@ static inline __mmask16 mask_bits(const bool* m, int64_t stride, int64_t n) {
   return bits;
 }
 
-// Rows [0, n) of a block of K or V as fp32 with row stride `ld`: bf16 is widened once into
-// `scratch` (shared by all query rows of the group), fp32 is read in place.
+// Rows s0 .. s0+n-1 of K or V for (batch row b, KV head g) as fp32 row pointers: bf16 is
+// widened once into `scratch` (shared by all query rows of the group), fp32 is read in place.
+// Without a block table the cache is [B, Hk, S, D] (strides st = b, h, s); with one it is a
+// pool [blocks, Hk, block_size, D] (st = block, h, s) and key s of row b lives in block
+// table[b, s / block_size].
 template <typename T>
-inline const float* as_fp32(const T* src, int64_t stride, int64_t n, int64_t D, int64_t Dp,
-                            float* scratch, int64_t& ld) {
-  if constexpr (std::is_same_v<T, float>) {
-    ld = stride;
-    return src;
-  } else {
-    for (int64_t j = 0; j < n; ++j)
+inline void rows_fp32(const T* base, const int64_t (&st)[3], const AttnArgs<T>& a, int64_t b,
+                      int64_t g, int64_t s0, int64_t n, int64_t D, int64_t Dp, float* scratch,
+                      const float* (&out)[BS]) {
+  for (int64_t j = 0; j < n; ++j) {
+    const int64_t s = s0 + j;
+    const T* src = a.table == nullptr
+                       ? base + b * st[0] + g * st[1] + s * st[2]
+                       : base + a.table[b * a.table_stride + s / a.block_size] * st[0] + g * st[1] +
+                             (s % a.block_size) * st[2];
+    if constexpr (std::is_same_v<T, float>) {
+      out[j] = src;
+    } else {
       for (int64_t i = 0; i < Dp; i += 16)
-        _mm512_storeu_ps(scratch + j * Dp + i, load(src + j * stride + i, lane_mask(D - i)));
-    ld = Dp;
-    return scratch;
+        _mm512_storeu_ps(scratch + j * Dp + i, load(src + i, lane_mask(D - i)));
+      out[j] = scratch + j * Dp;
+    }
   }
 }
 
+// Keys [lo, hi) that any of the query rows t0 .. t0+nt-1 of batch row b may attend: keys
+// outside are skipped entirely (causal prefill tiles, ragged rows, sliding windows).
 template <typename T>
-void attend_item(const AttnArgs<T>& a, int64_t b, int64_t g, std::vector<float>& buf) {
-  const int64_t group = a.hq / a.hk, rows = group * a.tq, D = a.d, Dp = (D + 15) / 16 * 16;
+void live_keys(const AttnArgs<T>& a, int64_t b, int64_t t0, int64_t nt, int64_t& lo,
+               int64_t& hi) {
+  lo = a.s, hi = 0;
+  for (int64_t t = t0; t < t0 + nt; ++t) {
+    const bool* m = a.mask + b * a.ms[0] + t * a.ms[1];
+    int64_t first = 0, last = a.s;
+    if (a.ms[2] == 1) {  // 64 mask bytes per test
+      while (first < a.s && !_mm512_test_epi8_mask(_mm512_maskz_loadu_epi8(bytes_mask(a.s - first), m + first),
+                                                   _mm512_set1_epi8(1))) first += 64;
+      while (last > first) {
+        const int64_t n = std::min<int64_t>(64, last - first);
+        const __mmask64 live = _mm512_test_epi8_mask(_mm512_maskz_loadu_epi8(bytes_mask(n), m + last - n),
+                                                     _mm512_set1_epi8(1));
+        if (live) {
+          last = last - n + 64 - __builtin_clzll(live);  // one past the highest live byte
+          break;
+        }
+        last -= n;
+      }
+      first = std::min(first, a.s);
+      if (last > first)
+        while (!m[first]) ++first;
+    } else {
+      while (first < a.s && !m[first * a.ms[2]]) ++first;
+      while (last > first && !m[(last - 1) * a.ms[2]]) --last;
+    }
+    if (last > first) lo = std::min(lo, first), hi = std::max(hi, last);
+  }
+  if (hi <= lo) lo = hi = 0;
+}
+
+// Query rows t0 .. t0+nt-1 of every head of KV head g in batch row b.
+template <typename T>
+void attend_item(const AttnArgs<T>& a, int64_t b, int64_t g, int64_t t0, int64_t nt,
+                 std::vector<float>& buf) {
+  const int64_t group = a.hq / a.hk, rows = group * nt, D = a.d, Dp = (D + 15) / 16 * 16;
   buf.assign(rows * (Dp * 2 + BS + 2) + 2 * BS * Dp, 0.0f);
   float* qf = buf.data();          // [rows, Dp] scaled queries
   float* acc = qf + rows * Dp;     // [rows, Dp] unnormalised outputs
@@ -81,36 +134,41 @@ void attend_item(const AttnArgs<T>& a, int64_t b, int64_t g, std::vector<float>&
   float* l = m + rows;             // [rows] running sum
   float* kscratch = l + rows;      // [BS, Dp] bf16 keys widened
   float* vscratch = kscratch + BS * Dp;
+  const float* keys[BS];           // fp32 row of each key of the block
+  const float* vals[BS];
   const float ninf = -std::numeric_limits<float>::infinity();
   const __m512 vscale = _mm512_set1_ps(a.scale);
   for (int64_t r = 0; r < rows; ++r) {
-    const int64_t h = g * group + r / a.tq, t = r % a.tq;
+    const int64_t h = g * group + r / nt, t = t0 + r % nt;
     const T* src = a.q + b * a.qs[0] + h * a.qs[1] + t * a.qs[2];
     for (int64_t i = 0; i < D; i += 16)
       _mm512_storeu_ps(qf + r * Dp + i, _mm512_mul_ps(load(src + i, lane_mask(D - i)), vscale));
     m[r] = a.sinks ? a.sinks[h] : ninf;
     l[r] = a.sinks ? 1.0f : 0.0f;
   }
-  const T* kb = a.k + b * a.ks[0] + g * a.ks[1];
-  const T* vb = a.v + b * a.vs[0] + g * a.vs[1];
-  for (int64_t s0 = 0; s0 < a.s; s0 += BS) {
-    const int64_t n = std::min(BS, a.s - s0);
-    int64_t kld, vld;
-    const float* keys = as_fp32(kb + s0 * a.ks[2], a.ks[2], n, D, Dp, kscratch, kld);
+  int64_t lo, hi;
+  live_keys(a, b, t0, nt, lo, hi);
+  for (int64_t s0 = lo; s0 < hi; s0 += BS) {
+    const int64_t n = std::min(BS, hi - s0);
+    rows_fp32(a.k, a.ks, a, b, g, s0, n, D, Dp, kscratch, keys);
     // scores, 16 keys at a time: 16 partial dot products, one transpose-add for all of them
     for (int64_t j0 = 0; j0 < n; j0 += 16) {
       const int64_t nk = std::min<int64_t>(16, n - j0);
       for (int64_t r = 0; r < rows; ++r) {
+        const int64_t t = t0 + r % nt;
+        const __mmask16 live = mask_bits(a.mask + b * a.ms[0] + t * a.ms[1] + (s0 + j0) * a.ms[2], a.ms[2], nk);
+        if (!live) {
+          _mm512_mask_storeu_ps(sc + r * BS + j0, lane_mask(nk), _mm512_set1_ps(ninf));
+          continue;
+        }
         __m512 dots[16];
         for (int j = 0; j < 16; ++j) dots[j] = _mm512_setzero_ps();
         for (int64_t i = 0; i < D; i += 16) {
           const __mmask16 mk = lane_mask(D - i);
           const __m512 qv = _mm512_loadu_ps(qf + r * Dp + i);
           for (int j = 0; j < 16; ++j)
-            if (j < nk) dots[j] = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(mk, keys + (j0 + j) * kld + i), dots[j]);
+            if (j < nk) dots[j] = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(mk, keys[j0 + j] + i), dots[j]);
         }
-        const int64_t t = r % a.tq;
-        const __mmask16 live = mask_bits(a.mask + b * a.ms[0] + t * a.ms[1] + (s0 + j0) * a.ms[2], a.ms[2], nk);
         const __m512 s = _mm512_mask_mov_ps(_mm512_set1_ps(ninf), live, reduce16(dots));
         _mm512_mask_storeu_ps(sc + r * BS + j0, lane_mask(nk), s);
       }
@@ -142,7 +200,7 @@ void attend_item(const AttnArgs<T>& a, int64_t b, int64_t g, std::vector<float>&
           _mm512_storeu_ps(acc + r * Dp + i, _mm512_mul_ps(_mm512_loadu_ps(acc + r * Dp + i), _mm512_set1_ps(alpha)));
     }
     // values: per query row, up to 128 output dims in registers while the block's rows go by
-    const float* vals = as_fp32(vb + s0 * a.vs[2], a.vs[2], n, D, Dp, vscratch, vld);
+    rows_fp32(a.v, a.vs, a, b, g, s0, n, D, Dp, vscratch, vals);
     for (int64_t i0 = 0; i0 < Dp; i0 += 128) {
       const int64_t nv = std::min<int64_t>(8, (Dp - i0) / 16);
       for (int64_t r = 0; r < rows; ++r) {
@@ -152,7 +210,7 @@ void attend_item(const AttnArgs<T>& a, int64_t b, int64_t g, std::vector<float>&
           const float pr = sc[r * BS + j];
           if (pr == 0.0f) continue;
           const __m512 pv = _mm512_set1_ps(pr);
-          const float* row = vals + j * vld + i0;
+          const float* row = vals[j] + i0;
           for (int c = 0; c < 8; ++c)
             if (c < nv) o[c] = _mm512_fmadd_ps(pv, _mm512_maskz_loadu_ps(lane_mask(D - i0 - 16 * c), row + 16 * c), o[c]);
         }
@@ -162,7 +220,7 @@ void attend_item(const AttnArgs<T>& a, int64_t b, int64_t g, std::vector<float>&
     }
   }
   for (int64_t r = 0; r < rows; ++r) {
-    const int64_t h = g * group + r / a.tq, t = r % a.tq;
+    const int64_t h = g * group + r / nt, t = t0 + r % nt;
     T* dst = a.out + ((b * a.hq + h) * a.tq + t) * D;
     const __m512 inv = _mm512_set1_ps(1.0f / l[r]);  // a fully masked row gives inf/NaN, like SDPA
     for (int64_t i = 0; i < D; i += 16)
@@ -174,14 +232,20 @@ void attend_item(const AttnArgs<T>& a, int64_t b, int64_t g, std::vector<float>&
 
 template <typename T>
 void attention(const AttnArgs<T>& a, int nthreads) {
-  const int64_t items = a.b * a.hk;
-  const int64_t work = items * a.s * a.d * (a.hq / a.hk) * a.tq;
+  // Decode (T <= 16): one item per (row, KV head). Prefill: tiles of QT query positions, so
+  // causal tiles skip the keys after them and the work spreads over threads.
+  const int64_t qt = a.tq <= 16 ? a.tq : 16, tiles = (a.tq + qt - 1) / qt;
+  const int64_t items = a.b * a.hk * tiles;
+  const int64_t work = a.b * a.hq * a.s * a.d * a.tq;
   const int nt = (int)std::max<int64_t>(1, std::min<int64_t>({(int64_t)nthreads, items, work / (1 << 16)}));
 #pragma omp parallel num_threads(nt) if (nt > 1)
   {
     std::vector<float> buf;
-#pragma omp for schedule(static)
-    for (int64_t it = 0; it < items; ++it) attend_item(a, it / a.hk, it % a.hk, buf);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t it = 0; it < items; ++it) {
+      const int64_t tile = it % tiles, bg = it / tiles, t0 = tile * qt;
+      attend_item(a, bg / a.hk, bg % a.hk, t0, std::min(qt, a.tq - t0), buf);
+    }
   }
 }
 

@@ -164,7 +164,8 @@ std::tuple<Tensor, Tensor> rope(Tensor q, Tensor k, const Tensor& cos, const Ten
 
 template <typename T>
 void run_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& m,
-                   const Tensor& sinks, double scale, Tensor& out) {
+                   const Tensor& sinks, const Tensor& table, int64_t block_size, double scale,
+                   Tensor& out) {
   AttnArgs<T> a{};
   a.q = ptr<T>(q);
   a.k = ptr<T>(k);
@@ -175,18 +176,24 @@ void run_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
     a.ks[i] = k.stride(i);
     a.vs[i] = v.stride(i);
   }
+  if (table.defined()) {
+    a.table = table.data_ptr<int64_t>();
+    a.table_stride = table.stride(0);
+    a.block_size = block_size;
+  }
   a.ms[0] = m.stride(0), a.ms[1] = m.stride(2), a.ms[2] = m.stride(3);
   a.sinks = sinks.defined() ? sinks.data_ptr<float>() : nullptr;
   a.scale = (float)scale;
   a.b = q.size(0), a.hq = q.size(1), a.tq = q.size(2), a.d = q.size(3);
-  a.hk = k.size(1), a.s = k.size(2);
+  a.hk = k.size(1), a.s = m.size(3);
   a.out = ptr<T>(out);
   attention<T>(a, threads());
 }
 
-// softmax(scale q k^T masked) v for q [B, Hq, T, D], k/v [B, Hk, S, D], mask [B, 1, T, S].
+// softmax(scale q k^T masked) v for q [B, Hq, T, D] and mask [B, 1, T, S] over
+// k/v [B, Hk, >= S, D] (no table) or pools [blocks, Hk, block_size, D] with table [B, n].
 Tensor attend(Tensor q, Tensor k, Tensor v, const Tensor& mask, double scale,
-              const OptTensor& sinks) {
+              const OptTensor& sinks, const OptTensor& block_table, int64_t block_size) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && mask.dim() == 4,
               "pace_avx512: attention expects 4-d q, k, v and mask");
   const bool bf = is_bf16(q);
@@ -194,9 +201,21 @@ Tensor attend(Tensor q, Tensor k, Tensor v, const Tensor& mask, double scale,
               "pace_avx512: attention q/k/v dtypes differ");
   TORCH_CHECK(mask.scalar_type() == at::kBool, "pace_avx512: attention mask must be bool");
   const int64_t B = q.size(0), Hq = q.size(1), T = q.size(2), D = q.size(3);
-  const int64_t Hk = k.size(1), S = k.size(2);
-  TORCH_CHECK(Hk > 0 && Hq % Hk == 0 && k.size(0) == B && k.size(3) == D && v.sizes() == k.sizes(),
+  const int64_t Hk = k.size(1), S = mask.size(3);
+  TORCH_CHECK(Hk > 0 && Hq % Hk == 0 && k.size(3) == D && v.sizes() == k.sizes(),
               "pace_avx512: attention shapes q ", q.sizes(), " k ", k.sizes(), " v ", v.sizes());
+  Tensor table;
+  if (block_table) {
+    table = *block_table;
+    TORCH_CHECK(table.scalar_type() == at::kLong && table.dim() == 2 && table.size(0) == B &&
+                    table.stride(1) == 1 && block_size > 0 && table.size(1) * block_size >= S &&
+                    k.size(2) == block_size,
+                "pace_avx512: block table ", table.sizes(), " / block size ", block_size,
+                " do not cover ", S, " keys of pool ", k.sizes());
+  } else {
+    TORCH_CHECK(k.size(0) == B && k.size(2) >= S, "pace_avx512: cache ", k.sizes(),
+                " has fewer than ", S, " keys for batch ", B);
+  }
   if (q.stride(3) != 1) q = q.contiguous();
   if (k.stride(3) != 1) k = k.contiguous();
   if (v.stride(3) != 1) v = v.contiguous();
@@ -204,8 +223,8 @@ Tensor attend(Tensor q, Tensor k, Tensor v, const Tensor& mask, double scale,
   const Tensor sk = sinks ? sinks->to(at::kFloat).contiguous() : Tensor();
   Tensor out = at::empty({B, Hq, T, D}, q.options());
   if (out.numel() == 0) return out;
-  if (bf) run_attention<bf16_t>(q, k, v, m, sk, scale, out);
-  else run_attention<float>(q, k, v, m, sk, scale, out);
+  if (bf) run_attention<bf16_t>(q, k, v, m, sk, table, block_size, scale, out);
+  else run_attention<float>(q, k, v, m, sk, table, block_size, scale, out);
   return out;
 }
 
@@ -221,7 +240,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gated_mlp", &gated_mlp, "act(x@gate) * (x@up) @ down over packed weights");
   m.def("rms_norm", &rms_norm, "RMSNorm with fused residual add -> (y, x + residual)");
   m.def("rope", &rope, "rotary embedding in place on q [B,T,Hq,D], k [B,T,Hk,D] -> (q, k)");
-  m.def("attention", &attend, "decode attention with GQA, boolean mask and sinks");
+  m.def("attention", &attend, "attention with GQA, boolean mask and sinks over a contiguous cache "
+        "or block pools + block table", py::arg("q"), py::arg("k"), py::arg("v"), py::arg("mask"),
+        py::arg("scale"), py::arg("sinks"), py::arg("block_table") = py::none(),
+        py::arg("block_size") = 0);
 #ifdef PACE_HAS_BF16
   m.attr("has_bf16") = true;
 #else

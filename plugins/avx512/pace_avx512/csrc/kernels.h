@@ -44,15 +44,20 @@ void rope_fp32(float* q, const int64_t* qs, int64_t hq, float* k, const int64_t*
                const float* cos, const float* sin, const int64_t* cs, int64_t B, int64_t T,
                int64_t R, bool interleaved, int nthreads);
 
-// Attention for few queries per row: softmax(scale q k^T, mask) v with GQA and sinks.
+// Attention: softmax(scale q k^T, mask) v with GQA and sinks, tiled over queries and keys.
+// K/V are [B, Hk, S, D] (table null; strides of b, h, s) or block pools [blocks, Hk, bs, D]
+// (strides of block, h, s) addressed through table[b * table_stride + s / block_size].
 template <typename T>
 struct AttnArgs {
   const T* q;
   int64_t qs[3];  // strides (elements) of b, h, t; d contiguous
   const T* k;
-  int64_t ks[3];  // b, h, s
+  int64_t ks[3];  // b (or block), h, s
   const T* v;
-  int64_t vs[3];  // b, h, s
+  int64_t vs[3];  // b (or block), h, s
+  const int64_t* table;  // [B, table_stride] block ids, or null for a contiguous cache
+  int64_t table_stride;
+  int64_t block_size;
   const bool* mask;
   int64_t ms[3];  // b, t, s (True = attend)
   const float* sinks;  // [hq] or null
