@@ -141,15 +141,17 @@ class LLMModel:
         """Which backend serves each op call site, with fallback reasons."""
         return self.model.plan
 
-    def new_cache(self) -> Any:
-        """An empty KV cache of this model's ``kv_cache_type``."""
+    def new_cache(self, **options: Any) -> Any:
+        """An empty KV cache of this model's ``kv_cache_type``; ``options`` override the
+        model's cache budget (``max_tokens``, ``memory_gb``) or pass cache-specific ones
+        (``block_size`` of the block caches)."""
         max_len = getattr(self.model.config, "max_position_embeddings", None) or 4096
         return self.cache_spec.factory(
             self.model.num_kv_heads,
             self.model.head_dims,
             self.dtype,
             max_seq_len=max_len,
-            **self.cache_options,
+            **{**self.cache_options, **options},
         )
 
     def sampling_defaults(self, **overrides: Any) -> SamplingConfig:

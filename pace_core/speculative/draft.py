@@ -5,11 +5,15 @@ tokens its cache holds (:attr:`ModelProposer.held`). After verification :meth:`o
 crops the rejected drafts, so the cache holds only accepted history; each round then feeds
 the tokens it has not seen (the target's last token, maybe the last accepted draft) and drafts
 ``k`` tokens. A consistency check against the history at every round crops anything else.
+
+A row whose draft cache is far behind (a new row: its whole prompt) first catches up in a
+forward of its own, so one long prompt does not pad the batched draft forward of every row.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -19,11 +23,20 @@ from pace_core.speculative.proposer import GREEDY, Proposal, RowSampling, choose
 __all__ = ["DraftModelProposer", "ModelProposer"]
 
 
-class ModelProposer:
-    """Shared KV bookkeeping of model-based proposers (classic draft, PARD)."""
+CATCH_UP = 2
+"""A row missing more tokens than this is caught up in a separate draft forward."""
 
-    def __init__(self, inferencer: ModelInferencer) -> None:
+
+class ModelProposer:
+    """Shared KV bookkeeping of model-based proposers (classic draft, PARD).
+
+    ``cache``: an empty draft KV cache to hold the rows (default: a new cache of the draft
+    model's own type and budget, made at the first round).
+    """
+
+    def __init__(self, inferencer: ModelInferencer, cache: Any | None = None) -> None:
         self.inferencer = inferencer
+        self.cache = cache
         self.kv: KVRows | None = None
         self.held: list[list[int]] = []  # per row: the tokens whose KV the draft cache holds
         self._base: list[int] = []  # per row: len(held) before this round's drafts were fed
@@ -32,9 +45,9 @@ class ModelProposer:
     def _sync(self, contexts: Sequence[Sequence[int]]) -> list[list[int]]:
         """Crop cached tokens that left the history; return each row's missing suffix."""
         if self.kv is None:
-            self.kv = self.inferencer.new_kv(len(contexts))
-            self.held = [[] for _ in contexts]
-            self._valid = [0] * len(contexts)
+            self.add_rows(len(contexts))
+        if len(self.held) != len(contexts):
+            raise ValueError(f"{len(contexts)} contexts for {len(self.held)} draft rows")
         crops, suffixes = [], []
         for b, ctx in enumerate(contexts):
             held = self.held[b]
@@ -47,7 +60,30 @@ class ModelProposer:
             suffixes.append(list(ctx[n:]))
             self._valid[b] = len(ctx)
         self.kv.crop(crops)
+        return self._catch_up(suffixes)
+
+    def _catch_up(self, suffixes: list[list[int]]) -> list[list[int]]:
+        """Feed all but the last token of long suffixes in a forward of those rows only."""
+        behind = [b for b, s in enumerate(suffixes) if len(s) > CATCH_UP]
+        if not behind:
+            return suffixes
+        rows = KVRows(self.kv.cache, [self.kv.seq_ids[b] for b in behind])
+        self.inferencer.forward([suffixes[b][:-1] for b in behind], rows, all_logits=False)
+        for b in behind:
+            self.held[b].extend(suffixes[b][:-1])
+            suffixes[b] = suffixes[b][-1:]
         return suffixes
+
+    def add_rows(self, count: int) -> None:
+        """``count`` new, empty rows after the current ones (between rounds)."""
+        if self.kv is None:
+            cache = self.cache if self.cache is not None else self.inferencer.llm.new_cache()
+            self.kv = KVRows(cache, [])
+        self.kv.extend(count)
+        self.held += [[] for _ in range(count)]
+        self._valid += [0] * count
+        if self._base:
+            self._base += [0] * count
 
     def _room(self, contexts: Sequence[Sequence[int]], k: Sequence[int], extra: int) -> list[int]:
         """``k`` capped so the draft never runs past its own context window."""

@@ -44,6 +44,10 @@ class KVRows:
         """Per layer ``(keys, values)`` ``[H, tokens, D]`` of one row (a copy)."""
         return self.cache.get_kv_states(self.seq_ids[row])
 
+    def extend(self, count: int) -> None:
+        """Add ``count`` empty sequences after the current rows."""
+        self.seq_ids += self.cache.add_sequences(count)
+
     def retain(self, rows: Sequence[int]) -> None:
         """Keep only ``rows`` (indices into this batch, in that order); free the others."""
         self.seq_ids = self.cache.retain([self.seq_ids[r] for r in rows])

@@ -25,14 +25,20 @@ import torch
 from pace_core.engine.generate import FinishFn, StepEvent
 from pace_core.sampling.sampler import BatchSampler, compute_logprobs
 from pace_core.speculative.inferencer import KVRows, ModelInferencer
-from pace_core.speculative.proposer import Proposal, Proposer, RowSampling
+from pace_core.speculative.proposer import (
+    Proposal,
+    Proposer,
+    RowSampling,
+    draft_budget,
+    sampling_rows,
+)
 from pace_core.speculative.stats import SpecStats
 from pace_core.speculative.verify import (
     align_left,
     append_ragged,
     check_processors,
-    process_positions,
-    verify_row,
+    stop_flags,
+    verify_batch,
 )
 
 __all__ = ["SpeculativeRun"]
@@ -116,30 +122,23 @@ class SpeculativeRun:
 
     def _budgets(self) -> list[int]:
         limit = self.target.max_positions
-        out = []
-        for i, r in enumerate(self.rows):
-            k = min(self.k, self.sampler.configs[i].max_new_tokens - self.num_generated[r] - 1)
-            if limit is not None:
-                k = min(k, limit - len(self.histories[r]) - 1)
-            out.append(max(0, k))
-        return out
+        cfgs = self.sampler.configs
+        return [
+            draft_budget(
+                self.k, cfgs[i].max_new_tokens, self.num_generated[r], len(self.histories[r]), limit
+            )
+            for i, r in enumerate(self.rows)
+        ]
 
     def _sampling(self) -> list[RowSampling]:
-        return [
-            RowSampling(cfg.is_greedy, cfg.temperature, gen)
-            for cfg, gen in zip(self.sampler.configs, self.sampler.generators)
-        ]
+        return sampling_rows(self.sampler)
 
     def _verify_and_emit(
         self, logits: torch.Tensor, proposal: Proposal, *, speculative: bool, t0: float = 0.0
     ) -> Iterator[StepEvent]:
         """Accept drafts, roll back, then emit position by position; ``logits`` left-aligned."""
-        sampler, drafts = self.sampler, proposal.tokens
-        processed = process_positions(sampler.processors, sampler.state, logits, drafts)
-        results = [
-            verify_row(processed[i, : len(d) + 1], d, proposal.probs[i], sampler.generators[i])
-            for i, d in enumerate(drafts)
-        ]
+        drafts = proposal.tokens
+        results = verify_batch(self.sampler, logits, drafts, proposal.probs)
         accepted = [m for _, m in results]
         if speculative:
             self.kv.crop([len(d) - m for d, m in zip(drafts, accepted)])
@@ -167,8 +166,7 @@ class SpeculativeRun:
                 r = self.rows[i]
                 self.num_generated[r] += 1
                 delivered[i].append(token)
-                eos = not cfgs[i].ignore_eos and token in (cfgs[i].eos_token_ids or ())
-                length = self.num_generated[r] >= cfgs[i].max_new_tokens
+                eos, length = stop_flags(cfgs[i], token, self.num_generated[r])
                 reason = self.finish(r, token, eos, length)
                 if reason is None and length:
                     reason = "length"  # never run past max_new_tokens

@@ -60,5 +60,8 @@ class PromptLookupProposer:
     def retain(self, rows: Sequence[int]) -> None:
         pass
 
+    def add_rows(self, count: int) -> None:
+        pass
+
     def close(self) -> None:
         pass

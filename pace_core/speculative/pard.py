@@ -57,8 +57,10 @@ def resolve_pard_token(config: Any, explicit: int | None, embed_rows: int, where
 class PardProposer(ModelProposer):
     """Parallel drafting with ``mask_token`` (see the module doc)."""
 
-    def __init__(self, inferencer: ModelInferencer, mask_token: int) -> None:
-        super().__init__(inferencer)
+    def __init__(
+        self, inferencer: ModelInferencer, mask_token: int, cache: Any | None = None
+    ) -> None:
+        super().__init__(inferencer, cache)
         self.mask_token = mask_token
 
     def propose(

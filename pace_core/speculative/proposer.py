@@ -1,10 +1,12 @@
 """The proposer interface: who drafts the tokens the target verifies.
 
-A proposer serves one batch (one ``generate`` call). Each round the engine calls
-:meth:`Proposer.propose` with the full token history of every live row (prompt + generated) and
-a per-row budget ``k[b]``; after verification it calls :meth:`Proposer.on_accept` with the
-number of draft tokens the target accepted per row, and :meth:`Proposer.retain` when rows
-finish. Model-based proposers keep their own KV cache and roll it back in those hooks.
+A proposer serves one batch: one ``generate`` call, or the changing batch of a server's
+continuous batching. Each round the engine calls :meth:`Proposer.propose` with the full token
+history of every live row (prompt + generated) and a per-row budget ``k[b]``
+(:func:`draft_budget`); after verification it calls :meth:`Proposer.on_accept` with the number
+of draft tokens the target accepted per row, :meth:`Proposer.retain` when rows finish and, between
+rounds, :meth:`Proposer.add_rows` when new rows join at the end. Model-based proposers keep
+their own KV cache and roll it back in those hooks.
 
 For sampling rows a proposer that *samples* its drafts returns the distribution ``q`` each
 draft token was drawn from (:attr:`Proposal.probs`); rejection sampling needs it. A
@@ -15,13 +17,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
 from pace_core.sampling.sampler import sample_from_logits
 
-__all__ = ["Proposal", "Proposer", "RowSampling", "choose_drafts"]
+__all__ = [
+    "Proposal",
+    "Proposer",
+    "RowSampling",
+    "choose_drafts",
+    "draft_budget",
+    "sampling_rows",
+]
 
 
 @dataclass(frozen=True)
@@ -35,6 +44,29 @@ class RowSampling:
 
 
 GREEDY = RowSampling()
+
+
+def sampling_rows(sampler: Any) -> list[RowSampling]:
+    """How each row of a :class:`~pace_core.sampling.sampler.BatchSampler` draws its drafts."""
+    return [
+        RowSampling(cfg.is_greedy, cfg.temperature, gen)
+        for cfg, gen in zip(sampler.configs, sampler.generators)
+    ]
+
+
+def draft_budget(
+    k: int, max_new_tokens: int, generated: int, history_len: int, limit: int | None
+) -> int:
+    """Drafts a row may get this round: at most ``k``, and few enough that the round's
+    ``drafts + 1`` emitted tokens stay within ``max_new_tokens`` and the context ``limit``.
+
+    So a verification forward never takes a sequence's KV past ``prompt + max_new_tokens - 1``
+    (or ``limit - 1``) tokens: a server's KV booking of ``prompt + max_tokens`` covers it.
+    """
+    budget = min(k, max_new_tokens - generated - 1)
+    if limit is not None:
+        budget = min(budget, limit - history_len - 1)
+    return max(0, budget)
 
 
 @dataclass
@@ -69,6 +101,11 @@ class Proposer(Protocol):
 
     def retain(self, rows: Sequence[int]) -> None:
         """Only ``rows`` (indices into the current live rows, in order) continue."""
+        ...
+
+    def add_rows(self, count: int) -> None:
+        """``count`` new rows join after the live ones (between rounds; their history arrives
+        with the next :meth:`propose`)."""
         ...
 
     def close(self) -> None:

@@ -137,15 +137,20 @@ class Speculator:
     def num_speculative_tokens(self) -> int:
         return self.config.num_speculative_tokens
 
-    def new_proposer(self) -> Proposer:
-        """A fresh proposer for one batch."""
+    def new_proposer(self, cache: Any | None = None) -> Proposer:
+        """A fresh proposer for one batch.
+
+        ``cache``: an empty KV cache of the draft for the proposer's rows (a server sizes it
+        like its target pool); default a new one of the draft's own ``kv_cache_type`` and
+        budget. Ignored by prompt lookup.
+        """
         if isinstance(self.config, PromptLookupConfig):
             return PromptLookupProposer(self.config)
         if isinstance(self.config, PardSpecDecodeConfig):
             assert self._mask_token is not None
-            return PardProposer(self._draft_inferencer, self._mask_token)
+            return PardProposer(self._draft_inferencer, self._mask_token, cache=cache)
         assert isinstance(self.config, DraftSpecDecodeConfig)
-        return DraftModelProposer(self._draft_inferencer)
+        return DraftModelProposer(self._draft_inferencer, cache=cache)
 
     def run(
         self,

@@ -38,6 +38,8 @@ __all__ = [
     "append_ragged",
     "check_processors",
     "process_positions",
+    "stop_flags",
+    "verify_batch",
     "verify_row",
 ]
 
@@ -133,6 +135,40 @@ def verify_row(
         token = _draw(x, generator) if bool(torch.isfinite(x).any()) else d
         return [*drafts[:j], token], j
     return [*drafts, _draw(processed[k], generator)], k
+
+
+def verify_batch(
+    sampler: Any,
+    logits: torch.Tensor,
+    drafts: Sequence[Sequence[int]],
+    draft_probs: Sequence[torch.Tensor | None],
+) -> list[tuple[list[int], int]]:
+    """:func:`verify_row` for every row of a :class:`~pace_core.sampling.sampler.BatchSampler`.
+
+    Args:
+        sampler: the batch's sampler (processors, token state, per-row generators); row ``b``
+            of the sampler is row ``b`` of ``logits``. Not modified.
+        logits: raw left-aligned logits ``[B, T, V]``; row ``b`` real in its first
+            ``len(drafts[b]) + 1`` positions.
+        drafts, draft_probs: the proposal of each row (``[]`` / ``None`` for a row without
+            drafts, e.g. one whose first token comes from its prefill).
+
+    Returns:
+        per row, the emitted tokens (accepted drafts + one target token) and the number of
+        accepted drafts.
+    """
+    processed = process_positions(sampler.processors, sampler.state, logits, drafts)
+    return [
+        verify_row(processed[i, : len(d) + 1], d, draft_probs[i], sampler.generators[i])
+        for i, d in enumerate(drafts)
+    ]
+
+
+def stop_flags(config: Any, token: int, generated: int) -> tuple[bool, bool]:
+    """``(hit_eos, hit_length)`` of a row's ``generated``-th token (counting it) under its
+    sampler-resolved :class:`~pace_core.sampling.config.SamplingConfig`."""
+    eos = not config.ignore_eos and token in (config.eos_token_ids or ())
+    return eos, generated >= config.max_new_tokens
 
 
 def append_ragged(state: TokenState, tokens: Sequence[Sequence[int]]) -> TokenState:
