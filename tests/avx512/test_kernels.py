@@ -123,6 +123,23 @@ def test_rms_norm(ext, dtype, rows, h, residual, eps):
 
 
 @SETTINGS
+@given(dtype=DTYPES, rows=st.one_of(st.integers(1, 8), st.integers(100, 300)), h=DIMS,
+       residual=st.booleans(), bias=st.booleans(), eps=st.sampled_from([1e-5, 0.1]),
+       offset=st.sampled_from([0.0, 30.0]))  # fmt: skip
+def test_layer_norm(ext, dtype, rows, h, residual, bias, eps, offset):
+    """``offset`` shifts the rows far from zero: the variance must not cancel."""
+    x = tensor(1, 1, rows, h, dtype=torch.float32).add(offset).to(dtype)
+    res = tensor(2, 1, rows, h, dtype=dtype) if residual else None
+    w, b = tensor(3, h, dtype=dtype), (tensor(4, h, dtype=dtype) if bias else None)
+    y, s = kernels.layer_norm(x, w, b, eps, res)
+    y_ref, s_ref = native.layer_norm(x, w, b, eps, res)
+    assert y.dtype == dtype and s.dtype == dtype and y.shape == x.shape
+    torch.testing.assert_close(s, s_ref, rtol=0, atol=0)
+    ulp = 1e-4 if dtype == torch.float32 else 2.0**-7
+    assert_within(y, y_ref.float(), ulp * (y_ref.float().abs() + w.float().abs()) + 1e-5)
+
+
+@SETTINGS
 @given(dtype=DTYPES, b=st.integers(1, 3), t=st.integers(1, 20), heads=st.sampled_from(
        [(4, 2), (9, 3), (2, 2)]), d=st.sampled_from([8, 16, 24, 64, 80]),
        part=st.sampled_from([1.0, 0.5]), interleaved=st.booleans())  # fmt: skip

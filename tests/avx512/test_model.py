@@ -7,6 +7,9 @@ prefill GEMM path) and single-token decode steps (the GEMV path).
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -153,3 +156,25 @@ def test_every_cache_layout_matches_native(tiny_llama, ext, clean_env, cache):
     assert got.generated_token_ids == want.generated_token_ids
     for row in range(2):
         torch.testing.assert_close(got.logits[row], want.logits[row], rtol=0, atol=1e-4)
+
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
+from tiny import FACTORIES  # noqa: E402
+
+
+@pytest.mark.parametrize("family", sorted(FACTORIES))
+def test_every_family_matches_native(family, tmp_path, ext, clean_env):
+    """Every tiny family with every op avx512 can take (sliding windows, sinks, LayerNorm,
+    GELU, partial rotary, QK-norm): fp32 logits and greedy tokens equal the native plan's."""
+    path = FACTORIES[family](tmp_path)
+    ours = load(path, torch.float32, {"default": "avx512"})
+    ref = load(path, torch.float32, NATIVE)
+    uses = {op for op, backends in ours.op_plan.backends().items() if "avx512" in backends}
+    assert {"linear", "attention"} <= uses, str(ours.op_plan)
+    ids = prompt(24, seed=5) % 60 + 3  # tiny vocabularies
+    torch.testing.assert_close(ours.logits(ids), ref.logits(ids), rtol=0, atol=1e-4)
+    sampling = SamplingConfig(max_new_tokens=NEW_TOKENS, ignore_eos=True)
+    assert (
+        ours.generate(ids, sampling).generated_token_ids
+        == ref.generate(ids, sampling).generated_token_ids
+    )

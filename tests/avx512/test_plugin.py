@@ -25,7 +25,7 @@ from pace_core.opconfig import OperatorConfig, OpResolver
 from pace_core.plugins import get_host
 from pace_core.registry import OpContext
 
-OPS = ("linear", "qkv_proj", "gated_mlp", "rms_norm", "rope", "attention")
+OPS = ("linear", "qkv_proj", "gated_mlp", "rms_norm", "layer_norm", "rope", "attention")
 LINEAR = OpContext("linear", torch.float32, {"in_features": 64, "out_features": 64})
 
 
@@ -53,7 +53,7 @@ def fake_compiler(tmp_path) -> str:
 def test_pace_plugins_lists_avx512(ext, clean_env, capsys):
     assert cli.main(["plugins"]) == 0
     line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("avx512 "))
-    assert "pace-avx512" in line and " ok " in line and "6 kernels" in line
+    assert "pace-avx512" in line and " ok " in line and "7 kernels" in line
 
 
 def test_registrations(ext, clean_env):

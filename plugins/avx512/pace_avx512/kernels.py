@@ -35,6 +35,13 @@ def rms_norm(
     return _ext().rms_norm(x, weight, eps, residual)
 
 
+def layer_norm(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float,
+    residual: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    return _ext().layer_norm(x, weight, bias, eps, residual)
+
+
 def rope(
     q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:

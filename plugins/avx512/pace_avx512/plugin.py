@@ -94,6 +94,8 @@ def pace_register_ops(registry: OpRegistry) -> None:
         description="gate/up in one pass with the activation fused, then down")  # fmt: skip
     add("rms_norm", kernels.rms_norm, bf16_dot=False,
         description="RMSNorm with fused residual add (fp32 math)")  # fmt: skip
+    add("layer_norm", kernels.layer_norm, bf16_dot=False,
+        description="LayerNorm with fused residual add (fp32 math, two-pass variance)")  # fmt: skip
     add("rope", kernels.rope, bf16_dot=False,
         description="rotary embedding in place (neox or interleaved)")  # fmt: skip
     add("attention", kernels.attention, bf16_dot=False, cache_layouts=CACHE_LAYOUTS,

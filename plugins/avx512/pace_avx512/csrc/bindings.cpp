@@ -108,31 +108,50 @@ Tensor gated_mlp(const Tensor& x, const Tensor& gate_up, const Tensor& down, int
   return y;
 }
 
-// (y, x + residual) as pace_native.kernels.rms_norm; weight is fp32 [H].
-std::tuple<Tensor, Tensor> rms_norm(const Tensor& x, const Tensor& weight, double eps,
-                                    const OptTensor& residual) {
+// (y, x + residual) as pace_native.kernels.rms_norm / layer_norm (bias only for LayerNorm).
+std::tuple<Tensor, Tensor> norm(const Tensor& x, const Tensor& weight, const OptTensor& bias,
+                                double eps, const OptTensor& residual, bool rms) {
   if (residual && (residual->sizes() != x.sizes() || residual->scalar_type() != x.scalar_type())) {
     const Tensor s = x.add(*residual);  // broadcasting / promotion: let torch add, then normalise
-    return {std::get<0>(rms_norm(s, weight, eps, c10::nullopt)), s};
+    return {std::get<0>(norm(s, weight, bias, eps, c10::nullopt, rms)), s};
   }
   const bool bf = is_bf16(x);
   const int64_t H = x.size(-1), rows = H ? x.numel() / H : 0;
-  TORCH_CHECK(weight.numel() == H, "pace_avx512: rms_norm weight has ", weight.numel(),
-              " elements, expected ", H);
+  TORCH_CHECK(weight.numel() == H && (!bias || bias->numel() == H), "pace_avx512: norm weight/bias ",
+              "have ", weight.numel(), " elements, expected ", H);
   const Tensor w = weight.to(at::kFloat).contiguous();
+  const Tensor b = bias ? bias->to(at::kFloat).contiguous() : Tensor();
   const Tensor xc = x.contiguous();
   Tensor y = at::empty_like(xc);
   Tensor sum = residual ? at::empty_like(xc) : x;
+  if (rows == 0) return {y, sum};
   const Tensor rc = residual ? residual->contiguous() : Tensor();
   const float* wp = w.data_ptr<float>();
-  if (rows == 0) return {y, sum};
-  if (bf)
-    rms_norm_bf16(ptr<bf16_t>(xc), residual ? ptr<bf16_t>(rc) : nullptr, wp, (float)eps, rows, H,
-                  ptr<bf16_t>(y), residual ? ptr<bf16_t>(sum) : nullptr, threads());
-  else
-    rms_norm_fp32(ptr<float>(xc), residual ? ptr<float>(rc) : nullptr, wp, (float)eps, rows, H,
-                  ptr<float>(y), residual ? ptr<float>(sum) : nullptr, threads());
+  const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
+  const float e = (float)eps;
+  const int nt = threads();
+  if (bf) {
+    const bf16_t* r = residual ? ptr<bf16_t>(rc) : nullptr;
+    bf16_t* s = residual ? ptr<bf16_t>(sum) : nullptr;
+    if (rms) rms_norm_bf16(ptr<bf16_t>(xc), r, wp, e, rows, H, ptr<bf16_t>(y), s, nt);
+    else layer_norm_bf16(ptr<bf16_t>(xc), r, wp, bp, e, rows, H, ptr<bf16_t>(y), s, nt);
+  } else {
+    const float* r = residual ? ptr<float>(rc) : nullptr;
+    float* s = residual ? ptr<float>(sum) : nullptr;
+    if (rms) rms_norm_fp32(ptr<float>(xc), r, wp, e, rows, H, ptr<float>(y), s, nt);
+    else layer_norm_fp32(ptr<float>(xc), r, wp, bp, e, rows, H, ptr<float>(y), s, nt);
+  }
   return {y, sum};
+}
+
+std::tuple<Tensor, Tensor> rms_norm(const Tensor& x, const Tensor& weight, double eps,
+                                    const OptTensor& residual) {
+  return norm(x, weight, c10::nullopt, eps, residual, true);
+}
+
+std::tuple<Tensor, Tensor> layer_norm(const Tensor& x, const Tensor& weight, const OptTensor& bias,
+                                      double eps, const OptTensor& residual) {
+  return norm(x, weight, bias, eps, residual, false);
 }
 
 // Rotary embedding in place (q, k rotated and returned; a copy only if the last dim is strided).
@@ -239,6 +258,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("bias"), py::arg("n"));
   m.def("gated_mlp", &gated_mlp, "act(x@gate) * (x@up) @ down over packed weights");
   m.def("rms_norm", &rms_norm, "RMSNorm with fused residual add -> (y, x + residual)");
+  m.def("layer_norm", &layer_norm, "LayerNorm with fused residual add -> (y, x + residual)");
   m.def("rope", &rope, "rotary embedding in place on q [B,T,Hq,D], k [B,T,Hk,D] -> (q, k)");
   m.def("attention", &attend, "attention with GQA, boolean mask and sinks over a contiguous cache "
         "or block pools + block table", py::arg("q"), py::arg("k"), py::arg("v"), py::arg("mask"),

@@ -34,6 +34,11 @@ void rms_norm_bf16(const bf16_t* x, const bf16_t* res, const float* w, float eps
                    int64_t H, bf16_t* y, bf16_t* sum, int nthreads);
 void rms_norm_fp32(const float* x, const float* res, const float* w, float eps, int64_t rows,
                    int64_t H, float* y, float* sum, int nthreads);
+// LayerNorm likewise: y = (s - mean) * rsqrt(var + eps) * w + b (b fp32 [H] or null).
+void layer_norm_bf16(const bf16_t* x, const bf16_t* res, const float* w, const float* b, float eps,
+                     int64_t rows, int64_t H, bf16_t* y, bf16_t* sum, int nthreads);
+void layer_norm_fp32(const float* x, const float* res, const float* w, const float* b, float eps,
+                     int64_t rows, int64_t H, float* y, float* sum, int nthreads);
 
 // Rotary embedding in place on the first R dims of q [B, T, Hq, D] and k [B, T, Hk, D]
 // (strides of b, t, h in qs/ks; last dim contiguous) with cos/sin [B, T, R] (strides cs).
