@@ -176,8 +176,8 @@ def cache_view(k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, layout: str
     def pool(x: torch.Tensor) -> torch.Tensor:
         out = torch.randn(b * per_row + 3, hk, bs, d).to(x.dtype)  # garbage in unused slots
         padded = torch.nn.functional.pad(x, (0, 0, 0, per_row * bs - s))
-        out[table.reshape(-1)] = padded.view(b, hk, per_row, bs, d).transpose(1, 2).reshape(
-            b * per_row, hk, bs, d
+        out[table.reshape(-1)] = (
+            padded.view(b, hk, per_row, bs, d).transpose(1, 2).reshape(b * per_row, hk, bs, d)
         )
         return out
 

@@ -9,8 +9,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
 from pace_avx512 import build
 from pace_avx512.packing import PackedGatedMLP, PackedLinear, PackedQKV
+
 
 def _ext():
     return build.load_extension()  # a global check once loaded
