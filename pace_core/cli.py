@@ -144,9 +144,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plans", nargs="+", default=["native", "auto"])
     p.set_defaults(func=_cmd_check)
 
+    from pace_core.bench.cli import add_bench_parser
     from pace_core.server.cli import add_serve_parser
 
     add_serve_parser(sub)
+    add_bench_parser(sub)
     return parser
 
 

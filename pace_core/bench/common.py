@@ -1,38 +1,100 @@
-"""Shared helpers for the benchmarks: timing, medians, machine facts, JSON + table output."""
+"""Shared helpers of the benchmarks: timing, medians, machine facts, progress, JSON + table.
+
+Every benchmark module builds its rows and hands them to :func:`emit`, which returns the JSON
+payload ``{"benchmark", "machine", "args", "results"}`` and prints a table (unless quiet);
+:func:`write_results` stores it as ``<name>.json`` next to ``machine.json``.
+"""
 
 from __future__ import annotations
 
+import argparse
+import datetime as _dt
+import importlib.metadata as metadata
 import json
 import os
 import platform
 import statistics
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
+T = TypeVar("T")
+Columns = Sequence[str] | Mapping[str, Sequence[str]]  # one table, or one per "section"
+
+
+# -- machine ----------------------------------------------------------------------------------
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _physical_cores() -> int | None:
+    """Distinct (package, core id) pairs of /proc/cpuinfo; None where it is not readable."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    cores, package = set(), "0"
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "physical id":
+            package = value.strip()
+        elif key.strip() == "core id":
+            cores.add((package, value.strip()))
+    return len(cores) or None
+
+
+def plugin_versions() -> dict[str, dict[str, str]]:
+    """Every pace plugin the host knows: name -> distribution, version and status."""
+    from pace_core.plugins import get_host
+
+    return {
+        name: {
+            "distribution": info.distribution or info.origin,
+            "version": info.version,
+            "status": info.status,
+        }
+        for name, info in get_host().plugins.items()
+    }
+
 
 def machine_info() -> dict[str, Any]:
+    """CPU (model, ISA level, flags), core counts, load, library and plugin versions."""
     from pace_core import __version__
     from pace_core.cpu import detect_cpu
 
     cpu = detect_cpu()
-    import transformers
-
+    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     return {
+        "time_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "cpu": cpu.model_name,
         "isa": cpu.isa_level,
         "features": sorted(cpu.features),
-        "cores": os.cpu_count(),
+        "features_source": cpu.source,
+        "cores": {"logical": os.cpu_count(), "physical": _physical_cores(), "usable": affinity},
+        "torch_threads": torch.get_num_threads(),
+        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "platform": platform.platform(),
         "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "pace": __version__,
+        "versions": {
+            "pace": __version__,
+            "torch": torch.__version__,
+            "transformers": _version("transformers"),
+            "llama_cpp_python": _version("llama-cpp-python"),
+            "matplotlib": _version("matplotlib"),
+        },
+        "plugins": plugin_versions(),
+        "env": {k: v for k, v in os.environ.items() if k.startswith(("OMP_", "KMP_", "PACE_"))},
     }
 
 
+# -- timing -----------------------------------------------------------------------------------
 def median_time(fn: Callable[[], Any], repeats: int) -> float:
     """Median wall time of ``fn`` over ``repeats`` runs (after one warm-up)."""
     fn()
@@ -44,21 +106,121 @@ def median_time(fn: Callable[[], Any], repeats: int) -> float:
     return statistics.median(times)
 
 
-def emit(name: str, rows: list[dict[str, Any]], columns: list[str], out_dir: str | None) -> None:
-    """Print a table and JSON; also write ``<out_dir>/<name>.json`` when asked."""
-    payload = {"benchmark": name, "machine": machine_info(), "results": rows}
-    widths = {c: max(len(c), *(len(_fmt(r.get(c))) for r in rows)) for c in columns}
-    print("  ".join(c.ljust(widths[c]) for c in columns))
-    for r in rows:
-        print("  ".join(_fmt(r.get(c)).ljust(widths[c]) for c in columns))
-    text = json.dumps(payload, indent=2)
-    print(text)
-    if out_dir:
-        Path(out_dir).mkdir(parents=True, exist_ok=True)
-        (Path(out_dir) / f"{name}.json").write_text(text)
+def interleaved(
+    fns: Mapping[str, Callable[[], Any]],
+    repeats: int,
+    clock: Callable[[], float] = time.perf_counter,
+) -> dict[str, list[float]]:
+    """Seconds of each fn per round, timed round-robin after one warm-up call each.
+
+    Running the contenders of one configuration in turn within every round means load from
+    other processes hits them alike, so their ratio stays meaningful on a shared machine.
+    """
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for fn in fns.values():
+        fn()
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = clock()
+            fn()
+            times[name].append(clock() - start)
+    return times
 
 
+# -- small shared pieces ------------------------------------------------------------------------
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def model_path(name: str | Path) -> Path:
+    """A zoo model name (prepared on first use) or a directory."""
+    from pace_core import zoo
+
+    text = str(name)
+    return zoo.pull(text, quiet=True) if zoo.is_zoo_name(text) else Path(text)
+
+
+def progress(items: Iterable[T], desc: str, quiet: bool, total: int | None = None) -> Iterator[T]:
+    """A tqdm bar on stderr over the sweep points (nothing when ``quiet``)."""
+    from tqdm.auto import tqdm
+
+    yield from tqdm(
+        items,
+        desc=desc,
+        total=total,
+        disable=quiet,
+        file=sys.stderr,
+        leave=False,
+        dynamic_ncols=True,
+    )
+
+
+def note(args: argparse.Namespace, message: str) -> None:
+    """A line for the reader on stderr (suppressed by ``--quiet``)."""
+    if not getattr(args, "quiet", False):
+        print(message, file=sys.stderr, flush=True)
+
+
+# -- output -----------------------------------------------------------------------------------
 def _fmt(v: Any) -> str:
     if isinstance(v, float):
-        return f"{v:.3f}" if v < 10 else f"{v:.1f}"
+        return f"{v:.3f}" if abs(v) < 10 else f"{v:.1f}"
     return "-" if v is None else str(v)
+
+
+def format_rows(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
+    """A plain-text table of ``rows`` (missing cells as ``-``)."""
+    from pace_core.report import format_table
+
+    return format_table(list(columns), [[_fmt(r.get(c)) for c in columns] for r in rows])
+
+
+def tables(rows: Sequence[Mapping[str, Any]], columns: Columns) -> str:
+    """One table, or one per ``section`` when ``columns`` maps sections to their columns."""
+    if not isinstance(columns, Mapping):
+        return format_rows(rows, columns)
+    parts = []
+    for section, cols in columns.items():
+        sub = [r for r in rows if r.get("section") == section]
+        if sub:
+            parts.append(f"[{section}]\n{format_rows(sub, cols)}")
+    return "\n\n".join(parts)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return str(value)
+
+
+def emit(
+    name: str, rows: list[dict[str, Any]], columns: Columns, args: argparse.Namespace
+) -> dict[str, Any]:
+    """Print the table(s) to stdout (unless ``args.quiet``) and return the JSON payload."""
+    settings = {k: _jsonable(v) for k, v in vars(args).items() if not callable(v)}
+    payload = {"benchmark": name, "machine": machine_info(), "args": settings, "results": rows}
+    if not getattr(args, "quiet", False):
+        print(tables(rows, columns), flush=True)
+    return payload
+
+
+def write_results(out_dir: Path, payload: Mapping[str, Any]) -> list[Path]:
+    """Write ``<out_dir>/<benchmark>.json`` and ``machine.json``; return the paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    result = out_dir / f"{payload['benchmark']}.json"
+    machine = out_dir / "machine.json"
+    result.write_text(json.dumps(payload, indent=2) + "\n")
+    machine.write_text(json.dumps(payload["machine"], indent=2) + "\n")
+    return [machine, result]
+
+
+def read_results(folder: Path) -> list[dict[str, Any]]:
+    """Every benchmark payload (``*.json`` with a ``benchmark`` key) in a results folder."""
+    payloads = []
+    for path in sorted(folder.glob("*.json")):
+        data = json.loads(path.read_text())
+        if isinstance(data, dict) and "benchmark" in data and "results" in data:
+            payloads.append(data)
+    return payloads

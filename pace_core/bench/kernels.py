@@ -1,28 +1,31 @@
-"""Kernel microbenchmarks: every linear backend side by side in one run, plus fused ops.
+"""Kernel microbenchmarks: every backend the resolver can use here, side by side in one run.
 
-- DRAM reference: plain streaming reads of a bf16 tensor far larger than the L3, at each
-  thread count: ``torch.sum`` and pace-avx512's ``stream_read`` (loads every 64-byte line
-  once, 4 sequential streams per thread like the GEMV). GEMV results are also given as a
-  share (``of_dram``) of the faster of the two.
-- GEMV (decode, M = 1 and 8): GB/s of weight bytes streamed, cold weights: each call uses the
-  next matrix of a set ~3x the L3, so the weights always come from DRAM.
-- GEMM (prefill, M = 128 and 512): GFLOP/s (2*M*N*K per call).
-- Decode ops of SmolLM2-135M (avx512 vs native, hot data): gated MLP, RMSNorm + residual,
-  rope, attention over 512 cached tokens; microseconds per call.
-- ``--sections model`` (not in the default set): a whole model (``--model``, default the zoo's
-  SmolLM2-135M) on the native plan vs every op pace-avx512 serves: prefill time of a
-  128-token prompt and decode tokens/s over 32 new tokens.
+Backends come from the plugin registry (``pace ops`` lists them): every kernel registered for
+an op whose CPU features, dtypes and ``supports`` predicate accept it on this machine, plus
+two references for ``linear``: ``torch`` (F.linear on the [N, K] weight) and ``mkldnn``
+(oneDNN prepacked through torch: ``torch.ops.mkldnn._reorder_linear_weight(w, M)`` +
+``_linear_pointwise``). ``--backends`` keeps a subset.
 
-Backends: ``torch`` (F.linear on the [N, K] weight), ``mkldnn`` (oneDNN prepacked:
-``torch.ops.mkldnn._reorder_linear_weight(w, M)`` + ``torch.ops.mkldnn._linear_pointwise``),
-``native`` (pace-native), ``avx512`` (pace-avx512). The backends of one configuration are
-timed round-robin (one run of each per round), so load from other processes hits them alike;
-``value`` is the median of ``--repeats`` (>= 5) rounds and ``best`` the fastest round.
-``--clock thread`` measures CPU time of the calling thread instead of wall time (1 thread
-only): steadier on a shared machine, since time spent descheduled is not counted.
+- DRAM reference (``dram-read``): streaming reads of a bf16 tensor 4x ``--cold-mib``, at each
+  thread count: ``torch.sum`` and pace-avx512's ``stream_read`` when installed. GEMV rows give
+  their share (``of_dram``) of the faster one.
+- GEMV (decode, ``--gemv-m``): GB/s of weight bytes, cold weights: each call uses the next
+  matrix of a set of ``--cold-mib`` (default 3x the reference machine's L3).
+- GEMM (prefill, ``--gemm-m``): GFLOP/s (2*M*N*K per call).
+- ops: decode-size ``gated_mlp``, ``rms_norm`` (+ residual), ``rope`` and ``attention`` (512
+  cached keys) at SmolLM2-135M sizes, hot data, every usable backend; microseconds per call.
+- model (not in the default set): a whole model (``--model``) per backend plan:
+  ``{"default": "native"}``, every op of each installed backend on it, and ``auto``; prefill
+  time of a ``--model-prompt``-token prompt and decode tok/s over ``--model-tokens`` tokens.
 
-    python benchmarks/kernels.py                       # everything, ~5 minutes on 2 cores
-    python benchmarks/kernels.py --dtypes bfloat16 --threads 2 --sections gemv
+The backends of one configuration are timed round-robin (one call of each per round), so load
+from other processes hits them alike; ``value`` is the median of ``--repeats`` rounds and
+``best`` the fastest. ``--clock thread`` measures CPU time of the calling thread (1 thread
+only): steadier on a shared machine, as time spent descheduled is not counted.
+
+    pace bench kernels                                  # everything, ~5 minutes on 2 cores
+    pace bench kernels --dtypes bfloat16 --threads 2 --sections gemv
+    pace bench kernels --shapes 64x128 --cold-mib 1 --repeats 1     # smoke test
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from types import SimpleNamespace
 from typing import Any
@@ -38,53 +42,126 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from pace_core.bench.common import emit
+from pace_core.bench.common import dtype_name, emit, interleaved, model_path, note, progress
+from pace_core.errors import ConfigError
 
 SHAPES = {"576x1536": (576, 1536), "2048x8192": (2048, 8192), "4096x4096": (4096, 4096)}  # K x N
-COLD_BYTES = 96 << 20  # per weight set: 3x the 32 MiB L3 of the reference machine
-BACKENDS = ("torch", "mkldnn", "native", "avx512")
+REFERENCES = ("torch", "mkldnn")
 SECTIONS = ("gemv", "gemm", "ops", "model")
-AVX512_OPS = ("linear", "qkv_proj", "gated_mlp", "rms_norm", "rope", "attention")
-COLUMNS = ["section", "dtype", "shape", "M", "threads", "backend", "value", "best", "unit",
-           "vs_torch", "vs_native", "of_dram"]  # fmt: skip
-Backend = tuple[Callable[[torch.Tensor, int], Any], Callable[[torch.Tensor, Any], torch.Tensor]]
+COLUMNS = [
+    "section",
+    "dtype",
+    "shape",
+    "M",
+    "threads",
+    "backend",
+    "value",
+    "best",
+    "unit",
+    "vs_torch",
+    "vs_native",
+    "of_dram",
+]
+QUICK = {
+    "dtypes": ["bfloat16"],
+    "threads": [1],
+    "shapes": ["576x1536"],
+    "gemv_m": [1],
+    "gemm_m": [128],
+    "repeats": 5,
+    "cold_mib": 32,
+}
+# SmolLM2-135M decode sizes: hidden, intermediate, heads, KV heads, head dim, cached keys.
+HIDDEN, INTER, HEADS, KV_HEADS, D, CTX = 576, 1536, 9, 3, 64, 512
 
 
-def linear_backends(names: list[str]) -> dict[str, Backend]:
-    """name -> (prepare(weight[N, K], m) -> packed, call(x, packed) -> y)."""
-    out: dict[str, Backend] = {}
-    if "torch" in names:
-        out["torch"] = (lambda w, m: w, lambda x, w: F.linear(x, w))
-    if "mkldnn" in names:
-        out["mkldnn"] = (
+@dataclass(frozen=True)
+class LinearImpl:
+    """``prepare(weight[N, K], m) -> packed`` once, then ``call(x, packed) -> y``."""
+
+    prepare: Callable[[torch.Tensor, int], Any]
+    call: Callable[[torch.Tensor, Any], torch.Tensor]
+
+
+def parse_shape(text: str) -> tuple[int, int]:
+    """``"KxN"`` -> (K, N)."""
+    k, sep, n = text.lower().partition("x")
+    if not sep or not k.isdigit() or not n.isdigit():
+        raise argparse.ArgumentTypeError(f"shape {text!r}: write KxN, e.g. 576x1536")
+    return int(k), int(n)
+
+
+def shape_arg(text: str) -> str:
+    """argparse type of ``--shapes``: checks ``KxN`` and keeps the text as the row label."""
+    parse_shape(text)
+    return text
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--dtypes", nargs="+", default=["bfloat16", "float32"], choices=["bfloat16", "float32"]
+    )
+    p.add_argument("--threads", nargs="+", type=int, default=[1, 2])
+    p.add_argument(
+        "--shapes",
+        nargs="+",
+        type=shape_arg,
+        default=list(SHAPES),
+        help="K x N weight shapes, e.g. 576x1536",
+    )
+    p.add_argument(
+        "--backends",
+        nargs="+",
+        default=None,
+        help="keep these backends (default: every usable one, plus torch, mkldnn)",
+    )
+    p.add_argument("--sections", nargs="+", default=list(SECTIONS[:3]), choices=SECTIONS)
+    p.add_argument("--gemv-m", nargs="+", type=int, default=[1, 8])
+    p.add_argument("--gemm-m", nargs="+", type=int, default=[128, 512])
+    p.add_argument("--cold-mib", type=int, default=96, help="weight set size per GEMV shape")
+    p.add_argument("--model", default="smollm2", help="zoo name or path (--sections model)")
+    p.add_argument("--model-prompt", type=int, default=128, help="prompt tokens (model)")
+    p.add_argument("--model-tokens", type=int, default=32, help="decoded tokens (model)")
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--clock", default="wall", choices=["wall", "thread"])
+
+
+# -- backends from the registry ---------------------------------------------------------------
+def usable_kernels(op: str, dtype: torch.dtype, **attrs: Any) -> dict[str, Any]:
+    """backend -> KernelSpec for every registered kernel of ``op`` usable on this CPU."""
+    from pace_core.cpu import detect_cpu
+    from pace_core.plugins import get_host
+    from pace_core.registry import OpContext
+
+    ctx, features = OpContext(op, dtype, attrs), detect_cpu().features
+    return {s.backend: s for s in get_host().ops.candidates(op) if s.check(ctx, features) is None}
+
+
+def _keep(names: list[str] | None, backend: str) -> bool:
+    return names is None or backend in names
+
+
+def reference_linears(dtype: torch.dtype) -> dict[str, LinearImpl]:
+    """``torch`` F.linear and, where torch has oneDNN, ``mkldnn`` prepacked weights."""
+    out = {"torch": LinearImpl(lambda w, m: w, lambda x, w: F.linear(x, w))}
+    bf16_ok = dtype != torch.bfloat16 or torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    if torch.backends.mkldnn.is_available() and bf16_ok:
+        out["mkldnn"] = LinearImpl(
             lambda w, m: torch.ops.mkldnn._reorder_linear_weight(w, m),
             lambda x, p: torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [], ""),
         )
-    if "native" in names:
-        from pace_native import kernels as nk
-
-        out["native"] = (lambda w, m: nk.prepare_linear(w), nk.linear)
-    if "avx512" in names:
-        from pace_avx512 import kernels as ak
-        from pace_avx512 import packing
-
-        out["avx512"] = (lambda w, m: packing.prepare_linear(w), ak.linear)
     return out
 
 
-def interleaved(fns: dict[str, Callable[[], Any]], repeats: int, clock) -> dict[str, list[float]]:
-    """Seconds of each fn per round, timed round-robin after one warm-up call each."""
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for fn in fns.values():
-        fn()
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            start = clock()
-            fn()
-            times[name].append(clock() - start)
-    return times
+def linear_impls(dtype: torch.dtype, k: int, n: int, names: list[str] | None) -> dict:
+    """References + every usable registered ``linear`` kernel, filtered by ``names``."""
+    impls = reference_linears(dtype)
+    for backend, spec in usable_kernels("linear", dtype, in_features=k, out_features=n).items():
+        impls[backend] = LinearImpl(lambda w, m, s=spec: s.prepare(w, None), spec.fn)
+    return {b: impl for b, impl in impls.items() if _keep(names, b)}
 
 
+# -- measurement ------------------------------------------------------------------------------
 def add_rows(rows, times, rate, ref: str | None, **fields) -> dict[str, float]:
     """One row per backend: ``rate(seconds)`` of the median and of the best round."""
     med = {name: statistics.median(t) for name, t in times.items()}
@@ -106,145 +183,254 @@ def sweep(call, x, packed: list) -> Callable[[], None]:
     return run
 
 
-def dram_read(args, threads: int, rows: list) -> float:
-    """GB/s of plain streaming reads over 4 x COLD_BYTES of bf16; returns the best median."""
-    big = torch.ones(4 * COLD_BYTES // 2, dtype=torch.bfloat16)
-    fns: dict[str, Callable[[], Any]] = {"torch.sum": big.sum}
-    if "avx512" in args.backends:
-        from pace_avx512.build import load_extension
+def _stream_read() -> Callable[[torch.Tensor], Any] | None:
+    """pace-avx512's streaming-read reference, when that plugin is usable here."""
+    if "avx512" not in usable_kernels("linear", torch.bfloat16):
+        return None
+    from pace_avx512.build import load_extension
 
-        fns["avx512.stream_read"] = partial(load_extension().stream_read, big)
+    return load_extension().stream_read
+
+
+def dram_read(args, threads: int, rows: list) -> float:
+    """GB/s of plain streaming reads over 4 x ``--cold-mib`` of bf16; the best median."""
+    big = torch.ones(4 * (args.cold_mib << 20) // 2, dtype=torch.bfloat16)
+    fns: dict[str, Callable[[], Any]] = {"torch.sum": big.sum}
+    stream = _stream_read()
+    if stream is not None:
+        fns["avx512.stream_read"] = partial(stream, big)
     times = interleaved(fns, args.repeats, args.clock_fn)
-    med = add_rows(rows, times, lambda s: big.nbytes / s / 1e9, None, section="dram-read",
-                   dtype="bfloat16", shape="384MiB", threads=threads, unit="GB/s")  # fmt: skip
+    med = add_rows(
+        rows,
+        times,
+        lambda s: big.nbytes / s / 1e9,
+        None,
+        section="dram-read",
+        dtype="bfloat16",
+        shape=f"{big.nbytes >> 20}MiB",
+        threads=threads,
+        unit="GB/s",
+    )
     return big.nbytes / min(med.values()) / 1e9
 
 
-def bench_linear(args, dtype, threads, dram, rows) -> None:
-    backends = linear_backends(args.backends)
+def bench_linear(args, dtype: torch.dtype, threads: int, dram: float, rows: list) -> None:
+    """GEMV and GEMM rows of every linear backend for every shape and M."""
     size = torch.finfo(dtype).bits // 8
-    name = str(dtype).removeprefix("torch.")
-    for shape in args.shapes:
-        k, n = SHAPES[shape]
-        count = max(3, -(-COLD_BYTES // (n * k * size)))
+    cases = [
+        (shape, section, m)
+        for shape in args.shapes
+        for section, ms in (("gemv", args.gemv_m), ("gemm", args.gemm_m))
+        if section in args.sections
+        for m in ms
+    ]
+    weights: dict[str, list[torch.Tensor]] = {}
+    for shape, section, m in progress(cases, f"linear {dtype_name(dtype)} t={threads}", args.quiet):
+        k, n = parse_shape(shape)
         gen = torch.Generator().manual_seed(0)
-        weights = [(torch.randn(n, k, generator=gen) / k**0.5).to(dtype) for _ in range(count)]
-        for section, ms in (("gemv", args.gemv_m), ("gemm", args.gemm_m)):
-            if section not in args.sections:
-                continue
-            for m in ms:
-                x = torch.randn(m, k, generator=gen).to(dtype)
-                # GEMM is compute bound: two matrices are enough (and keep the run short).
-                subset = weights if section == "gemv" else weights[:2]
-                fns = {b: sweep(call, x, [prepare(w, m) for w in subset])
-                       for b, (prepare, call) in backends.items()}  # fmt: skip
-                times = interleaved(fns, args.repeats, args.clock_fn)
-                del fns
-                work = (n * k * size if section == "gemv" else 2 * m * n * k) * len(subset)
-                unit = "GB/s" if section == "gemv" else "GFLOP/s"
-                before = len(rows)
-                add_rows(rows, times, lambda s, w=work: w / s / 1e9, "torch",
-                         section=section, dtype=name, shape=shape, M=m, threads=threads,
-                         unit=unit)  # fmt: skip
-                if section == "gemv":
-                    for row in rows[before:]:
-                        row["of_dram"] = row["value"] / dram
+        if shape not in weights:
+            count = max(3, -(-(args.cold_mib << 20) // (n * k * size)))
+            weights = {
+                shape: [(torch.randn(n, k, generator=gen) / k**0.5).to(dtype) for _ in range(count)]
+            }
+        x = torch.randn(m, k, generator=gen).to(dtype)
+        # GEMM is compute bound: two matrices are enough (and keep the run short).
+        subset = weights[shape] if section == "gemv" else weights[shape][:2]
+        impls = linear_impls(dtype, k, n, args.backends)
+        fns = {
+            b: sweep(impl.call, x, [impl.prepare(w, m) for w in subset])
+            for b, impl in impls.items()
+        }
+        times = interleaved(fns, args.repeats, args.clock_fn)
+        del fns
+        work = (n * k * size if section == "gemv" else 2 * m * n * k) * len(subset)
+        before = len(rows)
+        add_rows(
+            rows,
+            times,
+            lambda s, w=work: w / s / 1e9,
+            "torch",
+            section=section,
+            dtype=dtype_name(dtype),
+            shape=shape,
+            M=m,
+            threads=threads,
+            unit="GB/s" if section == "gemv" else "GFLOP/s",
+        )
+        if section == "gemv":
+            for row in rows[before:]:
+                row["of_dram"] = row["value"] / dram
 
 
-def bench_ops(args, dtype, threads, rows) -> None:
-    """Decode-size ops of SmolLM2-135M, avx512 vs native, hot data (dispatch + compute)."""
-    from pace_avx512 import kernels as ak
-    from pace_avx512 import packing
-    from pace_native import kernels as nk
-
+def op_cases(dtype: torch.dtype, names: list[str] | None) -> list[tuple[str, str, int, dict]]:
+    """(op, shape label, M, backend -> fn) for the decode-size ops, every usable backend."""
     gen = torch.Generator().manual_seed(0)
     rand = lambda *shape: torch.randn(*shape, generator=gen).to(dtype)  # noqa: E731
-    h, i, heads, kv_heads, d, ctx = 576, 1536, 9, 3, 64, 512
-    g, u, down = rand(i, h) / 24, rand(i, h) / 24, rand(h, i) / 40
-    mlp = {"native": (nk.gated_mlp, nk.prepare_gated_mlp(g, u, down, "silu")),
-           "avx512": (ak.gated_mlp, packing.prepare_gated_mlp(g, u, down, "silu"))}  # fmt: skip
-    weight = torch.randn(h, generator=gen)
+
+    def kernels(op: str, **attrs: Any) -> dict[str, Any]:
+        return {b: s for b, s in usable_kernels(op, dtype, **attrs).items() if _keep(names, b)}
+
     cases = []
+    g, u, down = rand(INTER, HIDDEN) / 24, rand(INTER, HIDDEN) / 24, rand(HIDDEN, INTER) / 40
+    mlp = kernels("gated_mlp", activation="silu", hidden=HIDDEN, intermediate=INTER)
+    packed = {b: s.prepare(g, u, down, "silu") for b, s in mlp.items()}
     for m in (1, 8):
-        x = rand(m, h)
-        fns = {b: partial(f, x, w) for b, (f, w) in mlp.items()}
-        cases.append(("gated_mlp", f"{h}x{i}", m, fns))
+        x = rand(m, HIDDEN)
+        cases.append(
+            (
+                "gated_mlp",
+                f"{HIDDEN}x{INTER}",
+                m,
+                {b: partial(s.fn, x, packed[b]) for b, s in mlp.items()},
+            )
+        )
+    weight = torch.randn(HIDDEN, generator=gen)
     for m in (1, 512):
-        x, res = rand(m, h), rand(m, h)
-        fns = {"native": partial(nk.rms_norm, x, weight, 1e-6, res),
-               "avx512": partial(ak.rms_norm, x, weight, 1e-6, res)}  # fmt: skip
-        cases.append(("rms_norm+res", f"{m}x{h}", m, fns))
-    qkv = rand(1, 1, (heads + 2 * kv_heads) * d)
-    q, k = qkv[..., : heads * d].view(1, 1, heads, d), qkv[..., heads * d :].view(1, 1, -1, d)
-    angles = torch.rand(1, 1, d, generator=gen)  # a true rotation: in place stays bounded
+        x, res = rand(m, HIDDEN), rand(m, HIDDEN)
+        cases.append(
+            (
+                "rms_norm+res",
+                f"{m}x{HIDDEN}",
+                m,
+                {b: partial(s.fn, x, weight, 1e-6, res) for b, s in kernels("rms_norm").items()},
+            )
+        )
+    qkv = rand(1, 1, (HEADS + 2 * KV_HEADS) * D)
+    q, k = qkv[..., : HEADS * D].view(1, 1, HEADS, D), qkv[..., HEADS * D :].view(1, 1, -1, D)
+    angles = torch.rand(1, 1, D, generator=gen)  # a true rotation: in place stays bounded
     cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
-    impls = (("native", nk), ("avx512", ak))
-    fns = {b: partial(f.rope, q, k[:, :, :kv_heads], cos, sin, False) for b, f in impls}
-    cases.append(("rope", f"{heads}+{kv_heads}x{d}", 1, fns))
-    mask = torch.ones(1, 1, 1, ctx, dtype=torch.bool)
-    meta = SimpleNamespace(mask=lambda window: mask)
-    kv = SimpleNamespace(keys=rand(1, kv_heads, ctx, d), values=rand(1, kv_heads, ctx, d),
-                         layout="contiguous", meta=meta)  # fmt: skip
-    qa = rand(1, heads, 1, d)
-    fns = {b: partial(f.attention, qa, kv, d**-0.5) for b, f in impls}
-    cases.append(("attention", f"{heads}/{kv_heads}x{d} S={ctx}", 1, fns))
-    for section, shape, m, fns in cases:
+    cases.append(
+        (
+            "rope",
+            f"{HEADS}+{KV_HEADS}x{D}",
+            1,
+            {
+                b: partial(s.fn, q, k[:, :, :KV_HEADS], cos, sin, False)
+                for b, s in kernels("rope").items()
+            },
+        )
+    )
+    mask = torch.ones(1, 1, 1, CTX, dtype=torch.bool)
+    kv = SimpleNamespace(
+        keys=rand(1, KV_HEADS, CTX, D),
+        values=rand(1, KV_HEADS, CTX, D),
+        layout="contiguous",
+        meta=SimpleNamespace(mask=lambda window: mask),
+    )
+    qa = rand(1, HEADS, 1, D)
+    cases.append(
+        (
+            "attention",
+            f"{HEADS}/{KV_HEADS}x{D} S={CTX}",
+            1,
+            {
+                b: partial(s.fn, qa, kv, D**-0.5)
+                for b, s in kernels("attention", cache_layout="contiguous").items()
+            },
+        )
+    )
+    return cases
+
+
+def bench_ops(args, dtype: torch.dtype, threads: int, rows: list) -> None:
+    """Decode-size ops, every usable backend, hot data (dispatch + compute), µs per call."""
+    for op, shape, m, fns in progress(
+        op_cases(dtype, args.backends), f"ops {dtype_name(dtype)} t={threads}", args.quiet
+    ):
         times = interleaved(fns, args.repeats * 20, args.clock_fn)
-        add_rows(rows, times, lambda s: s * 1e6, "native", section=section,
-                 dtype=str(dtype).removeprefix("torch."), shape=shape, M=m, threads=threads,
-                 unit="us")  # fmt: skip
+        add_rows(
+            rows,
+            times,
+            lambda s: s * 1e6,
+            "native",
+            section=op,
+            dtype=dtype_name(dtype),
+            shape=shape,
+            M=m,
+            threads=threads,
+            unit="us",
+        )
 
 
-def bench_model(args, dtype, threads, rows) -> None:
-    """Prefill (128 tokens) and decode (32 tokens) of a whole model, native vs avx512 plan."""
-    from pace_core import LLMModel, SamplingConfig, zoo
+def backend_plans(names: list[str] | None) -> dict[str, dict[str, Any]]:
+    """``native``, one plan per other installed backend (every op it has), and ``auto``."""
+    from pace_core.ops import OPS
+    from pace_core.plugins import get_host
 
-    path = zoo.pull(args.model, quiet=True) if zoo.is_zoo_name(args.model) else args.model
-    plans = {"native": {"default": "native"},
-             "avx512": {**dict.fromkeys(AVX512_OPS, "avx512"), "default": "native",
-                        "strict": True}}  # fmt: skip
-    models = {name: LLMModel(path, dtype=dtype, opconfig=plan) for name, plan in plans.items()}
-    ids = torch.randint(100, 5000, (1, 128), generator=torch.Generator().manual_seed(0))
-    steps = {n: SamplingConfig(max_new_tokens=n, min_new_tokens=n) for n in (1, 33)}
-    fns = {f"{name}/{n}": partial(model.generate, ids, cfg)
-           for name, model in models.items() for n, cfg in steps.items()}  # fmt: skip
-    times = interleaved(fns, args.repeats, args.clock_fn)
-    med = {k: statistics.median(v) for k, v in times.items()}
-    for name in models:
-        prefill, total = med[f"{name}/1"], med[f"{name}/33"]
-        fields = {"dtype": str(dtype).removeprefix("torch."), "shape": str(args.model),
-                  "threads": threads, "backend": name}  # fmt: skip
-        rows.append({**fields, "section": "model-prefill", "M": 128, "value": prefill * 1e3,
-                     "unit": "ms", "vs_native": med["native/1"] / prefill})  # fmt: skip
-        decode = 32 / (total - prefill)
-        native = 32 / (med["native/33"] - med["native/1"])
-        rows.append({**fields, "section": "model-decode", "M": 1, "value": decode,
-                     "unit": "tok/s", "vs_native": decode / native})  # fmt: skip
+    ops = get_host().ops
+    plans: dict[str, dict[str, Any]] = {"native": {"default": "native"}}
+    for backend in ops.backends():
+        if backend != "native":
+            mine = [op for op in OPS if backend in ops.backends(op)]
+            plans[backend] = {**dict.fromkeys(mine, backend), "default": "native"}
+    plans["auto"] = {"default": "auto"}
+    return {name: plan for name, plan in plans.items() if _keep(names, name)}
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
-    p.add_argument("--threads", nargs="+", type=int, default=[1, 2])
-    p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
-    p.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=BACKENDS)
-    p.add_argument("--sections", nargs="+", default=list(SECTIONS[:3]), choices=SECTIONS)
-    p.add_argument("--model", default="smollm2", help="zoo name or path (--sections model)")
-    p.add_argument("--gemv-m", nargs="+", type=int, default=[1, 8])
-    p.add_argument("--gemm-m", nargs="+", type=int, default=[128, 512])
-    p.add_argument("--repeats", type=int, default=7)
-    p.add_argument("--clock", default="wall", choices=["wall", "thread"])
-    p.add_argument("--out", default=None, help="directory for the JSON result")
-    args = p.parse_args()
-    if args.repeats < 5:
-        p.error("--repeats must be >= 5 (medians)")
+def bench_model(args, dtype: torch.dtype, threads: int, rows: list) -> None:
+    """Prefill and decode of a whole model, one row pair per backend plan."""
+    from pace_core import LLMModel, SamplingConfig
+
+    path, n = model_path(args.model), args.model_tokens
+    plans = backend_plans(args.backends)
+    models = {
+        name: LLMModel(path, dtype=dtype, opconfig=plan, quiet=True, load_tokenizer=False)
+        for name, plan in plans.items()
+    }
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(100, 5000, (1, args.model_prompt), generator=gen)
+    steps = {k: SamplingConfig(max_new_tokens=k, min_new_tokens=k) for k in (1, n + 1)}
+    fns = {
+        (name, k): partial(model.generate, ids, cfg)
+        for name, model in models.items()
+        for k, cfg in steps.items()
+    }
+    med = {
+        key: statistics.median(t)
+        for key, t in interleaved(fns, args.repeats, args.clock_fn).items()
+    }
+    base_prefill = med.get(("native", 1))
+    base_decode = None if base_prefill is None else n / (med[("native", n + 1)] - base_prefill)
+    for name, model in models.items():
+        prefill = med[(name, 1)]
+        decode = n / (med[(name, n + 1)] - prefill)
+        uses = ",".join(sorted({b for bs in model.op_plan.backends().values() for b in bs}))
+        fields = {
+            "dtype": dtype_name(dtype),
+            "shape": str(args.model),
+            "threads": threads,
+            "backend": name,
+            "uses": uses,
+        }
+        rows.append(
+            {
+                **fields,
+                "section": "model-prefill",
+                "M": args.model_prompt,
+                "value": prefill * 1e3,
+                "unit": "ms",
+                "vs_native": base_prefill / prefill if base_prefill else None,
+            }
+        )
+        rows.append(
+            {
+                **fields,
+                "section": "model-decode",
+                "M": 1,
+                "value": decode,
+                "unit": "tok/s",
+                "vs_native": decode / base_decode if base_decode else None,
+            }
+        )
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Every section for every thread count and dtype; returns the JSON payload."""
     if args.clock == "thread" and args.threads != [1]:
-        p.error("--clock thread measures one thread: use it with --threads 1")
+        raise ConfigError("--clock thread measures one thread: use it with --threads 1")
+    if args.repeats < 5:
+        note(args, f"kernels: --repeats {args.repeats}: medians need >= 5 rounds to mean much")
     args.clock_fn = time.thread_time if args.clock == "thread" else time.perf_counter
-    if "avx512" in args.backends:  # compile (or load) before timing anything
-        from pace_avx512.build import load_extension
-
-        load_extension()
     rows: list[dict[str, Any]] = []
     with torch.inference_mode():
         for threads in args.threads:
@@ -253,12 +439,15 @@ def main() -> None:
             for name in args.dtypes:
                 dtype = getattr(torch, name)
                 bench_linear(args, dtype, threads, dram, rows)
-                if "ops" in args.sections and "avx512" in args.backends:
+                if "ops" in args.sections:
                     bench_ops(args, dtype, threads, rows)
                 if "model" in args.sections:
                     bench_model(args, dtype, threads, rows)
-    emit("kernels", rows, COLUMNS, args.out)
+    return emit("kernels", rows, COLUMNS, args)
 
 
-if __name__ == "__main__":
-    main()
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """``pace bench kernels [argv]``: run, write the results folder, return the payload."""
+    from pace_core.bench.cli import main_for
+
+    return main_for("kernels", argv)

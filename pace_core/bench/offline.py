@@ -1,30 +1,87 @@
-"""Offline generation: pace (native kernels) vs transformers, side by side in one run.
+"""Offline generation: pace vs the peers installed here (transformers, llama.cpp), one run.
 
-Measures TTFT (prefill of a 128-token prompt + first token), decode tok/s and total tok/s
-for batch 1 and 8 at 1 and 2 threads; reports medians and the pace/transformers ratio.
+For each sweep point (threads, batch, prompt length) every engine generates greedily from the
+same random prompt: time to first token (prefill + one token) and the whole generation are
+timed round-robin across engines, and the medians give TTFT, prefill tok/s, decode tok/s
+(tokens after the first over the time after it) and total tok/s, with pace / transformers
+ratios. The sweep varies one axis at a time from the first value of each list (``--grid``:
+every combination). llama.cpp (llama-cpp-python, ``make bench-peers``) runs a BF16 GGUF
+converted from the same checkpoint, batch 1 only; it is skipped with a note when absent.
 
-    python benchmarks/offline.py --models smollm2 gemma3-270m --dtype bfloat16
+    pace bench offline --models smollm2 gemma3-270m --threads 1 2 --batches 1 8
+    pace bench offline --prompt-lens 32 128 512 --engines pace llama.cpp
 """
 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
+import itertools
+import statistics
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
-from pace_core.bench.common import emit, median_time
+from pace_core.bench.common import emit, interleaved, model_path, note, progress
+
+ENGINES = ("pace", "transformers", "llama.cpp")
+GGUF_TYPES = {"bfloat16": "bf16", "float32": "f32"}
+COLUMNS = [
+    "model",
+    "engine",
+    "threads",
+    "batch",
+    "prompt_len",
+    "ttft_s",
+    "prefill_tok_s",
+    "decode_tok_s",
+    "total_tok_s",
+    "decode_vs_hf",
+    "prefill_vs_hf",
+]
+QUICK = {
+    "threads": [1],
+    "batches": [1, 4],
+    "prompt_lens": [32, 128],
+    "new_tokens": 16,
+    "repeats": 2,
+}
 
 
-def run_pace(model, ids, new_tokens):
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--models", nargs="+", default=["smollm2"], help="zoo names or directories")
+    p.add_argument("--dtype", default="bfloat16", choices=list(GGUF_TYPES))
+    p.add_argument("--engines", nargs="+", default=list(ENGINES), choices=ENGINES)
+    p.add_argument("--opconfig", default=None, help="pace's OperatorConfig (default: auto)")
+    p.add_argument("--threads", nargs="+", type=int, default=[1, 2])
+    p.add_argument("--batches", nargs="+", type=int, default=[1, 8])
+    p.add_argument("--prompt-lens", nargs="+", type=int, default=[128, 512])
+    p.add_argument("--grid", action="store_true", help="every combination, not one axis at a time")
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=3)
+
+
+def sweep_points(args: argparse.Namespace) -> list[tuple[int, int, int]]:
+    """(threads, batch, prompt_len) points: the grid, or each axis varied from the base."""
+    axes = (args.threads, args.batches, args.prompt_lens)
+    if args.grid:
+        return list(itertools.product(*axes))
+    base = tuple(a[0] for a in axes)
+    points = [base]
+    for i, values in enumerate(axes):
+        points += [(*base[:i], v, *base[i + 1 :]) for v in values[1:]]
+    return list(dict.fromkeys(points))
+
+
+def _pace(model: Any, ids: torch.Tensor, new_tokens: int) -> Callable[[], Any]:
     from pace_core import SamplingConfig
 
     cfg = SamplingConfig(max_new_tokens=new_tokens, min_new_tokens=new_tokens)
     return lambda: model.generate(ids, cfg)
 
 
-def run_hf(model, ids, new_tokens):
-    def go():
+def _transformers(model: Any, ids: torch.Tensor, new_tokens: int) -> Callable[[], Any]:
+    def go() -> None:
         with torch.inference_mode():
             model.generate(
                 ids,
@@ -38,73 +95,107 @@ def run_hf(model, ids, new_tokens):
     return go
 
 
-def measure(engine, model, ids, new_tokens, repeats):
-    make = run_pace if engine == "pace" else run_hf
-    ttft = median_time(make(model, ids, 1), repeats)
-    total = median_time(make(model, ids, new_tokens), repeats)
-    b = ids.shape[0]
-    decode = b * (new_tokens - 1) / max(total - ttft, 1e-9)
-    return {"ttft_s": ttft, "decode_tok_s": decode, "total_tok_s": b * new_tokens / total}
+class _LlamaCpp:
+    """One llama.cpp runner per thread count over the model's GGUF."""
+
+    def __init__(self, gguf: Any, n_ctx: int) -> None:
+        self.gguf, self.n_ctx, self.runners = gguf, n_ctx, {}
+
+    def __call__(self, ids: torch.Tensor, new_tokens: int) -> Callable[[], Any]:
+        from pace_core.bench.peers import LlamaCppRunner
+
+        threads = torch.get_num_threads()
+        if threads not in self.runners:
+            self.runners[threads] = LlamaCppRunner(self.gguf, threads, self.n_ctx)
+        runner, tokens = self.runners[threads], ids[0].tolist()
+        return lambda: runner.generate(tokens, new_tokens)
 
 
-def main() -> None:
-    from transformers import AutoModelForCausalLM
+def load_engines(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    """engine -> ``make(ids, new_tokens) -> fn`` for one model; unavailable peers noted."""
+    from pace_core import LLMModel
 
-    from pace_core import LLMModel, zoo
+    path, dtype = model_path(name), getattr(torch, args.dtype)
+    engines: dict[str, Any] = {}
+    if "pace" in args.engines:
+        pace = LLMModel(path, dtype=dtype, opconfig=args.opconfig, quiet=True)
+        engines["pace"] = lambda ids, n: _pace(pace, ids, n)
+    if "transformers" in args.engines:
+        from transformers import AutoModelForCausalLM
+        from transformers.utils import logging as hf_logging
 
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--models", nargs="+", default=["smollm2"])
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
-    p.add_argument("--batches", nargs="+", type=int, default=[1, 8])
-    p.add_argument("--threads", nargs="+", type=int, default=[1, 2])
-    p.add_argument("--prompt-len", type=int, default=128)
-    p.add_argument("--new-tokens", type=int, default=128)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--out", default=None, help="directory for the JSON result")
-    args = p.parse_args()
-    dtype = getattr(torch, args.dtype)
-    rows = []
-    for name in args.models:
-        path = zoo.pull(name, quiet=True) if zoo.is_zoo_name(name) else Path(name)
-        engines = {
-            "pace": LLMModel(path, dtype=dtype),
-            "transformers": AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).eval(),
+        if args.quiet:
+            hf_logging.disable_progress_bar()
+
+        hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).eval()
+        engines["transformers"] = lambda ids, n: _transformers(hf, ids, n)
+    if "llama.cpp" in args.engines:
+        from pace_core.bench import peers
+
+        try:
+            if peers.find_llama_cpp() is None:
+                raise peers.PeerUnavailable("llama-cpp-python is not installed (make bench-peers)")
+            gguf = peers.gguf_for(path, GGUF_TYPES[args.dtype])
+            engines["llama.cpp"] = _LlamaCpp(gguf, max(args.prompt_lens) + args.new_tokens + 8)
+        except peers.PeerUnavailable as exc:
+            note(args, f"offline: llama.cpp skipped: {exc}")
+    return engines
+
+
+def measure_point(engines: dict[str, Any], ids: torch.Tensor, args) -> dict[str, dict]:
+    """TTFT and generation time of every engine, timed round-robin; derived rates."""
+    batch, prompt_len = ids.shape
+    usable = {e: make for e, make in engines.items() if e != "llama.cpp" or batch == 1}
+    fns = {}
+    for engine, make in usable.items():
+        fns[(engine, "ttft")] = make(ids, 1)
+        fns[(engine, "total")] = make(ids, args.new_tokens)
+    times = interleaved(fns, args.repeats)
+    out = {}
+    for engine in usable:
+        ttft = statistics.median(times[(engine, "ttft")])
+        total = statistics.median(times[(engine, "total")])
+        out[engine] = {
+            "ttft_s": ttft,
+            "prefill_tok_s": batch * prompt_len / ttft,
+            "decode_tok_s": batch * (args.new_tokens - 1) / max(total - ttft, 1e-9),
+            "total_tok_s": batch * args.new_tokens / total,
         }
+    hf = out.get("transformers")
+    for r in out.values():
+        if hf:
+            r["decode_vs_hf"] = r["decode_tok_s"] / hf["decode_tok_s"]
+            r["prefill_vs_hf"] = r["prefill_tok_s"] / hf["prefill_tok_s"]
+    return out
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Every model and sweep point; returns the JSON payload."""
+    rows = []
+    points = sweep_points(args)
+    for name in args.models:
+        engines = load_engines(name, args)
         gen = torch.Generator().manual_seed(0)
-        for threads in args.threads:
+        for threads, batch, prompt_len in progress(points, f"offline {name}", args.quiet):
             torch.set_num_threads(threads)
-            for batch in args.batches:
-                ids = torch.randint(100, 5000, (batch, args.prompt_len), generator=gen)
-                res = {
-                    e: measure(e, m, ids, args.new_tokens, args.repeats) for e, m in engines.items()
-                }
-                for engine, r in res.items():
-                    rows.append(
-                        {
-                            "model": name,
-                            "engine": engine,
-                            "threads": threads,
-                            "batch": batch,
-                            **r,
-                            "decode_vs_hf": r["decode_tok_s"] / res["transformers"]["decode_tok_s"],
-                        }
-                    )
-    emit(
-        "offline",
-        rows,
-        [
-            "model",
-            "engine",
-            "threads",
-            "batch",
-            "ttft_s",
-            "decode_tok_s",
-            "total_tok_s",
-            "decode_vs_hf",
-        ],
-        args.out,
-    )
+            ids = torch.randint(100, 5000, (batch, prompt_len), generator=gen)
+            for engine, r in measure_point(engines, ids, args).items():
+                rows.append(
+                    {
+                        "model": name,
+                        "engine": engine,
+                        "threads": threads,
+                        "batch": batch,
+                        "prompt_len": prompt_len,
+                        "dtype": args.dtype,
+                        **r,
+                    }
+                )
+    return emit("offline", rows, COLUMNS, args)
 
 
-if __name__ == "__main__":
-    main()
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """``pace bench offline [argv]``: run, write the results folder, return the payload."""
+    from pace_core.bench.cli import main_for
+
+    return main_for("offline", argv)

@@ -5,10 +5,10 @@ with streaming /v1/completions requests at concurrency 1, 4, 16 and 32 (closed l
 client sends its next request when the previous one finished). Prompts and output lengths are
 mixed (fixed seed; ``ignore_eos`` so every request produces exactly its max_tokens). Reports
 request throughput, output tok/s, TTFT and inter-token latency p50/p99 per mode and level as
-JSON + a table + a PNG plot.
+JSON + a table + a PNG plot (throughput and latencies vs concurrency).
 
-    python benchmarks/serving.py --out results            # both modes, all levels
-    python benchmarks/serving.py --quick                  # fewer requests
+    pace bench serving                      # both modes, all levels
+    pace bench serving --quick              # concurrency 1, 4, 16 only
 
 Every level is bounded in requests (``--requests-per-level``, at least the concurrency) and
 in time (``--level-timeout``).
@@ -27,10 +27,9 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-import httpx
+from pace_core.bench.common import emit, note, progress
 
 _TEXT = (
     "the quick brown fox jumps over a lazy dog while seven curious engineers measure how "
@@ -40,6 +39,21 @@ WORDS = _TEXT.split(" ")
 
 
 MODES = {"continuous": (32, 1), "one-at-a-time": (1, 1), "2-instances": (16, 2)}
+COLUMNS = [
+    "mode",
+    "concurrency",
+    "requests",
+    "failed",
+    "wall_s",
+    "req_per_s",
+    "out_tok_per_s",
+    "ttft_p50_ms",
+    "ttft_p99_ms",
+    "itl_p50_ms",
+    "itl_p99_ms",
+    "e2e_p50_s",
+]
+QUICK = {"concurrency": [1, 4, 16]}
 
 
 def make_workload(n: int, seed: int) -> list[tuple[str, int]]:
@@ -106,6 +120,8 @@ class ServerProcess:
         self.url = f"http://127.0.0.1:{self.port}"
 
     def wait_ready(self, timeout: float = 300.0) -> None:
+        import httpx
+
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -128,7 +144,7 @@ class ServerProcess:
             self.proc.wait(10)
 
 
-async def one_request(client: httpx.AsyncClient, url: str, prompt: str, max_tokens: int) -> dict:
+async def one_request(client: Any, url: str, prompt: str, max_tokens: int) -> dict:
     body = {
         "model": "bench",
         "prompt": prompt,
@@ -170,11 +186,13 @@ async def one_request(client: httpx.AsyncClient, url: str, prompt: str, max_toke
 async def run_level(
     url: str, workload: list[tuple[str, int]], concurrency: int, timeout: float
 ) -> dict[str, Any]:
+    import httpx
+
     pending = list(workload)
     results: list[dict] = []
     limits = httpx.Limits(max_connections=concurrency + 4)
 
-    async def worker(client: httpx.AsyncClient) -> None:
+    async def worker(client: Any) -> None:
         while pending:
             prompt, max_tokens = pending.pop()
             results.append(await one_request(client, url, prompt, max_tokens))
@@ -210,47 +228,16 @@ def _ms(x: float | None) -> float | None:
     return None if x is None else round(1000 * x, 1)
 
 
-def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    for mode, style in (("continuous", "o-"), ("one-at-a-time", "s--"), ("2-instances", "^:")):
-        sub = [r for r in rows if r["mode"] == mode]
-        if not sub:
-            continue
-        c = [r["concurrency"] for r in sub]
-        axes[0].plot(c, [r["out_tok_per_s"] for r in sub], style, label=mode)
-        axes[1].plot(c, [r["ttft_p50_ms"] for r in sub], style, label=f"{mode} p50")
-        axes[1].plot(c, [r["ttft_p99_ms"] for r in sub], style, alpha=0.4, label=f"{mode} p99")
-        axes[2].plot(c, [r["itl_p50_ms"] for r in sub], style, label=f"{mode} p50")
-        axes[2].plot(c, [r["itl_p99_ms"] for r in sub], style, alpha=0.4, label=f"{mode} p99")
-    titles = ("output tokens/s", "TTFT (ms)", "inter-token latency (ms)")
-    for ax, title in zip(axes, titles):
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("concurrent clients")
-        ax.set_title(title)
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
-    axes[1].set_yscale("log")
-    fig.suptitle("pace serve: continuous batching vs one request at a time (--max-running 1)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-
-
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--model", default="smollm2")
-    ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--threads", type=int, default=None, help="torch threads of the engine")
-    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 32])
-    ap.add_argument("--requests-per-level", type=int, default=None, help="default: max(4, c)")
-    ap.add_argument("--level-timeout", type=float, default=600.0, help="seconds per level")
-    ap.add_argument("--max-prefill-tokens", type=int, default=512)
-    ap.add_argument("--max-cache-tokens", type=int, default=16384)
-    ap.add_argument(
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="smollm2")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--threads", type=int, default=None, help="torch threads of the engine")
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 32])
+    p.add_argument("--requests-per-level", type=int, default=None, help="default: max(4, c)")
+    p.add_argument("--level-timeout", type=float, default=600.0, help="seconds per level")
+    p.add_argument("--max-prefill-tokens", type=int, default=512)
+    p.add_argument("--max-cache-tokens", type=int, default=16384)
+    p.add_argument(
         "--modes",
         nargs="+",
         default=["continuous", "one-at-a-time"],
@@ -258,12 +245,11 @@ def main() -> int:
         help="continuous (--max-running 32), one-at-a-time (--max-running 1), "
         "2-instances (--instances 2, one core each)",
     )
-    ap.add_argument("--quick", action="store_true", help="concurrency 1, 4, 16 only")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default="results")
-    args = ap.parse_args()
-    if args.quick:
-        args.concurrency = [c for c in args.concurrency if c <= 16]
+    p.add_argument("--seed", type=int, default=0)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Every mode and concurrency level against a fresh server; returns the JSON payload."""
     rows = []
     for mode in args.modes:
         max_running, instances = MODES[mode]
@@ -273,42 +259,20 @@ def main() -> int:
             # warm-up (not counted): first-call kernel set-up for batch-1 and batched shapes
             for c in (1, 4):
                 asyncio.run(run_level(server.url, make_workload(4, 99), c, 300))
-            for c in args.concurrency:
+            for c in progress(args.concurrency, f"serving {mode}", args.quiet):
                 n = args.requests_per_level or max(4, c)
                 workload = make_workload(n, args.seed + c)
                 row = asyncio.run(run_level(server.url, workload, c, args.level_timeout))
-                row["mode"] = mode
-                rows.append(row)
-                print(json.dumps(row), flush=True)
+                rows.append({"mode": mode, **row})
         finally:
             server.stop()
-    columns = [
-        "mode",
-        "concurrency",
-        "requests",
-        "failed",
-        "wall_s",
-        "req_per_s",
-        "out_tok_per_s",
-        "ttft_p50_ms",
-        "ttft_p99_ms",
-        "itl_p50_ms",
-        "itl_p99_ms",
-        "e2e_p50_s",
-    ]
-    from pace_core.bench.common import emit
-
-    emit("serving", rows, columns, args.out)
-    if args.out:
-        png = Path(args.out) / "serving.png"
-        plot(rows, png)
-        print(f"plot: {png}")
-    print(
-        f"threads={args.threads or os.environ.get('OMP_NUM_THREADS', 'torch default')} "
-        f"dtype={args.dtype} model={args.model}"
-    )
-    return 0
+    threads = args.threads or os.environ.get("OMP_NUM_THREADS", "torch default")
+    note(args, f"serving: threads={threads} dtype={args.dtype} model={args.model}")
+    return emit("serving", rows, COLUMNS, args)
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """``pace bench serving [argv]``: run, write the results folder, return the payload."""
+    from pace_core.bench.cli import main_for
+
+    return main_for("serving", argv)

@@ -1,22 +1,22 @@
 """Speculative decoding: prompt lookup on real models, and the cost of the machinery.
 
-Three tables (printed, and JSON with ``--out``), all medians of interleaved repeats:
+Three sections (``--sections``; a table each), all medians of interleaved repeats:
 
-1. ``speculative_prompt_lookup``: greedy generation on input-grounded chat prompts (rename a
+1. ``lookup``: greedy generation on input-grounded chat prompts (rename a
    variable in a ~150-token Python function, summarise a passage, extract fields) with
    n-gram prompt lookup vs plain decoding on the same engine, same run. Reports end-to-end
    tok/s and speedup, the decode-only speedup (time to first token, the same prefill for both,
    subtracted), acceptance, tokens per target forward and whether the outputs are identical
    (greedy speculation is exact up to the kernels' numerics; bf16 may flip near-ties).
-2. ``speculative_verify_cost``: target forward time over ``T`` new tokens (after a 256-token
+2. ``verify``: target forward time over ``T`` new tokens (after a 256-token
    context) relative to ``T = 1``: what one verification of ``k = T - 1`` drafts costs.
-3. ``speculative_mechanics``: random-weight target + draft pairs: unrelated drafts (nothing
+3. ``mechanics``: random-weight target + draft pairs: unrelated drafts (nothing
    accepted: the pure cost of drafting + verifying), and a "bigram" pair whose blocks add
    nothing to the residual stream, so a 1-layer draft predicts the 12-layer target exactly
    (classic draft: 100% acceptance; PARD: only the first draft, as its masks carry no
    information): the best case of the machinery.
 
-    python benchmarks/speculative.py --models smollm2 gemma3-270m --out results
+    pace bench speculative --models smollm2 gemma3-270m
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from pace_core.bench.common import emit
+from pace_core.bench.common import emit, model_path, note, progress
 
 CODE = '''def summarize_orders(orders, tax_rate=0.08):
     """Return per-customer totals and the grand total of a list of orders."""
@@ -105,13 +105,13 @@ def _timed(fn, *args: Any) -> tuple[float, Any]:
 
 
 def bench_prompt_lookup(args, dtype: torch.dtype) -> list[dict[str, Any]]:
-    from pace_core import LLMModel, SamplingConfig, zoo
+    from pace_core import LLMModel, SamplingConfig
     from pace_core.speculative import PromptLookupConfig
 
     rows = []
     look = PromptLookupConfig(num_speculative_tokens=args.k, max_ngram=args.max_ngram)
     for name in args.models:
-        path = zoo.pull(name, quiet=True) if zoo.is_zoo_name(name) else Path(name)
+        path = model_path(name)
         plain = LLMModel(path, dtype=dtype, quiet=True)
         spec = LLMModel(path, dtype=dtype, quiet=True, spec_config=look)
         cfg = SamplingConfig(max_new_tokens=args.new_tokens)
@@ -161,11 +161,11 @@ def bench_prompt_lookup(args, dtype: torch.dtype) -> list[dict[str, Any]]:
 
 
 def bench_verify_cost(args, dtype: torch.dtype) -> list[dict[str, Any]]:
-    from pace_core import LLMModel, zoo
+    from pace_core import LLMModel
 
     rows = []
     for name in args.models:
-        path = zoo.pull(name, quiet=True) if zoo.is_zoo_name(name) else Path(name)
+        path = model_path(name)
         llm = LLMModel(path, dtype=dtype, quiet=True, load_tokenizer=False)
         inf = llm.inferencer
         gen = torch.Generator().manual_seed(0)
@@ -287,8 +287,42 @@ def bench_mechanics(args, dtype: torch.dtype) -> list[dict[str, Any]]:
     return rows
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+SECTIONS: dict[str, tuple[Any, list[str]]] = {  # name -> (rows(args, dtype), table columns)
+    "lookup": (
+        bench_prompt_lookup,
+        [
+            "model",
+            "task",
+            "prompt_tokens",
+            "new_tokens",
+            "plain_tok_s",
+            "spec_tok_s",
+            "speedup",
+            "decode_speedup",
+            "acceptance",
+            "tokens_per_step",
+            "identical",
+        ],
+    ),
+    "verify": (bench_verify_cost, ["model", "T", "forward_ms", "vs_T1"]),
+    "mechanics": (
+        bench_mechanics,
+        [
+            "setup",
+            "batch",
+            "tok_s",
+            "vs_plain",
+            "acceptance",
+            "tokens_per_step",
+            "draft_share",
+            "verify_share",
+        ],
+    ),
+}
+QUICK = {"new_tokens": 32, "repeats": 1, "sections": ["lookup", "verify"]}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--models", nargs="+", default=["smollm2"])
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     p.add_argument("--k", type=int, default=8, help="prompt lookup num_speculative_tokens")
@@ -298,26 +332,25 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--batches", nargs="+", type=int, default=[1, 4], help="mechanics batches")
     p.add_argument("--mech-tokens", type=int, default=64)
-    p.add_argument("--sections", nargs="+", default=["lookup", "verify", "mechanics"])
-    p.add_argument("--out", default=None, help="directory for the JSON results")
-    args = p.parse_args()
+    p.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=list(SECTIONS))
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """The chosen sections, rows tagged with their ``section``; returns the JSON payload."""
     if args.threads:
         torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
-    print(f"threads={torch.get_num_threads()} load_average={os.getloadavg()}", flush=True)
-    if "lookup" in args.sections:
-        cols = ["model", "task", "prompt_tokens", "new_tokens", "plain_tok_s", "spec_tok_s"]
-        cols += ["speedup", "decode_speedup", "acceptance", "tokens_per_step", "identical"]
-        emit("speculative_prompt_lookup", bench_prompt_lookup(args, dtype), cols, args.out)
-    if "verify" in args.sections:
-        rows = bench_verify_cost(args, dtype)
-        emit("speculative_verify_cost", rows, ["model", "T", "forward_ms", "vs_T1"], args.out)
-    if "mechanics" in args.sections:
-        cols = ["setup", "batch", "tok_s", "vs_plain", "acceptance", "tokens_per_step"]
-        cols += ["draft_share", "verify_share"]
-        emit("speculative_mechanics", bench_mechanics(args, dtype), cols, args.out)
-    print(f"load_average_after={os.getloadavg()}")
+    note(args, f"speculative: threads={torch.get_num_threads()} load_average={os.getloadavg()}")
+    rows = []
+    for section in progress(args.sections, "speculative", args.quiet):
+        rows += [{"section": section, **r} for r in SECTIONS[section][0](args, dtype)]
+    note(args, f"speculative: load_average_after={os.getloadavg()}")
+    columns = {name: cols for name, (_, cols) in SECTIONS.items()}
+    return emit("speculative", rows, columns, args)
 
 
-if __name__ == "__main__":
-    main()
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """``pace bench speculative [argv]``: run, write the results folder, return the payload."""
+    from pace_core.bench.cli import main_for
+
+    return main_for("speculative", argv)

@@ -1,0 +1,227 @@
+"""Peer engines installed on this machine, for side-by-side benchmarks.
+
+- ``transformers`` is a dependency of pace, so always there (:func:`find_transformers`).
+- llama.cpp through ``llama-cpp-python`` when installed (:func:`find_llama_cpp`); ``make
+  bench-peers`` builds it from the sdist with ``-DGGML_NATIVE=ON`` and extracts the sdist's
+  ``convert_hf_to_gguf.py`` (with its ``conversion`` package and bundled ``gguf-py``, not the
+  PyPI ``gguf``) into :func:`converter_dir`, ``$PACE_CACHE_DIR/peers/llama.cpp``.
+- :func:`gguf_for` converts a Hugging Face model directory to GGUF once (cached next to the
+  model); :class:`LlamaCppRunner` times prefill and decode on it.
+
+``python -m pace_core.bench.peers extract SDIST`` does the extraction step of ``make
+bench-peers``; ``python -m pace_core.bench.peers status`` shows what is found.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from pace_core.errors import PaceError
+
+CONVERTER = "convert_hf_to_gguf.py"
+_CONVERTER_PARTS = (CONVERTER, "conversion/", "gguf-py/", "LICENSE")  # what `extract` keeps
+GGUF_TYPES = ("f32", "f16", "bf16", "q8_0")
+
+
+class PeerUnavailable(PaceError):
+    """A peer engine or its tooling is missing; the message says how to get it."""
+
+
+def find_transformers() -> ModuleType | None:
+    """The ``transformers`` module, or None."""
+    try:
+        import transformers
+    except ImportError:
+        return None
+    return transformers
+
+
+def find_llama_cpp() -> ModuleType | None:
+    """The ``llama_cpp`` module of llama-cpp-python, or None when absent or unloadable."""
+    try:
+        import llama_cpp
+    except (ImportError, OSError):  # OSError: the shared library failed to load
+        return None
+    return llama_cpp
+
+
+def converter_dir() -> Path:
+    """Where ``make bench-peers`` puts the converter: ``$PACE_CACHE_DIR/peers/llama.cpp``."""
+    from pace_core.zoo import cache_root
+
+    return cache_root() / "peers" / "llama.cpp"
+
+
+def find_converter() -> Path | None:
+    """The extracted ``convert_hf_to_gguf.py`` (with its ``gguf-py``), or None."""
+    script = converter_dir() / CONVERTER
+    return script if script.is_file() and (script.parent / "gguf-py").is_dir() else None
+
+
+def extract_converter(sdist: Path, dest: Path | None = None) -> Path:
+    """Copy the converter, its ``conversion`` package and ``gguf-py`` out of the sdist."""
+    dest = dest or converter_dir()
+    with tarfile.open(sdist) as tar:
+        for member in tar.getmembers():
+            _, sep, rel = member.name.partition("/vendor/llama.cpp/")
+            if not sep or not member.isfile() or not rel.startswith(_CONVERTER_PARTS):
+                continue
+            if ".." in Path(rel).parts:
+                raise PeerUnavailable(f"unsafe path in {sdist}: {member.name}")
+            target = dest / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            source = tar.extractfile(member)
+            assert source is not None
+            target.write_bytes(source.read())
+    if not (dest / CONVERTER).is_file():
+        raise PeerUnavailable(f"{sdist} holds no vendor/llama.cpp/{CONVERTER}")
+    return dest / CONVERTER
+
+
+def _newest_input(model_dir: Path) -> float:
+    files = [p for p in model_dir.iterdir() if p.suffix in (".json", ".safetensors", ".bin")]
+    return max((p.stat().st_mtime for p in files), default=0.0)
+
+
+def gguf_for(model_dir: str | Path, dtype: str = "bf16", *, quiet: bool = True) -> Path:
+    """A GGUF of the Hugging Face model in ``model_dir``, converted on first use.
+
+    The file is ``<model_dir>/<name>.<dtype>.gguf`` and is converted again when the model
+    files are newer. Raises :class:`PeerUnavailable` when the converter is not installed.
+    """
+    model_dir = Path(model_dir).resolve()
+    if dtype not in GGUF_TYPES:
+        raise PeerUnavailable(f"GGUF dtype {dtype!r} unsupported (choose from {GGUF_TYPES})")
+    out = model_dir / f"{model_dir.name}.{dtype}.gguf"
+    if out.is_file() and out.stat().st_mtime >= _newest_input(model_dir):
+        return out
+    script = find_converter()
+    if script is None:
+        raise PeerUnavailable(
+            f"llama.cpp's {CONVERTER} is not installed in {converter_dir()}: run `make "
+            "bench-peers` (or `python -m pace_core.bench.peers extract <llama-cpp-python sdist>`)"
+        )
+    tmp = out.with_suffix(".tmp")
+    paths = [str(script.parent / "gguf-py"), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+    env.pop("NO_LOCAL_GGUF", None)  # the converter then puts its own gguf-py first as well
+    cmd = [sys.executable, str(script), str(model_dir), "--outfile", str(tmp), "--outtype", dtype]
+    done = subprocess.run(cmd, env=env, capture_output=quiet, text=True)
+    if done.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        detail = (done.stderr or "")[-2000:] if quiet else ""
+        raise PeerUnavailable(f"GGUF conversion of {model_dir} failed:\n{detail}")
+    tmp.replace(out)
+    return out
+
+
+class LlamaCppRunner:
+    """A GGUF model in llama.cpp with ``n_threads``: timed prefill and greedy decode.
+
+    ``prefill(tokens)`` evaluates a prompt from an empty cache; ``generate(tokens, n)`` adds
+    ``n`` greedy tokens after it (one ``eval`` of one token per step, argmax of the logits).
+    """
+
+    def __init__(self, gguf: str | Path, n_threads: int, n_ctx: int = 4096) -> None:
+        llama_cpp = find_llama_cpp()
+        if llama_cpp is None:
+            raise PeerUnavailable("llama-cpp-python is not installed: run `make bench-peers`")
+        import numpy as np
+
+        self._np = np
+        self.llm = llama_cpp.Llama(
+            model_path=str(gguf),
+            n_ctx=n_ctx,
+            n_batch=min(n_ctx, 512),
+            n_threads=n_threads,
+            n_threads_batch=n_threads,
+            verbose=False,
+        )
+        self.n_threads = n_threads
+
+    def prefill(self, tokens: list[int]) -> None:
+        self.llm.reset()
+        self.llm.eval(tokens)
+
+    def _next_token(self) -> int:
+        logits = self.llm._ctx.get_logits()  # the last evaluated token's row
+        return int(self._np.ctypeslib.as_array(logits, shape=(self.llm.n_vocab(),)).argmax())
+
+    def generate(self, tokens: list[int], new_tokens: int) -> list[int]:
+        """Prefill ``tokens`` then decode ``new_tokens`` greedily (the first from the prefill)."""
+        self.prefill(tokens)
+        out = [self._next_token()]
+        while len(out) < new_tokens:
+            self.llm.eval([out[-1]])
+            out.append(self._next_token())
+        return out
+
+    def measure(self, tokens: list[int], new_tokens: int, repeats: int = 3) -> dict[str, float]:
+        """Median prefill time of ``tokens`` and decode tok/s over ``new_tokens``."""
+        from pace_core.bench.common import interleaved
+
+        fns = {
+            "prefill": lambda: self.generate(tokens, 1),
+            "total": lambda: self.generate(tokens, new_tokens),
+        }
+        med = {k: sorted(v)[len(v) // 2] for k, v in interleaved(fns, repeats).items()}
+        decode_s = max(med["total"] - med["prefill"], 1e-9)
+        return {
+            "ttft_s": med["prefill"],
+            "prefill_tok_s": len(tokens) / med["prefill"],
+            "decode_tok_s": (new_tokens - 1) / decode_s,
+        }
+
+
+def status() -> dict[str, Any]:
+    """What is found: versions and the converter's location."""
+    llama = find_llama_cpp()
+    transformers = find_transformers()
+    converter = find_converter()
+    return {
+        "transformers": getattr(transformers, "__version__", None),
+        "llama_cpp": getattr(llama, "__version__", None),
+        "converter": str(converter) if converter else None,
+        "converter_dir": str(converter_dir()),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m pace_core.bench.peers",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = p.add_subparsers(dest="action", required=True)
+    ex = sub.add_parser("extract", help="extract the converter from a llama-cpp-python sdist")
+    ex.add_argument("sdist", type=Path)
+    ex.add_argument("--dest", type=Path, default=None, help=f"default: {converter_dir()}")
+    sub.add_parser("status", help="show the peers found")
+    conv = sub.add_parser("convert", help="convert a model directory or zoo name to GGUF")
+    conv.add_argument("model")
+    conv.add_argument("--dtype", default="bf16", choices=GGUF_TYPES)
+    args = p.parse_args(argv)
+    if args.action == "extract":
+        print(extract_converter(args.sdist, args.dest))
+    elif args.action == "convert":
+        from pace_core.bench.common import model_path
+
+        start = time.perf_counter()
+        path = gguf_for(model_path(args.model), args.dtype, quiet=False)
+        print(f"{path} ({time.perf_counter() - start:.1f} s)")
+    else:
+        for key, value in status().items():
+            print(f"{key:14s} {value or '-'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

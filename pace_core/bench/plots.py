@@ -1,0 +1,234 @@
+"""PNG plots of benchmark payloads (matplotlib, Agg backend, imported only when drawing).
+
+Plots are drawn from the JSON payload alone, so ``pace bench plot <folder>`` redraws them:
+
+- offline: decode and prefill tok/s vs threads, vs batch, vs prompt length, per engine;
+- kernels: per-op backend comparison bars (GB/s for GEMV, GFLOP/s for GEMM, µs for ops,
+  ms / tok/s for the model plans), one panel per shape and M;
+- attention: µs per decode step vs context, per cache type;
+- serving: output tok/s, TTFT and inter-token latency vs concurrency, per mode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+Row = Mapping[str, Any]
+
+
+class PlotsUnavailable(RuntimeError):
+    """matplotlib is not installed (the JSON is written all the same)."""
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+    except ImportError:
+        raise PlotsUnavailable(
+            "matplotlib is not installed, so no plots were drawn (the JSON is written): "
+            "pip install 'pace-core[bench]', then `pace bench plot <results folder>`"
+        ) from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _unique(rows: Iterable[Row], key: str) -> list[Any]:
+    return list(dict.fromkeys(r.get(key) for r in rows))
+
+
+def _save(fig: Any, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return path
+
+
+def _title(payload: Mapping[str, Any]) -> str:
+    m = payload.get("machine", {})
+    cores = (m.get("cores") or {}).get("usable")
+    pace = (m.get("versions") or {}).get("pace", "?")
+    return f"{m.get('cpu', '?')} [{m.get('isa', '?')}], {cores} cores, pace {pace}"
+
+
+# -- offline ----------------------------------------------------------------------------------
+OFFLINE_AXES = (("threads", "threads"), ("batch", "batch"), ("prompt_len", "prompt length"))
+
+
+def _base_slice(rows: list[Row], axis: str) -> list[Row]:
+    """Rows where every other sweep axis sits at its first (base) value."""
+    others = [a for a, _ in OFFLINE_AXES if a != axis]
+    base = {a: rows[0].get(a) for a in others} if rows else {}
+    return [r for r in rows if all(r.get(a) == base[a] for a in others)]
+
+
+def plot_offline(payload: Mapping[str, Any], out: Path) -> list[Path]:
+    """tok/s vs threads, vs batch and vs prompt length: decode (top) and prefill (bottom)."""
+    plt, rows, written = _pyplot(), payload["results"], []
+    for model in _unique(rows, "model"):
+        sub = [r for r in rows if r["model"] == model]
+        fig, axes = plt.subplots(2, 3, figsize=(15, 8), squeeze=False)
+        for col, (axis, label) in enumerate(OFFLINE_AXES):
+            points = _base_slice(sub, axis)
+            for engine in _unique(points, "engine"):
+                mine = sorted((r for r in points if r["engine"] == engine), key=lambda r: r[axis])
+                xs = [r[axis] for r in mine]
+                axes[0][col].plot(xs, [r["decode_tok_s"] for r in mine], "o-", label=engine)
+                axes[1][col].plot(xs, [r["prefill_tok_s"] for r in mine], "o-", label=engine)
+            for row, what in enumerate(("decode tok/s", "prefill tok/s")):
+                ax = axes[row][col]
+                ax.set_xlabel(label)
+                ax.set_ylabel(what)
+                ax.set_title(f"{what} vs {label}")
+                ax.grid(True, alpha=0.3)
+                ax.legend(fontsize=8)
+        fig.suptitle(f"offline {model} ({_title(payload)})", fontsize=10)
+        written.append(_save(fig, out / f"offline-{_slug(model)}.png"))
+    return written
+
+
+# -- kernels ----------------------------------------------------------------------------------
+def kernel_group(section: str) -> str:
+    """Which figure a kernels section goes to: ``linear`` (with its DRAM reference),
+    ``model`` (whole-model plans) or ``ops``."""
+    if section in ("gemv", "gemm", "dram-read"):
+        return "linear"
+    return "model" if section.startswith("model") else "ops"
+
+
+def plot_kernels(payload: Mapping[str, Any], out: Path) -> list[Path]:
+    """A figure per (group, dtype, threads): a panel per section/shape/M, a bar per backend."""
+    rows, written = payload["results"], []
+    colours = _colours(rows)
+    groups: dict[tuple, list[Row]] = {}
+    for r in rows:
+        groups.setdefault((kernel_group(r["section"]), r["threads"]), []).append(r)
+    for (group, threads), sub in groups.items():
+        for dtype in _unique([r for r in sub if r["section"] != "dram-read"], "dtype"):
+            mine = [r for r in sub if r["dtype"] == dtype or r["section"] == "dram-read"]
+            title = f"kernels: {group} {dtype}, {threads} thread(s) ({_title(payload)})"
+            path = out / f"kernels-{group}-{dtype}-t{threads}.png"
+            written.append(_bar_panels(mine, title, path, colours))
+    return written
+
+
+def _bar_panels(rows: list[Row], title: str, path: Path, colours: Mapping[str, str]) -> Path:
+    """One bar chart (a bar per backend) per (section, shape, M) of ``rows``, 4 per line."""
+    plt = _pyplot()
+    panels = list(dict.fromkeys((r["section"], r["shape"], r.get("M")) for r in rows))
+    cols = min(4, len(panels))
+    nrows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(3.6 * cols, 3.4 * nrows), squeeze=False)
+    flat = [ax for line in axes for ax in line]
+    for ax, key in zip(flat, panels):
+        mine = [r for r in rows if (r["section"], r["shape"], r.get("M")) == key]
+        names = [r["backend"] for r in mine]
+        values = [r["value"] for r in mine]
+        bars = ax.bar(range(len(mine)), values, color=[colours[n] for n in names])
+        ax.bar_label(bars, labels=[f"{v:.3g}" for v in values], fontsize=7)
+        ax.set_xticks(range(len(mine)), names, rotation=30, ha="right", fontsize=8)
+        section, shape, m = key
+        ax.set_title(f"{section} {shape}" + (f" M={m}" if m is not None else ""), fontsize=9)
+        unit = "µs" if mine[0]["unit"] == "us" else mine[0]["unit"]
+        ax.set_ylabel(unit + (" (lower is better)" if _lower_better(mine[0]) else ""), fontsize=8)
+        ax.grid(True, axis="y", alpha=0.3)
+    for ax in flat[len(panels) :]:
+        ax.axis("off")
+    fig.suptitle(title, fontsize=10)
+    return _save(fig, path)
+
+
+def _lower_better(row: Row) -> bool:
+    return row.get("unit") in ("us", "ms")
+
+
+_PALETTE = (
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#7f7f7f",
+    "#bcbd22",
+    "#17becf",
+)
+
+
+def _colours(rows: Iterable[Row]) -> dict[str, str]:
+    """One colour per backend, the same in every figure of a payload."""
+    names = _unique(rows, "backend")
+    return {name: _PALETTE[i % len(_PALETTE)] for i, name in enumerate(names)}
+
+
+# -- attention and serving --------------------------------------------------------------------
+def plot_attention(payload: Mapping[str, Any], out: Path) -> list[Path]:
+    """µs per decode step vs context, a line per cache type, a panel per batch."""
+    plt, rows = _pyplot(), payload["results"]
+    batches = _unique(rows, "batch")
+    fig, axes = plt.subplots(1, len(batches), figsize=(5 * len(batches), 4), squeeze=False)
+    for ax, batch in zip(axes[0], batches):
+        for cache in _unique(rows, "cache"):
+            mine = [r for r in rows if r["batch"] == batch and r["cache"] == cache]
+            ax.plot(
+                [r["context"] for r in mine], [r["us_per_step"] for r in mine], "o-", label=cache
+            )
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("context (tokens)")
+        ax.set_ylabel("µs per decode step")
+        ax.set_title(f"batch {batch}")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"decode attention per cache type ({_title(payload)})", fontsize=10)
+    return [_save(fig, out / "attention.png")]
+
+
+def plot_serving(payload: Mapping[str, Any], out: Path) -> list[Path]:
+    """Output tok/s, TTFT and inter-token latency (p50, p99) vs concurrency, per mode."""
+    plt, rows = _pyplot(), payload["results"]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    for mode, style in zip(_unique(rows, "mode"), ("o-", "s--", "^:", "d-.")):
+        sub = [r for r in rows if r["mode"] == mode]
+        c = [r["concurrency"] for r in sub]
+        axes[0].plot(c, [r["out_tok_per_s"] for r in sub], style, label=mode)
+        for ax, key in ((axes[1], "ttft"), (axes[2], "itl")):
+            ax.plot(c, [r[f"{key}_p50_ms"] for r in sub], style, label=f"{mode} p50")
+            ax.plot(c, [r[f"{key}_p99_ms"] for r in sub], style, alpha=0.4, label=f"{mode} p99")
+    titles = ("output tokens/s", "TTFT (ms)", "inter-token latency (ms)")
+    for ax, title in zip(axes, titles):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrent clients")
+        ax.set_title(title)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    axes[1].set_yscale("log")
+    fig.suptitle(f"pace serve: throughput vs concurrency ({_title(payload)})", fontsize=10)
+    return [_save(fig, out / "serving.png")]
+
+
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in str(text))
+
+
+PLOTTERS: dict[str, Callable[[Mapping[str, Any], Path], list[Path]]] = {
+    "offline": plot_offline,
+    "kernels": plot_kernels,
+    "attention": plot_attention,
+    "serving": plot_serving,
+}
+
+
+def make_plots(payload: Mapping[str, Any], out: Path) -> list[Path]:
+    """The PNGs of one benchmark payload written into ``out`` (none for benchmarks or
+    payloads without plots); raises :class:`PlotsUnavailable` without matplotlib."""
+    plotter = PLOTTERS.get(payload.get("benchmark", ""))
+    if plotter is None or not payload.get("results"):
+        return []
+    return plotter(payload, Path(out))
