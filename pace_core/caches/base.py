@@ -13,6 +13,7 @@ A forward step processes ``T`` new positions for a batch of sequences; row ``b``
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -39,16 +40,27 @@ class StepMeta:
     width: int  # T, the padded number of new positions
     _masks: dict[int | None, torch.Tensor] = field(default_factory=dict, repr=False)
 
-    @property
+    # Derived facts are computed once per step (every layer asks): the inputs never change.
+    @cached_property
     def lens_after(self) -> torch.Tensor:
         return self.lens_before + self.num_new
 
-    @property
+    @cached_property
+    def max_len(self) -> int:
+        """Longest row after the step (``S`` of the attention views)."""
+        return int(self.lens_after.max()) if len(self.seq_ids) else 0
+
+    @cached_property
     def uniform(self) -> bool:
         """All rows start at the same length and add ``width`` tokens (no padding)."""
         return bool((self.num_new == self.width).all()) and bool(
             (self.lens_before == self.lens_before[0]).all()
         )
+
+    @cached_property
+    def uniform_start(self) -> int:
+        """Where the new tokens go when the step is ``uniform``."""
+        return int(self.lens_before[0])
 
     def positions(self) -> torch.Tensor:
         """Position ids ``[B, T]`` of the new tokens (pads get 0)."""
@@ -67,7 +79,7 @@ class StepMeta:
         found = self._masks.get(window)
         if found is not None:
             return found
-        s = int(self.lens_after.max())
+        s = self.max_len
         keys = torch.arange(s)[None, None, :]  # [1, 1, S]
         qpos = (
             self.lens_before[:, None]

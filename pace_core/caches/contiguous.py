@@ -82,7 +82,7 @@ class ContiguousCache:
             )
         num_new = torch.as_tensor(num_new, dtype=torch.long)
         meta = StepMeta(list(seq_ids), self.lens.clone(), num_new, width)
-        needed = int(meta.lens_after.max()) if self.batch else 0
+        needed = meta.max_len
         if needed > self.capacity:
             self._resize(self.grow_to(needed))
         self._meta = meta
@@ -101,9 +101,9 @@ class ContiguousCache:
         meta = self._meta
         keys, values = self.keys[layer], self.values[layer]
         if meta.uniform:
-            start = int(meta.lens_before[0])
-            keys[:, :, start : start + meta.width] = k
-            values[:, :, start : start + meta.width] = v
+            start = meta.uniform_start
+            keys.narrow(2, start, meta.width).copy_(k)
+            values.narrow(2, start, meta.width).copy_(v)
         elif meta.width == 1:
             rows = torch.arange(self.batch)
             keys[rows, :, meta.lens_before] = k[:, :, 0]
@@ -113,11 +113,11 @@ class ContiguousCache:
                 n, start = int(meta.num_new[b]), int(meta.lens_before[b])
                 keys[b, :, start : start + n] = k[b, :, meta.width - n :]
                 values[b, :, start : start + n] = v[b, :, meta.width - n :]
-        s = int(meta.lens_after.max())
-        return ContiguousKV(keys[:, :, :s], values[:, :, :s], meta)
+        s = meta.max_len
+        return ContiguousKV(keys.narrow(2, 0, s), values.narrow(2, 0, s), meta)
 
     def end_step(self) -> None:
-        self.lens = self._meta.lens_after
+        self.lens = self._meta.lens_after.clone()  # crop() edits lens in place
         self._meta = None
 
     # -- inspection and rollback ---------------------------------------------------------

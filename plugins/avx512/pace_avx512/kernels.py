@@ -24,7 +24,7 @@ def linear(x: torch.Tensor, w: PackedLinear) -> torch.Tensor:
 
 def qkv_proj(x: torch.Tensor, w: PackedQKV) -> tuple[torch.Tensor, ...]:
     lin = w.linear
-    return _ext().linear(x, lin.weight, lin.bias, lin.out_features).split(w.sizes, dim=-1)
+    return _ext().linear(x, lin.weight, lin.bias, lin.out_features).split_with_sizes(w.sizes, -1)
 
 
 def gated_mlp(x: torch.Tensor, w: PackedGatedMLP) -> torch.Tensor:
