@@ -38,6 +38,7 @@ from pace_core.server.protocol import (
     error_body,
     parse,
 )
+from pace_core.speculative.stats import SpecStats
 
 log = logging.getLogger("pace.server")
 
@@ -102,6 +103,7 @@ class Server:
         max_context: int,
         vocab_size: int,
         generation_config: dict[str, Any] | None = None,
+        speculative: bool = False,
     ) -> None:
         self.tokenizer = tokenizer
         self.config = config
@@ -110,7 +112,8 @@ class Server:
         self.vocab_size = vocab_size
         gen = generation_config or {}
         self.gen_defaults = {k: gen[k] for k in _GEN_DEFAULT_KEYS if gen.get(k) is not None}
-        self.metrics = Metrics()
+        self.speculative = speculative
+        self.metrics = Metrics(speculative)
         self.frontend = Frontend(
             instances,
             self.metrics,
@@ -143,6 +146,7 @@ class Server:
             max_context=context_window(llm),
             vocab_size=llm.model.vocab_size,
             generation_config=llm.generation_config,
+            speculative=getattr(llm, "speculator", None) is not None,
         )
 
     @classmethod
@@ -180,6 +184,7 @@ class Server:
             max_context=int(ctx),
             vocab_size=int(vocab),
             generation_config=gen,
+            speculative=model_args.get("spec_config") is not None,
         )
 
     # -- request handling helpers ----------------------------------------------------------
@@ -360,6 +365,20 @@ class Server:
         sub = self.frontend.submit(rid, specs, sum(len(p) for p in prompts))
         return rid, keys, sub
 
+    def usage(self, sub: Submission, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+        """OpenAI ``usage``; with speculative decoding plus ``spec_decode``: the request's
+        counters (:class:`~pace_core.speculative.stats.SpecStats`, all choices summed; an extra
+        field, which the OpenAI client keeps in ``usage.model_extra``)."""
+        out: dict[str, Any] = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        }
+        if self.speculative:
+            stats = (sub.spec or SpecStats()).to_dict()
+            out["spec_decode"] = {k: v for k, v in stats.items() if not k.endswith("_seconds")}
+        return out
+
     def error_response(self, exc: APIError) -> JSONResponse:
         self.metrics.errors.labels(exc.instance or "frontend", exc.type).inc()
         return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
@@ -462,14 +481,6 @@ async def _collect(server: Server, sub: Submission, keys: list[str], request: Re
     return [choices[k] for k in keys]
 
 
-def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-    }
-
-
 def _sse(payload: Any) -> bytes:
     return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
 
@@ -551,7 +562,8 @@ async def _stream_body(
                     yield _sse(finish_chunk(i, ev[4]))
             else:
                 if usage_chunk is not None:
-                    yield _sse(usage_chunk(_usage(prompt_tokens, completion_tokens)))
+                    usage = server.usage(sub, prompt_tokens, completion_tokens)
+                    yield _sse(usage_chunk(usage))
     except _Timeout:
         err = _timeout_error(server)
         server.metrics.errors.labels("frontend", err.type).inc()
@@ -703,7 +715,7 @@ def create_app(server: Server) -> FastAPI:
                 lp = _CompletionLogprobs(server, len(prefix)).build(c.logprobs)
             text = prefix + "".join(c.text)
             out.append({"index": i, "text": text, "logprobs": lp, "finish_reason": c.finish})
-        usage = _usage(prompt_tokens, sum(c.tokens for c in choices))
+        usage = server.usage(sub, prompt_tokens, sum(c.tokens for c in choices))
         return {**base, "choices": out, "usage": usage}
 
     @app.post("/v1/chat/completions", openapi_extra=_body_schema(ChatCompletionRequest))
@@ -773,7 +785,7 @@ def create_app(server: Server) -> FastAPI:
             lp = _chat_logprobs(server, c.logprobs) if req.logprobs else None
             message = {"role": "assistant", "content": "".join(c.text)}
             out.append({"index": i, "message": message, "logprobs": lp, "finish_reason": c.finish})
-        usage = _usage(len(prompt), sum(c.tokens for c in choices))
+        usage = server.usage(sub, len(prompt), sum(c.tokens for c in choices))
         return {**base, "choices": out, "usage": usage}
 
     def openapi() -> dict[str, Any]:

@@ -3,12 +3,51 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 DTYPE_CHOICES = ("bfloat16", "bf16", "float32", "fp32")
+_SPEC_EXAMPLE = '{"method": "prompt_lookup", "num_speculative_tokens": 4}'
+
+
+def spec_config_arg(value: str) -> dict[str, Any]:
+    """``--spec-config``: a JSON object or the path of a JSON file, validated as an offline
+    ``spec_config`` dict (no model is loaded here). Errors are ``ArgumentTypeError``s, which
+    argparse prints with the usage line (exit code 2, no traceback)."""
+    from pace_core.errors import ConfigError
+    from pace_core.speculative.config import coerce_spec_config
+
+    text = value.strip()
+    if not text.startswith(("{", "[")):
+        path = Path(value).expanduser()
+        if not path.is_file():
+            raise argparse.ArgumentTypeError(
+                f"{value!r} is neither a JSON object nor a JSON file; pass e.g. "
+                f"'{_SPEC_EXAMPLE}' or the path of a file holding such an object"
+            )
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise argparse.ArgumentTypeError(f"cannot read {path}: {exc}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(
+            f"not valid JSON ({exc}); expected an object such as '{_SPEC_EXAMPLE}'"
+        ) from None
+    if not isinstance(data, dict):
+        raise argparse.ArgumentTypeError(
+            f"expected a JSON object such as '{_SPEC_EXAMPLE}' (got {type(data).__name__})"
+        )
+    try:
+        coerce_spec_config(data)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return data
 
 
 def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -54,6 +93,14 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--served-model-name", default=None, help="model id clients send")
     p.add_argument("--opconfig", default=None, help="operator config (JSON or file)")
+    p.add_argument(
+        "--spec-config",
+        type=spec_config_arg,
+        default=None,
+        help="speculative decoding, as LLMModel's spec_config: JSON or a JSON file, e.g. "
+        + _SPEC_EXAMPLE.replace("%", "%%")
+        + " (methods: prompt_lookup/ngram, draft, pard; see docs/speculative.md)",
+    )
     p.set_defaults(func=run_serve)
     return p
 
@@ -92,6 +139,7 @@ def build_server(args: argparse.Namespace):
         request_timeout=args.request_timeout or None,
         default_max_tokens=args.default_max_tokens,
     )
+    spec_config = getattr(args, "spec_config", None)
     model_args = {
         "model": model,
         "dtype": args.dtype,
@@ -99,13 +147,31 @@ def build_server(args: argparse.Namespace):
         "kv_cache_memory_gb": args.kv_cache_memory_gb,
         "max_cache_tokens": args.max_cache_tokens,
         "opconfig": args.opconfig,
+        "spec_config": spec_config,
     }
+    if spec_config is not None and "model_name_or_path" in spec_config:
+        # resolve (and pull) the draft before the target loads, and once for all instances
+        # (an instance that cannot load it would die and be restarted forever)
+        model_args["spec_config"] = {
+            **spec_config,
+            "model_name_or_path": str(_resolve_draft(spec_config["model_name_or_path"])),
+        }
     if args.instances > 1:
         return Server.multi_instance(model_args, args.instances, engine_config, config)
     from pace_core.engine.llm import LLMModel
 
     llm = LLMModel(**model_args, quiet=True)
     return Server.in_process(llm, engine_config, config)
+
+
+def _resolve_draft(name: str) -> Path:
+    from pace_core.errors import ConfigError, ModelLoadError
+    from pace_core.models.loader import resolve_model_path
+
+    try:
+        return resolve_model_path(name)
+    except ModelLoadError as exc:
+        raise ConfigError(f"--spec-config model_name_or_path: {exc}") from None
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -123,9 +189,11 @@ def run_serve(args: argparse.Namespace) -> int:
             args.model = str(zoo.pull(args.model or zoo.DEFAULT_MODEL))
     server = build_server(args)
     app = create_app(server)
+    spec = args.spec_config
+    spec_note = "" if spec is None else f", speculative {json.dumps(spec, separators=(',', ':'))}"
     print(
         f"pace serve: {server.config.served_model_name} on http://{args.host}:{args.port}/v1 "
-        f"({args.instances} instance(s), kv {args.kv_cache_type})",
+        f"({args.instances} instance(s), kv {args.kv_cache_type}{spec_note})",
         file=sys.stderr,
         flush=True,
     )

@@ -15,6 +15,11 @@ loop in a dedicated thread. Each iteration:
    with ``select_rows``), detokenizes, and emits events;
 6. frees the KV blocks of finished sequences at once.
 
+With a model loaded with ``spec_config``, steps 4-5 are speculative
+(:class:`~pace_core.server.speculative.SpecDecoder`): drafts for every running sequence, one
+target forward over ``[last, drafts]`` per row, verification, KV rollback; a sequence may then
+emit several tokens per iteration.
+
 Admission policy ("full booking"): a sequence books ``ceil((prompt + max_tokens) / block)``
 blocks when admitted and keeps the booking until it finishes; it is admitted only when the sum
 of bookings stays within the pool. A running sequence never needs more blocks than it booked,
@@ -26,6 +31,8 @@ Events sent to ``emit`` (a list per iteration; plain tuples so they pickle cheap
 
 * ``("admit", key, queue_seconds)``
 * ``("tok", key, token_id, text_delta, finish_reason | None, logprob | None, top_ids, top_lps)``
+* ``("spec", key, proposed, accepted, emitted)``: one verification step of a sequence (sent
+  before that step's ``tok`` events)
 * ``("err", key, message, error_type, http_status)``
 * ``("stats", running, waiting, kv_used_fraction, kv_booked_fraction)``
 """
@@ -48,6 +55,8 @@ from pace_core.engine.sequence import SequenceTracker
 from pace_core.errors import ConfigError
 from pace_core.sampling.config import SamplingConfig
 from pace_core.sampling.sampler import BatchSampler
+from pace_core.server.speculative import RowVerdict, SpecDecoder
+from pace_core.speculative.verify import check_processors, stop_flags
 
 log = logging.getLogger("pace.server.engine")
 
@@ -131,6 +140,7 @@ class EngineCore:
         self.block_size = int(self.cache.block_size)
         self.num_blocks = int(self.cache.num_blocks)
         self.max_context = context_window(llm)
+        self.spec = self._new_spec()
         self.processors = llm.host.samplers.ordered()
         self.inbox: queue.Queue = queue.Queue()
         self.waiting: collections.deque[_Seq] = collections.deque()
@@ -152,6 +162,11 @@ class EngineCore:
 
     def stop(self) -> None:
         self.inbox.put(("stop",))
+
+    def _new_spec(self) -> SpecDecoder | None:
+        if getattr(self.llm, "speculator", None) is None:
+            return None
+        return SpecDecoder(self.llm, self.cache, self.max_context)
 
     @property
     def capacity_tokens(self) -> int:
@@ -254,6 +269,8 @@ class EngineCore:
             self._release(self.running[j])
         keep = [j for j in range(len(self.running)) if j not in gone]
         self.running = [self.running[j] for j in keep]
+        if self.spec is not None:
+            self.spec.retain(keep)
         if not keep:
             self.sampler = None
         elif self.sampler is not None:
@@ -275,6 +292,8 @@ class EngineCore:
                     self.llm.eos_token_ids,
                     processors=self.processors,
                 )
+                if self.spec is not None:
+                    check_processors(seq.sampler.processors)
             except (ValueError, TypeError, NotImplementedError) as exc:
                 msg = f"invalid sampling parameters: {exc}"
                 self._out.append(("err", seq.spec.key, msg, "invalid_request_error", 400))
@@ -313,23 +332,44 @@ class EngineCore:
                     ready.append((seq, logits[b]))
         return ready
 
+    def _join(self, seqs: list[_Seq]) -> None:
+        """Sequences whose prefill completed join the running batch and its sampler."""
+        for s in seqs:
+            if self.sampler is None:
+                self.sampler = s.sampler
+            else:
+                self.sampler.add(s.sampler)
+            s.sampler = None
+            self.prefilling.remove(s)
+        self.running.extend(seqs)
+
+    def _emit(
+        self,
+        seq: _Seq,
+        token: int,
+        eos: bool,
+        length: bool,
+        logprobs: tuple[Any, Any, Any] = (None, None, None),
+    ) -> bool:
+        """Record one generated token and queue its event; returns whether ``seq`` finished."""
+        seq.last = token
+        delta = seq.tracker.add(token, eos, length)
+        reason = seq.tracker.finish_reason
+        self._out.append(("tok", seq.spec.key, token, delta, reason, *logprobs))
+        return reason is not None
+
     def _step(self) -> None:
         ready = self._prefill() if self.prefilling else []
+        if self.spec is not None:
+            self._spec_step(ready)
+            return
         parts = []
         if self.running:
             ids = torch.tensor([s.last for s in self.running], dtype=torch.long).view(-1, 1)
             seq_ids = [s.seq_id for s in self.running]
             parts.append(forward_step(self.llm.model, self.cache, seq_ids, ids, [1] * len(ids)))
         if ready:
-            seqs = [s for s, _ in ready]
-            for s in seqs:
-                if self.sampler is None:
-                    self.sampler = s.sampler
-                else:
-                    self.sampler.add(s.sampler)
-                s.sampler = None
-                self.prefilling.remove(s)
-            self.running.extend(seqs)
+            self._join([s for s, _ in ready])
             parts.append(torch.stack([lg for _, lg in ready]))
         if not parts:
             return
@@ -345,29 +385,71 @@ class EngineCore:
             top_ids, top_vals = (t.tolist() for t in result.top_logprobs)
         finished = []
         for j, seq in enumerate(self.running):
-            token = tokens[j]
-            seq.last = token
-            tracker = seq.tracker
-            delta = tracker.add(token, eos[j], length[j])
             k = seq.spec.config.logprobs
             lp = ids_j = vals_j = None
             if k is not None and lps is not None:
                 lp = lps[j]
                 if k and top_ids is not None:
                     ids_j, vals_j = top_ids[j][:k], top_vals[j][:k]
-            reason = tracker.finish_reason
-            self._out.append(("tok", seq.spec.key, token, delta, reason, lp, ids_j, vals_j))
-            if reason is not None:
+            if self._emit(seq, tokens[j], eos[j], length[j], (lp, ids_j, vals_j)):
                 finished.append(j)
         if finished:
             self._remove_rows(finished)
+
+    def _spec_step(self, ready: list[tuple[_Seq, torch.Tensor]]) -> None:
+        """Speculative decode of the running sequences plus the first token of ``ready``."""
+        spec, running = self.spec, list(self.running)
+        seq_ids = [s.seq_id for s in running]
+        drafted = None
+        if running:
+            contexts = [s.spec.prompt + s.tracker.tokens for s in running]
+            generated = [len(s.tracker.tokens) for s in running]
+            drafted = spec.draft(contexts, seq_ids, generated, self.sampler, self.cache)
+        self._join([s for s, _ in ready])
+        if not self.running:
+            return
+        verdicts = spec.verify(self.sampler, drafted, [lg for _, lg in ready], seq_ids, self.cache)
+        self.steps += 1
+        delivered, finished = [], []
+        for j, (seq, verdict) in enumerate(zip(self.running, verdicts)):
+            tokens, done = self._emit_run(j, seq, verdict)
+            delivered.append(tokens)
+            if done:
+                finished.append(j)
+        spec.commit(self.sampler, delivered)
+        if finished:
+            self._remove_rows(finished)
+
+    def _emit_run(self, row: int, seq: _Seq, verdict: RowVerdict) -> tuple[list[int], bool]:
+        """Emit a row's verified tokens one at a time until it finishes (EOS, stop string,
+        length: the rest of the run is dropped); returns the delivered tokens and whether the
+        sequence finished. A ``spec`` event for the step precedes the tokens."""
+        cfg = self.sampler.configs[row]
+        k = seq.spec.config.logprobs
+        lps = None if k is None else self.spec.logprobs(verdict.logits, verdict.tokens, k)
+        at = len(self._out)
+        delivered: list[int] = []
+        done = False
+        for t, token in enumerate(verdict.tokens):
+            delivered.append(token)
+            eos, length = stop_flags(cfg, token, len(seq.tracker.tokens) + 1)
+            if self._emit(seq, token, eos, length, lps[t] if lps else (None, None, None)):
+                done = True
+                break
+        if verdict.speculative:
+            event = ("spec", seq.spec.key, verdict.proposed, verdict.accepted, len(delivered))
+            self._out.insert(at, event)
+        return delivered, done
 
     def _fail_active(self, message: str, status: int = 503) -> None:
         for seq in self.prefilling + self.running:
             self._out.append(("err", seq.spec.key, message, "engine_error", status))
         self.prefilling, self.running, self.sampler = [], [], None
         self.booked = 0
+        if self.spec is not None:
+            self.spec.close()
         self.cache = self.llm.new_cache()
+        self.spec = self._new_spec()
 
     def stats(self) -> tuple:
         nb = self.num_blocks

@@ -18,6 +18,7 @@ from typing import Any
 from pace_core.server.engine import Event, SeqSpec
 from pace_core.server.metrics import Metrics
 from pace_core.server.protocol import APIError
+from pace_core.speculative.stats import SpecStats
 
 log = logging.getLogger("pace.server")
 
@@ -40,6 +41,7 @@ class Submission:
     remaining: set[str] = field(default_factory=set)
     first_token: float | None = None
     finish: dict[str, str] = field(default_factory=dict)
+    spec: SpecStats | None = None  # speculative decoding counters of all its sequences
 
     @property
     def done(self) -> bool:
@@ -192,6 +194,14 @@ class Frontend:
                     if sub.done:
                         m.e2e.labels(name).observe(now - sub.created)
                 sub.queue.put_nowait(ev)
+            elif kind == "spec":
+                _, key, proposed, accepted, emitted = ev
+                m.record_spec_step(name, proposed, accepted)
+                state = self._seqs.get(key)
+                if state is not None:
+                    if state.sub.spec is None:
+                        state.sub.spec = SpecStats()
+                    state.sub.spec.record(proposed, accepted, emitted)
             elif kind == "admit":
                 if ev[1] in self._seqs:
                     m.queue_time.labels(name).observe(ev[2])

@@ -6,15 +6,21 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 _LATENCY = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
+_ACCEPTED = (0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32)
 _ITL = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0)
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
 class Metrics:
-    """All series carry an ``instance`` label (``frontend`` for errors before routing)."""
+    """All series carry an ``instance`` label (``frontend`` for errors before routing).
 
-    def __init__(self) -> None:
+    ``speculative``: the engines decode speculatively; their ``pace_spec_decode_*`` series are
+    created at zero with each instance (they exist, empty, in any case).
+    """
+
+    def __init__(self, speculative: bool = False) -> None:
+        self.speculative = speculative
         r = self.registry = CollectorRegistry()
         inst = ["instance"]
         self.ttft = Histogram(
@@ -79,6 +85,40 @@ class Metrics:
             registry=r,
         )
 
+        self.spec_draft_tokens = Counter(
+            "pace_spec_decode_draft_tokens",
+            "Draft tokens proposed to the target for verification.",
+            inst,
+            registry=r,
+        )
+        self.spec_accepted_tokens = Counter(
+            "pace_spec_decode_accepted_tokens",
+            "Draft tokens the target accepted.",
+            inst,
+            registry=r,
+        )
+        self.spec_draft_per_position = Counter(
+            "pace_spec_decode_draft_tokens_per_position",
+            "Draft tokens proposed at each draft position (0 = first draft of a step).",
+            [*inst, "position"],
+            registry=r,
+        )
+        self.spec_accepted_per_position = Counter(
+            "pace_spec_decode_accepted_tokens_per_position",
+            "Draft tokens accepted at each draft position; / draft_tokens_per_position = the "
+            "acceptance rate per position.",
+            [*inst, "position"],
+            registry=r,
+        )
+        self.spec_accepted_length = Histogram(
+            "pace_spec_decode_accepted_length",
+            "Accepted draft tokens per verification step that had a draft (its mean is the "
+            "mean accepted length).",
+            inst,
+            buckets=_ACCEPTED,
+            registry=r,
+        )
+
     def init_instance(self, name: str) -> None:
         """Create the instance's series at zero so they are visible before any traffic."""
         for metric in (self.ttft, self.itl, self.e2e, self.queue_time, self.prompt_tokens):
@@ -86,6 +126,25 @@ class Metrics:
         for metric in (self.generation_tokens, self.running, self.waiting, self.kv_usage):
             metric.labels(name)
         self.kv_booked.labels(name)
+        if self.speculative:
+            for metric in (
+                self.spec_draft_tokens,
+                self.spec_accepted_tokens,
+                self.spec_accepted_length,
+            ):
+                metric.labels(name)
+
+    def record_spec_step(self, name: str, proposed: int, accepted: int) -> None:
+        """One verification step of one sequence on instance ``name``."""
+        if not proposed:
+            return
+        self.spec_draft_tokens.labels(name).inc(proposed)
+        self.spec_accepted_tokens.labels(name).inc(accepted)
+        for j in range(proposed):
+            self.spec_draft_per_position.labels(name, str(j)).inc()
+        for j in range(accepted):
+            self.spec_accepted_per_position.labels(name, str(j)).inc()
+        self.spec_accepted_length.labels(name).observe(accepted)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -4,13 +4,25 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
 
 from pace_core.engine.llm import LLMModel
+
+# the tiny target / draft pairs of the speculative tests (spec_models, spec_fixtures)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "speculative"))
+from spec_fixtures import (  # noqa: F401  (fixtures of test_spec_serving.py)
+    draft_dir,
+    pard_dir,
+    self_pard_dir,
+    target_dir,
+    word_tokenizer,
+)
 
 _DEPS = ("fastapi", "uvicorn", "prometheus_client", "openai", "httpx")
 MISSING = [m for m in _DEPS if importlib.util.find_spec(m) is None]
@@ -61,18 +73,29 @@ def engine_core(http):
     return http.server_state.frontend.instances[0].core
 
 
+def _draft_pool(core):
+    """The speculative draft model's KV pool of an engine (None without a draft model)."""
+    return core.spec.draft_cache if core.spec is not None else None
+
+
 def wait_idle(http, timeout: float = 20.0) -> None:
-    """Until the engine holds no sequence and every KV block is free again."""
+    """Until the engine holds no sequence and every KV block is free again (the draft
+    model's too, when it decodes speculatively with one)."""
     core = engine_core(http)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         idle = not (core.running or core.prefilling or core.waiting)
-        if idle and len(core.cache.free_blocks) == core.num_blocks and core.booked == 0:
+        draft = _draft_pool(core)
+        draft_free = draft is None or (len(draft.free_blocks), draft.lens) == (draft.num_blocks, {})
+        target_free = len(core.cache.free_blocks) == core.num_blocks and core.booked == 0
+        if idle and target_free and draft_free:
             return
         time.sleep(0.05)
+    draft = _draft_pool(core)
     raise AssertionError(
         f"engine not idle: running={len(core.running)} prefilling={len(core.prefilling)} "
         f"waiting={len(core.waiting)} free={len(core.cache.free_blocks)}/{core.num_blocks}"
+        + ("" if draft is None else f" draft free={len(draft.free_blocks)}/{draft.num_blocks}")
     )
 
 
