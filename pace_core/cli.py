@@ -100,6 +100,15 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return 0 if all(r.passed for r in rows) else 1
 
 
+def _cmd_build_kernels(args: argparse.Namespace) -> int:
+    from pace_core.builds import outcomes_table, run_builds
+    from pace_core.plugins import get_host
+
+    outcomes = run_builds(get_host(), args.backends or None)
+    print(outcomes_table(outcomes))
+    return 1 if any(o.status == "failed" for o in outcomes) else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pace", description=__doc__)
     parser.add_argument(
@@ -137,6 +146,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--show-plan", action="store_true", help="print the op plan to stderr")
     p.add_argument("--profile", action="store_true", help="time every op; print a table")
     p.set_defaults(func=_cmd_generate)
+
+    p = sub.add_parser("build-kernels", help="build JIT kernels now (and retry failed builds)")
+    p.add_argument("backends", nargs="*", help="backends to build (default: every one offered)")
+    p.set_defaults(func=_cmd_build_kernels)
 
     p = sub.add_parser("check", help="compare pace with transformers on a model (pass/fail)")
     p.add_argument("model", nargs="?", default=None, help="directory, zoo name or hub id")

@@ -17,7 +17,13 @@ hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 
 if TYPE_CHECKING:
-    from pace_core.registry import CacheRegistry, ModelRegistry, OpRegistry, SamplerRegistry
+    from pace_core.registry import (
+        BuildRegistry,
+        CacheRegistry,
+        ModelRegistry,
+        OpRegistry,
+        SamplerRegistry,
+    )
 
 
 @hookspec
@@ -38,3 +44,12 @@ def pace_register_models(registry: ModelRegistry) -> None:
 @hookspec
 def pace_register_samplers(registry: SamplerRegistry) -> None:
     """Register logits processors: ``registry.add_processor(name, factory, order=...)``."""
+
+
+@hookspec
+def pace_register_builds(registry: BuildRegistry) -> None:
+    """Offer an ahead-of-time build of JIT-compiled kernels:
+    ``registry.add_build(backend, fn)``; ``fn()`` builds or finds the cached build and returns
+    where it is, raises :class:`~pace_core.registry.BuildNotApplicable` when this machine needs
+    none, and raises anything else on failure. ``pace build-kernels`` runs them. This hook runs
+    even if the plugin's other hooks fail, so a failed build can be retried."""

@@ -24,7 +24,13 @@ from typing import Any
 import pluggy
 
 from pace_core import hookspecs
-from pace_core.registry import CacheRegistry, ModelRegistry, OpRegistry, SamplerRegistry
+from pace_core.registry import (
+    BuildRegistry,
+    CacheRegistry,
+    ModelRegistry,
+    OpRegistry,
+    SamplerRegistry,
+)
 
 log = logging.getLogger("pace.plugins")
 
@@ -64,6 +70,7 @@ class PluginHost:
         self.caches = CacheRegistry()
         self.models = ModelRegistry()
         self.samplers = SamplerRegistry()
+        self.builds = BuildRegistry()
         self.plugins: dict[str, PluginInfo] = {}
         if autoload is None:
             autoload = os.environ.get("PACE_DISABLE_PLUGIN_AUTOLOAD", "") in ("", "0")
@@ -127,6 +134,7 @@ class PluginHost:
         except Exception as exc:
             self._fail(info, exc)
             return
+        self._register_builds(info)
         registries = {
             "pace_register_ops": self.ops,
             "pace_register_kv_caches": self.caches,
@@ -167,6 +175,19 @@ class PluginHost:
             "models": self.models.count(info.name),
             "processors": self.samplers.count(info.name),
         }
+
+    def _register_builds(self, info: PluginInfo) -> None:
+        """Build steps first and on their own: they stay when the other hooks fail."""
+        for impl in self.pm.hook.pace_register_builds.get_hookimpls():
+            if impl.plugin_name != info.name:
+                continue
+            self.builds._begin(info.name)
+            try:
+                impl.function(registry=self.builds)
+                self.builds._commit()
+            except Exception as exc:
+                self.builds._rollback()
+                log.warning("plugin %r: build step not registered: %s", info.name, exc)
 
 
 _host: PluginHost | None = None

@@ -301,3 +301,42 @@ class SamplerRegistry(_StagedRegistry):
 
     def count(self, plugin: str) -> int:
         return sum(s.plugin == plugin for s in self.processors.values())
+
+
+@dataclass(frozen=True)
+class BuildSpec:
+    """An ahead-of-time build step of a backend's JIT kernels (``pace build-kernels``)."""
+
+    backend: str
+    fn: Callable[[], str]  # builds (or finds the cached build); returns where it lives
+    plugin: str = ""
+    description: str = ""
+
+
+class BuildNotApplicable(PluginError):
+    """Raised by a build step when nothing needs building here (e.g. the CPU lacks the ISA)."""
+
+
+class BuildRegistry(_StagedRegistry):
+    """Build steps by backend. Kept even when the plugin's other hooks fail: re-running the
+    build is how a failed JIT build is retried."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.builds: dict[str, BuildSpec] = {}
+
+    def add_build(self, backend: str, fn: Callable[[], str], *, description: str = "") -> None:
+        self._staged.append(BuildSpec(backend, fn, self._plugin, description))
+
+    def _key(self, spec: BuildSpec) -> str:
+        return spec.backend
+
+    def _check(self, spec: BuildSpec, staged_twin: BuildSpec | None) -> None:
+        if spec.backend in self.builds or staged_twin is not None:
+            raise PluginError(f"a build step for backend {spec.backend!r} is registered twice")
+
+    def _put(self, spec: BuildSpec) -> None:
+        self.builds[spec.backend] = spec
+
+    def count(self, plugin: str) -> int:
+        return sum(s.plugin == plugin for s in self.builds.values())

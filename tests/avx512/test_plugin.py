@@ -21,6 +21,7 @@ from pace_avx512 import build
 from pace_avx512.plugin import BACKEND, PRIORITY
 
 from pace_core import cli
+from pace_core.builds import run_builds
 from pace_core.opconfig import OperatorConfig, OpResolver
 from pace_core.plugins import get_host
 from pace_core.registry import OpContext
@@ -103,6 +104,22 @@ def test_failed_build_falls_back_then_fails_the_plugin(no_cache, clean_env):
     reset_host()  # a later process: the recorded failure makes the plugin register nothing
     info = get_host().plugins["avx512"]
     assert info.status == "failed" and "simulated compiler failure" in info.error
+    assert "pace build-kernels avx512" in info.error  # ... and says how to retry,
+    outcome = run_builds(get_host(), ["avx512"])[0]  # which is offered though the plugin failed
+    assert outcome.status == "failed" and "building the avx512bf16 kernels" in outcome.detail
+
+
+def test_build_kernels_cli(ext, clean_env, capsys):
+    assert cli.main(["build-kernels", "avx512"]) == 0
+    row = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("avx512 "))
+    assert " ok " in row and build.target() in row
+
+
+def test_build_kernels_skips_a_cpu_without_avx512(clean_env):
+    clean_env.setenv("PACE_CPU_FEATURES_DISABLE", "avx512f,avx512_bf16")
+    detect_cpu.cache_clear()
+    outcome = run_builds(get_host(), ["avx512"])[0]
+    assert outcome.status == "skipped" and "no AVX-512" in outcome.detail
 
 
 def test_cpu_without_avx512_registers_but_declines(clean_env):

@@ -211,7 +211,7 @@ def _load(verbose: bool) -> ModuleType:
         return _module
     failure = previous_failure(tag)
     if failure is not None:
-        raise BuildError(failure + "\n(run pace_avx512.build.prebuild() to retry)")
+        raise BuildError(failure + "\n(run `pace build-kernels avx512` to retry)")
     problem = toolchain_problem()
     if problem is not None:
         raise BuildError(f"pace-avx512: cannot build the kernels: {problem}")

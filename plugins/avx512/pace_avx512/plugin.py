@@ -17,7 +17,8 @@ When the C++ extension gets built (the choice, and why):
   failed build. On a CPU without AVX-512 the kernels are registered anyway and the resolver
   skips them by their ``cpu_features``, which shows the reason in ``pace ops`` and op plans.
 
-``pace_avx512.build.prebuild()`` builds ahead of time (for a future ``pace build-kernels``).
+``pace build-kernels`` (this plugin's build step) builds ahead of time and retries a failed
+build.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import torch
 from pace_avx512 import build, kernels, packing
 from pace_core import hookimpl
 from pace_core.cpu import detect_cpu
-from pace_core.registry import OpContext, OpRegistry
+from pace_core.registry import BuildNotApplicable, BuildRegistry, OpContext, OpRegistry
 
 BACKEND = "avx512"
 PRIORITY = 50  # above native (0)
@@ -67,12 +68,23 @@ def _check_buildable() -> None:
         return
     failure = build.previous_failure(tag)
     if failure is not None:
-        raise build.BuildError(failure + "\n(run pace_avx512.build.prebuild() to retry)")
+        raise build.BuildError(failure + "\n(run `pace build-kernels avx512` to retry)")
     problem = build.toolchain_problem()
     if problem is not None:
         raise build.BuildError(f"cannot build the kernels: {problem}")
     if os.environ.get("PACE_AVX512_EAGER", "") not in ("", "0"):
         build.load_extension()
+
+
+def _prebuild() -> str:
+    if build.target() is None:
+        raise BuildNotApplicable("this CPU has no AVX-512 (the kernels would never be used)")
+    return str(build.prebuild())
+
+
+@hookimpl
+def pace_register_builds(registry: BuildRegistry) -> None:
+    registry.add_build(BACKEND, _prebuild, description="AVX-512 kernels (C++, JIT)")
 
 
 @hookimpl

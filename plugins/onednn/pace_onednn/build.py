@@ -193,6 +193,14 @@ def extension() -> ModuleType:
     return _module
 
 
+def prebuild() -> str:
+    """Build now (retrying after a failure) for ``pace build-kernels``; return the build dir."""
+    global _error
+    _error = None
+    extension()  # raises OneDNNUnavailable with the reason
+    return str(build_dir())
+
+
 def unavailable() -> str | None:
     """None once the glue is loaded (building it if needed), else the reason it cannot be."""
     try:

@@ -12,7 +12,7 @@ import torch
 
 from pace_core import hookimpl
 from pace_core.cpu import detect_cpu
-from pace_core.registry import OpContext, OpRegistry
+from pace_core.registry import BuildRegistry, OpContext, OpRegistry
 from pace_onednn import build, kernels
 
 PRIORITY = 40
@@ -31,6 +31,11 @@ def _mlp_ok(ctx: OpContext) -> bool | str:
     if act is not None and act not in kernels.ACTIVATIONS:
         return f"activation {act!r} unsupported (supports {', '.join(kernels.ACTIVATIONS)})"
     return _linear_ok(ctx)
+
+
+@hookimpl
+def pace_register_builds(registry: BuildRegistry) -> None:
+    registry.add_build("onednn", build.prebuild, description="oneDNN glue (C++, JIT)")
 
 
 @hookimpl

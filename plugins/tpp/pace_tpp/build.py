@@ -130,6 +130,16 @@ def _load_or_build() -> ModuleType:
         raise TppUnavailable(reason) from exc
 
 
+def prebuild() -> str:
+    """Build now (retrying a failed build) for ``pace build-kernels``; return the build dir."""
+    global _module, _error
+    with _lock:
+        _error = None
+        if _module is None:
+            _module = _load_or_build()  # raises TppUnavailable with the reason
+    return str(build_dir())
+
+
 def unavailable_reason() -> str | None:
     """None when the glue loads (building it if needed), else why it cannot."""
     try:

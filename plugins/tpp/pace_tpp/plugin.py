@@ -12,7 +12,7 @@ import torch
 
 from pace_core import hookimpl
 from pace_core.cpu import detect_cpu
-from pace_core.registry import OpContext, OpRegistry
+from pace_core.registry import BuildRegistry, OpContext, OpRegistry
 from pace_tpp import build, kernels
 from pace_tpp.locate import TppUnavailable, check_toolchain, find_libxsmm
 
@@ -34,6 +34,11 @@ def _supports_gated_mlp(ctx: OpContext) -> bool | str:
         fused = ", ".join(kernels.ACTIVATIONS)
         return f"activation {activation!r} is not fused (tpp fuses {fused})"
     return _supports(ctx)
+
+
+@hookimpl
+def pace_register_builds(registry: BuildRegistry) -> None:
+    registry.add_build("tpp", build.prebuild, description="libxsmm glue (C++, JIT)")
 
 
 @hookimpl
