@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.pace-installed
 PROMPT ?= Once upon a time, there was a little
 
-.PHONY: setup run test test-slow lint bench clean
+.PHONY: setup run test test-slow lint bench bench-peers clean
 
 setup: $(STAMP)
 
@@ -42,6 +42,27 @@ test-slow: setup
 
 lint: setup
 	$(BIN)/ruff check .
+
+# Every benchmark with small settings: results/<UTC time>-all/ (JSON, machine.json, plots).
+bench: setup
+	$(BIN)/pace bench all --quick
+
+# Peers for `pace bench offline`: llama-cpp-python built from its sdist for this CPU, and
+# llama.cpp's HF -> GGUF converter (with its own gguf-py) extracted from that same sdist.
+# Never part of `make setup`.
+LLAMA_CPP_VERSION ?= 0.3.36
+PACE_CACHE  := $(or $(PACE_CACHE_DIR),$(HOME)/.cache/pace)
+LLAMA_SDIST := $(PACE_CACHE)/peers/llama_cpp_python-$(LLAMA_CPP_VERSION).tar.gz
+
+bench-peers: setup
+	mkdir -p $(PACE_CACHE)/peers
+	test -f $(LLAMA_SDIST) || $(BIN)/python -m pip download -q --no-deps --no-binary :all: \
+	  llama-cpp-python==$(LLAMA_CPP_VERSION) -d $(PACE_CACHE)/peers
+	$(BIN)/python -c "import importlib.metadata as m, sys; \
+	  sys.exit(m.version('llama-cpp-python') != '$(LLAMA_CPP_VERSION)')" 2>/dev/null || \
+	  CMAKE_ARGS="-DGGML_NATIVE=ON" $(BIN)/python -m pip install -q $(LLAMA_SDIST)
+	PACE_CACHE_DIR=$(PACE_CACHE) $(BIN)/python -m pace_core.bench.peers extract $(LLAMA_SDIST)
+	$(BIN)/python -m pace_core.bench.peers status
 
 clean:
 	rm -rf $(VENV) build *.egg-info plugins/*/*.egg-info

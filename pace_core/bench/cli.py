@@ -137,6 +137,9 @@ def save(payload: dict[str, Any], out: Path, args: argparse.Namespace) -> list[P
 
 def run_benchmark(name: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     """Run one benchmark with parsed ``args`` and write its results into ``out``."""
+    from pace_core.bench.common import machine_info
+
+    args.machine = machine_info()  # before the run: load average, affinity
     payload = benchmark_module(name).run(args)
     written = save(payload, out, args)
     _say(args, f"{name}: wrote {', '.join(str(p) for p in written)}")

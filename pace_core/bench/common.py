@@ -50,6 +50,11 @@ def _physical_cores() -> int | None:
     return len(cores) or None
 
 
+def usable_cores() -> int | None:
+    """CPUs this process may run on (its affinity mask)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+
+
 def plugin_versions() -> dict[str, dict[str, str]]:
     """Every pace plugin the host knows: name -> distribution, version and status."""
     from pace_core.plugins import get_host
@@ -70,14 +75,17 @@ def machine_info() -> dict[str, Any]:
     from pace_core.cpu import detect_cpu
 
     cpu = detect_cpu()
-    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     return {
         "time_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "cpu": cpu.model_name,
         "isa": cpu.isa_level,
         "features": sorted(cpu.features),
         "features_source": cpu.source,
-        "cores": {"logical": os.cpu_count(), "physical": _physical_cores(), "usable": affinity},
+        "cores": {
+            "logical": os.cpu_count(),
+            "physical": _physical_cores(),
+            "usable": usable_cores(),
+        },
         "torch_threads": torch.get_num_threads(),
         "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
         "platform": platform.platform(),
@@ -140,6 +148,19 @@ def model_path(name: str | Path) -> Path:
     return zoo.pull(text, quiet=True) if zoo.is_zoo_name(text) else Path(text)
 
 
+def vocab_size(path: Path) -> int:
+    """The (text) vocabulary size of the model in ``path``."""
+    from transformers import AutoConfig
+
+    return int(AutoConfig.from_pretrained(str(path)).get_text_config().vocab_size)
+
+
+def random_prompts(vocab: int, batch: int, length: int, gen: torch.Generator) -> torch.Tensor:
+    """``[batch, length]`` random ids in [100, 5000), within the vocabulary when it is small."""
+    high = min(5000, vocab)
+    return torch.randint(min(100, high // 2), high, (batch, length), generator=gen)
+
+
 def progress(items: Iterable[T], desc: str, quiet: bool, total: int | None = None) -> Iterator[T]:
     """A tqdm bar on stderr over the sweep points (nothing when ``quiet``)."""
     from tqdm.auto import tqdm
@@ -153,6 +174,11 @@ def progress(items: Iterable[T], desc: str, quiet: bool, total: int | None = Non
         leave=False,
         dynamic_ncols=True,
     )
+
+
+def warn(message: str) -> None:
+    """A warning on stderr, even with ``--quiet``."""
+    print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
 def note(args: argparse.Namespace, message: str) -> None:
@@ -192,15 +218,32 @@ def _jsonable(value: Any) -> Any:
         return value
     if isinstance(value, (list, tuple)):
         return [_jsonable(v) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
     return str(value)
 
 
 def emit(
     name: str, rows: list[dict[str, Any]], columns: Columns, args: argparse.Namespace
 ) -> dict[str, Any]:
-    """Print the table(s) to stdout (unless ``args.quiet``) and return the JSON payload."""
-    settings = {k: _jsonable(v) for k, v in vars(args).items() if not callable(v)}
-    payload = {"benchmark": name, "machine": machine_info(), "args": settings, "results": rows}
+    """Print the table(s) to stdout (unless ``args.quiet``) and return the JSON payload.
+
+    ``machine`` is ``args.machine`` when the caller took it before the run (``pace bench``
+    does), else taken now. A shrunken affinity mask is recorded (``usable_at_end``) and
+    reported: something in the process pinned it, and multi-thread rows are then suspect.
+    """
+    settings = {
+        k: _jsonable(v) for k, v in vars(args).items() if k != "machine" and not callable(v)
+    }
+    machine = dict(getattr(args, "machine", None) or machine_info())
+    if machine["cores"]["usable"] != usable_cores():
+        machine["cores"]["usable_at_end"] = usable_cores()
+        warn(
+            f"{name}: CPU affinity shrank during the run to {usable_cores()} core(s) (from "
+            f"{machine['cores']['usable']}): something in this process pinned it, so "
+            "multi-thread rows are suspect"
+        )
+    payload = {"benchmark": name, "machine": machine, "args": settings, "results": rows}
     if not getattr(args, "quiet", False):
         print(tables(rows, columns), flush=True)
     return payload

@@ -42,7 +42,16 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from pace_core.bench.common import dtype_name, emit, interleaved, model_path, note, progress
+from pace_core.bench.common import (
+    dtype_name,
+    emit,
+    interleaved,
+    model_path,
+    note,
+    progress,
+    random_prompts,
+    vocab_size,
+)
 from pace_core.errors import ConfigError
 
 SHAPES = {"576x1536": (576, 1536), "2048x8192": (2048, 8192), "4096x4096": (4096, 4096)}  # K x N
@@ -378,7 +387,7 @@ def bench_model(args, dtype: torch.dtype, threads: int, rows: list) -> None:
         for name, plan in plans.items()
     }
     gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(100, 5000, (1, args.model_prompt), generator=gen)
+    ids = random_prompts(vocab_size(path), 1, args.model_prompt, gen)
     steps = {k: SamplingConfig(max_new_tokens=k, min_new_tokens=k) for k in (1, n + 1)}
     fns = {
         (name, k): partial(model.generate, ids, cfg)

@@ -22,7 +22,15 @@ from typing import Any
 
 import torch
 
-from pace_core.bench.common import emit, interleaved, model_path, note, progress
+from pace_core.bench.common import (
+    emit,
+    interleaved,
+    model_path,
+    note,
+    progress,
+    random_prompts,
+    vocab_size,
+)
 
 ENGINES = ("pace", "transformers", "llama.cpp")
 GGUF_TYPES = {"bfloat16": "bf16", "float32": "f32"}
@@ -118,7 +126,7 @@ def load_engines(name: str, args: argparse.Namespace) -> dict[str, Any]:
     path, dtype = model_path(name), getattr(torch, args.dtype)
     engines: dict[str, Any] = {}
     if "pace" in args.engines:
-        pace = LLMModel(path, dtype=dtype, opconfig=args.opconfig, quiet=True)
+        pace = LLMModel(path, dtype=dtype, opconfig=args.opconfig, quiet=True, load_tokenizer=False)
         engines["pace"] = lambda ids, n: _pace(pace, ids, n)
     if "transformers" in args.engines:
         from transformers import AutoModelForCausalLM
@@ -175,10 +183,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     points = sweep_points(args)
     for name in args.models:
         engines = load_engines(name, args)
+        vocab = vocab_size(model_path(name))
         gen = torch.Generator().manual_seed(0)
         for threads, batch, prompt_len in progress(points, f"offline {name}", args.quiet):
             torch.set_num_threads(threads)
-            ids = torch.randint(100, 5000, (batch, prompt_len), generator=gen)
+            ids = random_prompts(vocab, batch, prompt_len, gen)
             for engine, r in measure_point(engines, ids, args).items():
                 rows.append(
                     {

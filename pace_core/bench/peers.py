@@ -15,6 +15,7 @@ bench-peers``; ``python -m pace_core.bench.peers status`` shows what is found.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import subprocess
 import sys
@@ -91,16 +92,26 @@ def _newest_input(model_dir: Path) -> float:
     return max((p.stat().st_mtime for p in files), default=0.0)
 
 
+def gguf_path(model_dir: Path, dtype: str) -> Path:
+    """``<model_dir>/<name>.<dtype>.gguf``, or under ``$PACE_CACHE_DIR/peers/gguf/`` when the
+    model directory is not writable."""
+    name = f"{model_dir.name}.{dtype}.gguf"
+    if os.access(model_dir, os.W_OK):
+        return model_dir / name
+    digest = hashlib.sha256(str(model_dir).encode()).hexdigest()[:16]
+    return converter_dir().parent / "gguf" / digest / name
+
+
 def gguf_for(model_dir: str | Path, dtype: str = "bf16", *, quiet: bool = True) -> Path:
     """A GGUF of the Hugging Face model in ``model_dir``, converted on first use.
 
-    The file is ``<model_dir>/<name>.<dtype>.gguf`` and is converted again when the model
-    files are newer. Raises :class:`PeerUnavailable` when the converter is not installed.
+    The file (see :func:`gguf_path`) is converted again when the model files are newer.
+    Raises :class:`PeerUnavailable` when the converter is not installed.
     """
     model_dir = Path(model_dir).resolve()
     if dtype not in GGUF_TYPES:
         raise PeerUnavailable(f"GGUF dtype {dtype!r} unsupported (choose from {GGUF_TYPES})")
-    out = model_dir / f"{model_dir.name}.{dtype}.gguf"
+    out = gguf_path(model_dir, dtype)
     if out.is_file() and out.stat().st_mtime >= _newest_input(model_dir):
         return out
     script = find_converter()
@@ -109,6 +120,7 @@ def gguf_for(model_dir: str | Path, dtype: str = "bf16", *, quiet: bool = True) 
             f"llama.cpp's {CONVERTER} is not installed in {converter_dir()}: run `make "
             "bench-peers` (or `python -m pace_core.bench.peers extract <llama-cpp-python sdist>`)"
         )
+    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")
     paths = [str(script.parent / "gguf-py"), os.environ.get("PYTHONPATH", "")]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}

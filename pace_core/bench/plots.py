@@ -89,7 +89,7 @@ def plot_offline(payload: Mapping[str, Any], out: Path) -> list[Path]:
                 ax.grid(True, alpha=0.3)
                 ax.legend(fontsize=8)
         fig.suptitle(f"offline {model} ({_title(payload)})", fontsize=10)
-        written.append(_save(fig, out / f"offline-{_slug(model)}.png"))
+        written.append(_save(fig, out / f"offline-{_slug(Path(str(model)).name)}.png"))
     return written
 
 

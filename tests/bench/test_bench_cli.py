@@ -1,0 +1,185 @@
+"""``pace bench``: results folders, plots, --quiet, errors, and the llama.cpp peer helpers.
+
+Everything runs with tiny shapes and one repeat: these check the plumbing, not speed.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from contextlib import redirect_stdout
+from pathlib import Path
+
+import pytest
+import torch
+
+from pace_core import plugins
+from pace_core.bench import peers
+from pace_core.bench.cli import BENCHMARKS
+from pace_core.cli import main
+from pace_core.cpu import detect_cpu
+from pace_core.registry import OpContext
+
+PNG = b"\x89PNG\r\n\x1a\n"
+K, N = 64, 128
+TINY_KERNELS = [
+    "bench", "kernels", "--shapes", f"{K}x{N}", "--dtypes", "float32", "--threads", "1",
+    "--repeats", "1", "--gemv-m", "1", "--gemm-m", "4", "--cold-mib", "1",
+    "--sections", "gemv", "gemm",
+]  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch):
+    for name in ("PACE_OPCONFIG", "PACE_DISABLE_PLUGINS", "PACE_CPU_FEATURES_DISABLE"):
+        monkeypatch.delenv(name, raising=False)
+    plugins.reset_host()
+    yield
+    plugins.reset_host()
+
+
+def usable_linear_backends(dtype: torch.dtype) -> set[str]:
+    """What the resolver could pick for ``linear`` here, by the registry's own check."""
+    ctx = OpContext("linear", dtype, {"in_features": K, "out_features": N})
+    features = detect_cpu().features
+    specs = plugins.get_host().ops.candidates("linear")
+    return {s.backend for s in specs if s.check(ctx, features) is None}
+
+
+@pytest.fixture(scope="module")
+def kernels_run(tmp_path_factory) -> tuple[Path, str]:
+    """One tiny ``pace bench kernels`` run: its folder and what it printed."""
+    out = tmp_path_factory.mktemp("bench") / "kernels"
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        assert main([*TINY_KERNELS, "--out", str(out)]) == 0
+    return out, buf.getvalue()
+
+
+def test_kernels_writes_machine_json_results_and_plots(kernels_run):
+    out, printed = kernels_run
+    machine = json.loads((out / "machine.json").read_text())
+    assert machine["features"] and machine["cores"]["logical"] >= 1
+    assert {"torch", "transformers", "pace"} <= set(machine["versions"])
+    assert machine["plugins"]["native"]["status"] == "ok"
+    payload = json.loads((out / "kernels.json").read_text())
+    assert payload["benchmark"] == "kernels" and payload["machine"] == machine
+    pngs = sorted(out.glob("*.png"))
+    assert pngs and all(p.read_bytes()[:8] == PNG for p in pngs)
+    assert "gemv" in printed and "backend" in printed  # the table went to stdout
+
+
+def test_kernels_rows_cover_every_usable_linear_backend(kernels_run):
+    rows = json.loads((kernels_run[0] / "kernels.json").read_text())["results"]
+    expected = usable_linear_backends(torch.float32) | {"torch"}
+    assert "native" in expected
+    for section in ("gemv", "gemm"):
+        found = {r["backend"] for r in rows if r["section"] == section}
+        assert expected <= found, f"{section}: missing {expected - found}"
+        assert all(r["value"] > 0 for r in rows if r["section"] == section)
+
+
+def test_backends_filter(tmp_path):
+    argv = [*TINY_KERNELS, "--sections", "gemv", "--backends", "native", "torch"]
+    assert main([*argv, "--out", str(tmp_path), "--quiet", "--no-plots"]) == 0
+    rows = json.loads((tmp_path / "kernels.json").read_text())["results"]
+    assert {r["backend"] for r in rows if r["section"] == "gemv"} == {"native", "torch"}
+
+
+def test_plot_redraws_from_json(kernels_run, tmp_path):
+    out, _ = kernels_run
+    assert main(["bench", "plot", str(out), "--out", str(tmp_path), "--quiet"]) == 0
+    redrawn = sorted(p.name for p in tmp_path.glob("*.png"))
+    assert redrawn == sorted(p.name for p in out.glob("*.png"))
+    assert all((tmp_path / name).read_bytes()[:8] == PNG for name in redrawn)
+
+
+def test_plot_of_a_folder_without_results(tmp_path, capsys):
+    assert main(["bench", "plot", str(tmp_path)]) == 2
+    assert "no benchmark JSON" in capsys.readouterr().err
+
+
+def test_quiet_prints_nothing_to_stdout(tmp_path, capfd):
+    assert main([*TINY_KERNELS, "--sections", "gemv", "--out", str(tmp_path), "--quiet"]) == 0
+    assert capfd.readouterr().out == ""
+    assert (tmp_path / "kernels.json").is_file()
+
+
+def test_offline_sweeps_and_plots(tiny_llama_dir, tmp_path, capfd):
+    argv = ["bench", "offline", "--models", str(tiny_llama_dir), "--engines", "pace",
+            "transformers", "--threads", "1", "--batches", "1", "2", "--prompt-lens", "4", "8",
+            "--new-tokens", "2", "--repeats", "1", "--out", str(tmp_path), "--quiet"]  # fmt: skip
+    assert main(argv) == 0
+    assert capfd.readouterr().out == ""
+    rows = json.loads((tmp_path / "offline.json").read_text())["results"]
+    points = {(r["engine"], r["batch"], r["prompt_len"]) for r in rows}
+    assert points == {(e, b, p) for e in ("pace", "transformers")
+                      for b, p in ((1, 4), (2, 4), (1, 8))}  # fmt: skip
+    assert all(r["decode_tok_s"] > 0 and r["prefill_tok_s"] > 0 for r in rows)
+    png = tmp_path / f"offline-{Path(str(tiny_llama_dir)).name}.png"
+    assert png.read_bytes()[:8] == PNG
+
+
+def test_unknown_benchmark_lists_the_choices(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "nope"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "invalid choice: 'nope'" in err
+    for name in (*BENCHMARKS, "all", "plot"):
+        assert name in err
+
+
+def test_quick_defaults_yield_to_explicit_options():
+    from pace_core.bench.cli import parse
+
+    args = parse(["bench", "kernels", "--quick", "--repeats", "9"])
+    assert args.repeats == 9 and args.shapes == ["576x1536"] and args.threads == [1]
+    assert parse(["bench", "kernels"]).repeats == 7
+
+
+# -- peers -------------------------------------------------------------------------------------
+def test_gguf_lookup_without_converter_says_make_bench_peers(tmp_path, monkeypatch):
+    monkeypatch.setenv("PACE_CACHE_DIR", str(tmp_path / "cache"))
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    assert peers.find_converter() is None
+    with pytest.raises(peers.PeerUnavailable, match="make bench-peers"):
+        peers.gguf_for(model)
+
+
+def test_extract_converter_keeps_only_the_converter(tmp_path, monkeypatch):
+    monkeypatch.setenv("PACE_CACHE_DIR", str(tmp_path / "cache"))
+    sdist = tmp_path / "llama_cpp_python-0.0.0.tar.gz"
+    files = {
+        "vendor/llama.cpp/convert_hf_to_gguf.py": "print('convert')\n",
+        "vendor/llama.cpp/conversion/__init__.py": "",
+        "vendor/llama.cpp/gguf-py/gguf/__init__.py": "",
+        "vendor/llama.cpp/src/llama.cpp": "// not needed\n",
+        "llama_cpp/llama.py": "",
+    }
+    with tarfile.open(sdist, "w:gz") as tar:
+        for rel, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(f"llama_cpp_python-0.0.0/{rel}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    script = peers.extract_converter(sdist)
+    assert script == peers.converter_dir() / "convert_hf_to_gguf.py"
+    assert peers.find_converter() == script
+    kept = {str(p.relative_to(peers.converter_dir())) for p in peers.converter_dir().rglob("*")
+            if p.is_file()}  # fmt: skip
+    assert kept == {"convert_hf_to_gguf.py", "conversion/__init__.py", "gguf-py/gguf/__init__.py"}
+
+
+@pytest.mark.skipif(peers.find_llama_cpp() is None, reason="llama-cpp-python not installed")
+def test_llama_cpp_runner_decodes_the_converted_model(smollm2_dir):
+    if peers.find_converter() is None:
+        pytest.skip("llama.cpp converter not extracted (make bench-peers)")
+    runner = peers.LlamaCppRunner(peers.gguf_for(smollm2_dir), n_threads=1, n_ctx=64)
+    tokens = list(range(100, 116))
+    assert len(runner.generate(tokens, 3)) == 3
+    stats = runner.measure(tokens, 3, repeats=1)
+    assert stats["prefill_tok_s"] > 0 and stats["decode_tok_s"] > 0
