@@ -16,8 +16,9 @@ import datetime as _dt
 import importlib
 import json
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import ModuleType
+from types import MappingProxyType, ModuleType
 from typing import Any
 
 BENCHMARKS = ("offline", "kernels", "attention", "serving", "speculative")  # `all` runs these
@@ -49,9 +50,11 @@ class _BenchParser(argparse.ArgumentParser):
     """A benchmark's parser: with ``--quick`` among its arguments, ``quick_defaults`` become
     the defaults for that parse, so options given explicitly still win."""
 
-    quick_defaults: dict[str, Any] = {}  # noqa: RUF012 (set per instance)
+    quick_defaults: Mapping[str, Any] = MappingProxyType({})  # set per benchmark parser
 
-    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+    def parse_known_args(
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
         if not self.quick_defaults or args is None or "--quick" not in args:
             return super().parse_known_args(args, namespace)
         saved = {dest: self.get_default(dest) for dest in self.quick_defaults}
@@ -72,7 +75,11 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
     )
     names = p.add_subparsers(dest="bench", required=True, parser_class=_BenchParser)
     for name in BENCHMARKS:
-        module = benchmark_module(name)
+        try:
+            module = benchmark_module(name)
+        except Exception as exc:  # a broken benchmark must not break every `pace` command
+            names.add_parser(name, help=f"cannot be loaded: {type(exc).__name__}: {exc}")
+            continue
         q = names.add_parser(
             name,
             help=_describe(module),

@@ -51,6 +51,7 @@ from pace_core.bench.common import (
     progress,
     random_prompts,
     vocab_size,
+    warn,
 )
 from pace_core.errors import ConfigError
 
@@ -452,6 +453,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     bench_ops(args, dtype, threads, rows)
                 if "model" in args.sections:
                     bench_model(args, dtype, threads, rows)
+    measured = {r["backend"] for r in rows}
+    absent = [b for b in args.backends or () if b not in measured]
+    if absent:
+        warn(
+            f"kernels: --backends {' '.join(absent)}: not usable here (measured: "
+            f"{', '.join(sorted(measured))})"
+        )
     return emit("kernels", rows, COLUMNS, args)
 
 
