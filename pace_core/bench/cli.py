@@ -21,7 +21,7 @@ from pathlib import Path
 from types import MappingProxyType, ModuleType
 from typing import Any
 
-BENCHMARKS = ("offline", "kernels", "attention", "serving", "speculative")  # `all` runs these
+BENCHMARKS = ("offline", "decode_vs_peers", "kernels", "attention", "serving", "speculative")
 RESULTS_ROOT = Path("results")
 
 

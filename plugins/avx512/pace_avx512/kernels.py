@@ -6,6 +6,7 @@ one rounding to the activation dtype at the end).
 
 from __future__ import annotations
 
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -13,42 +14,50 @@ import torch
 from pace_avx512 import build
 from pace_avx512.packing import PackedGatedMLP, PackedLinear, PackedQKV
 
+_E: ModuleType | None = None  # the loaded extension: `(_E or _ext())` costs one global lookup
 
-def _ext():
-    return build.load_extension()  # a global check once loaded
+
+def _ext() -> ModuleType:
+    global _E
+    _E = build.load_extension()
+    return _E
 
 
 def linear(x: torch.Tensor, w: PackedLinear) -> torch.Tensor:
-    return _ext().linear(x, w.weight, w.bias, w.out_features)
+    return (_E or _ext()).linear(x, w.weight, w.bias, w.out_features)
 
 
 def qkv_proj(x: torch.Tensor, w: PackedQKV) -> tuple[torch.Tensor, ...]:
     lin = w.linear
-    return _ext().linear(x, lin.weight, lin.bias, lin.out_features).split_with_sizes(w.sizes, -1)
+    return (
+        (_E or _ext())
+        .linear(x, lin.weight, lin.bias, lin.out_features)
+        .split_with_sizes(w.sizes, -1)
+    )
 
 
 def gated_mlp(x: torch.Tensor, w: PackedGatedMLP) -> torch.Tensor:
-    return _ext().gated_mlp(x, w.gate_up, w.down, w.intermediate, w.hidden, w.activation)
+    return (_E or _ext()).gated_mlp(x, w.gate_up, w.down, w.intermediate, w.hidden, w.activation)
 
 
 def rms_norm(
     x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return _ext().rms_norm(x, weight, eps, residual)
+    return (_E or _ext()).rms_norm(x, weight, eps, residual)
 
 
 def layer_norm(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float,
     residual: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    return _ext().layer_norm(x, weight, bias, eps, residual)
+    return (_E or _ext()).layer_norm(x, weight, bias, eps, residual)
 
 
 def rope(
     q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """In place: ``q`` and ``k`` are rotated and returned (no copies of the heads)."""
-    return _ext().rope(q, k, cos, sin, interleaved)
+    return (_E or _ext()).rope(q, k, cos, sin, interleaved)
 
 
 def attention(
@@ -58,7 +67,7 @@ def attention(
     """Attention over a cache view: contiguous, or paged/slab pools read through the table."""
     mask = kv.meta.mask(window)
     if getattr(kv, "layout", "contiguous") == "contiguous":
-        return _ext().attention(q, kv.keys, kv.values, mask, scale, sinks)
-    return _ext().attention(
+        return (_E or _ext()).attention(q, kv.keys, kv.values, mask, scale, sinks)
+    return (_E or _ext()).attention(
         q, kv.key_pool, kv.value_pool, mask, scale, sinks, kv.block_table, kv.block_size
     )
