@@ -68,6 +68,12 @@ OPS: dict[str, OpSpec] = {
             "fn(q[B,Hq,T,D], kv: cache view, scale, sinks[Hq]|None, window|None) -> [B,Hq,T,D]",
             "attention over the KV cache view (layout-specific), GQA, sliding window, sinks",
         ),
+        OpSpec(
+            "decoder_stack",
+            "fn(x[B,T,H], residual|None, step, w) -> (x, residual); w = prepare(layers)",
+            "run the decoder blocks in order (a backend may fuse the whole loop)",
+            prepared=True,
+        ),
     )
 }
 

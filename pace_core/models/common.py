@@ -118,6 +118,7 @@ def assemble(
         dtype=b.dtype,
         embed=embed,
         layers=layers,
+        stack=b.stack(layers),
         final_norm=final_norm,
         lm_head=head,
         rotaries=rotaries,

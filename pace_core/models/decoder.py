@@ -122,6 +122,20 @@ class ModelBuilder:
         }
         return self.bind("gated_mlp", attrs, gate, up, down, activation)
 
+    def stack(self, layers: Sequence[Callable]) -> Bound:
+        """Bind ``decoder_stack`` to the blocks; the resolver sees what it would fuse."""
+        layer_ops = ("linear", "qkv_proj", "gated_mlp", "moe", "rms_norm", "layer_norm", "rope",
+                     "attention")  # fmt: skip
+        attrs = {
+            "blocks": frozenset(type(layer).__name__ for layer in layers),
+            "layer_backends": frozenset(
+                r.backend for r in self.plan.resolutions if r.op in layer_ops
+            ),
+            "cache_layout": self.cache_layout,
+            "profiling": self.profiler is not None,
+        }
+        return self.bind("decoder_stack", attrs, layers)
+
     def norm(
         self, name: str, eps: float, *, rms: bool = True, offset: float = 0.0, bias: bool = False
     ) -> Norm:
@@ -184,6 +198,7 @@ class DecoderLM:
     dtype: torch.dtype
     embed: Callable[[torch.Tensor], torch.Tensor]
     layers: list[Callable]
+    stack: Bound  # the decoder_stack kernel bound to ``layers``
     final_norm: Norm | None
     lm_head: Bound
     rotaries: list[Rotary]
@@ -210,7 +225,7 @@ class DecoderLM:
     def make_step(self, cache: Any, meta: StepMeta) -> StepContext:
         """Positions and rope tables for the new tokens described by ``meta``."""
         positions = meta.positions()
-        step = StepContext(cache, positions)
+        step = StepContext(cache, positions, meta=meta)
         for rot in self.rotaries:
             step.rope[id(rot)] = rot.tables(positions, self.dtype)
         return step
@@ -226,9 +241,7 @@ class DecoderLM:
             x = self.project_in(x)
         if self.position_embed is not None:
             x = x + self.position_embed(step.positions)
-        residual = None
-        for layer in self.layers:
-            x, residual = layer(x, residual, step)
+        x, residual = self.stack.fn(x, None, step, self.stack.weight)
         if not all_logits:
             x = x[:, -1:]
             residual = None if residual is None else residual[:, -1:]

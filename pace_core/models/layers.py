@@ -32,6 +32,7 @@ class StepContext:
     cache: KVStore
     positions: torch.Tensor  # [B, T]
     rope: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    meta: Any = None  # the cache's StepMeta (fused decoder stacks read it)
 
 
 class Bound:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata as metadata
 import logging
+import re
 
 import pytest
 import torch
@@ -100,7 +101,7 @@ def test_example_kernel_is_called_in_a_real_forward(tiny_llama):
     model = load(path, opconfig={"rms_norm": "example"})
     assert model.op_plan.backends()["rms_norm"] == {"example"}
     assert model.op_plan.backends()["linear"] == {"native"}
-    assert "rms_norm   example" in str(model.op_plan)
+    assert re.search(r"rms_norm +example", str(model.op_plan))
     before = example.calls
     logits = model.logits(ids)
     assert example.calls - before == rms_norm_sites(model) == 5  # 2 per layer + final norm

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -223,3 +224,17 @@ def attention(
         v = _gather_blocks(kv.value_pool, table, length)
         outs.append(_sdpa(q[b : b + 1], k, v, mask[b : b + 1, :, :, :length], scale, sinks))
     return torch.cat(outs)
+
+
+# -- decoder stack --------------------------------------------------------------------------
+def prepare_decoder_stack(layers: Sequence[Callable]) -> tuple[Callable, ...]:
+    return tuple(layers)
+
+
+def decoder_stack(
+    x: torch.Tensor, residual: torch.Tensor | None, step: Any, layers: tuple[Callable, ...]
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The blocks one after the other: ``x, residual = layer(x, residual, step)``."""
+    for layer in layers:
+        x, residual = layer(x, residual, step)
+    return x, residual

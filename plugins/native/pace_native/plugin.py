@@ -35,3 +35,10 @@ def pace_register_ops(registry: OpRegistry) -> None:
         dtypes=DTYPES,
         cache_layouts=("contiguous", "paged", "slab"),
     )
+    add(
+        "decoder_stack",
+        "native",
+        kernels.decoder_stack,
+        prepare=kernels.prepare_decoder_stack,
+        dtypes=DTYPES,
+    )
