@@ -10,6 +10,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <optional>
+#include <string>
 #include <vector>
 
 namespace {
@@ -226,8 +229,33 @@ at::Tensor gated_mlp(const at::Tensor& x, const at::Tensor& gate_up, const at::T
 
 std::string target_arch() { return libxsmm_get_target_arch(); }
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+// Runs libxsmm_init(), leaving the process environment as it found it. libxsmm 1.x (AUTOPIN,
+// on in Debian's build) putenv()s OMP_PROC_BIND=TRUE during its one-time init unless
+// GOMP_CPU_AFFINITY, KMP_AFFINITY or OMP_PROC_BIND is set. torch's OpenMP runtime has already
+// read its environment and is unaffected, but any OpenMP runtime started later in the process
+// (e.g. the libgomp vendored in the sentencepiece wheel, loaded with a HF tokenizer) then binds
+// the calling thread to its first place, pinning the whole process to one CPU, and child
+// processes inherit the variable. libxsmm runs its init once, so later calls do not redo this.
+void init_libxsmm_keeping_env() {
+  static const char* const kNames[] = {"OMP_PROC_BIND", "I_MPI_SHM_HEAP"};
+  constexpr size_t kCount = sizeof(kNames) / sizeof(kNames[0]);
+  std::optional<std::string> saved[kCount];
+  for (size_t i = 0; i < kCount; ++i) {
+    if (const char* value = std::getenv(kNames[i])) saved[i] = value;
+  }
   libxsmm_init();
+  for (size_t i = 0; i < kCount; ++i) {
+    const char* now = std::getenv(kNames[i]);
+    if (!saved[i]) {
+      if (now) unsetenv(kNames[i]);
+    } else if (!now || *saved[i] != now) {
+      setenv(kNames[i], saved[i]->c_str(), 1);
+    }
+  }
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  init_libxsmm_keeping_env();
   m.def("linear", &linear, "blocked BRGEMM linear");
   m.def("gated_mlp", &gated_mlp, "fused gate/up BRGEMM + activation + down BRGEMM");
   m.def("target_arch", &target_arch, "libxsmm's JIT target (e.g. cpx)");
