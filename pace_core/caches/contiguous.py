@@ -116,6 +116,12 @@ class ContiguousCache:
         s = meta.max_len
         return ContiguousKV(keys.narrow(2, 0, s), values.narrow(2, 0, s), meta)
 
+    def direct_buffers(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Per-layer K/V buffers ``[B, H, capacity, D]`` for fused decoder stacks, which may
+        write a step's keys/values themselves instead of calling :meth:`update`, exactly as
+        it does: row ``b``'s last ``meta.num_new[b]`` positions at ``meta.lens_before[b]``."""
+        return self.keys, self.values
+
     def end_step(self) -> None:
         self.lens = self._meta.lens_after.clone()  # crop() edits lens in place
         self._meta = None

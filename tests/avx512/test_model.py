@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -21,7 +22,7 @@ pytest.importorskip("pace_avx512", reason="pip install --no-deps -e plugins/avx5
 
 from pace_core import LLMModel, SamplingConfig
 
-OPS = ("linear", "qkv_proj", "gated_mlp", "rms_norm", "rope", "attention")
+OPS = ("linear", "qkv_proj", "gated_mlp", "rms_norm", "rope", "attention", "decoder_stack")
 AVX512 = {**dict.fromkeys(OPS, "avx512"), "default": "native", "strict": True}
 NATIVE = {"default": "native"}
 NEW_TOKENS = 12
@@ -140,7 +141,9 @@ def test_without_bf16_dot_fp32_still_runs(tiny_llama, ext, clean_env):
 def test_every_cache_layout_matches_native(tiny_llama, ext, clean_env, cache):
     """Attention reads each cache layout in place (paged/slab through the block table):
     a ragged batch (prefill tiles + decode) gives native's tokens and logits in fp32."""
-    ours = LLMModel(tiny_llama, dtype=torch.float32, opconfig=AVX512, kv_cache_type=cache,
+    blocks = cache in ("paged", "slab_pool")  # the fused stack declines block caches
+    opconfig = {**AVX512, "decoder_stack": "native"} if blocks else AVX512
+    ours = LLMModel(tiny_llama, dtype=torch.float32, opconfig=opconfig, kv_cache_type=cache,
                     load_tokenizer=False)  # fmt: skip
     ref = load(tiny_llama, torch.float32, NATIVE)
     assert ours.op_plan.backends()["attention"] == {"avx512"}
@@ -178,3 +181,42 @@ def test_every_family_matches_native(family, tmp_path, ext, clean_env):
         ours.generate(ids, sampling).generated_token_ids
         == ref.generate(ids, sampling).generated_token_ids
     )
+
+
+FUSED = ("llama", "llama-llama3", "qwen2-sliding", "phi3-partial-sliding", "gemma3")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("family", FUSED)
+def test_fused_decoder_stack_equals_the_python_loop(family, dtype, tmp_path, ext, clean_env):
+    """The C++ layer loop runs the same kernels in the same order: bitwise equal logits on a
+    ragged (left-padded) batch through prefill and decode, and it is really taken."""
+    path = FACTORIES[family](tmp_path)
+    fused = load(path, dtype, {"default": "avx512", "decoder_stack": "avx512"})
+    loop = load(path, dtype, {"default": "avx512", "decoder_stack": "native"})
+    assert fused.op_plan.backends()["decoder_stack"] == {"avx512"}
+    ids = torch.zeros(3, 14, dtype=torch.long)
+    mask = torch.zeros(3, 14, dtype=torch.long)
+    for i, n in enumerate((14, 9, 3)):
+        ids[i, 14 - n :], mask[i, 14 - n :] = prompt(n, seed=i)[0] % 60 + 3, 1
+    batch = {"input_ids": ids, "attention_mask": mask}
+    sampling = SamplingConfig(max_new_tokens=NEW_TOKENS, ignore_eos=True)
+    calls = []
+    stack = fused.model.stack.weight
+    run = stack.cpp.run
+    object.__setattr__(stack, "cpp", SimpleNamespace(run=lambda *a: calls.append(1) or run(*a)))
+    got = fused.generate(batch, sampling, output_logits=True)
+    want = loop.generate(batch, sampling, output_logits=True)
+    assert len(calls) == NEW_TOKENS  # prefill + every decode step went through C++
+    assert got.generated_token_ids == want.generated_token_ids
+    for row in range(3):
+        assert torch.equal(got.logits[row], want.logits[row])
+
+
+def test_fused_stack_declines_with_reasons(tiny_llama, ext, clean_env):
+    paged = LLMModel(tiny_llama, dtype=torch.float32, kv_cache_type="paged",
+                     opconfig={"default": "avx512"}, load_tokenizer=False)  # fmt: skip
+    mixed = load(tiny_llama, torch.float32, {"default": "avx512", "gated_mlp": "native"})
+    for model, reason in ((paged, "contiguous caches only"), (mixed, "also on native")):
+        sites = [s for s in model.op_plan.sites if s[0] == "decoder_stack"]
+        assert [s[1] for s in sites] == ["native"] and reason in sites[0][2], sites

@@ -26,7 +26,8 @@ from pace_core.opconfig import OperatorConfig, OpResolver
 from pace_core.plugins import get_host
 from pace_core.registry import OpContext
 
-OPS = ("linear", "qkv_proj", "gated_mlp", "rms_norm", "layer_norm", "rope", "attention")
+OPS = ("linear", "qkv_proj", "gated_mlp", "rms_norm", "layer_norm", "rope", "attention",
+       "decoder_stack")  # fmt: skip
 LINEAR = OpContext("linear", torch.float32, {"in_features": 64, "out_features": 64})
 
 
@@ -54,7 +55,7 @@ def fake_compiler(tmp_path) -> str:
 def test_pace_plugins_lists_avx512(ext, clean_env, capsys):
     assert cli.main(["plugins"]) == 0
     line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("avx512 "))
-    assert "pace-avx512" in line and " ok " in line and "7 kernels" in line
+    assert "pace-avx512" in line and " ok " in line and "8 kernels" in line
 
 
 def test_registrations(ext, clean_env):

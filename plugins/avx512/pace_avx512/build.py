@@ -30,8 +30,9 @@ import torch
 log = logging.getLogger("pace.avx512")
 
 CSRC = Path(__file__).resolve().parent / "csrc"
-SOURCES = ("bindings.cpp", "linear.cpp", "norm.cpp", "rope.cpp", "attention.cpp", "stream.cpp")
-HEADERS = ("kernels.h", "simd.h")
+SOURCES = ("bindings.cpp", "stack.cpp", "linear.cpp", "norm.cpp", "rope.cpp", "attention.cpp",
+           "stream.cpp")  # fmt: skip
+HEADERS = ("kernels.h", "simd.h", "tensor_ops.h")
 BASE_FEATURES = ("avx512f", "avx512bw", "avx512vl", "fma")
 BASE_FLAGS = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma", "-mf16c")
 # Build targets, best first: tag -> (CPU features required, ISA flags).

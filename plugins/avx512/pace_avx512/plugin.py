@@ -27,7 +27,7 @@ import os
 
 import torch
 
-from pace_avx512 import build, kernels, packing
+from pace_avx512 import build, kernels, packing, stack
 from pace_core import hookimpl
 from pace_core.cpu import detect_cpu
 from pace_core.registry import BuildNotApplicable, BuildRegistry, OpContext, OpRegistry
@@ -54,6 +54,23 @@ def _supports(*, bf16_dot: bool):
         return build.available()
 
     return supports
+
+
+def _stack_supports(ctx: OpContext) -> bool | str:
+    """The C++ loop covers blocks whose every op is an avx512 kernel, on contiguous caches."""
+    if getattr(ctx, "profiling", False):
+        return "per-op profiling times each op (per-layer path)"
+    blocks = getattr(ctx, "blocks", None)
+    if blocks is not None and not blocks <= stack.FUSABLE_BLOCKS:
+        return f"{', '.join(sorted(blocks - stack.FUSABLE_BLOCKS))} not fused"
+    backends = getattr(ctx, "layer_backends", None)
+    if backends is not None and backends != {BACKEND}:
+        others = ", ".join(sorted(backends - {BACKEND}))
+        return f"layer ops also on {others} (fusion needs every layer op on avx512)"
+    layout = getattr(ctx, "cache_layout", "contiguous")
+    if layout != "contiguous":
+        return f"fuses steps over contiguous caches only, not {layout!r}"
+    return build.available()
 
 
 def _check_buildable() -> None:
@@ -110,6 +127,11 @@ def pace_register_ops(registry: OpRegistry) -> None:
         description="LayerNorm with fused residual add (fp32 math, two-pass variance)")  # fmt: skip
     add("rope", kernels.rope, bf16_dot=False,
         description="rotary embedding in place (neox or interleaved)")  # fmt: skip
+    registry.add_kernel(
+        "decoder_stack", BACKEND, stack.decoder_stack, dtypes=DTYPES, cpu_features=BASE,
+        prepare=stack.prepare, supports=_stack_supports, priority=PRIORITY,
+        description="all pre-norm/sandwich blocks of a uniform step in one C++ call",
+    )  # fmt: skip
     add("attention", kernels.attention, bf16_dot=False, cache_layouts=CACHE_LAYOUTS,
         description="flash-style attention (decode and prefill), GQA, sinks, windows; reads "
         "paged/slab pools through the block table")  # fmt: skip

@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "kernels.h"
+#include "tensor_ops.h"
 
 namespace pace_avx512 {
 namespace {
@@ -61,6 +62,10 @@ void run_linear(const Tensor& xr, int64_t width, int64_t M, int64_t K, const Ten
   else
     linear_fp32(ptr<float>(xr), width, M, K, ptr<float>(w), bias, N, ptr<float>(y), N, threads());
 }
+
+}  // namespace
+
+// The tensor-level ops (declared in tensor_ops.h: the fused decoder stack calls them too).
 
 // y[..., N] = x[..., K] @ W^T + bias over the packed W.
 Tensor linear(const Tensor& x, const Tensor& w, const OptTensor& bias, int64_t n) {
@@ -247,7 +252,6 @@ Tensor attend(Tensor q, Tensor k, Tensor v, const Tensor& mask, double scale,
   return out;
 }
 
-}  // namespace
 }  // namespace pace_avx512
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -269,6 +273,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 #else
   m.attr("has_bf16") = false;
 #endif
+  register_decoder_stack(m);
   m.def("stream_read", [](const Tensor& t) {
     TORCH_CHECK(t.is_contiguous(), "stream_read needs a contiguous tensor");
     return stream_read(t.data_ptr(), t.numel() * t.element_size(), threads());
