@@ -14,6 +14,9 @@ def test_profile_counts_calls_per_op(tiny_llama_dir):
     # 4 forwards (prefill + 3 decodes) x 2 layers
     assert calls["attention"] == 8 and calls["qkv_proj"] == 8 and calls["gated_mlp"] == 8
     assert calls["rms_norm"] == 4 * (2 * 2 + 1)
+    assert "decoder_stack" not in calls  # it contains the others: timing it would count twice
+    stack = [site for site in model.op_plan.sites if site[0] == "decoder_stack"]
+    assert [backend for _, backend, _ in stack] == ["native"]  # the per-layer path is profiled
     report = model.profiler.report(wall_seconds=10.0)
     assert "attention" in report and "(outside kernels)" in report
 
