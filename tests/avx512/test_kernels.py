@@ -238,3 +238,27 @@ def test_empty_rows(ext):
     for dtype in (torch.float32, torch.bfloat16):
         w = packing.prepare_linear(torch.ones(5, 24, dtype=dtype))
         assert kernels.linear(torch.zeros(0, 24, dtype=dtype), w).shape == (0, 5)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "paged"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_attention_split_keys(ext, dtype, layout):
+    """Decode over long caches on 2 threads splits the keys and merges the partial softmax
+    states: equal to native with sinks, a sliding window and ragged rows."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        b, t, hq, hk, s, d = 2, 1, 8, 1, 700, 64  # 2 (row, KV head) items < 2 per thread
+        q = tensor(1, b, hq, t, d, dtype=dtype)
+        k, v = tensor(2, b, hk, s, d, dtype=dtype), tensor(3, b, hk, s, d, dtype=dtype)
+        lens = torch.tensor([s, 450])
+        keys = torch.arange(s)
+        mask = (keys < lens[:, None]) & (keys >= lens[:, None] - 600)  # window of 600
+        mask = mask[:, None, None, :]
+        sink = tensor(5, hq, dtype=dtype)
+        got = kernels.attention(q, cache_view(k, v, mask, layout, seed=1), d**-0.5, sink)
+        ref_view = cache_view(k.float(), v.float(), mask, "contiguous", seed=1)
+        ref = native.attention(q.float(), ref_view, d**-0.5, sink.float())
+        assert_within(got, ref, rel(dtype) * ref.abs() + 1e-5 * v.float().abs().max())
+    finally:
+        torch.set_num_threads(threads)

@@ -87,6 +87,18 @@ inline void rows_fp32(const T* base, const int64_t (&st)[3], const AttnArgs<T>& 
   }
 }
 
+// Rows s0 .. s0+n-1 of K or V for (b, g) as pointers into the cache (no conversion).
+template <typename T>
+inline void rows_raw(const T* base, const int64_t (&st)[3], const AttnArgs<T>& a, int64_t b,
+                     int64_t g, int64_t s0, int64_t n, const T* (&out)[BS]) {
+  for (int64_t j = 0; j < n; ++j) {
+    const int64_t s = s0 + j;
+    out[j] = a.table == nullptr ? base + b * st[0] + g * st[1] + s * st[2]
+                                : base + a.table[b * a.table_stride + s / a.block_size] * st[0] +
+                                      g * st[1] + (s % a.block_size) * st[2];
+  }
+}
+
 // Keys [lo, hi) that any of the query rows t0 .. t0+nt-1 of batch row b may attend: keys
 // outside are skipped entirely (causal prefill tiles, ragged rows, sliding windows).
 template <typename T>
@@ -121,12 +133,60 @@ void live_keys(const AttnArgs<T>& a, int64_t b, int64_t t0, int64_t nt, int64_t&
   if (hi <= lo) lo = hi = 0;
 }
 
-// Query rows t0 .. t0+nt-1 of every head of KV head g in batch row b.
+// Scores of keys[0 .. nk) (nk <= 16) for one query row, as 16 lanes: 16 partial dot products
+// reduced together. bf16 caches with AVX512-BF16 dot the bf16 query and key rows directly
+// (vdpbf16ps: exact products, fp32 sums; no widening), the others read fp32 rows.
+struct ScoreRow {
+  const float* qf;    // scaled fp32 query row [Dp]
+  const bf16_t* qb;   // raw bf16 query row or null
+  float scale;
+  int64_t D;
+
+  inline __m512 operator()(const float* const* keys, int64_t nk) const {
+    __m512 dots[16];
+    for (int j = 0; j < 16; ++j) dots[j] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < D; i += 16) {
+      const __mmask16 mk = lane_mask(D - i);
+      const __m512 qv = _mm512_loadu_ps(qf + i);
+      for (int j = 0; j < 16; ++j)
+        if (j < nk) dots[j] = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(mk, keys[j] + i), dots[j]);
+    }
+    return reduce16(dots);
+  }
+
+  inline __m512 operator()(const bf16_t* const* keys, int64_t nk) const {
+    __m512 dots[16];
+    for (int j = 0; j < 16; ++j) dots[j] = _mm512_setzero_ps();
+#ifdef PACE_HAS_BF16
+    for (int64_t i = 0; i < D; i += 32) {
+      const __mmask32 mk = D - i >= 32 ? ~(__mmask32)0 : (((__mmask32)1 << (D - i)) - 1);
+      const __m512bh qv = (__m512bh)_mm512_maskz_loadu_epi16(mk, qb + i);
+      for (int j = 0; j < 16; ++j)
+        if (j < nk)
+          dots[j] = _mm512_dpbf16_ps(dots[j], qv, (__m512bh)_mm512_maskz_loadu_epi16(mk, keys[j] + i));
+    }
+#else
+    (void)keys, (void)nk;  // never called: the fp32 overload runs on widened keys
+#endif
+    return _mm512_mul_ps(reduce16(dots), _mm512_set1_ps(scale));
+  }
+};
+
+// Running softmax state of one query row: max m, sum l, unnormalised output acc [Dp].
+struct Partial {
+  float* acc;
+  float* m;
+  float* l;
+};
+
+// Query rows t0 .. t0+nt-1 of every head of KV head g in batch row b, over the keys
+// [k0, k1) that the mask leaves live. With `part` the unnormalised state is written there
+// (split-key decode, merged by the caller), else the normalised output.
 template <typename T>
-void attend_item(const AttnArgs<T>& a, int64_t b, int64_t g, int64_t t0, int64_t nt,
-                 std::vector<float>& buf) {
+void attend_item(const AttnArgs<T>& a, int64_t b, int64_t g, int64_t t0, int64_t nt, int64_t k0,
+                 int64_t k1, bool with_sinks, const Partial* part, std::vector<float>& buf) {
   const int64_t group = a.hq / a.hk, rows = group * nt, D = a.d, Dp = (D + 15) / 16 * 16;
-  buf.assign(rows * (Dp * 2 + BS + 2) + 2 * BS * Dp, 0.0f);
+  buf.resize(rows * (Dp * 2 + BS + 2) + 2 * BS * Dp);
   float* qf = buf.data();          // [rows, Dp] scaled queries
   float* acc = qf + rows * Dp;     // [rows, Dp] unnormalised outputs
   float* sc = acc + rows * Dp;     // [rows, BS] scores, then probabilities, of the block
@@ -134,42 +194,47 @@ void attend_item(const AttnArgs<T>& a, int64_t b, int64_t g, int64_t t0, int64_t
   float* l = m + rows;             // [rows] running sum
   float* kscratch = l + rows;      // [BS, Dp] bf16 keys widened
   float* vscratch = kscratch + BS * Dp;
-  const float* keys[BS];           // fp32 row of each key of the block
+  const float* keys[BS];           // fp32 row of each key of the block (widened or in place)
+  const bf16_t* bkeys[BS];         // bf16 rows, read in place by vdpbf16ps
   const float* vals[BS];
   const float ninf = -std::numeric_limits<float>::infinity();
+#ifdef PACE_HAS_BF16
+  constexpr bool dot_bf16 = std::is_same_v<T, bf16_t>;
+#else
+  constexpr bool dot_bf16 = false;
+#endif
   const __m512 vscale = _mm512_set1_ps(a.scale);
+  std::fill(acc, acc + rows * Dp, 0.0f);
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t h = g * group + r / nt, t = t0 + r % nt;
     const T* src = a.q + b * a.qs[0] + h * a.qs[1] + t * a.qs[2];
-    for (int64_t i = 0; i < D; i += 16)
+    for (int64_t i = 0; i < Dp; i += 16)
       _mm512_storeu_ps(qf + r * Dp + i, _mm512_mul_ps(load(src + i, lane_mask(D - i)), vscale));
-    m[r] = a.sinks ? a.sinks[h] : ninf;
-    l[r] = a.sinks ? 1.0f : 0.0f;
+    m[r] = with_sinks && a.sinks ? a.sinks[h] : ninf;
+    l[r] = with_sinks && a.sinks ? 1.0f : 0.0f;
   }
   int64_t lo, hi;
   live_keys(a, b, t0, nt, lo, hi);
+  lo = std::max(lo, k0), hi = std::min(hi, k1);
   for (int64_t s0 = lo; s0 < hi; s0 += BS) {
     const int64_t n = std::min(BS, hi - s0);
-    rows_fp32(a.k, a.ks, a, b, g, s0, n, D, Dp, kscratch, keys);
-    // scores, 16 keys at a time: 16 partial dot products, one transpose-add for all of them
+    if constexpr (dot_bf16) {
+      rows_raw(a.k, a.ks, a, b, g, s0, n, bkeys);
+    } else {
+      rows_fp32(a.k, a.ks, a, b, g, s0, n, D, Dp, kscratch, keys);
+    }
     for (int64_t j0 = 0; j0 < n; j0 += 16) {
       const int64_t nk = std::min<int64_t>(16, n - j0);
       for (int64_t r = 0; r < rows; ++r) {
-        const int64_t t = t0 + r % nt;
+        const int64_t h = g * group + r / nt, t = t0 + r % nt;
         const __mmask16 live = mask_bits(a.mask + b * a.ms[0] + t * a.ms[1] + (s0 + j0) * a.ms[2], a.ms[2], nk);
-        if (!live) {
-          _mm512_mask_storeu_ps(sc + r * BS + j0, lane_mask(nk), _mm512_set1_ps(ninf));
-          continue;
+        __m512 s = _mm512_set1_ps(ninf);
+        if (live) {
+          const ScoreRow score{qf + r * Dp, reinterpret_cast<const bf16_t*>(a.q + b * a.qs[0] + h * a.qs[1] + t * a.qs[2]),
+                               a.scale, D};
+          s = _mm512_mask_mov_ps(s, live, dot_bf16 ? score(reinterpret_cast<const bf16_t* const*>(bkeys + j0), nk)
+                                                   : score(keys + j0, nk));
         }
-        __m512 dots[16];
-        for (int j = 0; j < 16; ++j) dots[j] = _mm512_setzero_ps();
-        for (int64_t i = 0; i < D; i += 16) {
-          const __mmask16 mk = lane_mask(D - i);
-          const __m512 qv = _mm512_loadu_ps(qf + r * Dp + i);
-          for (int j = 0; j < 16; ++j)
-            if (j < nk) dots[j] = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(mk, keys[j0 + j] + i), dots[j]);
-        }
-        const __m512 s = _mm512_mask_mov_ps(_mm512_set1_ps(ninf), live, reduce16(dots));
         _mm512_mask_storeu_ps(sc + r * BS + j0, lane_mask(nk), s);
       }
     }
@@ -219,6 +284,12 @@ void attend_item(const AttnArgs<T>& a, int64_t b, int64_t g, int64_t t0, int64_t
       }
     }
   }
+  if (part) {
+    std::copy(acc, acc + rows * Dp, part->acc);
+    std::copy(m, m + rows, part->m);
+    std::copy(l, l + rows, part->l);
+    return;
+  }
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t h = g * group + r / nt, t = t0 + r % nt;
     T* dst = a.out + ((b * a.hq + h) * a.tq + t) * D;
@@ -228,23 +299,75 @@ void attend_item(const AttnArgs<T>& a, int64_t b, int64_t g, int64_t t0, int64_t
   }
 }
 
+// Split-key decode: the states of `splits` key ranges of one (row, KV head) merged into the
+// output, o = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s.
+template <typename T>
+void merge_splits(const AttnArgs<T>& a, int64_t b, int64_t g, int64_t splits, const float* part,
+                  int64_t rows, int64_t Dp) {
+  const int64_t group = a.hq / a.hk, D = a.d, stride = rows * (Dp + 2);
+  const float ninf = -std::numeric_limits<float>::infinity();
+  for (int64_t r = 0; r < rows; ++r) {
+    float M = ninf;
+    for (int64_t s = 0; s < splits; ++s) M = std::max(M, part[s * stride + rows * Dp + r]);
+    __m512 o[16];
+    const int64_t nv = Dp / 16;
+    for (int64_t c = 0; c < nv; ++c) o[c] = _mm512_setzero_ps();
+    float L = 0.0f;
+    for (int64_t s = 0; s < splits; ++s) {
+      const float* p = part + s * stride;
+      const float ms = p[rows * Dp + r], ls = p[rows * Dp + rows + r];
+      if (ms == ninf) continue;  // no live key in this range
+      const float w = std::exp(ms - M);
+      L += w * ls;
+      for (int64_t c = 0; c < nv; ++c)
+        o[c] = _mm512_fmadd_ps(_mm512_set1_ps(w), _mm512_loadu_ps(p + r * Dp + 16 * c), o[c]);
+    }
+    const int64_t h = g * group + r / a.tq, t = r % a.tq;
+    T* dst = a.out + ((b * a.hq + h) * a.tq + t) * D;
+    const __m512 inv = _mm512_set1_ps(1.0f / L);
+    for (int64_t c = 0; c < nv; ++c) store(dst + 16 * c, _mm512_mul_ps(o[c], inv), lane_mask(D - 16 * c));
+  }
+}
+
 }  // namespace
 
 template <typename T>
 void attention(const AttnArgs<T>& a, int nthreads) {
-  // Decode (T <= 16): one item per (row, KV head). Prefill: tiles of QT query positions, so
-  // causal tiles skip the keys after them and the work spreads over threads.
+  // Decode (T <= 16): one item per (row, KV head), or per (row, KV head, key range) when
+  // there are fewer items than threads and enough keys (split-key, merged after). Prefill:
+  // tiles of QT query positions, so causal tiles skip the keys after them.
   const int64_t qt = a.tq <= 16 ? a.tq : 16, tiles = (a.tq + qt - 1) / qt;
-  const int64_t items = a.b * a.hk * tiles;
-  const int64_t work = a.b * a.hq * a.s * a.d * a.tq;
+  const int64_t heads = a.b * a.hk, work = a.b * a.hq * a.s * a.d * a.tq;
+  const int64_t Dp = (a.d + 15) / 16 * 16, rows = (a.hq / a.hk) * qt;
+  int64_t splits = 1;
+  if (tiles == 1 && nthreads > 1 && Dp <= 256) {
+    const int64_t want = (2 * nthreads + heads - 1) / heads;  // >= 2 items per thread
+    splits = std::max<int64_t>(1, std::min<int64_t>(want, a.s / 256));
+  }
+  const int64_t items = heads * tiles * splits;
   const int nt = (int)std::max<int64_t>(1, std::min<int64_t>({(int64_t)nthreads, items, work / (1 << 16)}));
+  const int64_t chunk = (a.s + splits - 1) / splits, pstride = rows * (Dp + 2);
+  std::vector<float> parts(splits > 1 ? heads * splits * pstride : 0);
 #pragma omp parallel num_threads(nt) if (nt > 1)
   {
     std::vector<float> buf;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < items; ++it) {
-      const int64_t tile = it % tiles, bg = it / tiles, t0 = tile * qt;
-      attend_item(a, bg / a.hk, bg % a.hk, t0, std::min(qt, a.tq - t0), buf);
+      if (splits == 1) {
+        const int64_t tile = it % tiles, bg = it / tiles, t0 = tile * qt;
+        attend_item(a, bg / a.hk, bg % a.hk, t0, std::min(qt, a.tq - t0), 0, a.s, true, nullptr, buf);
+      } else {
+        const int64_t split = it % splits, bg = it / splits;
+        float* p = parts.data() + (bg * splits + split) * pstride;
+        const Partial part{p, p + rows * Dp, p + rows * Dp + rows};
+        attend_item(a, bg / a.hk, bg % a.hk, 0, a.tq, split * chunk, (split + 1) * chunk,
+                    split == 0, &part, buf);
+      }
+    }
+    if (splits > 1) {
+#pragma omp for schedule(static)
+      for (int64_t bg = 0; bg < heads; ++bg)
+        merge_splits(a, bg / a.hk, bg % a.hk, splits, parts.data() + bg * splits * pstride, rows, Dp);
     }
   }
 }
