@@ -223,15 +223,24 @@ def test_non_contiguous_and_odd_k(ext):
 
 
 def test_packed_layouts():
-    """The documented layouts: bf16 [b, p, 2j+e] = W[16b+j, 2p+e]; fp32 [b, k, j] = W[16b+j, k]."""
-    w = torch.arange(20 * 7, dtype=torch.float32).view(20, 7)
+    """The documented grouped layouts: bf16 [g, p, 32i + 2j + e] = W[64g + 16i + j, 2p + e];
+    fp32 [g, k, 16i + j] = W[64g + 16i + j, k]; gate/up interleaved in 16-row blocks."""
+    w = torch.arange(70 * 7, dtype=torch.float32).view(70, 7)
     p32 = packing.pack(w)
-    assert p32.shape == (2, 7, 16) and p32[1, 3, 2] == w[18, 3] and p32[1, 0, 5] == 0
+    assert p32.shape == (2, 7, 64)
+    assert p32[1, 3, 2] == w[66, 3] and p32[0, 5, 16 * 2 + 3] == w[35, 5] and p32[1, 0, 6] == 0
     p16 = packing.pack(w.bfloat16())
-    assert p16.shape == (2, 4, 32)
-    assert p16[1, 2, 2 * 3 + 1] == w[19, 5].bfloat16() and p16[0, 3, 1] == 0  # k pad
-    gu = packing.prepare_gated_mlp(w, w + 1, w.T.contiguous(), "silu").gate_up
-    assert torch.equal(gu[2], packing.pack(w)[1]) and torch.equal(gu[3], packing.pack(w + 1)[1])
+    assert p16.shape == (2, 4, 128)
+    assert p16[1, 2, 2 * 5 + 1] == w[69, 5].bfloat16()  # group 1, block 0, column 5, k = 5
+    assert p16[0, 1, 32 * 3 + 2 * 4] == w[52, 2].bfloat16()  # group 0, block 3, column 4, k = 2
+    assert p16[0, 3, 1] == 0  # k pad
+    gate, up = w[:20], w[20:40] + 1000
+    inter = packing.interleave_blocks(gate, up)
+    assert inter.shape == (64, 7)  # 20 rows -> 2 blocks of 16 each for gate and up
+    assert torch.equal(inter[16:32], up[:16]) and torch.equal(inter[32:36], gate[16:20])
+    assert torch.equal(inter[36:48], torch.zeros(12, 7))
+    gu = packing.prepare_gated_mlp(gate, up, gate.T.contiguous(), "silu").gate_up
+    assert torch.equal(gu, packing.pack(inter))
 
 
 def test_empty_rows(ext):

@@ -1,13 +1,16 @@
 """Weight packing: the ``prepare`` half of the prepared ops, run once at model build.
 
-Layouts (see ``csrc/kernels.h``), in blocks of 16 output columns, zero padded:
+Layouts (see ``csrc/kernels.h``), in groups of 64 output columns (4 blocks of 16), zero
+padded, each group one contiguous run:
 
-- bf16 ``[NB, Kp/2, 32]``: element ``[b, p, 2j+e] = W[16b+j, 2p+e]`` (Kp = K rounded up to
-  even), so each 64-byte line is the k-pair operand of one ``vdpbf16ps`` for 16 columns;
-- fp32 ``[NB, K, 16]``: element ``[b, k, j] = W[16b+j, k]``.
+- bf16 ``[NG, Kp/2, 128]``: element ``[g, p, 32i + 2j + e] = W[64g + 16i + j, 2p + e]``
+  (Kp = K rounded up to even): each 64-byte line is the k-pair operand of one ``vdpbf16ps``
+  for the 16 columns of block ``i``;
+- fp32 ``[NG, K, 64]``: element ``[g, k, 16i + j] = W[64g + 16i + j, k]``.
 
-Each column block is one contiguous run of memory, so a thread streams its blocks linearly.
-Biases become fp32 padded to ``NB*16`` (the kernels add them in fp32 before rounding).
+A thread reads its groups front to back: one sequential stream, which the hardware
+prefetcher follows without restarts. Biases become fp32 padded to ``NG*64`` (the kernels add
+them in fp32 before rounding).
 """
 
 from __future__ import annotations
@@ -18,33 +21,42 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-BLOCK = 16
+BLOCK = 16  # columns per vector of accumulators
+GROUP = 4  # blocks per packed group (csrc/linear.cpp GROUP)
+COLUMNS = BLOCK * GROUP
 ACTIVATIONS = {"silu": 0, "gelu": 1, "gelu_tanh": 2, "relu": 3}  # csrc/simd.h `Act`
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
-    """``[N, K]`` -> the blocked layout of its dtype (bf16 VNNI pairs or fp32)."""
+    """``[N, K]`` -> the grouped layout of its dtype (bf16 VNNI pairs or fp32)."""
     if weight.dim() != 2:
         raise ValueError(f"pace-avx512 packs 2-D weights, got shape {tuple(weight.shape)}")
     n, k = weight.shape
-    nb = -(-n // BLOCK)
+    ng = -(-n // COLUMNS)
     if weight.dtype == torch.bfloat16:
         kp = k + k % 2
-        w = F.pad(weight, (0, kp - k, 0, nb * BLOCK - n))
-        return (
-            w.view(nb, BLOCK, kp // 2, 2).permute(0, 2, 1, 3).reshape(nb, kp // 2, 32).contiguous()
-        )
+        w = F.pad(weight, (0, kp - k, 0, ng * COLUMNS - n))
+        grouped = w.view(ng, COLUMNS, kp // 2, 2).permute(0, 2, 1, 3)
+        return grouped.reshape(ng, kp // 2, 2 * COLUMNS).contiguous()
     if weight.dtype == torch.float32:
-        w = F.pad(weight, (0, 0, 0, nb * BLOCK - n))
-        return w.view(nb, BLOCK, k).permute(0, 2, 1).contiguous()
+        w = F.pad(weight, (0, 0, 0, ng * COLUMNS - n))
+        return w.view(ng, COLUMNS, k).permute(0, 2, 1).contiguous()
     raise TypeError(f"pace-avx512 kernels take float32 or bfloat16 weights, got {weight.dtype}")
 
 
 def pack_bias(bias: torch.Tensor | None, n: int) -> torch.Tensor | None:
     if bias is None:
         return None
-    nb = -(-n // BLOCK)
-    return F.pad(bias.reshape(-1).float(), (0, nb * BLOCK - n)).contiguous()
+    ng = -(-n // COLUMNS)
+    return F.pad(bias.reshape(-1).float(), (0, ng * COLUMNS - n)).contiguous()
+
+
+def interleave_blocks(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """Rows ``g[0:16], u[0:16], g[16:32], u[16:32], ...`` (I padded to a multiple of 16)."""
+    inter, k = gate.shape
+    nb = -(-inter // BLOCK)
+    g, u = (F.pad(t, (0, 0, 0, nb * BLOCK - inter)).view(nb, BLOCK, k) for t in (gate, up))
+    return torch.stack([g, u], dim=1).reshape(2 * nb * BLOCK, k)
 
 
 @dataclass(frozen=True)
@@ -93,7 +105,6 @@ def prepare_gated_mlp(
             f"gated MLP shapes disagree: gate {tuple(gate.shape)}, up {tuple(up.shape)}, "
             f"down {tuple(down.shape)}"
         )
-    g, u = pack(gate), pack(up)
-    gate_up = torch.stack([g, u], dim=1).reshape(2 * g.shape[0], *g.shape[1:])
+    gate_up = pack(interleave_blocks(gate, up))
     inter, hidden = gate.shape
     return PackedGatedMLP(gate_up, pack(down), ACTIVATIONS[activation], int(inter), int(hidden))

@@ -40,7 +40,7 @@ Tensor as_rows(const Tensor& x, int64_t width) {
   return xc.size(-1) == width ? xc : at::constant_pad_nd(xc, {0, width - xc.size(-1)}, 0);
 }
 
-// Packed weight [NB, steps, lanes]: check it matches K and the activation dtype.
+// Packed weight [groups, steps, 4 * lanes]: check it matches K and the activation dtype.
 int64_t check_packed(const Tensor& x, const Tensor& w, int64_t k) {
   TORCH_CHECK(w.scalar_type() == x.scalar_type(), "pace_avx512: weight dtype ", w.scalar_type(),
               " != activation dtype ", x.scalar_type());
@@ -49,7 +49,7 @@ int64_t check_packed(const Tensor& x, const Tensor& w, int64_t k) {
   TORCH_CHECK(!bf, "pace_avx512: built without AVX512-BF16, bf16 matmuls are unavailable");
 #endif
   const int64_t width = bf ? (k + 1) / 2 * 2 : k;
-  TORCH_CHECK(w.dim() == 3 && w.is_contiguous() && w.size(2) == (bf ? 32 : 16) &&
+  TORCH_CHECK(w.dim() == 3 && w.is_contiguous() && w.size(2) == (bf ? 128 : 64) &&
                   w.size(1) == (bf ? width / 2 : width),
               "pace_avx512: packed weight ", w.sizes(), " does not match K=", k);
   return width;
@@ -71,7 +71,7 @@ void run_linear(const Tensor& xr, int64_t width, int64_t M, int64_t K, const Ten
 Tensor linear(const Tensor& x, const Tensor& w, const OptTensor& bias, int64_t n) {
   const int64_t K = x.size(-1);
   const int64_t width = check_packed(x, w, K);
-  TORCH_CHECK(w.size(0) * 16 >= n, "pace_avx512: packed weight has fewer than N columns");
+  TORCH_CHECK(w.size(0) * 64 >= n, "pace_avx512: packed weight has fewer than N columns");
   auto sizes = x.sizes().vec();
   sizes.back() = n;
   Tensor y = at::empty(sizes, x.options());
@@ -80,7 +80,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const OptTensor& bias, int64_t n
   const float* b = nullptr;
   if (bias) {
     TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() &&
-                    bias->numel() >= w.size(0) * 16,
+                    bias->numel() >= w.size(0) * 64,
                 "pace_avx512: bias must be fp32 padded to the packed width");
     b = bias->data_ptr<float>();
   }

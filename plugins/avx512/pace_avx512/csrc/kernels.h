@@ -1,12 +1,13 @@
 // Raw-pointer kernel entry points. The kernel files include no torch headers (they compile in
 // seconds); bindings.cpp turns tensors into these arguments.
 //
-// Packed weight layouts (made by pace_avx512/packing.py), in blocks of 16 output columns:
-//   bf16: [NB][Kp/2][16][2]  Kp = K rounded up to even; one 64-byte line holds a k-pair of
-//                            16 columns, exactly the operand of one vdpbf16ps.
-//   fp32: [NB][K][16]        one 64-byte line holds one k of 16 columns.
-// Columns past N and the k-pad are zero. Gated-MLP weights interleave the blocks of gate and
-// up (g0, u0, g1, u1, ...) so one pass computes both halves of each 16-column group.
+// Packed weight layouts (made by pace_avx512/packing.py), in groups of 64 output columns
+// (4 blocks of 16), each group one contiguous run:
+//   bf16: [NG][Kp/2][4][16][2]  Kp = K rounded up to even; each 64-byte line holds a k-pair of
+//                               one block's 16 columns, exactly the operand of one vdpbf16ps.
+//   fp32: [NG][K][4][16]        each 64-byte line holds one k of one block's 16 columns.
+// Columns past N and the k-pad are zero. Gated-MLP weights interleave gate and up rows in
+// blocks of 16 (g0, u0, g1, u1, ...) so one pass computes both halves of each 16 columns.
 #pragma once
 
 #include <cstdint>

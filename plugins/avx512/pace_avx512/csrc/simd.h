@@ -12,9 +12,9 @@ namespace pace_avx512 {
 
 using bf16_t = uint16_t;  // raw bfloat16 bits (torch::kBFloat16 storage)
 
-// Lanes [0, n) of a 16-lane vector (n may exceed 16).
+// Lanes [0, n) of a 16-lane vector (n may exceed 16 or be <= 0).
 static inline __mmask16 lane_mask(int64_t n) {
-  return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1u);
+  return n >= 16 ? (__mmask16)0xFFFF : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1u);
 }
 
 // bf16 -> fp32 is exact: the bf16 bits are the upper half of the fp32 bits.
