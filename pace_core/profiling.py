@@ -12,7 +12,6 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-
 # Ops that call other ops: timing them too would count their inner ops twice.
 CONTAINER_OPS = frozenset({"decoder_stack"})
 

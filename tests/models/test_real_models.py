@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from parity import topk_rule_ok
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from pace_core import LLMModel, SamplingConfig
@@ -24,14 +25,6 @@ def hf_greedy(model, tok, prompt: str, n: int) -> list[int]:
     ids = tok(prompt, return_tensors="pt")
     out = model.generate(**ids, do_sample=False, max_new_tokens=n, min_new_tokens=n)
     return out[0, ids["input_ids"].shape[1] :].tolist()
-
-
-def topk_rule_ok(ref_logits: torch.Tensor, token: int, k: int = 5, tol: float = 0.5) -> bool:
-    """A bf16 token is acceptable when it is in the reference's top-k and its reference
-    logprob is within ``tol`` nats of the best (a near-tie)."""
-    lp = torch.log_softmax(ref_logits.float(), dim=-1)
-    top = lp.topk(k)
-    return token in top.indices.tolist() and float(top.values[0] - lp[token]) <= tol
 
 
 def check_bf16(path, prompts, n):
