@@ -74,7 +74,6 @@ class SpecDecoder:
         if speculator is None:
             raise ValueError("SpecDecoder needs a model loaded with spec_config")
         self.k = speculator.num_speculative_tokens
-        self.method = speculator.config.method
         self.max_context = max_context
         self.target = ModelInferencer(llm)
         self.draft_cache: Any | None = None
