@@ -271,3 +271,18 @@ def test_attention_split_keys(ext, dtype, layout):
         assert_within(got, ref, rel(dtype) * ref.abs() + 1e-5 * v.float().abs().max())
     finally:
         torch.set_num_threads(threads)
+
+
+def test_huge_page_arena_copies_and_keeps_chunks_alive(ext):
+    """Packed weights move into huge-page arenas: equal values, 64-byte aligned, and a tensor
+    stays valid after its chunk stops being the arena's current one (> 64 MiB later)."""
+    first = tensor(1, 1000, 333, dtype=torch.bfloat16)
+    kept = ext.huge_page_copy(first)
+    assert torch.equal(kept, first) and kept.data_ptr() % 64 == 0
+    filler = [ext.huge_page_copy(torch.ones(4 << 20, dtype=torch.float32)) for _ in range(5)]
+    assert all(f.data_ptr() % 64 == 0 for f in filler)
+    del filler  # the chunks of the filler go; `kept`'s chunk must stay while it lives
+    junk = [torch.full((1 << 22,), 7.0) for _ in range(4)]  # reuse freed memory
+    assert torch.equal(kept, first) and float(junk[0][0]) == 7.0
+    w = packing.prepare_linear(tensor(2, 40, 33, dtype=torch.bfloat16))
+    assert torch.equal(w.weight, packing.pack(tensor(2, 40, 33, dtype=torch.bfloat16)))

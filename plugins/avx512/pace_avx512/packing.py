@@ -44,6 +44,14 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
     raise TypeError(f"pace-avx512 kernels take float32 or bfloat16 weights, got {weight.dtype}")
 
 
+def resident(packed: torch.Tensor) -> torch.Tensor:
+    """The packed weight moved into huge-page backed memory (see ``huge_page_copy`` in
+    ``csrc/bindings.cpp``) once the extension is loaded; as is before that."""
+    from pace_avx512 import build
+
+    return build.load_extension().huge_page_copy(packed) if build.loaded() else packed
+
+
 def pack_bias(bias: torch.Tensor | None, n: int) -> torch.Tensor | None:
     if bias is None:
         return None
@@ -84,7 +92,7 @@ class PackedGatedMLP:
 
 def prepare_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> PackedLinear:
     n, k = weight.shape
-    return PackedLinear(pack(weight), pack_bias(bias, n), int(n), int(k))
+    return PackedLinear(resident(pack(weight)), pack_bias(bias, n), int(n), int(k))
 
 
 def prepare_qkv(
@@ -105,6 +113,7 @@ def prepare_gated_mlp(
             f"gated MLP shapes disagree: gate {tuple(gate.shape)}, up {tuple(up.shape)}, "
             f"down {tuple(down.shape)}"
         )
-    gate_up = pack(interleave_blocks(gate, up))
+    gate_up = resident(pack(interleave_blocks(gate, up)))
     inter, hidden = gate.shape
-    return PackedGatedMLP(gate_up, pack(down), ACTIVATIONS[activation], int(inter), int(hidden))
+    down_packed = resident(pack(down))
+    return PackedGatedMLP(gate_up, down_packed, ACTIVATIONS[activation], int(inter), int(hidden))
