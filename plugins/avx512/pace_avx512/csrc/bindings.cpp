@@ -132,8 +132,11 @@ std::tuple<Tensor, Tensor> norm(const Tensor& x, const Tensor& weight, const Opt
   const int64_t H = x.size(-1), rows = H ? x.numel() / H : 0;
   TORCH_CHECK(weight.numel() == H && (!bias || bias->numel() == H), "pace_avx512: norm weight/bias ",
               "have ", weight.numel(), " elements, expected ", H);
-  const Tensor w = weight.to(at::kFloat).contiguous();
-  const Tensor b = bias ? bias->to(at::kFloat).contiguous() : Tensor();
+  auto as_fp32 = [](const Tensor& t) {  // model norm weights already are: no op then
+    return t.scalar_type() == at::kFloat && t.is_contiguous() ? t : t.to(at::kFloat).contiguous();
+  };
+  const Tensor w = as_fp32(weight);
+  const Tensor b = bias ? as_fp32(*bias) : Tensor();
   const Tensor xc = x.contiguous();
   Tensor y = at::empty_like(xc);
   Tensor sum = residual ? at::empty_like(xc) : x;

@@ -108,11 +108,29 @@ struct Step {  // what one forward step provides
   const std::vector<Tensor>& values;
   const std::vector<int64_t>& starts;  // row b's new tokens go to positions starts[b] ...
   const std::vector<int64_t>& counts;  // ... onwards: its last counts[b] query positions
-  bool uniform;                        // every row: same start, counts == T
   int64_t length;                     // keys per row after the step (S)
   const std::vector<Tensor>& masks;   // [B, 1, T, S] per distinct window
   const std::vector<std::pair<Tensor, Tensor>>& ropes;  // (cos, sin) [B, T, R] per rotary
 };
+
+// Row b's last counts[b] tokens of x [B, T, H, D] (D contiguous) into cache [B, H, cap, D] at
+// starts[b]: plain row copies, no tensor ops (a decode step writes 2 * H rows of D here).
+void write_cache(const Tensor& cache, const Tensor& x, const Step& s) {
+  TORCH_CHECK(cache.is_contiguous() && x.stride(3) == 1 && cache.scalar_type() == x.scalar_type(),
+              "pace_avx512: decoder stack cache write layout");
+  const int64_t B = x.size(0), T = x.size(1), H = x.size(2), D = x.size(3);
+  const int64_t cap = cache.size(2), row = D * x.element_size();
+  char* dst = static_cast<char*>(cache.data_ptr());
+  const char* src = static_cast<const char*>(x.data_ptr());
+  const int64_t es = x.element_size();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t j = 0; j < s.counts[b]; ++j) {
+      const int64_t t = T - s.counts[b] + j, pos = s.starts[b] + j;
+      for (int64_t h = 0; h < H; ++h)
+        std::memcpy(dst + (((b * H + h) * cap + pos) * D) * es,
+                    src + (b * x.stride(0) + t * x.stride(1) + h * x.stride(2)) * es, row);
+    }
+}
 
 Tensor attention_block(const LayerSpec& L, const Tensor& h, const Step& s) {
   const int64_t B = h.size(0), T = h.size(1);
@@ -128,17 +146,8 @@ Tensor attention_block(const LayerSpec& L, const Tensor& h, const Step& s) {
   }
   const Tensor& keys = s.keys[L.layer];
   const Tensor& values = s.values[L.layer];
-  if (s.uniform) {
-    keys.narrow(2, s.starts[0], T).copy_(k.transpose(1, 2));
-    values.narrow(2, s.starts[0], T).copy_(v.transpose(1, 2));
-  } else {  // ragged rows (left-padded queries): each row writes its real tokens only
-    for (int64_t b = 0; b < B; ++b) {
-      const int64_t n = s.counts[b];
-      if (n == 0) continue;
-      keys[b].narrow(1, s.starts[b], n).copy_(k[b].narrow(0, T - n, n).transpose(0, 1));
-      values[b].narrow(1, s.starts[b], n).copy_(v[b].narrow(0, T - n, n).transpose(0, 1));
-    }
-  }
+  write_cache(keys, k, s);
+  write_cache(values, v, s);
   const Tensor out = attend(q.transpose(1, 2), keys.narrow(2, 0, s.length),
                             values.narrow(2, 0, s.length), s.masks[L.mask], L.scale, L.sinks,
                             c10::nullopt, 0);
@@ -166,13 +175,11 @@ class DecoderStack {
     const int64_t B = x.size(0), T = x.size(1);
     TORCH_CHECK((int64_t)starts.size() == B && (int64_t)counts.size() == B,
                 "pace_avx512: decoder stack needs a start and a count per row");
-    bool uniform = true;
-    for (int64_t b = 0; b < B; ++b) {
+    for (int64_t b = 0; b < B; ++b)
       TORCH_CHECK(counts[b] >= 0 && counts[b] <= T && starts[b] >= 0 && starts[b] + counts[b] <= length,
                   "pace_avx512: decoder stack row ", b, " writes outside its cache");
-      uniform = uniform && counts[b] == T && starts[b] == starts[0];
-    }
-    const Step s{keys, values, starts, counts, uniform, length, masks, ropes};
+    for (const Tensor& c : keys) TORCH_CHECK(c.size(0) == B && c.size(2) >= length, "pace_avx512: cache rows");
+    const Step s{keys, values, starts, counts, length, masks, ropes};
     for (const LayerSpec& L : layers_) {
       TORCH_CHECK(L.layer < (int64_t)keys.size() && L.layer < (int64_t)values.size() &&
                       L.mask < (int64_t)masks.size() && L.rope < (int64_t)ropes.size(),
