@@ -19,12 +19,12 @@ build = pytest.importorskip("pace_tpp.build", reason="pace-tpp is not installed"
 locate = pytest.importorskip("pace_tpp.locate")
 
 
-def test_registers_three_kernels_at_priority_30():
+def test_registers_three_kernels_at_priority_40():
     info = get_host().plugins["tpp"]
     assert (info.status, info.distribution, info.provides["kernels"]) == ("ok", "pace-tpp", 3)
     for op in ("linear", "qkv_proj", "gated_mlp"):
         spec = next(s for s in get_host().ops.candidates(op) if s.backend == "tpp")
-        assert spec.priority == 30 and spec.cpu_features == {"avx512f"}
+        assert spec.priority == 40 and spec.cpu_features == {"avx512f"}
         assert spec.dtypes == {torch.float32, torch.bfloat16}
 
 
@@ -110,3 +110,17 @@ def test_real_build_failure_is_reported_then_blocks_registration(tmp_path):
     row = next(line for line in proc.stdout.splitlines() if line.startswith("tpp "))
     assert "failed" in row and "JIT build of the libxsmm glue failed" in row
     assert "delete it to retry" in row
+
+
+def test_auto_prefers_tpp_over_onednn_without_avx512(monkeypatch):
+    """The measured preference (docs/performance.md): avx512 > tpp > onednn > native."""
+    from pace_core.opconfig import OperatorConfig, OpResolver
+
+    host = PluginHost()
+    ctx = OpContext("linear", torch.bfloat16, {"in_features": 576, "out_features": 1536})
+    auto = OpResolver(host.ops, OperatorConfig()).resolve(ctx)
+    if "avx512" in host.ops.backends():
+        assert auto.backend == "avx512"
+    monkeypatch.setenv("PACE_DISABLE_PLUGINS", "avx512")
+    without = OpResolver(PluginHost().ops, OperatorConfig()).resolve(ctx)
+    assert without.backend == "tpp", without

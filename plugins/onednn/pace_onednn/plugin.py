@@ -15,7 +15,9 @@ from pace_core.cpu import detect_cpu
 from pace_core.registry import BuildRegistry, OpContext, OpRegistry
 from pace_onednn import build, kernels
 
-PRIORITY = 40
+# Under `auto`: below pace-avx512 (50) and pace-tpp (40), which decode faster here; oneDNN
+# wins only large-matrix prefill GEMMs against tpp (docs/performance.md).
+PRIORITY = 30
 DTYPES = (torch.float32, torch.bfloat16)
 
 
