@@ -172,6 +172,69 @@ struct ScoreRow {
   }
 };
 
+// Prefill tiles (>= TILE_ROWS query rows per KV head) compute scores and P.V as small GEMMs:
+// 4 query rows x up to 64 keys (scores) or 64 output dims (P.V) of fp32 accumulators, so each
+// loaded key / value vector feeds 4 rows and no horizontal sums are needed.
+constexpr int64_t TILE_ROWS = 16;
+
+// The block's bf16 keys as 32-bit k-pairs, key-minor: kt[p * 64 + j] = (k_j[2p], k_j[2p+1]);
+// keys past n are zero.
+inline void pack_key_pairs(const bf16_t* const* keys, int64_t n, int64_t pairs, uint32_t* kt) {
+  for (int64_t p = 0; p < pairs; ++p) {
+    uint32_t* dst = kt + p * 64;
+    for (int64_t j = 0; j < n; ++j) std::memcpy(dst + j, keys[j] + 2 * p, 4);
+    for (int64_t j = n; j < 64; ++j) dst[j] = 0;
+  }
+}
+
+// Raw scores of rows r0..r0+3 against NC chunks of 16 keys: acc = q . k by vdpbf16ps over the
+// packed pairs (q read as 32-bit pairs straight from the bf16 query rows).
+template <int NC>
+inline void score_tile(const uint32_t* const* qw, const uint32_t* kt, int64_t pairs,
+                       __m512 (&acc)[4][4]) {
+#ifdef PACE_HAS_BF16
+  for (int i = 0; i < 4; ++i)
+    for (int c = 0; c < NC; ++c) acc[i][c] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < pairs; ++p) {
+    __m512bh kv[NC];
+    for (int c = 0; c < NC; ++c) kv[c] = (__m512bh)_mm512_loadu_si512(kt + p * 64 + 16 * c);
+    for (int i = 0; i < 4; ++i) {
+      const __m512bh qb = (__m512bh)_mm512_set1_epi32((int)qw[i][p]);
+      for (int c = 0; c < NC; ++c) acc[i][c] = _mm512_dpbf16_ps(acc[i][c], qb, kv[c]);
+    }
+  }
+#else
+  (void)qw, (void)kt, (void)pairs, (void)acc;
+#endif
+}
+
+// acc[r0+i][d0 .. d0+16*ND) += sum_j p[r0+i][j] * v_j[d0 ..] for 4 rows at once.
+template <int ND>
+inline void pv_tile(float* acc, int64_t Dp, const float* sc, int64_t r0, int64_t n,
+                    const float* const* vals, int64_t d0, int64_t D) {
+  __m512 o[4][ND];
+  for (int i = 0; i < 4; ++i)
+    for (int c = 0; c < ND; ++c) o[i][c] = _mm512_loadu_ps(acc + (r0 + i) * Dp + d0 + 16 * c);
+  for (int64_t j = 0; j < n; ++j) {
+    __m512 v[ND];
+    for (int c = 0; c < ND; ++c) v[c] = _mm512_maskz_loadu_ps(lane_mask(D - d0 - 16 * c), vals[j] + d0 + 16 * c);
+    for (int i = 0; i < 4; ++i) {
+      const __m512 pj = _mm512_set1_ps(sc[(r0 + i) * BS + j]);
+      for (int c = 0; c < ND; ++c) o[i][c] = _mm512_fmadd_ps(pj, v[c], o[i][c]);
+    }
+  }
+  for (int i = 0; i < 4; ++i)
+    for (int c = 0; c < ND; ++c) _mm512_storeu_ps(acc + (r0 + i) * Dp + d0 + 16 * c, o[i][c]);
+}
+
+// Keys and values of every (row, KV head) prepared once for all the query tiles of a prefill
+// (instead of once per tile): key pairs packed per 64-key block, values widened to fp32.
+struct Prepared {
+  const uint32_t* kt = nullptr;  // [heads][blocks][D/2][64]
+  const float* v = nullptr;      // [heads][blocks * 64][Dp]
+  int64_t blocks = 0;
+};
+
 // Running softmax state of one query row: max m, sum l, unnormalised output acc [Dp].
 struct Partial {
   float* acc;
@@ -184,7 +247,8 @@ struct Partial {
 // (split-key decode, merged by the caller), else the normalised output.
 template <typename T>
 void attend_item(const AttnArgs<T>& a, int64_t b, int64_t g, int64_t t0, int64_t nt, int64_t k0,
-                 int64_t k1, bool with_sinks, const Partial* part, std::vector<float>& buf) {
+                 int64_t k1, bool with_sinks, const Partial* part, std::vector<float>& buf,
+                 const Prepared& pre = {}) {
   const int64_t group = a.hq / a.hk, rows = group * nt, D = a.d, Dp = (D + 15) / 16 * 16;
   buf.resize(rows * (Dp * 2 + BS + 2) + 2 * BS * Dp);
   float* qf = buf.data();          // [rows, Dp] scaled queries
@@ -204,6 +268,9 @@ void attend_item(const AttnArgs<T>& a, int64_t b, int64_t g, int64_t t0, int64_t
   constexpr bool dot_bf16 = false;
 #endif
   const __m512 vscale = _mm512_set1_ps(a.scale);
+  const bool tiled = rows >= TILE_ROWS && D % 2 == 0;
+  std::vector<uint32_t> kt_buf(tiled && dot_bf16 ? (D / 2) * 64 : 0);
+  uint32_t* kt = kt_buf.data();
   std::fill(acc, acc + rows * Dp, 0.0f);
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t h = g * group + r / nt, t = t0 + r % nt;
@@ -216,6 +283,7 @@ void attend_item(const AttnArgs<T>& a, int64_t b, int64_t g, int64_t t0, int64_t
   int64_t lo, hi;
   live_keys(a, b, t0, nt, lo, hi);
   lo = std::max(lo, k0), hi = std::min(hi, k1);
+  if (pre.kt != nullptr) lo = lo / BS * BS;  // prepared blocks are 64-key aligned
   for (int64_t s0 = lo; s0 < hi; s0 += BS) {
     const int64_t n = std::min(BS, hi - s0);
     if constexpr (dot_bf16) {
@@ -223,9 +291,43 @@ void attend_item(const AttnArgs<T>& a, int64_t b, int64_t g, int64_t t0, int64_t
     } else {
       rows_fp32(a.k, a.ks, a, b, g, s0, n, D, Dp, kscratch, keys);
     }
+    int64_t r_done = 0;  // rows whose scores the tiles computed
+    if constexpr (dot_bf16) {
+      if (tiled) {
+        if (pre.kt != nullptr)
+          kt = const_cast<uint32_t*>(pre.kt) + ((b * a.hk + g) * pre.blocks + s0 / BS) * (D / 2) * 64;
+        else
+          pack_key_pairs(bkeys, n, D / 2, kt);
+        const int64_t nc = (n + 15) / 16;
+        for (; r_done + 4 <= rows; r_done += 4) {
+          const uint32_t* qw[4];
+          for (int i = 0; i < 4; ++i) {
+            const int64_t r = r_done + i, h = g * group + r / nt, t = t0 + r % nt;
+            qw[i] = reinterpret_cast<const uint32_t*>(a.q + b * a.qs[0] + h * a.qs[1] + t * a.qs[2]);
+          }
+          __m512 tile[4][4];
+          switch (nc) {
+            case 1: score_tile<1>(qw, kt, D / 2, tile); break;
+            case 2: score_tile<2>(qw, kt, D / 2, tile); break;
+            case 3: score_tile<3>(qw, kt, D / 2, tile); break;
+            default: score_tile<4>(qw, kt, D / 2, tile); break;
+          }
+          for (int i = 0; i < 4; ++i) {
+            const int64_t r = r_done + i, t = t0 + r % nt;
+            for (int64_t c = 0; c < nc; ++c) {
+              const int64_t j0 = 16 * c, nk = std::min<int64_t>(16, n - j0);
+              const __mmask16 live = mask_bits(a.mask + b * a.ms[0] + t * a.ms[1] + (s0 + j0) * a.ms[2], a.ms[2], nk);
+              const __m512 sv = _mm512_mask_mov_ps(_mm512_set1_ps(ninf), live,
+                                                   _mm512_mul_ps(tile[i][c], _mm512_set1_ps(a.scale)));
+              _mm512_mask_storeu_ps(sc + r * BS + j0, lane_mask(nk), sv);
+            }
+          }
+        }
+      }
+    }
     for (int64_t j0 = 0; j0 < n; j0 += 16) {
       const int64_t nk = std::min<int64_t>(16, n - j0);
-      for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t r = r_done; r < rows; ++r) {
         const int64_t h = g * group + r / nt, t = t0 + r % nt;
         const __mmask16 live = mask_bits(a.mask + b * a.ms[0] + t * a.ms[1] + (s0 + j0) * a.ms[2], a.ms[2], nk);
         __m512 s = _mm512_set1_ps(ninf);
@@ -241,8 +343,10 @@ void attend_item(const AttnArgs<T>& a, int64_t b, int64_t g, int64_t t0, int64_t
     // online softmax: rescale what was accumulated when the max grows, then add this block
     for (int64_t r = 0; r < rows; ++r) {
       float* p = sc + r * BS;
-      float bm = ninf;
-      for (int64_t j = 0; j < n; ++j) bm = std::max(bm, p[j]);
+      __m512 mx = _mm512_set1_ps(ninf);
+      for (int64_t j = 0; j < n; j += 16)
+        mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(_mm512_set1_ps(ninf), lane_mask(n - j), p + j));
+      const float bm = _mm512_reduce_max_ps(mx);
       if (bm == ninf) {  // every key of this block is masked for this row
         std::fill(p, p + n, 0.0f);
         continue;
@@ -265,10 +369,27 @@ void attend_item(const AttnArgs<T>& a, int64_t b, int64_t g, int64_t t0, int64_t
           _mm512_storeu_ps(acc + r * Dp + i, _mm512_mul_ps(_mm512_loadu_ps(acc + r * Dp + i), _mm512_set1_ps(alpha)));
     }
     // values: per query row, up to 128 output dims in registers while the block's rows go by
-    rows_fp32(a.v, a.vs, a, b, g, s0, n, D, Dp, vscratch, vals);
+    if (pre.v != nullptr) {
+      const float* vb = pre.v + ((b * a.hk + g) * pre.blocks * BS + s0) * Dp;
+      for (int64_t j = 0; j < n; ++j) vals[j] = vb + j * Dp;
+    } else {
+      rows_fp32(a.v, a.vs, a, b, g, s0, n, D, Dp, vscratch, vals);
+    }
+    int64_t pv_done = 0;
+    if (tiled) {
+      for (; pv_done + 4 <= rows; pv_done += 4)
+        for (int64_t d0 = 0; d0 < Dp; d0 += 64) {
+          switch (std::min<int64_t>(4, (Dp - d0) / 16)) {
+            case 1: pv_tile<1>(acc, Dp, sc, pv_done, n, vals, d0, D); break;
+            case 2: pv_tile<2>(acc, Dp, sc, pv_done, n, vals, d0, D); break;
+            case 3: pv_tile<3>(acc, Dp, sc, pv_done, n, vals, d0, D); break;
+            default: pv_tile<4>(acc, Dp, sc, pv_done, n, vals, d0, D); break;
+          }
+        }
+    }
     for (int64_t i0 = 0; i0 < Dp; i0 += 128) {
       const int64_t nv = std::min<int64_t>(8, (Dp - i0) / 16);
-      for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t r = pv_done; r < rows; ++r) {
         __m512 o[8];
         for (int c = 0; c < 8; ++c) o[c] = c < nv ? _mm512_loadu_ps(acc + r * Dp + i0 + 16 * c) : _mm512_setzero_ps();
         for (int64_t j = 0; j < n; ++j) {
@@ -348,14 +469,37 @@ void attention(const AttnArgs<T>& a, int nthreads) {
   const int nt = (int)std::max<int64_t>(1, std::min<int64_t>({(int64_t)nthreads, items, work / (1 << 16)}));
   const int64_t chunk = (a.s + splits - 1) / splits, pstride = rows * (Dp + 2);
   std::vector<float> parts(splits > 1 ? heads * splits * pstride : 0);
+  // Prefill with tiled bf16 scores: pack keys / widen values once, shared by all tiles.
+  const bool share = std::is_same_v<T, bf16_t> && tiles > 1 && rows >= TILE_ROWS && a.d % 2 == 0;
+  const int64_t blocks = (a.s + BS - 1) / BS;
+  std::vector<uint32_t> kt_all(share ? heads * blocks * (a.d / 2) * 64 : 0);
+  std::vector<float> v_all(share ? heads * blocks * BS * Dp : 0);
+  Prepared pre;
+  if (share) pre = Prepared{kt_all.data(), v_all.data(), blocks};
 #pragma omp parallel num_threads(nt) if (nt > 1)
   {
+    if (share) {
+#pragma omp for schedule(static)
+      for (int64_t it = 0; it < heads * blocks; ++it) {
+        const int64_t bg = it / blocks, s0 = it % blocks * BS, n = std::min(BS, a.s - s0);
+        const T* kr[BS];
+        rows_raw(a.k, a.ks, a, bg / a.hk, bg % a.hk, s0, n, kr);
+        pack_key_pairs(reinterpret_cast<const bf16_t* const*>(kr), n, a.d / 2,
+                       kt_all.data() + it * (a.d / 2) * 64);
+        const float* vr[BS];
+        float* vdst = v_all.data() + it * BS * Dp;
+        rows_fp32(a.v, a.vs, a, bg / a.hk, bg % a.hk, s0, n, a.d, Dp, vdst, vr);
+        for (int64_t j = 0; j < n; ++j)
+          if (vr[j] != vdst + j * Dp) std::copy(vr[j], vr[j] + a.d, vdst + j * Dp);  // fp32 in place
+      }
+    }
     std::vector<float> buf;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < items; ++it) {
       if (splits == 1) {
         const int64_t tile = it % tiles, bg = it / tiles, t0 = tile * qt;
-        attend_item(a, bg / a.hk, bg % a.hk, t0, std::min(qt, a.tq - t0), 0, a.s, true, nullptr, buf);
+        attend_item(a, bg / a.hk, bg % a.hk, t0, std::min(qt, a.tq - t0), 0, a.s, true, nullptr, buf,
+                    pre);
       } else {
         const int64_t split = it % splits, bg = it / splits;
         float* p = parts.data() + (bg * splits + split) * pstride;
