@@ -376,7 +376,7 @@ void attend_item(const AttnArgs<T>& a, int64_t b, int64_t g, int64_t t0, int64_t
       rows_fp32(a.v, a.vs, a, b, g, s0, n, D, Dp, vscratch, vals);
     }
     int64_t pv_done = 0;
-    if (tiled) {
+    if (rows >= 4) {  // any 4 query rows of one KV head (decode GQA groups of 4+ too)
       for (; pv_done + 4 <= rows; pv_done += 4)
         for (int64_t d0 = 0; d0 < Dp; d0 += 64) {
           switch (std::min<int64_t>(4, (Dp - d0) / 16)) {
