@@ -190,21 +190,28 @@ inline void pack_key_pairs(const bf16_t* const* keys, int64_t n, int64_t pairs, 
 // Raw scores of rows r0..r0+3 against NC chunks of 16 keys: acc = q . k by vdpbf16ps over the
 // packed pairs (q read as 32-bit pairs straight from the bf16 query rows).
 template <int NC>
-inline void score_tile(const uint32_t* const* qw, const uint32_t* kt, int64_t pairs,
-                       __m512 (&acc)[4][4]) {
+inline void score_tile(const uint32_t* const* qw, const uint32_t* kt, int64_t pairs, float* out) {
 #ifdef PACE_HAS_BF16
+  __m512 acc[4][NC];  // local and fixed-size: stays in registers through the k loop
+#pragma GCC unroll 4
   for (int i = 0; i < 4; ++i)
+#pragma GCC unroll 4
     for (int c = 0; c < NC; ++c) acc[i][c] = _mm512_setzero_ps();
   for (int64_t p = 0; p < pairs; ++p) {
     __m512bh kv[NC];
+#pragma GCC unroll 4
     for (int c = 0; c < NC; ++c) kv[c] = (__m512bh)_mm512_loadu_si512(kt + p * 64 + 16 * c);
+#pragma GCC unroll 4
     for (int i = 0; i < 4; ++i) {
       const __m512bh qb = (__m512bh)_mm512_set1_epi32((int)qw[i][p]);
+#pragma GCC unroll 4
       for (int c = 0; c < NC; ++c) acc[i][c] = _mm512_dpbf16_ps(acc[i][c], qb, kv[c]);
     }
   }
+  for (int i = 0; i < 4; ++i)
+    for (int c = 0; c < NC; ++c) _mm512_storeu_ps(out + i * 64 + 16 * c, acc[i][c]);
 #else
-  (void)qw, (void)kt, (void)pairs, (void)acc;
+  (void)qw, (void)kt, (void)pairs, (void)out;
 #endif
 }
 
@@ -305,7 +312,7 @@ void attend_item(const AttnArgs<T>& a, int64_t b, int64_t g, int64_t t0, int64_t
             const int64_t r = r_done + i, h = g * group + r / nt, t = t0 + r % nt;
             qw[i] = reinterpret_cast<const uint32_t*>(a.q + b * a.qs[0] + h * a.qs[1] + t * a.qs[2]);
           }
-          __m512 tile[4][4];
+          alignas(64) float tile[4 * 64];
           switch (nc) {
             case 1: score_tile<1>(qw, kt, D / 2, tile); break;
             case 2: score_tile<2>(qw, kt, D / 2, tile); break;
@@ -318,7 +325,8 @@ void attend_item(const AttnArgs<T>& a, int64_t b, int64_t g, int64_t t0, int64_t
               const int64_t j0 = 16 * c, nk = std::min<int64_t>(16, n - j0);
               const __mmask16 live = mask_bits(a.mask + b * a.ms[0] + t * a.ms[1] + (s0 + j0) * a.ms[2], a.ms[2], nk);
               const __m512 sv = _mm512_mask_mov_ps(_mm512_set1_ps(ninf), live,
-                                                   _mm512_mul_ps(tile[i][c], _mm512_set1_ps(a.scale)));
+                                                   _mm512_mul_ps(_mm512_load_ps(tile + i * 64 + 16 * c),
+                                                                 _mm512_set1_ps(a.scale)));
               _mm512_mask_storeu_ps(sc + r * BS + j0, lane_mask(nk), sv);
             }
           }
