@@ -276,8 +276,8 @@ void attend_item(const AttnArgs<T>& a, int64_t b, int64_t g, int64_t t0, int64_t
 #endif
   const __m512 vscale = _mm512_set1_ps(a.scale);
   const bool tiled = rows >= TILE_ROWS && D % 2 == 0;
-  std::vector<uint32_t> kt_buf(tiled && dot_bf16 ? (D / 2) * 64 : 0);
-  uint32_t* kt = kt_buf.data();
+  std::vector<uint32_t> kt_buf(tiled && dot_bf16 && pre.kt == nullptr ? (D / 2) * 64 : 0);
+  const uint32_t* kt = nullptr;  // the block's packed key pairs
   std::fill(acc, acc + rows * Dp, 0.0f);
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t h = g * group + r / nt, t = t0 + r % nt;
@@ -301,10 +301,12 @@ void attend_item(const AttnArgs<T>& a, int64_t b, int64_t g, int64_t t0, int64_t
     int64_t r_done = 0;  // rows whose scores the tiles computed
     if constexpr (dot_bf16) {
       if (tiled) {
-        if (pre.kt != nullptr)
-          kt = const_cast<uint32_t*>(pre.kt) + ((b * a.hk + g) * pre.blocks + s0 / BS) * (D / 2) * 64;
-        else
-          pack_key_pairs(bkeys, n, D / 2, kt);
+        if (pre.kt != nullptr) {
+          kt = pre.kt + ((b * a.hk + g) * pre.blocks + s0 / BS) * (D / 2) * 64;
+        } else {
+          pack_key_pairs(bkeys, n, D / 2, kt_buf.data());
+          kt = kt_buf.data();
+        }
         const int64_t nc = (n + 15) / 16;
         for (; r_done + 4 <= rows; r_done += 4) {
           const uint32_t* qw[4];
