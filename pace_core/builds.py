@@ -47,12 +47,15 @@ def run_builds(host: PluginHost, backends: Iterable[str] | None = None) -> list[
     return outcomes
 
 
+def first_line(text: str) -> str:
+    return (text.strip() or "-").splitlines()[0]
+
+
 def outcomes_table(outcomes: list[BuildOutcome]) -> str:
-    rows = [("backend", "plugin", "status", "seconds", "detail")]
-    for o in outcomes:
-        first = o.detail.strip().splitlines()[0] if o.detail.strip() else ""
-        rows.append((o.backend, o.plugin, o.status, f"{o.seconds:.1f}", first))
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    return "\n".join(
-        "  ".join(c.ljust(w) for c, w in zip(r[:4], widths)) + "  " + r[4] for r in rows
-    )
+    """One row per build: backend, plugin, status, seconds and the first line of the detail."""
+    from pace_core.report import format_table
+
+    rows = [
+        [o.backend, o.plugin, o.status, f"{o.seconds:.1f}", first_line(o.detail)] for o in outcomes
+    ]
+    return format_table(["backend", "plugin", "status", "seconds", "detail"], rows)
