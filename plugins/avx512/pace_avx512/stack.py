@@ -49,7 +49,13 @@ def _linear(bound: Bound) -> tuple:
     return (w.weight, w.bias, w.out_features)
 
 
-def _attention(attn: Attention, rotaries: dict[int, int], windows: dict) -> dict[str, Any]:
+def _slot(table: dict, key: Any, value: Any) -> int:
+    """Position of ``key`` in ``table`` (insertion order), added with ``value`` if new."""
+    table.setdefault(key, value)
+    return list(table).index(key)
+
+
+def _attention(attn: Attention, rotaries: dict[int, Any], windows: dict) -> dict[str, Any]:
     qkv = attn.qkv.weight
     if attn.qkv.fn is not kernels.qkv_proj or not isinstance(qkv, PackedQKV):
         raise NotFusable("the QKV projection is not on pace-avx512's qkv_proj")
@@ -59,7 +65,7 @@ def _attention(attn: Attention, rotaries: dict[int, int], windows: dict) -> dict
     if attn.rope_fn is not None:
         if attn.rope_fn is not kernels.rope:
             raise NotFusable("rope is not pace-avx512's")
-        rope = rotaries.setdefault(id(attn.rotary), len(rotaries))
+        rope = _slot(rotaries, id(attn.rotary), attn.rotary)
     lin = qkv.linear
     return {
         "qkv": (lin.weight, lin.bias, lin.out_features),
@@ -71,7 +77,7 @@ def _attention(attn: Attention, rotaries: dict[int, int], windows: dict) -> dict
         "scale": float(attn.scale),
         "rope": rope,
         "interleaved": bool(attn.rotary.interleaved) if attn.rotary is not None else False,
-        "mask": windows.setdefault(attn.window, len(windows)),
+        "mask": _slot(windows, attn.window, attn.window),
         "sinks": None if attn.sinks is None else attn.sinks.float().contiguous(),
     }
 
@@ -83,7 +89,7 @@ def _mlp(mlp: Any) -> tuple:
     return (w.gate_up, w.down, w.intermediate, w.hidden, w.activation)
 
 
-def describe(block: Any, rotaries: dict[int, int], windows: dict) -> dict[str, Any]:
+def describe(block: Any, rotaries: dict[int, Any], windows: dict) -> dict[str, Any]:
     """One block as the dict ``stack.cpp`` reads (raises NotFusable)."""
     if isinstance(block, PreNormBlock):
         norms = [block.norm1, block.norm2]
@@ -99,16 +105,14 @@ def describe(block: Any, rotaries: dict[int, int], windows: dict) -> dict[str, A
 
 
 def prepare(layers: Sequence[Callable]) -> FusedStack:
-    rotaries: dict[int, int] = {}
-    windows: dict[int | None, int] = {}
+    rotaries: dict[int, Any] = {}  # id -> Rotary, in the order the layers index them
+    windows: dict[int | None, int | None] = {}
     specs = [describe(block, rotaries, windows) for block in layers]
-    by_id = {id(b.attn.rotary): b.attn.rotary for b in layers if b.attn.rotary is not None}
-    order = sorted(rotaries, key=rotaries.__getitem__)
     return FusedStack(
         layers=tuple(layers),
         cpp=build.load_extension().DecoderStack(specs),
-        rotaries=tuple(by_id[i] for i in order),
-        windows=tuple(sorted(windows, key=windows.__getitem__)),
+        rotaries=tuple(rotaries.values()),
+        windows=tuple(windows),
     )
 
 
