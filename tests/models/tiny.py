@@ -54,6 +54,17 @@ def save(model_cls: type, config: Any, tmp_dir: Path) -> Path:
     return Path(tmp_dir)
 
 
+def odd_llama(tmp_dir: Path) -> Path:
+    """A 2-layer Llama whose sizes are not multiples of the kernels' blocks (16, 32, 64):
+    hidden 96 (6 heads of 16, 2 KV heads: fused QKV N = 160), intermediate 200, vocab 250."""
+    cfg = tf.LlamaConfig(
+        vocab_size=250, hidden_size=96, intermediate_size=200, num_hidden_layers=2,
+        num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=256,
+        tie_word_embeddings=False, **NO_SPECIAL,
+    )  # fmt: skip
+    return save(tf.LlamaForCausalLM, cfg, tmp_dir)
+
+
 # -- Llama ---------------------------------------------------------------------------------
 def _llama(rope: dict | None = None, **over: Any) -> Callable[[Path], Path]:
     def factory(tmp_dir: Path) -> Path:

@@ -1,0 +1,38 @@
+"""Shared pieces of the kernel-plugin test suites (tests/tpp, tests/onednn; tests/ is on
+sys.path via its conftest): the glue-or-skip check and a clean plugin host per test."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from collections.abc import Iterable, Iterator
+from types import ModuleType
+
+import pytest
+
+from pace_core import plugins
+
+SELECTION_VARS = ("PACE_DISABLE_PLUGINS", "PACE_DISABLE_PLUGIN_AUTOLOAD", "PACE_PLUGINS",
+                  "PACE_OPCONFIG", "PACE_CPU_FEATURES", "PACE_CPU_FEATURES_DISABLE")  # fmt: skip
+
+
+def require_glue(package: str, dist: str, unavailable: str, load: str) -> ModuleType:
+    """``package.build``'s glue module (built on first use), or skip with the reason."""
+    if importlib.util.find_spec(package) is None:
+        pytest.skip(
+            f"{dist} is not installed (pip install -e plugins/{dist.removeprefix('pace-')})"
+        )
+    build = importlib.import_module(f"{package}.build")
+    reason = getattr(build, unavailable)()
+    if reason:
+        pytest.skip(f"{dist} unavailable: {reason}")
+    return getattr(build, load)()
+
+
+def fresh_host(monkeypatch: pytest.MonkeyPatch, extra: Iterable[str] = ()) -> Iterator[None]:
+    """No PACE_* selection variables leak in; the test sees a freshly loaded plugin host."""
+    for name in (*SELECTION_VARS, *extra):
+        monkeypatch.delenv(name, raising=False)
+    plugins.reset_host()
+    yield
+    plugins.reset_host()
