@@ -9,6 +9,7 @@ from collections.abc import Iterable, Iterator
 from types import ModuleType
 
 import pytest
+import torch
 
 from pace_core import plugins
 
@@ -36,3 +37,16 @@ def fresh_host(monkeypatch: pytest.MonkeyPatch, extra: Iterable[str] = ()) -> It
     plugins.reset_host()
     yield
     plugins.reset_host()
+
+
+def rand(*shape: int, seed: int, scale: float = 1.0) -> torch.Tensor:
+    """Seeded N(0, scale) fp32 tensor."""
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed)) * scale
+
+
+def assert_close(got: torch.Tensor, ref: torch.Tensor, tol: float) -> None:
+    """Max error within ``tol`` of the reference's largest magnitude."""
+    assert got.shape == ref.shape
+    scale = max(float(ref.abs().max()), 1e-6)
+    err = float((got.float() - ref.float()).abs().max())
+    assert err <= tol * scale, f"max error {err:.3g} > {tol:.3g} * {scale:.3g}"

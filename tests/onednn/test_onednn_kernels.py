@@ -12,6 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pace_native import kernels as native
+from plugin_tests import assert_close, rand
 
 from pace_core.cpu import detect_cpu
 
@@ -22,17 +23,6 @@ SETTINGS = settings(max_examples=40, deadline=None, derandomize=True)
 dims = st.integers(1, 200)
 rows = st.one_of(st.integers(1, 20), st.sampled_from([33, 64, 130, 257]))
 dtypes = st.sampled_from([torch.float32, torch.bfloat16])
-
-
-def rand(*shape: int, seed: int, scale: float = 1.0) -> torch.Tensor:
-    return torch.randn(shape, generator=torch.Generator().manual_seed(seed)) * scale
-
-
-def assert_close(got: torch.Tensor, ref: torch.Tensor, tol: float) -> None:
-    assert got.shape == ref.shape
-    scale = max(float(ref.abs().max()), 1e-6)
-    err = float((got.float() - ref.float()).abs().max())
-    assert err <= tol * scale, f"max error {err:.3g} > {tol:.3g} * {scale:.3g}"
 
 
 @SETTINGS

@@ -15,6 +15,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pace_native import kernels as native
+from plugin_tests import assert_close, rand
 
 tpp = pytest.importorskip("pace_tpp.kernels", reason="pace-tpp is not installed")
 
@@ -26,17 +27,6 @@ blocks = st.fixed_dictionaries({"PACE_TPP_BN": st.sampled_from(["16", "32", "64"
                                 "PACE_TPP_BK": st.sampled_from(["16", "32", "64"]),
                                 "PACE_TPP_BM": st.sampled_from(["1", "4", "64"])})  # fmt: skip
 dtypes = st.sampled_from([torch.float32, torch.bfloat16])
-
-
-def rand(*shape: int, seed: int, scale: float = 1.0) -> torch.Tensor:
-    return torch.randn(shape, generator=torch.Generator().manual_seed(seed)) * scale
-
-
-def assert_close(got: torch.Tensor, ref: torch.Tensor, tol: float) -> None:
-    assert got.shape == ref.shape
-    scale = max(float(ref.abs().max()), 1e-6)
-    err = float((got.float() - ref.float()).abs().max())
-    assert err <= tol * scale, f"max error {err:.3g} > {tol:.3g} * {scale:.3g}"
 
 
 def reference(fn, prepare, x, *weights, dtype):
