@@ -11,12 +11,14 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class OpSpec:
-    """One op of the catalogue: its name, call signature and whether it takes a prepare step."""
+    """One op of the catalogue: its name, call signature, whether it takes a prepare step and
+    whether its kernels call other ops' kernels (a container: profiling times the inner ops)."""
 
     name: str
     signature: str
     summary: str
     prepared: bool = False
+    container: bool = False
 
 
 OPS: dict[str, OpSpec] = {
@@ -73,6 +75,7 @@ OPS: dict[str, OpSpec] = {
             "fn(x[B,T,H], residual|None, step, w) -> (x, residual); w = prepare(layers)",
             "run the decoder blocks in order (a backend may fuse the whole loop)",
             prepared=True,
+            container=True,
         ),
     )
 }

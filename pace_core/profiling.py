@@ -12,8 +12,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-# Ops that call other ops: timing them too would count their inner ops twice.
-CONTAINER_OPS = frozenset({"decoder_stack"})
+from pace_core.ops import OPS
 
 
 class OpProfiler:
@@ -24,7 +23,7 @@ class OpProfiler:
         self.calls: dict[tuple[str, str], int] = defaultdict(int)
 
     def wrap(self, op: str, backend: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        if op in CONTAINER_OPS:
+        if OPS[op].container:  # its inner ops are timed; timing it too would count them twice
             return fn
         key = (op, backend)
         seconds, calls = self.seconds, self.calls
