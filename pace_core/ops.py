@@ -80,5 +80,19 @@ OPS: dict[str, OpSpec] = {
     )
 }
 
+# The activations a gated/dense MLP kernel may be asked for: one vocabulary for the core and
+# every plugin. A kernel's integer code for an activation is its index here.
+ACTIVATIONS: tuple[str, ...] = ("silu", "gelu", "gelu_tanh", "relu")
+
+# Hugging Face ``hidden_act`` / ``hidden_activation`` names -> the vocabulary above.
+HF_ACTIVATIONS: dict[str, str] = {
+    "silu": "silu",
+    "swish": "silu",
+    "gelu": "gelu",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "gelu_new": "gelu_tanh",
+    "relu": "relu",
+}
+
 # Names a user may write in an OperatorConfig that stand for several ops.
 OP_GROUPS: dict[str, tuple[str, ...]] = {"norm": ("rms_norm", "layer_norm")}
