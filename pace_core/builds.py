@@ -26,7 +26,7 @@ class BuildOutcome:
 
 def run_builds(host: PluginHost, backends: Iterable[str] | None = None) -> list[BuildOutcome]:
     """Run the build steps of ``backends`` (default: all registered), in name order."""
-    known = host.builds.builds
+    known = host.builds
     wanted = sorted(known) if backends is None else list(backends)
     unknown = [b for b in wanted if b not in known]
     if unknown:

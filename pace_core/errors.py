@@ -19,3 +19,9 @@ class PluginError(PaceError):
 
 class ModelLoadError(PaceError, ValueError):
     """A checkpoint cannot be loaded (missing/unexpected tensors, corrupt file, bad config)."""
+
+
+class ContractError(PluginError):
+    """Code broke the op contract (an undeclared context attribute, a wrong kernel arity, a
+    plugin written for another contract version). Not an AttributeError on purpose: a
+    ``getattr(ctx, name, None)`` with a misspelt name raises instead of returning None."""

@@ -19,7 +19,7 @@ from typing import Any
 from pace_core.cpu import CpuInfo, detect_cpu
 from pace_core.errors import ConfigError, OpResolutionError
 from pace_core.ops import OP_GROUPS, OPS
-from pace_core.registry import KernelSpec, OpContext, OpRegistry
+from pace_core.registry import KernelSpec, OpContext, Registry, backends
 
 log = logging.getLogger("pace.ops")
 
@@ -166,9 +166,17 @@ class OpResolver:
     """Resolves ``(op, context)`` to kernels under one OperatorConfig; caches per context."""
 
     def __init__(
-        self, registry: OpRegistry, config: OperatorConfig, cpu: CpuInfo | None = None
+        self,
+        registry: Registry[tuple[str, str], KernelSpec],
+        config: OperatorConfig,
+        cpu: CpuInfo | None = None,
+        *,
+        unavailable: Mapping[str, str] | None = None,
     ) -> None:
+        """``unavailable``: backend -> why its installed plugin did not load (stated when a
+        pinned backend falls back)."""
         self.registry = registry
+        self.unavailable = dict(unavailable or {})
         self.config = config
         self.cpu = cpu or detect_cpu()
         self.resolutions: dict[tuple[str, str], Resolution] = {}
@@ -177,14 +185,15 @@ class OpResolver:
         self._validate_backend_names()
 
     def _validate_backend_names(self) -> None:
-        registered = set(self.registry.backends())
+        registered = set(backends(self.registry))
         valid = sorted(registered | set(KNOWN_BACKENDS) | {AUTO})
         for op in OPS:
             name = self.config.backend_for(op)
             if name not in valid:
+                why = f" ({self.unavailable[name]})" if name in self.unavailable else ""
                 raise ConfigError(
                     f"unknown backend {name!r} for op {op!r}{_suggest(name, valid)}; "
-                    f"valid choices: {', '.join(valid)}"
+                    f"valid choices: {', '.join(valid)}{why}"
                 )
 
     def resolve(self, ctx: OpContext) -> Resolution:
@@ -203,7 +212,7 @@ class OpResolver:
 
     def _resolve(self, ctx: OpContext) -> Resolution:
         requested = self.config.backend_for(ctx.op)
-        candidates = self.registry.candidates(ctx.op)
+        candidates = self.registry.where(op=ctx.op)
         rejected: list[tuple[str, str]] = []
         usable: list[KernelSpec] = []
         for spec in candidates:
@@ -235,7 +244,9 @@ class OpResolver:
             )
         reason = dict(rejected).get(requested)
         if reason is None:
-            if requested in KNOWN_BACKENDS and requested not in self.registry.backends():
+            if requested in self.unavailable:
+                reason = self.unavailable[requested]
+            elif requested in KNOWN_BACKENDS and requested not in backends(self.registry):
                 reason = f"plugin pace-{requested} is not installed"
             else:
                 reason = f"no installed plugin provides backend {requested!r} for this op"

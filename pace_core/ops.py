@@ -1,80 +1,157 @@
-"""The op catalogue: every op a model may call, with the signature its kernels implement.
+"""The op catalogue: every op a model may call, the kernel signature of each, and the facts a
+kernel's ``supports`` predicate may read. This is the contract between the core and every
+kernel plugin; :data:`CONTRACT_VERSION` names its version.
 
 Kernels are registered per op by plugins (see ``hookspecs.pace_register_ops``). The native
-plugin implements all of them; other backends implement any subset.
+plugin implements all of them; other backends implement any subset. The contract is checked
+by code: registering a kernel whose function or prepare step cannot be called with the op's
+arguments is an error, and so is a predicate reading a context attribute the op does not
+declare.
 """
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
+
+CONTRACT_VERSION = 1
+"""The version of this contract (op signatures, context attributes, hooks, layer
+descriptions). A plugin states the version it was written for as ``PACE_CONTRACT_VERSION`` in
+its plugin module; the host refuses a plugin written for another version, saying why. Bumped
+on any change that breaks existing plugins."""
 
 
 @dataclass(frozen=True)
 class OpSpec:
-    """One op of the catalogue: its name, call signature, whether it takes a prepare step and
-    whether its kernels call other ops' kernels (a container: profiling times the inner ops)."""
+    """One op of the catalogue.
+
+    ``params``: the positional arguments of a kernel call (``name[shape]``); ``prepare``: the
+    arguments of its one-time weight transform, or None when the op has none; ``context``:
+    the :class:`~pace_core.registry.OpContext` attributes (besides ``op`` and ``dtype``) a
+    ``supports`` predicate may read; ``container``: its kernels call other ops' kernels (the
+    profiler times the inner ops instead).
+    """
 
     name: str
-    signature: str
+    params: tuple[str, ...]
+    returns: str
     summary: str
-    prepared: bool = False
+    context: tuple[str, ...] = ()
+    prepare: tuple[str, ...] | None = None
     container: bool = False
+
+    @property
+    def prepared(self) -> bool:
+        return self.prepare is not None
+
+    @property
+    def signature(self) -> str:
+        text = f"fn({', '.join(self.params)}) -> {self.returns}"
+        if self.prepare is not None:
+            text += f"; w = prepare({', '.join(self.prepare)})"
+        return text
+
+    def call_problem(self, fn: Callable[..., Any], prepare: Callable[..., Any] | None) -> str:
+        """Why ``fn`` (and ``prepare``) cannot be called as this op calls them, or ''."""
+        for what, callable_, arity in (
+            ("kernel", fn, len(self.params)),
+            ("prepare step", prepare, len(self.prepare or ())),
+        ):
+            if callable_ is None:
+                continue
+            try:
+                sig = inspect.signature(callable_)
+            except (TypeError, ValueError):  # a C builtin without a signature: cannot check
+                continue
+            try:
+                sig.bind(*range(arity))
+            except TypeError as exc:
+                return (
+                    f"its {what} {sig} cannot take the {arity} positional arguments of op "
+                    f"{self.name!r} ({exc}); the catalogue says {self.signature}"
+                )
+        return ""
 
 
 OPS: dict[str, OpSpec] = {
     spec.name: spec
     for spec in (
-        OpSpec("embedding", "fn(ids[B,T] int64, weight[V,H]) -> [B,T,H]", "token embedding"),
+        OpSpec(
+            "embedding",
+            ("ids[B,T] int64", "weight[V,H]"),
+            "[B,T,H]",
+            "token embedding",
+            context=("vocab",),
+        ),
         OpSpec(
             "linear",
-            "fn(x[...,K], w) -> [...,N]; w = prepare(weight[N,K], bias[N]|None)",
+            ("x[...,K]", "w"),
+            "[...,N]",
             "dense projection (also lm_head)",
-            prepared=True,
+            context=("in_features", "out_features"),
+            prepare=("weight[N,K]", "bias[N]|None"),
         ),
         OpSpec(
             "qkv_proj",
-            "fn(x[...,K], w) -> (q, k, v); w = prepare([wq, wk, wv], [bq, bk, bv]|None)",
+            ("x[...,K]", "w"),
+            "(q, k, v)",
             "fused Q/K/V projection",
-            prepared=True,
+            context=("in_features",),
+            prepare=("[wq, wk, wv]", "[bq, bk, bv]|None"),
         ),
         OpSpec(
             "gated_mlp",
-            "fn(x[...,H], w) -> [...,H]; w = prepare(gate, up, down, activation, limit)",
+            ("x[...,H]", "w"),
+            "[...,H]",
             "act(x@gate) * (x@up) @ down",
-            prepared=True,
+            context=("activation", "hidden", "intermediate"),
+            prepare=("gate[I,H]", "up[I,H]", "down[H,I]", "activation"),
         ),
         OpSpec(
             "moe",
-            "fn(x[N,H], experts[N,k] int64, weights[N,k], w) -> [N,H]; "
-            "w = prepare(gate_up[E,H,2I], gate_up_bias, down[E,I,H], down_bias, alpha, limit)",
+            ("x[N,H]", "experts[N,k] int64", "weights[N,k]", "w"),
+            "[N,H]",
             "mixture-of-experts MLP (GPT-OSS clamped SwiGLU with interleaved gate/up)",
-            prepared=True,
+            context=("experts", "top_k"),
+            prepare=(
+                "gate_up[E,H,2I]", "gate_up_bias", "down[E,I,H]", "down_bias", "alpha", "limit"
+            ),
         ),
         OpSpec(
             "rms_norm",
-            "fn(x, weight, eps, residual|None) -> (y, x + residual)",
+            ("x", "weight", "eps", "residual|None"),
+            "(y, x + residual)",
             "RMSNorm with optional fused residual add",
         ),
         OpSpec(
             "layer_norm",
-            "fn(x, weight, bias|None, eps, residual|None) -> (y, x + residual)",
+            ("x", "weight", "bias|None", "eps", "residual|None"),
+            "(y, x + residual)",
             "LayerNorm with optional fused residual add",
         ),
         OpSpec(
             "rope",
-            "fn(q[B,T,Hq,D], k[B,T,Hk,D], cos[B,T,R], sin[B,T,R], interleaved: bool) -> (q, k)",
+            ("q[B,T,Hq,D]", "k[B,T,Hk,D]", "cos[B,T,R]", "sin[B,T,R]", "interleaved: bool"),
+            "(q, k)",
             "rotary embedding on the first R dims (neox halves or GPT-J interleaved pairs)",
+            context=("head_dim",),
         ),
         OpSpec(
             "attention",
-            "fn(q[B,Hq,T,D], kv: cache view, scale, sinks[Hq]|None, window|None) -> [B,Hq,T,D]",
+            ("q[B,Hq,T,D]", "kv: cache view", "scale", "sinks[Hq]|None", "window|None"),
+            "[B,Hq,T,D]",
             "attention over the KV cache view (layout-specific), GQA, sliding window, sinks",
+            context=("head_dim", "gqa", "window", "sinks", "cache_layout"),
         ),
         OpSpec(
             "decoder_stack",
-            "fn(x[B,T,H], residual|None, step, w) -> (x, residual); w = prepare(layers)",
+            ("x[B,T,H]", "residual|None", "step", "w"),
+            "(x, residual)",
             "run the decoder blocks in order (a backend may fuse the whole loop)",
-            prepared=True,
+            context=("blocks", "layer_backends", "cache_layout", "profiling"),
+            prepare=("layers",),
             container=True,
         ),
     )

@@ -24,12 +24,19 @@ from typing import Any
 import pluggy
 
 from pace_core import hookspecs
+from pace_core.cpu import CpuInfo
+from pace_core.errors import ContractError
+from pace_core.opconfig import OperatorConfig, OpResolver
+from pace_core.ops import CONTRACT_VERSION
 from pace_core.registry import (
-    BuildRegistry,
-    CacheRegistry,
-    ModelRegistry,
-    OpRegistry,
-    SamplerRegistry,
+    BuildSpec,
+    CacheSpec,
+    KernelSpec,
+    ModelSpec,
+    ProcessorSpec,
+    Registrations,
+    Registry,
+    kernel_registry,
 )
 
 log = logging.getLogger("pace.plugins")
@@ -66,11 +73,13 @@ class PluginHost:
     def __init__(self, *, autoload: bool | None = None) -> None:
         self.pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
         self.pm.add_hookspecs(hookspecs)
-        self.ops = OpRegistry()
-        self.caches = CacheRegistry()
-        self.models = ModelRegistry()
-        self.samplers = SamplerRegistry()
-        self.builds = BuildRegistry()
+        self.ops: Registry[tuple[str, str], KernelSpec] = kernel_registry()
+        self.caches: Registry[str, CacheSpec] = Registry("KV cache", lambda s: s.name)
+        self.models: Registry[str, ModelSpec] = Registry("model_type", lambda s: s.model_type)
+        self.samplers: Registry[str, ProcessorSpec] = Registry(
+            "logits processor", lambda s: s.name, order=lambda s: s.order
+        )
+        self.builds: Registry[str, BuildSpec] = Registry("build step", lambda s: s.backend)
         self.plugins: dict[str, PluginInfo] = {}
         if autoload is None:
             autoload = os.environ.get("PACE_DISABLE_PLUGIN_AUTOLOAD", "") in ("", "0")
@@ -128,66 +137,94 @@ class PluginHost:
         log.warning("plugin %r skipped: %s", info.name, info.error)
         log.debug("".join(traceback.format_exception(exc)))
 
+    def unavailable_backends(self) -> dict[str, str]:
+        """Plugin name -> why it is not usable, for plugins that failed to load or were
+        disabled (a first-party plugin's name is its backend's name)."""
+        out = {}
+        for name, info in self.plugins.items():
+            dist = f" ({info.distribution})" if info.distribution else ""
+            if info.status == "failed":
+                out[name] = f"plugin {name!r}{dist} is installed but failed to load: {info.error}"
+            elif info.status == "disabled":
+                out[name] = f"plugin {name!r}{dist} is disabled (PACE_DISABLE_PLUGINS)"
+        return out
+
+    def resolver(self, config: OperatorConfig, cpu: CpuInfo | None = None) -> OpResolver:
+        """An op resolver over this host's kernels that knows why missing plugins are missing."""
+        return OpResolver(self.ops, config, cpu, unavailable=self.unavailable_backends())
+
     def _register(self, info: PluginInfo, plugin: Any) -> None:
         try:
+            check_contract_version(info.name, plugin)
             self.pm.register(plugin, name=info.name)
         except Exception as exc:
             self._fail(info, exc)
             return
         self._register_builds(info)
-        registries = {
-            "pace_register_ops": self.ops,
-            "pace_register_kv_caches": self.caches,
-            "pace_register_models": self.models,
-            "pace_register_samplers": self.samplers,
-        }
-        # Call this plugin's hooks only, staging its registrations so a failure in any hook
-        # leaves no trace of it in any registry.
-        called = []
+        regs = Registrations(info.name)
         try:
-            for hook_name, registry in registries.items():
-                for impl in getattr(self.pm.hook, hook_name).get_hookimpls():
-                    if impl.plugin_name != info.name:
-                        continue
-                    registry._begin(info.name)
-                    called.append(registry)
-                    impl.function(registry=registry)
+            for hook in HOOKS:
+                for impl in self._impls(hook, info.name):
+                    impl.function(registry=regs)
+            merges = self._merges(regs)
+            for registry, specs in merges:  # check everything before storing anything
+                registry.check(specs)
         except Exception as exc:
-            for registry in called:
-                registry._rollback()
             self.pm.unregister(name=info.name)
             self._fail(info, exc)
             return
-        try:  # duplicate names across plugins: check every registry before storing anything
-            for registry in called:
-                registry._validate()
-        except Exception as exc:
-            for registry in called:
-                registry._rollback()
-            self.pm.unregister(name=info.name)
-            self._fail(info, exc)
-            return
-        for registry in called:
-            registry._commit()
+        for registry, specs in merges:
+            registry.merge(specs)
         info.provides = {
-            "kernels": self.ops.count(info.name),
-            "caches": self.caches.count(info.name),
-            "models": self.models.count(info.name),
-            "processors": self.samplers.count(info.name),
+            "kernels": len(regs.kernels),
+            "caches": len(regs.caches),
+            "models": len(regs.models),
+            "processors": len(regs.processors),
         }
+
+    def _merges(self, regs: Registrations) -> list[tuple[Registry, list]]:
+        return [
+            (self.ops, regs.kernels),
+            (self.caches, regs.caches),
+            (self.models, regs.models),
+            (self.samplers, regs.processors),
+        ]
+
+    def _impls(self, hook: str, plugin: str) -> list[Any]:
+        """This plugin's implementations of ``hook`` (see hookspecs: hooks run per plugin)."""
+        return [i for i in getattr(self.pm.hook, hook).get_hookimpls() if i.plugin_name == plugin]
 
     def _register_builds(self, info: PluginInfo) -> None:
         """Build steps first and on their own: they stay when the other hooks fail."""
-        for impl in self.pm.hook.pace_register_builds.get_hookimpls():
-            if impl.plugin_name != info.name:
-                continue
-            self.builds._begin(info.name)
-            try:
-                impl.function(registry=self.builds)
-                self.builds._commit()
-            except Exception as exc:
-                self.builds._rollback()
-                log.warning("plugin %r: build step not registered: %s", info.name, exc)
+        regs = Registrations(info.name)
+        try:
+            for impl in self._impls("pace_register_builds", info.name):
+                impl.function(registry=regs)
+            self.builds.merge(regs.builds)
+        except Exception as exc:
+            log.warning("plugin %r: build step not registered: %s", info.name, exc)
+
+
+HOOKS = ("pace_register_ops", "pace_register_kv_caches", "pace_register_models",
+         "pace_register_samplers")  # fmt: skip
+
+
+def check_contract_version(name: str, plugin: Any) -> None:
+    """A plugin states ``PACE_CONTRACT_VERSION``; it must be the core's ``CONTRACT_VERSION``."""
+    stated = getattr(plugin, "PACE_CONTRACT_VERSION", None)
+    where = getattr(plugin, "__name__", type(plugin).__name__)
+    if stated is None:
+        raise ContractError(
+            f"plugin {name!r} does not state the contract version it was written for: set "
+            f"PACE_CONTRACT_VERSION = {CONTRACT_VERSION} in {where} "
+            "(pace_core.CONTRACT_VERSION)"
+        )
+    if stated != CONTRACT_VERSION:
+        raise ContractError(
+            f"plugin {name!r} was written for pace contract version {stated!r}, but this "
+            f"pace-core implements version {CONTRACT_VERSION}; install a release of the plugin "
+            "made for this pace-core (or a pace-core matching the plugin)"
+        )
 
 
 _host: PluginHost | None = None

@@ -1,18 +1,19 @@
-"""Registries handed to plugin hooks. Plugins add to them; the core reads them.
+"""What plugins register, and the one registry type the host keeps it in.
 
-Each registry keeps the registrations of the plugin currently being loaded apart until its
-hook returns, so a plugin that fails half-way leaves nothing behind.
+A plugin's hooks add to a fresh :class:`Registrations` (the tox pattern: a registry passed
+into the hook). The host then validates everything the plugin registered against what is
+already stored and merges it, all or nothing (see ``plugins.PluginHost``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import torch
 
-from pace_core.errors import PluginError
+from pace_core.errors import ContractError, PluginError
 from pace_core.ops import OPS
 
 SupportPredicate = Callable[["OpContext"], "bool | str"]
@@ -20,19 +21,35 @@ SupportPredicate = Callable[["OpContext"], "bool | str"]
 
 @dataclass(frozen=True)
 class OpContext:
-    """What a kernel's support predicate may look at: the dtype and op-specific facts."""
+    """What a kernel's support predicate may look at: ``op``, ``dtype`` and the op's declared
+    context attributes (``OpSpec.context``), read as attributes. A declared attribute the call
+    site did not set reads as None; an undeclared one raises :class:`ContractError`."""
 
     op: str
     dtype: torch.dtype
     attrs: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        spec = OPS.get(self.op)
+        if spec is None:
+            raise ContractError(f"unknown op {self.op!r}; the op catalogue has: {', '.join(OPS)}")
+        extra = sorted(set(self.attrs) - set(spec.context))
+        if extra:
+            raise ContractError(
+                f"op {self.op!r} declares no context attribute(s) {extra}; "
+                f"declared: {', '.join(spec.context) or 'none'}"
+            )
+
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or name == "attrs":
             raise AttributeError(name)
-        try:
-            return self.attrs[name]
-        except KeyError:
-            raise AttributeError(name) from None
+        declared = OPS[self.op].context
+        if name not in declared:
+            raise ContractError(
+                f"op {self.op!r} has no context attribute {name!r}; a supports predicate may "
+                f"read op, dtype and: {', '.join(declared) or 'nothing else'}"
+            )
+        return self.attrs.get(name)
 
     def __hash__(self) -> int:
         return hash((self.op, self.dtype, tuple(sorted(self.attrs.items()))))
@@ -79,51 +96,145 @@ class KernelSpec:
         return None
 
 
-class _StagedRegistry:
-    """Shared staging logic: registrations are kept per plugin until committed."""
+@dataclass(frozen=True)
+class CacheSpec:
+    """A KV cache type: its name, factory and the memory layout attention kernels read."""
 
-    def __init__(self) -> None:
-        self._plugin = ""
-        self._staged: list[Any] = []
-
-    def _begin(self, plugin: str) -> None:
-        self._plugin, self._staged = plugin, []
-
-    def _rollback(self) -> None:
-        self._staged = []
-
-    def _validate(self) -> None:
-        """Raise if any staged item clashes with a stored one or another staged one."""
-        seen: dict[Any, Any] = {}
-        for item in self._staged:
-            key = self._key(item)
-            self._check(item, seen.get(key))
-            seen[key] = item
-
-    def _commit(self) -> None:
-        """Store every staged item, or none of them: all are checked before any is stored."""
-        self._validate()
-        for item in self._staged:
-            self._put(item)
-        self._staged = []
-
-    def _key(self, item: Any) -> Any:
-        raise NotImplementedError
-
-    def _check(self, item: Any, staged_twin: Any | None) -> None:
-        """Raise PluginError if ``item`` is already stored or staged (``staged_twin``)."""
-        raise NotImplementedError
-
-    def _put(self, item: Any) -> None:
-        raise NotImplementedError
+    name: str
+    factory: Callable[..., Any]
+    layout: str
+    plugin: str = ""
+    description: str = ""
 
 
-class OpRegistry(_StagedRegistry):
-    """Kernels by op and backend."""
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model architecture: the HF ``model_type`` it serves and its builder."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self._kernels: dict[str, dict[str, KernelSpec]] = {op: {} for op in OPS}
+    model_type: str
+    builder: Callable[..., Any]
+    plugin: str = ""
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class ProcessorSpec:
+    """A batched logits processor: ``factory(configs) -> processor | None``, applied by order."""
+
+    name: str
+    factory: Callable[..., Any]
+    order: int
+    plugin: str = ""
+
+
+@dataclass(frozen=True)
+class BuildSpec:
+    """An ahead-of-time build step of a backend's JIT kernels (``pace build-kernels``)."""
+
+    backend: str
+    fn: Callable[[], str]  # builds (or finds the cached build); returns where it lives
+    plugin: str = ""
+    description: str = ""
+
+
+class BuildNotApplicable(PluginError):
+    """Raised by a build step when nothing needs building here (e.g. the CPU lacks the ISA)."""
+
+
+K = TypeVar("K")
+S = TypeVar("S")
+
+
+class Registry(Generic[K, S]):
+    """Specs by key, in ``order``; a key registered twice is a :class:`PluginError`.
+
+    ``what`` names the kind of spec in that error (``"KV cache"``), ``key`` gives a spec's
+    key, and ``order`` (optional) the sort key of :meth:`values`.
+    """
+
+    def __init__(
+        self,
+        what: str,
+        key: Callable[[S], K],
+        order: Callable[[S], Any] | None = None,
+    ) -> None:
+        self.what, self._key, self._order = what, key, order
+        self._items: dict[K, S] = {}
+
+    def check(self, specs: Iterable[S]) -> None:
+        """Raise if any of ``specs`` clashes with a stored spec or with another of them."""
+        seen: dict[K, S] = {}
+        for spec in specs:
+            key = self._key(spec)
+            twin = self._items.get(key) or seen.get(key)
+            if twin is not None:
+                plugins = (getattr(twin, "plugin", ""), getattr(spec, "plugin", ""))
+                raise PluginError(
+                    f"{self.what} {_show(key)} is registered twice "
+                    f"(plugins {plugins[0]!r} and {plugins[1]!r})"
+                )
+            seen[key] = spec
+
+    def merge(self, specs: Iterable[S]) -> None:
+        """Store all of ``specs`` or, when one clashes, none of them."""
+        specs = list(specs)
+        self.check(specs)
+        for spec in specs:
+            self._items[self._key(spec)] = spec
+
+    def values(self) -> list[S]:
+        items = list(self._items.values())
+        return sorted(items, key=self._order) if self._order else items
+
+    def where(self, **fields: Any) -> list[S]:
+        """The specs (in order) whose attributes equal ``fields``."""
+        return [s for s in self.values() if all(getattr(s, k) == v for k, v in fields.items())]
+
+    def get(self, key: K, default: S | None = None) -> S | None:
+        return self._items.get(key, default)
+
+    def __getitem__(self, key: K) -> S:
+        return self._items[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._items
+
+    def __iter__(self) -> Iterator[K]:
+        return iter(sorted(self._items, key=str))
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+def _show(key: Any) -> str:
+    if isinstance(key, tuple) and len(key) == 2:  # kernels: (op, backend)
+        return f"{key[1]!r} for op {key[0]!r}"
+    return repr(key)
+
+
+def kernel_registry() -> Registry[tuple[str, str], KernelSpec]:
+    """Kernels by ``(op, backend)``, best priority first."""
+    return Registry("backend", lambda s: (s.op, s.backend), order=lambda s: -s.priority)
+
+
+def backends(kernels: Registry[tuple[str, str], KernelSpec], op: str | None = None) -> list[str]:
+    """Backend names registered for ``op`` (or for any op), sorted."""
+    return sorted({b for o, b in kernels if op is None or o == op})
+
+
+class Registrations:
+    """What one plugin registers; handed to each of its hooks as ``registry``.
+
+    Nothing here is visible to the engine until the host has validated and merged it.
+    """
+
+    def __init__(self, plugin: str) -> None:
+        self.plugin = plugin
+        self.kernels: list[KernelSpec] = []
+        self.caches: list[CacheSpec] = []
+        self.models: list[ModelSpec] = []
+        self.processors: list[ProcessorSpec] = []
+        self.builds: list[BuildSpec] = []
 
     def add_kernel(
         self,
@@ -146,6 +257,9 @@ class OpRegistry(_StagedRegistry):
             raise PluginError(f"backend name must be alphanumeric/underscore (got {backend!r})")
         if OPS[op].prepared and prepare is None:
             raise PluginError(f"op {op!r} needs a prepare step (backend {backend!r} gave none)")
+        problem = OPS[op].call_problem(fn, prepare if OPS[op].prepared else None)
+        if problem:
+            raise ContractError(f"backend {backend!r} for op {op!r}: {problem}")
         spec = KernelSpec(
             op=op,
             backend=backend,
@@ -155,188 +269,25 @@ class OpRegistry(_StagedRegistry):
             supports=supports,
             prepare=prepare,
             priority=priority,
-            plugin=self._plugin,
+            plugin=self.plugin,
             description=description,
             cache_layouts=None if cache_layouts is None else frozenset(cache_layouts),
         )
-        self._staged.append(spec)
+        self.kernels.append(spec)
         return spec
-
-    def _key(self, spec: KernelSpec) -> tuple[str, str]:
-        return (spec.op, spec.backend)
-
-    def _check(self, spec: KernelSpec, staged_twin: KernelSpec | None) -> None:
-        existing = self._kernels[spec.op].get(spec.backend) or staged_twin
-        if existing is not None:
-            raise PluginError(
-                f"backend {spec.backend!r} for op {spec.op!r} is registered twice "
-                f"(plugins {existing.plugin!r} and {spec.plugin!r})"
-            )
-
-    def _put(self, spec: KernelSpec) -> None:
-        self._kernels[spec.op][spec.backend] = spec
-
-    def candidates(self, op: str) -> list[KernelSpec]:
-        """Kernels for ``op``, best priority first."""
-        return sorted(self._kernels[op].values(), key=lambda s: -s.priority)
-
-    def backends(self, op: str | None = None) -> list[str]:
-        """Backend names registered for ``op`` (or for any op)."""
-        ops = [op] if op else list(self._kernels)
-        return sorted({b for o in ops for b in self._kernels[o]})
-
-    def count(self, plugin: str) -> int:
-        return sum(s.plugin == plugin for by in self._kernels.values() for s in by.values())
-
-
-@dataclass(frozen=True)
-class CacheSpec:
-    """A KV cache type: its name, factory and the memory layout attention kernels read."""
-
-    name: str
-    factory: Callable[..., Any]
-    layout: str
-    plugin: str = ""
-    description: str = ""
-
-
-class CacheRegistry(_StagedRegistry):
-    """KV cache types by name."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.caches: dict[str, CacheSpec] = {}
 
     def add_cache(
         self, name: str, factory: Callable[..., Any], *, layout: str, description: str = ""
     ) -> None:
-        self._staged.append(CacheSpec(name, factory, layout, self._plugin, description))
-
-    def _key(self, spec: CacheSpec) -> str:
-        return spec.name
-
-    def _check(self, spec: CacheSpec, staged_twin: CacheSpec | None) -> None:
-        if spec.name in self.caches or staged_twin is not None:
-            raise PluginError(f"KV cache {spec.name!r} is registered twice")
-
-    def _put(self, spec: CacheSpec) -> None:
-        self.caches[spec.name] = spec
-
-    def count(self, plugin: str) -> int:
-        return sum(s.plugin == plugin for s in self.caches.values())
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """A model architecture: the HF ``model_type`` values it serves and its builder."""
-
-    model_type: str
-    builder: Callable[..., Any]
-    plugin: str = ""
-    description: str = ""
-
-
-class ModelRegistry(_StagedRegistry):
-    """Model builders by HF ``model_type``."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.models: dict[str, ModelSpec] = {}
+        self.caches.append(CacheSpec(name, factory, layout, self.plugin, description))
 
     def add_model(
         self, model_type: str, builder: Callable[..., Any], description: str = ""
     ) -> None:
-        self._staged.append(ModelSpec(model_type, builder, self._plugin, description))
-
-    def _key(self, spec: ModelSpec) -> str:
-        return spec.model_type
-
-    def _check(self, spec: ModelSpec, staged_twin: ModelSpec | None) -> None:
-        existing = self.models.get(spec.model_type) or staged_twin
-        if existing is not None:
-            raise PluginError(
-                f"model_type {spec.model_type!r} registered twice "
-                f"(plugins {existing.plugin!r} and {spec.plugin!r})"
-            )
-
-    def _put(self, spec: ModelSpec) -> None:
-        self.models[spec.model_type] = spec
-
-    def count(self, plugin: str) -> int:
-        return sum(s.plugin == plugin for s in self.models.values())
-
-
-@dataclass(frozen=True)
-class ProcessorSpec:
-    """A batched logits processor: ``factory(configs) -> processor | None``, applied by order."""
-
-    name: str
-    factory: Callable[..., Any]
-    order: int
-    plugin: str = ""
-
-
-class SamplerRegistry(_StagedRegistry):
-    """Logits processors, applied in ascending ``order``."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.processors: dict[str, ProcessorSpec] = {}
+        self.models.append(ModelSpec(model_type, builder, self.plugin, description))
 
     def add_processor(self, name: str, factory: Callable[..., Any], *, order: int) -> None:
-        self._staged.append(ProcessorSpec(name, factory, order, self._plugin))
-
-    def _key(self, spec: ProcessorSpec) -> str:
-        return spec.name
-
-    def _check(self, spec: ProcessorSpec, staged_twin: ProcessorSpec | None) -> None:
-        if spec.name in self.processors or staged_twin is not None:
-            raise PluginError(f"logits processor {spec.name!r} registered twice")
-
-    def _put(self, spec: ProcessorSpec) -> None:
-        self.processors[spec.name] = spec
-
-    def ordered(self) -> list[ProcessorSpec]:
-        return sorted(self.processors.values(), key=lambda s: s.order)
-
-    def count(self, plugin: str) -> int:
-        return sum(s.plugin == plugin for s in self.processors.values())
-
-
-@dataclass(frozen=True)
-class BuildSpec:
-    """An ahead-of-time build step of a backend's JIT kernels (``pace build-kernels``)."""
-
-    backend: str
-    fn: Callable[[], str]  # builds (or finds the cached build); returns where it lives
-    plugin: str = ""
-    description: str = ""
-
-
-class BuildNotApplicable(PluginError):
-    """Raised by a build step when nothing needs building here (e.g. the CPU lacks the ISA)."""
-
-
-class BuildRegistry(_StagedRegistry):
-    """Build steps by backend. Kept even when the plugin's other hooks fail: re-running the
-    build is how a failed JIT build is retried."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.builds: dict[str, BuildSpec] = {}
+        self.processors.append(ProcessorSpec(name, factory, order, self.plugin))
 
     def add_build(self, backend: str, fn: Callable[[], str], *, description: str = "") -> None:
-        self._staged.append(BuildSpec(backend, fn, self._plugin, description))
-
-    def _key(self, spec: BuildSpec) -> str:
-        return spec.backend
-
-    def _check(self, spec: BuildSpec, staged_twin: BuildSpec | None) -> None:
-        if spec.backend in self.builds or staged_twin is not None:
-            raise PluginError(f"a build step for backend {spec.backend!r} is registered twice")
-
-    def _put(self, spec: BuildSpec) -> None:
-        self.builds[spec.backend] = spec
-
-    def count(self, plugin: str) -> int:
-        return sum(s.plugin == plugin for s in self.builds.values())
+        self.builds.append(BuildSpec(backend, fn, self.plugin, description))

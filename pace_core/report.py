@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from pace_core.cpu import CpuInfo
-from pace_core.opconfig import OperatorConfig, OpResolver
+from pace_core.opconfig import OperatorConfig
 from pace_core.ops import OPS
 from pace_core.plugins import PluginHost
 from pace_core.registry import OpContext
@@ -31,7 +31,7 @@ def plugins_table(host: PluginHost) -> str:
 
 
 def ops_table(host: PluginHost, config: OperatorConfig, cpu: CpuInfo, dtype: torch.dtype) -> str:
-    resolver = OpResolver(host.ops, config, cpu)  # a bad backend name raises ConfigError here
+    resolver = host.resolver(config, cpu)  # a bad backend name raises ConfigError here
     rows, notes = [], []
     for op in OPS:
         ctx = OpContext(op, dtype)
@@ -45,7 +45,7 @@ def ops_table(host: PluginHost, config: OperatorConfig, cpu: CpuInfo, dtype: tor
         except Exception as exc:  # shown, not raised: this is a diagnostic table
             chosen = ""
             notes.append(f"{op}: error: {exc}")
-        for spec in host.ops.candidates(op):
+        for spec in host.ops.where(op=op):
             reason = spec.check(ctx, cpu.features)
             mark = "*" if spec.backend == chosen else ""
             rows.append(
@@ -57,7 +57,7 @@ def ops_table(host: PluginHost, config: OperatorConfig, cpu: CpuInfo, dtype: tor
                     "yes" if reason is None else f"no: {reason}",
                 ]
             )
-        if not host.ops.candidates(op):
+        if not host.ops.where(op=op):
             rows.append([op, "-", "-", "-", "no kernel registered"])
     dt = str(dtype).removeprefix("torch.")
     header = f"CPU: {cpu.model_name} [{cpu.isa_level}; features from {cpu.source}]\n"

@@ -144,7 +144,7 @@ def usable_kernels(op: str, dtype: torch.dtype, **attrs: Any) -> dict[str, Any]:
     from pace_core.registry import OpContext
 
     ctx, features = OpContext(op, dtype, attrs), detect_cpu().features
-    return {s.backend: s for s in get_host().ops.candidates(op) if s.check(ctx, features) is None}
+    return {s.backend: s for s in get_host().ops.where(op=op) if s.check(ctx, features) is None}
 
 
 def _keep(names: list[str] | None, backend: str) -> bool:

@@ -5,11 +5,13 @@ from __future__ import annotations
 from pace_core.caches.blocks import PagedCache, SlabPoolCache
 from pace_core.caches.contiguous import BMCCache, DynamicCache
 from pace_core.hookspecs import hookimpl
-from pace_core.registry import CacheRegistry
+from pace_core.registry import Registrations
+
+PACE_CONTRACT_VERSION = 1  # the pace_core.CONTRACT_VERSION this plugin implements
 
 
 @hookimpl
-def pace_register_kv_caches(registry: CacheRegistry) -> None:
+def pace_register_kv_caches(registry: Registrations) -> None:
     registry.add_cache(
         "dynamic",
         DynamicCache,

@@ -9,7 +9,9 @@ import importlib
 from typing import Any
 
 from pace_core.hookspecs import hookimpl
-from pace_core.registry import ModelRegistry
+from pace_core.registry import Registrations
+
+PACE_CONTRACT_VERSION = 1  # the pace_core.CONTRACT_VERSION this plugin implements
 
 # model_type -> (module under pace_core.models.families, builder function, description)
 FAMILIES: dict[str, tuple[str, str, str]] = {
@@ -43,6 +45,6 @@ class LazyBuilder:
 
 
 @hookimpl
-def pace_register_models(registry: ModelRegistry) -> None:
+def pace_register_models(registry: Registrations) -> None:
     for model_type, (module, function, description) in FAMILIES.items():
         registry.add_model(model_type, LazyBuilder(module, function), description)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from pace_core.hookspecs import hookimpl
-from pace_core.registry import SamplerRegistry
+from pace_core.registry import Registrations
 from pace_core.sampling.builtin import register_builtin_processors
+
+PACE_CONTRACT_VERSION = 1  # the pace_core.CONTRACT_VERSION this plugin implements
 
 
 @hookimpl
-def pace_register_samplers(registry: SamplerRegistry) -> None:
+def pace_register_samplers(registry: Registrations) -> None:
     register_builtin_processors(registry)

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -19,8 +17,9 @@ from pace_core.engine.output import GenerationOutput, SequenceOutput, TokenLogpr
 from pace_core.engine.sequence import SequenceTracker
 from pace_core.errors import ConfigError
 from pace_core.models.decoder import DecoderLM, OpPlan
+from pace_core.models.limits import DEFAULT_CONTEXT, max_positions, read_generation_config
 from pace_core.models.loader import build_model, load_config, parse_dtype, resolve_model_path
-from pace_core.opconfig import OperatorConfig, OpResolver
+from pace_core.opconfig import OperatorConfig
 from pace_core.plugins import get_host
 from pace_core.profiling import OpProfiler
 from pace_core.sampling.config import SamplingConfig
@@ -69,13 +68,13 @@ class LLMModel:
             spec = coerce_spec_config(spec_config)
         self.dtype = parse_dtype(dtype)
         self.host = get_host()
-        if kv_cache_type not in self.host.caches.caches:
+        if kv_cache_type not in self.host.caches:
             raise ConfigError(
                 f"unknown kv_cache_type {kv_cache_type!r}; available: "
-                f"{', '.join(sorted(self.host.caches.caches))}"
+                f"{', '.join(sorted(self.host.caches))}"
             )
         self.kv_cache_type = kv_cache_type
-        self.cache_spec = self.host.caches.caches[kv_cache_type]
+        self.cache_spec = self.host.caches[kv_cache_type]
         self.cache_options = {"memory_gb": kv_cache_memory_gb, "max_tokens": max_cache_tokens}
         self.path = resolve_model_path(model)
         self.config = load_config(self.path)
@@ -83,7 +82,7 @@ class LLMModel:
         if profile is None:
             profile = os.environ.get("PACE_PROFILE", "") not in ("", "0")
         self.profiler = OpProfiler() if profile else None
-        self.resolver = OpResolver(self.host.ops, self.opconfig)
+        self.resolver = self.host.resolver(self.opconfig)
         self.model: DecoderLM = build_model(
             self.path,
             self.config,
@@ -100,7 +99,7 @@ class LLMModel:
             from transformers import AutoTokenizer
 
             self.tokenizer = AutoTokenizer.from_pretrained(str(self.path))
-        self.generation_config = self._read_generation_config(self.path)
+        self.generation_config = read_generation_config(self.path)
         self.eos_token_ids = self._default_eos()
         self.speculator = None  # pace_core.speculative.Speculator when spec_config is given
         if spec is not None:
@@ -109,16 +108,6 @@ class LLMModel:
             self.speculator = Speculator(self, spec)
 
     # -- set-up helpers ------------------------------------------------------------------
-    @staticmethod
-    def _read_generation_config(path: Path) -> dict[str, Any]:
-        file = path / "generation_config.json"
-        if not file.exists():
-            return {}
-        try:
-            return json.loads(file.read_text())
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{file} is not valid JSON: {exc}") from None
-
     def _default_eos(self) -> tuple[int, ...]:
         for source in (
             self.generation_config.get("eos_token_id"),
@@ -145,7 +134,7 @@ class LLMModel:
         """An empty KV cache of this model's ``kv_cache_type``; ``options`` override the
         model's cache budget (``max_tokens``, ``memory_gb``) or pass cache-specific ones
         (``block_size`` of the block caches)."""
-        max_len = getattr(self.model.config, "max_position_embeddings", None) or 4096
+        max_len = max_positions(self.model.config) or DEFAULT_CONTEXT
         return self.cache_spec.factory(
             self.model.num_kv_heads,
             self.model.head_dims,
@@ -182,7 +171,7 @@ class LLMModel:
                     f"[0, {self.model.vocab_size})"
                 )
         configs = self._configs(sampling, len(prompts))
-        max_ctx = getattr(self.model.config, "max_position_embeddings", None)
+        max_ctx = max_positions(self.model.config)
         for i, (cfg, p) in enumerate(zip(configs, prompts)):
             if cfg.num_beams > 1:
                 raise ConfigError("num_beams > 1 needs one SamplingConfig for the whole batch")
@@ -205,7 +194,7 @@ class LLMModel:
             prompts,
             self.model.vocab_size,
             self.eos_token_ids,
-            processors=self.host.samplers.ordered(),
+            processors=self.host.samplers.values(),
         )
         if self.speculator is not None:
             events = self.speculator.run(prompts, sampler, finish, keep_logits=keep_logits)
@@ -295,7 +284,7 @@ class LLMModel:
             prompts,
             sampling_config,
             list(eos),
-            self.host.samplers.ordered(),
+            self.host.samplers.values(),
             num_return_sequences,
         )
 

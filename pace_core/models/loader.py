@@ -86,10 +86,10 @@ def build_model(
 ) -> DecoderLM:
     """Read the checkpoint and build the model with the builder registered for its type."""
     model_type = getattr(config, "model_type", None)
-    spec = host.models.models.get(model_type)
+    spec = host.models.get(model_type)
     if spec is None:
         known = (
-            ", ".join(sorted(host.models.models)) or "none (is the pace.models plugin disabled?)"
+            ", ".join(sorted(host.models)) or "none (is the pace.models plugin disabled?)"
         )
         raise ModelLoadError(f"unsupported model_type {model_type!r} in {path}; supported: {known}")
     weights = WeightStore.from_dir(path, quiet=quiet)

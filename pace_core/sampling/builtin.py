@@ -12,7 +12,7 @@ __all__ = ["register_builtin_processors"]
 def register_builtin_processors(registry: Any) -> None:
     """Call ``registry.add_processor(name, factory, order=...)`` for every built-in.
 
-    ``registry`` is a ``pace_core.registry.SamplerRegistry`` (or anything with that method).
+    ``registry`` is a ``pace_core.registry.Registrations`` (or anything with that method).
     """
     for name, order, factory in BUILTIN_PROCESSORS:
         registry.add_processor(name, factory, order=order)

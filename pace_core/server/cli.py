@@ -116,7 +116,7 @@ def build_server(args: argparse.Namespace):
     if args.kv_cache_type not in ("paged", "slab_pool"):
         from pace_core.plugins import get_host
 
-        spec = get_host().caches.caches.get(args.kv_cache_type)
+        spec = get_host().caches.get(args.kv_cache_type)
         if spec is None or spec.layout == "contiguous":
             raise ConfigError(
                 f"--kv-cache-type {args.kv_cache_type!r} cannot serve: continuous batching needs "

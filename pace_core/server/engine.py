@@ -27,14 +27,10 @@ so a decode step can never hit :class:`CacheFullError` and nothing is ever preem
 price is that capacity is reserved for tokens that an early EOS never uses. Requests whose
 booking exceeds the whole pool are rejected (400) by the front door.
 
-Events sent to ``emit`` (a list per iteration; plain tuples so they pickle cheaply):
-
-* ``("admit", key, queue_seconds)``
-* ``("tok", key, token_id, text_delta, finish_reason | None, logprob | None, top_ids, top_lps)``
-* ``("spec", key, proposed, accepted, emitted)``: one verification step of a sequence (sent
-  before that step's ``tok`` events)
-* ``("err", key, message, error_type, http_status)``
-* ``("stats", running, waiting, kv_used_fraction, kv_booked_fraction)``
+Commands arrive on the inbox and events go to ``emit`` (a list per iteration) as the
+dataclasses of :mod:`pace_core.server.events`: :class:`Admitted`, :class:`Token`,
+:class:`SpecStep` (one verification step of a sequence, sent before that step's tokens),
+:class:`SeqError` and :class:`Stats`.
 """
 
 from __future__ import annotations
@@ -42,10 +38,9 @@ from __future__ import annotations
 import collections
 import logging
 import queue
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -53,14 +48,26 @@ import torch
 from pace_core.engine.generate import forward_step
 from pace_core.engine.sequence import SequenceTracker
 from pace_core.errors import ConfigError
-from pace_core.sampling.config import SamplingConfig
+from pace_core.models.limits import serving_context_window
 from pace_core.sampling.sampler import BatchSampler
+from pace_core.server.events import (
+    Admitted,
+    Cancel,
+    Command,
+    Event,
+    SeqError,
+    SeqSpec,
+    SpecStep,
+    Stats,
+    Stop,
+    Submit,
+    Token,
+)
 from pace_core.server.speculative import RowVerdict, SpecDecoder
 from pace_core.speculative.verify import check_processors, stop_flags
 
 log = logging.getLogger("pace.server.engine")
 
-Event = tuple
 Emit = Callable[[list[Event]], None]
 
 
@@ -79,20 +86,6 @@ class EngineConfig:
                 raise ConfigError(f"{name} must be >= 1 (got {getattr(self, name)})")
         if self.max_queue < 0:
             raise ConfigError(f"max_queue must be >= 0 (got {self.max_queue})")
-
-
-@dataclass
-class SeqSpec:
-    """One sequence (one choice of one request) as sent to an engine; picklable."""
-
-    key: str
-    prompt: list[int]
-    config: SamplingConfig
-    arrival: float = field(default_factory=time.monotonic)
-
-    @property
-    def reserve_tokens(self) -> int:
-        return len(self.prompt) + self.config.max_new_tokens
 
 
 class _Seq:
@@ -119,12 +112,9 @@ def check_block_cache(cache: Any, kv_cache_type: str) -> None:
 
 
 def context_window(llm: Any) -> int:
-    """Tokens one sequence may hold (prompt + generated)."""
-    ctx = getattr(llm.model.config, "max_position_embeddings", None) or 4096
-    # LongRoPE models re-prefill when crossing their original length; the server stays below.
-    if llm.model.reprefill_at is not None:
-        ctx = min(ctx, int(llm.model.reprefill_at))
-    return int(ctx)
+    """Tokens one sequence may hold (prompt + generated); see
+    :func:`~pace_core.models.limits.serving_context_window`."""
+    return serving_context_window(llm.model.config)
 
 
 class EngineCore:
@@ -141,7 +131,7 @@ class EngineCore:
         self.num_blocks = int(self.cache.num_blocks)
         self.max_context = context_window(llm)
         self.spec = self._new_spec()
-        self.processors = llm.host.samplers.ordered()
+        self.processors = llm.host.samplers.values()
         self.inbox: queue.Queue = queue.Queue()
         self.waiting: collections.deque[_Seq] = collections.deque()
         self.prefilling: list[_Seq] = []
@@ -151,17 +141,17 @@ class EngineCore:
         self.steps = 0
         self._out: list[Event] = []
         self._stopped = False
-        self._last_stats: tuple | None = None
+        self._last_stats: Stats | None = None
 
     # -- thread-safe entry points --------------------------------------------------------
     def submit(self, specs: list[SeqSpec]) -> None:
-        self.inbox.put(("add", specs))
+        self.inbox.put(Submit(specs))
 
     def cancel(self, keys: list[str]) -> None:
-        self.inbox.put(("cancel", keys))
+        self.inbox.put(Cancel(keys))
 
     def stop(self) -> None:
-        self.inbox.put(("stop",))
+        self.inbox.put(Stop())
 
     def _new_spec(self) -> SpecDecoder | None:
         if getattr(self.llm, "speculator", None) is None:
@@ -186,7 +176,7 @@ class EngineCore:
             self.run_once(block=True)
         self._fail_active("server is shutting down", status=503)
         for seq in self.waiting:
-            self._out.append(("err", seq.spec.key, "server is shutting down", "unavailable", 503))
+            self._out.append(SeqError(seq.spec.key, "server is shutting down", "unavailable", 503))
         self.waiting.clear()
         self._flush()
 
@@ -225,15 +215,13 @@ class EngineCore:
             except queue.Empty:
                 return
 
-    def _handle(self, item: tuple) -> None:
-        kind = item[0]
-        if kind == "add":
-            for spec in item[1]:
+    def _handle(self, command: Command) -> None:
+        if isinstance(command, Submit):
+            for spec in command.specs:
                 need = self.blocks_for(spec.reserve_tokens)
                 if need > self.num_blocks:
                     self._out.append(
-                        (
-                            "err",
+                        SeqError(
                             spec.key,
                             f"the request needs {spec.reserve_tokens} tokens of KV cache "
                             f"(prompt + max_tokens); this server holds {self.capacity_tokens}",
@@ -243,9 +231,9 @@ class EngineCore:
                     )
                 else:
                     self.waiting.append(_Seq(spec))
-        elif kind == "cancel":
-            self._cancel(set(item[1]))
-        elif kind == "stop":
+        elif isinstance(command, Cancel):
+            self._cancel(set(command.keys))
+        elif isinstance(command, Stop):
             self._stopped = True
 
     def _cancel(self, keys: set[str]) -> None:
@@ -296,7 +284,7 @@ class EngineCore:
                     check_processors(seq.sampler.processors)
             except (ValueError, TypeError, NotImplementedError) as exc:
                 msg = f"invalid sampling parameters: {exc}"
-                self._out.append(("err", seq.spec.key, msg, "invalid_request_error", 400))
+                self._out.append(SeqError(seq.spec.key, msg, "invalid_request_error", 400))
                 continue
             seq.booked = need
             self.booked += need
@@ -305,7 +293,7 @@ class EngineCore:
                 seq.spec.config, len(seq.spec.prompt), self.llm.tokenizer, self.max_context
             )
             self.prefilling.append(seq)
-            self._out.append(("admit", seq.spec.key, max(0.0, now - seq.spec.arrival)))
+            self._out.append(Admitted(seq.spec.key, max(0.0, now - seq.spec.arrival)))
 
     def _prefill(self) -> list[tuple[_Seq, torch.Tensor]]:
         """Run this iteration's prefill chunks; returns sequences whose prompt is complete."""
@@ -355,7 +343,7 @@ class EngineCore:
         seq.last = token
         delta = seq.tracker.add(token, eos, length)
         reason = seq.tracker.finish_reason
-        self._out.append(("tok", seq.spec.key, token, delta, reason, *logprobs))
+        self._out.append(Token(seq.spec.key, token, delta, reason, *logprobs))
         return reason is not None
 
     def _step(self) -> None:
@@ -437,13 +425,13 @@ class EngineCore:
                 done = True
                 break
         if verdict.speculative:
-            event = ("spec", seq.spec.key, verdict.proposed, verdict.accepted, len(delivered))
+            event = SpecStep(seq.spec.key, verdict.proposed, verdict.accepted, len(delivered))
             self._out.insert(at, event)
         return delivered, done
 
     def _fail_active(self, message: str, status: int = 503) -> None:
         for seq in self.prefilling + self.running:
-            self._out.append(("err", seq.spec.key, message, "engine_error", status))
+            self._out.append(SeqError(seq.spec.key, message, "engine_error", status))
         self.prefilling, self.running, self.sampler = [], [], None
         self.booked = 0
         if self.spec is not None:
@@ -451,10 +439,9 @@ class EngineCore:
         self.cache = self.llm.new_cache()
         self.spec = self._new_spec()
 
-    def stats(self) -> tuple:
+    def stats(self) -> Stats:
         nb = self.num_blocks
-        return (
-            "stats",
+        return Stats(
             len(self.running) + len(self.prefilling),
             len(self.waiting),
             self.kv_used_blocks() / nb,
@@ -491,48 +478,3 @@ def _group_chunks(chunks: list[tuple[Any, int]]) -> list[list[tuple[Any, int]]]:
         real = item[1]
     return groups
 
-
-class LocalEngine:
-    """An :class:`EngineCore` running in a thread of this process (the default)."""
-
-    def __init__(self, llm: Any, config: EngineConfig, name: str = "0") -> None:
-        self.name = name
-        self.config = config
-        self.core = EngineCore(llm, config, self._emit, name)
-        self.capacity_tokens: int | None = self.core.capacity_tokens
-        self.block_size: int | None = self.core.block_size
-        self.healthy = True
-        self.pid = None
-        self._deliver: Callable[[list[Event]], None] | None = None
-        self._thread: threading.Thread | None = None
-
-    def start(self, deliver: Callable[[list[Event]], None]) -> None:
-        """``deliver`` is called from the engine thread with each batch of events."""
-        self._deliver = deliver
-        self._thread = threading.Thread(
-            target=self._run, name=f"pace-engine-{self.name}", daemon=True
-        )
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            self.core.run()
-        except BaseException as exc:  # a bug outside a step: fail everything in flight
-            log.exception("engine %s: loop died", self.name)
-            self.healthy = False
-            self._emit([("dead", f"engine {self.name} stopped: {type(exc).__name__}: {exc}")])
-
-    def _emit(self, events: list[Event]) -> None:
-        if self._deliver is not None:
-            self._deliver(events)
-
-    def submit(self, specs: list[SeqSpec]) -> None:
-        self.core.submit(specs)
-
-    def cancel(self, keys: list[str]) -> None:
-        self.core.cancel(keys)
-
-    def shutdown(self, timeout: float = 10.0) -> None:
-        self.core.stop()
-        if self._thread is not None:
-            self._thread.join(timeout)

@@ -24,7 +24,7 @@ from pace_core import cli
 from pace_core.builds import run_builds
 from pace_core.opconfig import OperatorConfig, OpResolver
 from pace_core.plugins import get_host
-from pace_core.registry import OpContext
+from pace_core.registry import OpContext, backends
 
 OPS = ("linear", "qkv_proj", "gated_mlp", "rms_norm", "layer_norm", "rope", "attention",
        "decoder_stack")  # fmt: skip
@@ -61,11 +61,11 @@ def test_pace_plugins_lists_avx512(ext, clean_env, capsys):
 def test_registrations(ext, clean_env):
     ops = get_host().ops
     for op in OPS:
-        spec = next(s for s in ops.candidates(op) if s.backend == BACKEND)
+        spec = next(s for s in ops.where(op=op) if s.backend == BACKEND)
         assert spec.priority == PRIORITY > 0
         assert spec.cpu_features == frozenset(build.BASE_FEATURES)
         assert spec.dtypes == {torch.float32, torch.bfloat16}
-        assert ops.candidates(op)[0].backend == BACKEND  # auto picks it on this CPU
+        assert ops.where(op=op)[0].backend == BACKEND  # auto picks it on this CPU
 
 
 def test_build_is_tagged_and_threaded(ext):
@@ -87,7 +87,7 @@ def test_missing_compiler_fails_the_plugin(no_cache, clean_env):
     clean_env.setenv("CXX", "/nonexistent/c++")
     info = get_host().plugins["avx512"]
     assert info.status == "failed" and "no C++ compiler" in info.error
-    assert BACKEND not in get_host().ops.backends()
+    assert BACKEND not in backends(get_host().ops)
 
 
 def test_failed_build_falls_back_then_fails_the_plugin(no_cache, clean_env):

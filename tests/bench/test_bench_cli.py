@@ -43,7 +43,7 @@ def usable_linear_backends(dtype: torch.dtype) -> set[str]:
     """What the resolver could pick for ``linear`` here, by the registry's own check."""
     ctx = OpContext("linear", dtype, {"in_features": K, "out_features": N})
     features = detect_cpu().features
-    specs = plugins.get_host().ops.candidates("linear")
+    specs = plugins.get_host().ops.where(op="linear")
     return {s.backend for s in specs if s.check(ctx, features) is None}
 
 

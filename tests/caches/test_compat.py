@@ -8,11 +8,14 @@ from pace_native import kernels
 
 from pace_core import LLMModel, hookimpl
 from pace_core.errors import ConfigError
+from pace_core.ops import CONTRACT_VERSION
 from pace_core.plugins import get_host, reset_host
 
 
 class ContiguousOnly:
     """A plugin whose attention reads only contiguous caches."""
+    PACE_CONTRACT_VERSION = CONTRACT_VERSION
+
 
     @hookimpl
     def pace_register_ops(self, registry):

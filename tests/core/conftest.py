@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import importlib
 import importlib.metadata as metadata
-import importlib.util
-import subprocess
-import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.plugins import PLUGIN_DIR, installed_for_session
 
 from pace_core import plugins
 
-PLUGIN_DIR = Path(__file__).resolve().parents[1] / "plugins"
 TEST_PLUGINS = {  # distribution -> (source dir, top-level package)
     "pace-example": (PLUGIN_DIR / "pace_example", "pace_example"),
     "pace-broken": (PLUGIN_DIR / "pace_broken", "pace_broken"),
@@ -24,32 +21,14 @@ PACE_ENV = (
 )  # fmt: skip
 
 
-def _installed(dist: str) -> bool:
-    try:
-        metadata.distribution(dist)
-    except metadata.PackageNotFoundError:
-        return False
-    return True
-
-
 @pytest.fixture(scope="session", autouse=True)
-def test_plugins() -> dict[str, tuple[Path, str]]:
-    """pip-install the example and broken plugins (editable, once) so their entry points exist."""
-    missing = [dist for dist in TEST_PLUGINS if not _installed(dist)]
-    if missing:
-        cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "-q"]
-        for dist in missing:
-            cmd += ["-e", str(TEST_PLUGINS[dist][0])]
-        subprocess.run(cmd, check=True)
-        importlib.invalidate_caches()
-    # An editable install's import hook is set up at interpreter start-up: in this process,
-    # make freshly installed packages importable by path.
-    for source, package in TEST_PLUGINS.values():
-        if importlib.util.find_spec(package) is None:
-            sys.path.append(str(source))
-    importlib.invalidate_caches()
+def test_plugins(tmp_path_factory) -> Iterator[dict[str, tuple[Path, str]]]:
+    """The example and broken plugins, installed for this session only (support/plugins.py)."""
+    target = tmp_path_factory.mktemp("test-plugins")
+    with installed_for_session([source for source, _ in TEST_PLUGINS.values()], target):
+        plugins.reset_host()
+        yield TEST_PLUGINS
     plugins.reset_host()
-    return TEST_PLUGINS
 
 
 @pytest.fixture(autouse=True)

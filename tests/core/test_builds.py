@@ -7,12 +7,15 @@ import pytest
 from pace_core import hookimpl
 from pace_core.builds import outcomes_table, run_builds
 from pace_core.errors import ConfigError
+from pace_core.ops import CONTRACT_VERSION
 from pace_core.plugins import PluginHost
 from pace_core.registry import BuildNotApplicable
 
 
 class Builds:
     """A plugin whose ops hook fails (like a JIT backend whose last build failed)."""
+    PACE_CONTRACT_VERSION = CONTRACT_VERSION
+
 
     def __init__(self) -> None:
         self.calls = 0
@@ -49,7 +52,7 @@ def host():
 
 def test_build_steps_survive_a_failed_plugin_and_report_each_outcome(host):
     h, plugin = host
-    assert sorted(h.builds.builds) == ["bad", "good", "skip"]  # ... the build steps stay
+    assert sorted(h.builds) == ["bad", "good", "skip"]  # ... the build steps stay
     outcomes = {o.backend: o for o in run_builds(h)}
     assert plugin.calls == 1
     assert (outcomes["good"].status, outcomes["good"].detail) == ("ok", "/cache/good")
@@ -73,16 +76,20 @@ def test_duplicate_build_step_is_rejected_without_losing_the_first():
     h = PluginHost(autoload=False)
 
     class One:
+        PACE_CONTRACT_VERSION = CONTRACT_VERSION
+
         @hookimpl
         def pace_register_builds(self, registry):
             registry.add_build("x", lambda: "first")
 
     class Two:
+        PACE_CONTRACT_VERSION = CONTRACT_VERSION
+
         @hookimpl
         def pace_register_builds(self, registry):
             registry.add_build("x", lambda: "second")
 
     h.register(One(), name="one")
     h.register(Two(), name="two")
-    assert h.builds.builds["x"].plugin == "one"
+    assert h.builds["x"].plugin == "one"
     assert run_builds(h, ["x"])[0].detail == "first"

@@ -19,9 +19,9 @@ import pace_core
 from pace_core import hookimpl
 from pace_core.errors import ConfigError, OpResolutionError
 from pace_core.opconfig import OperatorConfig, OpResolver
-from pace_core.ops import OPS
+from pace_core.ops import CONTRACT_VERSION, OPS
 from pace_core.plugins import BUILTIN_PLUGINS, get_host, reset_host
-from pace_core.registry import OpContext
+from pace_core.registry import OpContext, backends
 
 FP32 = OpContext("rms_norm", torch.float32)
 
@@ -68,9 +68,9 @@ def test_example_plugin_is_discovered():
     assert info.distribution == "pace-example"
     assert info.version == metadata.version("pace-example") == "0.1.0"
     assert info.provides == {"kernels": 1, "caches": 0, "models": 0, "processors": 0}
-    spec = next(s for s in host.ops.candidates("rms_norm") if s.backend == "example")
+    spec = next(s for s in host.ops.where(op="rms_norm") if s.backend == "example")
     assert (spec.plugin, spec.priority) == ("example", -10)
-    assert host.ops.backends("linear") == ["native"]
+    assert backends(host.ops, "linear") == ["native"]
     # native and the built-in plugins load alongside it
     assert host.plugins["native"].status == "ok"
     assert host.plugins["native"].provides["kernels"] == len(OPS)
@@ -142,7 +142,7 @@ def test_disable_plugins(monkeypatch, tiny_llama):
     assert host.plugins["example"].status == "disabled"
     assert host.plugins["broken"].status == "disabled"  # never imported: no error
     assert host.plugins["broken"].error == ""
-    assert "example" not in host.ops.backends()
+    assert "example" not in backends(host.ops)
     # A disabled third-party backend is unknown (not a first-party name): pinning it errors,
     # whether or not strict is set.
     for strict in (False, True):
@@ -156,7 +156,7 @@ def test_disable_builtin_plugin(monkeypatch):
     monkeypatch.setenv("PACE_DISABLE_PLUGINS", "pace.caches")
     host = get_host()
     assert host.plugins["pace.caches"].status == "disabled"
-    assert host.caches.caches == {}
+    assert len(host.caches) == 0
     assert host.plugins["pace.models"].status == "ok"
 
 
@@ -165,7 +165,7 @@ def test_no_autoload_then_pace_plugins(monkeypatch, tiny_llama):
     monkeypatch.setenv("PACE_DISABLE_PLUGIN_AUTOLOAD", "1")
     host = get_host()
     assert set(host.plugins) == {name for name, _ in BUILTIN_PLUGINS}
-    assert host.ops.backends() == []
+    assert backends(host.ops) == []
     with pytest.raises(OpResolutionError, match="pace-native plugin installed"):
         load(path)
 
@@ -190,6 +190,8 @@ def test_pace_plugins_with_a_missing_module_is_reported(monkeypatch):
 # -- failure isolation -------------------------------------------------------------------------
 class HalfWay:
     """Registers a kernel, then a cache, then raises: nothing of it may remain."""
+    PACE_CONTRACT_VERSION = CONTRACT_VERSION
+
 
     @hookimpl
     def pace_register_ops(self, registry):
@@ -202,6 +204,8 @@ class HalfWay:
 
 
 class RaisesInOps:
+    PACE_CONTRACT_VERSION = CONTRACT_VERSION
+
     @hookimpl
     def pace_register_ops(self, registry):
         registry.add_kernel("rms_norm", "halfway", rms_norm)
@@ -215,8 +219,8 @@ def test_plugin_failing_half_way_leaves_nothing(plugin, caplog):
         info = host.register(plugin, "halfway")
     assert info.status == "failed" and info.error.startswith("RuntimeError: boom")
     assert host.plugins["halfway"] is info
-    assert "halfway" not in host.ops.backends()
-    assert "halfway" not in host.caches.caches
+    assert "halfway" not in backends(host.ops)
+    assert "halfway" not in host.caches
     assert host.pm.get_plugin("halfway") is None
     assert any("plugin 'halfway' skipped" in r.getMessage() for r in caplog.records)
     # the name is free again, and the rest keeps working
@@ -224,6 +228,8 @@ def test_plugin_failing_half_way_leaves_nothing(plugin, caplog):
 
 
 class Good:
+    PACE_CONTRACT_VERSION = CONTRACT_VERSION
+
     @hookimpl
     def pace_register_ops(self, registry):
         registry.add_kernel("rms_norm", "halfway", rms_norm)
@@ -233,13 +239,15 @@ def test_failed_plugin_name_can_be_registered_again():
     host = get_host()
     assert host.register(RaisesInOps(), "halfway").status == "failed"
     assert host.register(Good(), "halfway").status == "ok"
-    assert "halfway" in host.ops.backends("rms_norm")
+    assert "halfway" in backends(host.ops, "rms_norm")
 
 
 def _plugin(**kernels):
     """A plugin object whose pace_register_ops calls add_kernel with each kwargs dict."""
 
     class Plugin:
+        PACE_CONTRACT_VERSION = CONTRACT_VERSION
+
         @hookimpl
         def pace_register_ops(self, registry):
             for kw in kernels.values():
@@ -261,7 +269,7 @@ def test_invalid_registration_is_reported(kernel, message):
     info = host.register(_plugin(k=kernel), "bad")
     assert info.status == "failed"
     assert info.error == message
-    assert "x" not in host.ops.backends() and "my_backend" not in host.ops.backends()
+    assert "x" not in backends(host.ops) and "my_backend" not in backends(host.ops)
 
 
 def test_duplicate_op_backend_second_plugin_fails_and_stores_nothing():
@@ -269,7 +277,7 @@ def test_duplicate_op_backend_second_plugin_fails_and_stores_nothing():
     first = host.register(_plugin(a={"op": "rms_norm", "backend": "dup", "fn": rms_norm}), "first")
     assert first.status == "ok"
     second = host.register(_plugin(
-        a={"op": "layer_norm", "backend": "extra", "fn": rms_norm},  # staged before the clash
+        a={"op": "rms_norm", "backend": "extra", "fn": rms_norm},  # staged before the clash
         b={"op": "rms_norm", "backend": "dup", "fn": rms_norm},
     ), "second")  # fmt: skip
     assert second.status == "failed"
@@ -277,9 +285,9 @@ def test_duplicate_op_backend_second_plugin_fails_and_stores_nothing():
         "PluginError: backend 'dup' for op 'rms_norm' is registered twice "
         "(plugins 'first' and 'second')"
     )
-    assert "extra" not in host.ops.backends()  # a failed commit stores nothing
-    assert host.ops.candidates("rms_norm")[0].plugin in ("native", "first")
-    assert {s.plugin for s in host.ops.candidates("rms_norm") if s.backend == "dup"} == {"first"}
+    assert "extra" not in backends(host.ops)  # a failed commit stores nothing
+    assert host.ops.where(op="rms_norm")[0].plugin in ("native", "first")
+    assert {s.plugin for s in host.ops.where(op="rms_norm") if s.backend == "dup"} == {"first"}
     assert host.pm.get_plugin("second") is None
 
 
@@ -292,8 +300,8 @@ def test_duplicate_against_native_and_within_one_plugin():
         b={"op": "rms_norm", "backend": "twice", "fn": rms_norm},
     ), "twice")  # fmt: skip
     assert twice.status == "failed" and "(plugins 'twice' and 'twice')" in twice.error
-    assert "twice" not in host.ops.backends()
-    native = next(s for s in host.ops.candidates("rms_norm") if s.backend == "native")
+    assert "twice" not in backends(host.ops)
+    native = next(s for s in host.ops.where(op="rms_norm") if s.backend == "native")
     assert native.plugin == "native"
 
 
@@ -301,6 +309,8 @@ def test_duplicate_in_one_registry_rolls_back_the_others():
     """A cache-name clash must also drop the plugin's kernel (all-or-nothing across registries)."""
 
     class KernelAndClash:
+        PACE_CONTRACT_VERSION = CONTRACT_VERSION
+
         @hookimpl
         def pace_register_ops(self, registry):
             registry.add_kernel("rms_norm", "clash", rms_norm)  # ops are committed first
@@ -312,9 +322,11 @@ def test_duplicate_in_one_registry_rolls_back_the_others():
     host = get_host()
     info = host.register(KernelAndClash(), "clash")
     assert info.status == "failed"
-    assert info.error == "PluginError: KV cache 'dynamic' is registered twice"
-    assert "clash" not in host.ops.backends()
-    assert host.caches.caches["dynamic"].plugin == "pace.caches"
+    assert info.error == (
+        "PluginError: KV cache 'dynamic' is registered twice (plugins 'pace.caches' and 'clash')"
+    )
+    assert "clash" not in backends(host.ops)
+    assert host.caches["dynamic"].plugin == "pace.caches"
     assert host.pm.get_plugin("clash") is None
 
 
@@ -327,5 +339,6 @@ def test_plugin_docs_show_the_tested_example_and_the_catalogue(test_plugins):
     for spec in OPS.values():
         signature = spec.signature.replace("|", "\\|")
         prepared = "yes" if spec.prepared else "no"
-        row = f"| `{spec.name}` | `{signature}` | {prepared} | {spec.summary} |"
+        context = ", ".join(spec.context) or "-"
+        row = f"| `{spec.name}` | `{signature}` | {prepared} | {context} | {spec.summary} |"
         assert row in docs, f"op catalogue row of {spec.name!r} is missing or stale"

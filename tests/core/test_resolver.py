@@ -1,4 +1,4 @@
-"""The op resolver and OperatorConfig, on a hand-filled OpRegistry and simulated CPUs."""
+"""The op resolver and OperatorConfig, on a hand-filled kernel registry and simulated CPUs."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pace_core.cpu import CpuInfo, detect_cpu
 from pace_core.errors import ConfigError, OpResolutionError
 from pace_core.opconfig import OperatorConfig, OpResolver
 from pace_core.ops import OP_GROUPS, OPS
-from pace_core.registry import OpContext, OpRegistry
+from pace_core.registry import KernelSpec, OpContext, Registrations, Registry, kernel_registry
 
 AVX2 = CpuInfo(frozenset({"avx", "avx2", "fma"}), "simulated AVX2", "test", 2)
 AVX512_NO_BF16 = CpuInfo(
@@ -45,12 +45,21 @@ def rms_norm(x, weight, eps, residual=None):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight, x
 
 
-def fill(registry: OpRegistry, plugin: str, *kernels: dict) -> None:
-    """Register ``kernels`` as the plugin host does: staged under ``plugin``, then committed."""
-    registry._begin(plugin)
+KernelRegistry = Registry[tuple[str, str], KernelSpec]
+
+
+def fill(registry: KernelRegistry, plugin: str, *kernels: dict) -> None:
+    """Register ``kernels`` as the plugin host does: into a plugin's Registrations, merged."""
+    regs = Registrations(plugin)
     for kw in kernels:
-        registry.add_kernel(**kw)
-    registry._commit()
+        regs.add_kernel(**kw)
+    registry.merge(regs.kernels)
+
+
+def layer_norm(x, weight, bias, eps, residual=None):
+    if residual is not None:
+        x = x + residual
+    return F.layer_norm(x, x.shape[-1:], weight, bias, eps), x
 
 
 @pytest.fixture
@@ -59,14 +68,14 @@ def calls() -> Counter:
 
 
 @pytest.fixture
-def registry(calls: Counter) -> OpRegistry:
+def registry(calls: Counter) -> KernelRegistry:
     """native (priority 0), fast (10), amx (20, needs avx512_bf16+amx, bf16 only, K % 64)."""
-    reg = OpRegistry()
+    reg = kernel_registry()
     kernels = {name: Linear(name, calls) for name in ("native", "fast", "amx")}
     fill(reg, "pace-native", {"op": "linear", "backend": "native", "fn": kernels["native"].fn,
                               "prepare": kernels["native"].prepare},
          {"op": "rms_norm", "backend": "native", "fn": rms_norm},
-         {"op": "layer_norm", "backend": "native", "fn": rms_norm})  # fmt: skip
+         {"op": "layer_norm", "backend": "native", "fn": layer_norm})  # fmt: skip
     fill(reg, "pace-fast", {"op": "linear", "backend": "fast", "fn": kernels["fast"].fn,
                             "prepare": kernels["fast"].prepare, "priority": 10,
                             "dtypes": [torch.float32, torch.bfloat16]})  # fmt: skip
@@ -165,7 +174,7 @@ def test_support_predicate_reason_is_reported(registry, calls):
 
 
 def test_support_predicate_returning_false_gets_a_generic_reason():
-    reg = OpRegistry()
+    reg = kernel_registry()
     fill(reg, "p", {"op": "rms_norm", "backend": "native", "fn": rms_norm},
          {"op": "rms_norm", "backend": "picky", "fn": rms_norm,
           "supports": lambda ctx: False})  # fmt: skip
@@ -195,7 +204,8 @@ def test_strict_not_installed_first_party_backend(registry):
 
 def test_no_usable_kernel_names_pace_native():
     with pytest.raises(OpResolutionError, match=r"no usable kernel for op 'rope'.*pace-native"):
-        OpResolver(OpRegistry(), OperatorConfig(), AVX2).resolve(OpContext("rope", torch.float32))
+        resolver = OpResolver(kernel_registry(), OperatorConfig(), AVX2)
+        resolver.resolve(OpContext("rope", torch.float32))
 
 
 def test_resolution_is_memoised(registry):

@@ -29,7 +29,7 @@ def test_registers_two_kernels_at_priority_30():
     info = get_host().plugins["onednn"]
     assert (info.status, info.distribution, info.provides["kernels"]) == ("ok", "pace-onednn", 2)
     for op in ("linear", "gated_mlp"):
-        spec = next(s for s in get_host().ops.candidates(op) if s.backend == "onednn")
+        spec = next(s for s in get_host().ops.where(op=op) if s.backend == "onednn")
         assert spec.priority == 30 and spec.cpu_features == frozenset()
         assert spec.dtypes == {torch.float32, torch.bfloat16}
         assert resolve(op, torch.float32, activation="silu") == ("onednn", "")

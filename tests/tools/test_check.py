@@ -7,11 +7,14 @@ from pace_native import kernels
 
 from pace_core import hookimpl
 from pace_core.check import format_rows, run_check
+from pace_core.ops import CONTRACT_VERSION
 from pace_core.plugins import get_host, reset_host
 
 
 class NoisyNorm:
     """A deliberately wrong rms_norm (scales the output), to prove the check can fail."""
+    PACE_CONTRACT_VERSION = CONTRACT_VERSION
+
 
     @hookimpl
     def pace_register_ops(self, registry):

@@ -13,7 +13,7 @@ import torch
 from pace_core.cpu import detect_cpu
 from pace_core.opconfig import OperatorConfig, OpResolver
 from pace_core.plugins import PluginHost, get_host
-from pace_core.registry import OpContext
+from pace_core.registry import OpContext, backends
 
 build = pytest.importorskip("pace_tpp.build", reason="pace-tpp is not installed")
 locate = pytest.importorskip("pace_tpp.locate")
@@ -23,7 +23,7 @@ def test_registers_three_kernels_at_priority_40():
     info = get_host().plugins["tpp"]
     assert (info.status, info.distribution, info.provides["kernels"]) == ("ok", "pace-tpp", 3)
     for op in ("linear", "qkv_proj", "gated_mlp"):
-        spec = next(s for s in get_host().ops.candidates(op) if s.backend == "tpp")
+        spec = next(s for s in get_host().ops.where(op=op) if s.backend == "tpp")
         assert spec.priority == 40 and spec.cpu_features == {"avx512f"}
         assert spec.dtypes == {torch.float32, torch.bfloat16}
 
@@ -119,7 +119,7 @@ def test_auto_prefers_tpp_over_onednn_without_avx512(monkeypatch):
     host = PluginHost()
     ctx = OpContext("linear", torch.bfloat16, {"in_features": 576, "out_features": 1536})
     auto = OpResolver(host.ops, OperatorConfig()).resolve(ctx)
-    if "avx512" in host.ops.backends():
+    if "avx512" in backends(host.ops):
         assert auto.backend == "avx512"
     monkeypatch.setenv("PACE_DISABLE_PLUGINS", "avx512")
     without = OpResolver(PluginHost().ops, OperatorConfig()).resolve(ctx)

@@ -30,7 +30,9 @@ import torch
 from pace_avx512 import build, kernels, packing, stack
 from pace_core import hookimpl
 from pace_core.cpu import detect_cpu
-from pace_core.registry import BuildNotApplicable, BuildRegistry, OpContext, OpRegistry
+from pace_core.registry import BuildNotApplicable, OpContext, Registrations
+
+PACE_CONTRACT_VERSION = 1  # the pace_core.CONTRACT_VERSION this plugin implements
 
 BACKEND = "avx512"
 PRIORITY = 50  # above native (0)
@@ -75,21 +77,8 @@ def _stack_supports(ctx: OpContext) -> bool | str:
 
 def _check_buildable() -> None:
     """Raise when this CPU could use the kernels but they cannot be built/loaded here."""
-    if build.loaded():
-        return
-    tag = build.target()
-    if tag is None:
-        return  # no AVX-512: register anyway, the resolver declines by cpu_features
-    if build.cached_library(tag) is not None:
-        build.load_extension()
-        return
-    failure = build.previous_failure(tag)
-    if failure is not None:
-        raise build.BuildError(failure + "\n(run `pace build-kernels avx512` to retry)")
-    problem = build.toolchain_problem()
-    if problem is not None:
-        raise build.BuildError(f"cannot build the kernels: {problem}")
-    if os.environ.get("PACE_AVX512_EAGER", "") not in ("", "0"):
+    build.EXT.check(load_cached=True)
+    if build.target() is not None and os.environ.get("PACE_AVX512_EAGER", "") not in ("", "0"):
         build.load_extension()
 
 
@@ -100,12 +89,12 @@ def _prebuild() -> str:
 
 
 @hookimpl
-def pace_register_builds(registry: BuildRegistry) -> None:
+def pace_register_builds(registry: Registrations) -> None:
     registry.add_build(BACKEND, _prebuild, description="AVX-512 kernels (C++, JIT)")
 
 
 @hookimpl
-def pace_register_ops(registry: OpRegistry) -> None:
+def pace_register_ops(registry: Registrations) -> None:
     _check_buildable()
 
     def add(op, fn, *, prepare=None, bf16_dot=True, description="", **extra):

@@ -5,14 +5,16 @@ from __future__ import annotations
 import torch
 
 from pace_core import hookimpl
-from pace_core.registry import OpRegistry
+from pace_core.registry import Registrations
 from pace_native import kernels
+
+PACE_CONTRACT_VERSION = 1  # the pace_core.CONTRACT_VERSION this plugin implements
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 @hookimpl
-def pace_register_ops(registry: OpRegistry) -> None:
+def pace_register_ops(registry: Registrations) -> None:
     add = registry.add_kernel
     add("embedding", "native", kernels.embedding, dtypes=DTYPES)
     add("linear", "native", kernels.linear, prepare=kernels.prepare_linear, dtypes=DTYPES)

@@ -12,8 +12,10 @@ import torch
 
 from pace_core import hookimpl
 from pace_core.cpu import detect_cpu
-from pace_core.registry import BuildRegistry, OpContext, OpRegistry
+from pace_core.registry import OpContext, Registrations
 from pace_onednn import build, kernels
+
+PACE_CONTRACT_VERSION = 1  # the pace_core.CONTRACT_VERSION this plugin implements
 
 # Under `auto`: below pace-avx512 (50) and pace-tpp (40), which decode faster here; oneDNN
 # wins only large-matrix prefill GEMMs against tpp (docs/performance.md).
@@ -36,12 +38,12 @@ def _mlp_ok(ctx: OpContext) -> bool | str:
 
 
 @hookimpl
-def pace_register_builds(registry: BuildRegistry) -> None:
+def pace_register_builds(registry: Registrations) -> None:
     registry.add_build("onednn", build.prebuild, description="oneDNN glue (C++, JIT)")
 
 
 @hookimpl
-def pace_register_ops(registry: OpRegistry) -> None:
+def pace_register_ops(registry: Registrations) -> None:
     build.check()
     registry.add_kernel(
         "linear", "onednn", kernels.linear, prepare=kernels.prepare_linear, dtypes=DTYPES,

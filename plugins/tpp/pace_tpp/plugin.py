@@ -12,9 +12,10 @@ import torch
 
 from pace_core import hookimpl
 from pace_core.cpu import detect_cpu
-from pace_core.registry import BuildRegistry, OpContext, OpRegistry
+from pace_core.registry import OpContext, Registrations
 from pace_tpp import build, kernels
-from pace_tpp.locate import TppUnavailable, check_toolchain, find_libxsmm
+
+PACE_CONTRACT_VERSION = 1  # the pace_core.CONTRACT_VERSION this plugin implements
 
 # Under `auto`: below pace-avx512 (50), above pace-onednn (30): measured faster at decode
 # (GEMV, fused gated MLP) in bf16 and fp32 on every shape (docs/performance.md).
@@ -39,17 +40,13 @@ def _supports_gated_mlp(ctx: OpContext) -> bool | str:
 
 
 @hookimpl
-def pace_register_builds(registry: BuildRegistry) -> None:
+def pace_register_builds(registry: Registrations) -> None:
     registry.add_build("tpp", build.prebuild, description="libxsmm glue (C++, JIT)")
 
 
 @hookimpl
-def pace_register_ops(registry: OpRegistry) -> None:
-    find_libxsmm()
-    check_toolchain()
-    failed = build.failure_note()
-    if failed:
-        raise TppUnavailable(failed)
+def pace_register_ops(registry: Registrations) -> None:
+    build.GLUE.check()  # libxsmm, an earlier failed build, the toolchain (compiles nothing)
     common = dict(dtypes=(torch.float32, torch.bfloat16), cpu_features=("avx512f",),
                   priority=PRIORITY)  # fmt: skip
     registry.add_kernel(

@@ -8,7 +8,9 @@ from __future__ import annotations
 import torch
 
 from pace_core import hookimpl
-from pace_core.registry import OpRegistry
+from pace_core.registry import Registrations
+
+PACE_CONTRACT_VERSION = 1  # the pace_core.CONTRACT_VERSION this plugin implements
 
 calls = 0  # incremented on every kernel call
 
@@ -27,7 +29,7 @@ def rms_norm(
 
 
 @hookimpl
-def pace_register_ops(registry: OpRegistry) -> None:
+def pace_register_ops(registry: Registrations) -> None:
     registry.add_kernel(
         op="rms_norm",
         backend="example",
