@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from pace_core.caches import KVCacheType
 from pace_core.engine.beam import BeamHypothesis, beam_search
 from pace_core.engine.generate import StepEvent, generation_loop, left_pad, score
 from pace_core.engine.inputs import normalize_inputs
@@ -50,7 +51,7 @@ class LLMModel:
         model: str | os.PathLike,
         tokenizer: Any | None = None,
         dtype: torch.dtype | str = torch.bfloat16,
-        kv_cache_type: str = "dynamic",
+        kv_cache_type: str | KVCacheType = KVCacheType.DYNAMIC,
         opconfig: OperatorConfig | dict | str | None = None,
         spec_config: Any | None = None,
         *,
@@ -73,7 +74,7 @@ class LLMModel:
                 f"unknown kv_cache_type {kv_cache_type!r}; available: "
                 f"{', '.join(sorted(self.host.caches))}"
             )
-        self.kv_cache_type = kv_cache_type
+        self.kv_cache_type = str(kv_cache_type)  # a KVCacheType member is its name
         self.cache_spec = self.host.caches[kv_cache_type]
         self.cache_options = {"memory_gb": kv_cache_memory_gb, "max_tokens": max_cache_tokens}
         self.path = resolve_model_path(model)
