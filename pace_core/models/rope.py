@@ -12,6 +12,7 @@ import torch
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from pace_core.errors import ConfigError
+from pace_core.models import limits
 
 
 def rope_parameters(config: Any, layer_type: str | None) -> dict[str, Any]:
@@ -41,8 +42,8 @@ class Rotary:
         self.interleaved = interleaved
         params = rope_parameters(config, layer_type)
         self.rope_type = params["rope_type"]
-        self.max_positions = getattr(config, "max_position_embeddings", 0) or 0
-        self.original_max = params.get("original_max_position_embeddings", self.max_positions)
+        self.max_positions = limits.max_positions(config) or 0
+        self.original_max = limits.original_max_positions(config, params)
         self._kwargs = {"layer_type": layer_type} if layer_type is not None else {}
         if self.rope_type == "default":
             theta = base if base is not None else params.get("rope_theta", 10000.0)

@@ -1,8 +1,10 @@
 """The front door's side of the engines: routing, queue limits, event fan-out, metrics.
 
-Runs on the asyncio loop. Engines (threads or processes) deliver event batches from their own
-threads; :meth:`Frontend.deliver` hops onto the loop with ``call_soon_threadsafe`` and fans
-the events out to one :class:`Submission` (an ``asyncio.Queue``) per HTTP request.
+Runs on the asyncio loop. Engines (threads or processes, each an
+:class:`~pace_core.server.events.EngineHandle`) deliver event batches from their own threads;
+:meth:`Frontend.deliver` hops onto the loop with ``call_soon_threadsafe`` and fans the
+:class:`~pace_core.server.events.Token` and :class:`~pace_core.server.events.SeqError` events
+out to one :class:`Submission` (an ``asyncio.Queue``) per HTTP request.
 """
 
 from __future__ import annotations
@@ -12,10 +14,21 @@ import contextlib
 import itertools
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-from pace_core.server.engine import Event, SeqSpec
+from pace_core.server.events import (
+    Admitted,
+    Dead,
+    EngineHandle,
+    Event,
+    Ready,
+    SeqError,
+    SeqSpec,
+    SpecStep,
+    Stats,
+    Token,
+)
 from pace_core.server.metrics import Metrics
 from pace_core.server.protocol import APIError
 from pace_core.speculative.stats import SpecStats
@@ -32,12 +45,13 @@ class _SeqState:
 
 @dataclass
 class Submission:
-    """The sequences of one HTTP request and the queue their events arrive on."""
+    """The sequences of one HTTP request and the queue their events arrive on
+    (:class:`Token` and :class:`SeqError` only)."""
 
     keys: list[str]
     instance: int
     created: float
-    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    queue: asyncio.Queue[Token | SeqError] = field(default_factory=asyncio.Queue)
     remaining: set[str] = field(default_factory=set)
     first_token: float | None = None
     finish: dict[str, str] = field(default_factory=dict)
@@ -51,13 +65,20 @@ class Submission:
 class Frontend:
     """Routes requests to the least-loaded healthy instance and tracks what is in flight."""
 
-    def __init__(self, instances: list[Any], metrics: Metrics, *, max_running: int, max_queue: int):
-        self.instances = instances
+    def __init__(
+        self,
+        instances: Sequence[EngineHandle],
+        metrics: Metrics,
+        *,
+        max_running: int,
+        max_queue: int,
+    ) -> None:
+        self.instances = list(instances)
         self.metrics = metrics
         self.max_running = max_running
         self.max_queue = max_queue
         self.outstanding = [0] * len(instances)
-        self.stats: list[tuple] = [("stats", 0, 0, 0.0, 0.0)] * len(instances)
+        self.stats: list[Stats] = [Stats()] * len(instances)
         self._seqs: dict[str, _SeqState] = {}
         self._ids = itertools.count()
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -173,9 +194,8 @@ class Frontend:
         m = self.metrics
         now = time.monotonic()
         for ev in events:
-            kind = ev[0]
-            if kind == "tok":
-                state = self._seqs.get(ev[1])
+            if isinstance(ev, Token):
+                state = self._seqs.get(ev.key)
                 if state is None:
                     continue  # cancelled meanwhile
                 sub = state.sub
@@ -186,50 +206,48 @@ class Frontend:
                 if state.last_token is not None:
                     m.itl.labels(name).observe(now - state.last_token)
                 state.last_token = now
-                reason = ev[4]
+                reason = ev.finish_reason
                 if reason is not None:
                     m.requests.labels(name, reason).inc()
-                    self._finish(ev[1], state)
-                    sub.finish[ev[1]] = reason
+                    self._finish(ev.key, state)
+                    sub.finish[ev.key] = reason
                     if sub.done:
                         m.e2e.labels(name).observe(now - sub.created)
                 sub.queue.put_nowait(ev)
-            elif kind == "spec":
-                _, key, proposed, accepted, emitted = ev
-                m.record_spec_step(name, proposed, accepted)
-                state = self._seqs.get(key)
+            elif isinstance(ev, SpecStep):
+                m.record_spec_step(name, ev.proposed, ev.accepted)
+                state = self._seqs.get(ev.key)
                 if state is not None:
                     if state.sub.spec is None:
                         state.sub.spec = SpecStats()
-                    state.sub.spec.record(proposed, accepted, emitted)
-            elif kind == "admit":
-                if ev[1] in self._seqs:
-                    m.queue_time.labels(name).observe(ev[2])
-            elif kind == "err":
-                state = self._seqs.get(ev[1])
+                    state.sub.spec.record(ev.proposed, ev.accepted, ev.emitted)
+            elif isinstance(ev, Admitted):
+                if ev.key in self._seqs:
+                    m.queue_time.labels(name).observe(ev.queue_seconds)
+            elif isinstance(ev, SeqError):
+                state = self._seqs.get(ev.key)
                 if state is None:
                     continue
-                self._finish(ev[1], state)
+                self._finish(ev.key, state)
                 state.sub.queue.put_nowait(ev)
-            elif kind == "stats":
+            elif isinstance(ev, Stats):
                 self.stats[index] = ev
-                _, running, waiting, used, booked = ev
-                m.running.labels(name).set(running)
-                m.waiting.labels(name).set(waiting)
-                m.kv_usage.labels(name).set(used)
-                m.kv_booked.labels(name).set(booked)
-            elif kind == "dead":
-                self._fail_instance(index, ev[1])
-            elif kind == "ready":
-                log.info("instance %s ready (pid %s)", name, ev[3])
+                m.running.labels(name).set(ev.running)
+                m.waiting.labels(name).set(ev.waiting)
+                m.kv_usage.labels(name).set(ev.kv_used)
+                m.kv_booked.labels(name).set(ev.kv_booked)
+            elif isinstance(ev, Dead):
+                self._fail_instance(index, ev.reason)
+            elif isinstance(ev, Ready):
+                log.info("instance %s ready (pid %s)", name, ev.pid)
 
     def _fail_instance(self, index: int, reason: str) -> None:
         for key, state in list(self._seqs.items()):
             if state.instance == index:
                 self._finish(key, state)
-                state.sub.queue.put_nowait(("err", key, reason, "engine_error", 503))
+                state.sub.queue.put_nowait(SeqError(key, reason, "engine_error", 503))
         self.outstanding[index] = 0
-        self.stats[index] = ("stats", 0, 0, 0.0, 0.0)
+        self.stats[index] = Stats()
         name = self.instances[index].name
         self.metrics.running.labels(name).set(0)
         self.metrics.waiting.labels(name).set(0)

@@ -3,11 +3,12 @@
 Each instance is a ``spawn``-ed process that loads the model, pins itself to its cores
 (``os.sched_setaffinity``) and runs an :class:`~pace_core.server.engine.EngineCore` with
 ``torch.set_num_threads(len(cores))``. The front door talks to it over two one-way pipes:
-commands (``add`` / ``cancel`` / ``stop``) down, event batches up. A reader thread per
-instance forwards events to the front door; when the pipe breaks (the process died) the
-instance reports ``("dead", reason)`` -- the front door fails that instance's in-flight
-requests -- and a new process is spawned. The child exits by itself when the parent's end
-of the command pipe closes, so no orphan outlives the server.
+commands (:class:`~pace_core.server.events.Submit` / ``Cancel`` / ``Stop``) down, event
+batches (:mod:`pace_core.server.events`, a :class:`~pace_core.server.events.Ready` first) up.
+A reader thread per instance forwards events to the front door; when the pipe breaks (the
+process died) the instance reports :class:`~pace_core.server.events.Dead` -- the front door
+fails that instance's in-flight requests -- and a new process is spawned. The child exits by
+itself when the parent's end of the command pipe closes, so no orphan outlives the server.
 """
 
 from __future__ import annotations
@@ -18,10 +19,20 @@ import multiprocessing as mp
 import os
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
-from pace_core.server.engine import EngineConfig, EngineCore, Event, SeqSpec
+from pace_core.server.engine import EngineConfig, EngineCore
+from pace_core.server.events import (
+    Cancel,
+    Command,
+    Dead,
+    Deliver,
+    Event,
+    Ready,
+    SeqSpec,
+    Stop,
+    Submit,
+)
 
 log = logging.getLogger("pace.server.multi")
 
@@ -77,7 +88,7 @@ def _instance_main(
             evt_conn.send(events)
 
     core = EngineCore(llm, config, emit, name)
-    emit([("ready", core.capacity_tokens, core.block_size, os.getpid())])
+    emit([Ready(core.capacity_tokens, core.block_size, os.getpid())])
     thread = threading.Thread(target=core.run, name=f"pace-engine-{name}", daemon=True)
     thread.start()
     while True:
@@ -86,7 +97,7 @@ def _instance_main(
         except (EOFError, OSError):
             core.stop()
             break
-        if msg[0] == "stop":
+        if isinstance(msg, Stop):
             core.stop()
             break
         core.inbox.put(msg)
@@ -94,7 +105,8 @@ def _instance_main(
 
 
 class ProcessEngine:
-    """One engine instance in its own process, restarted when it dies."""
+    """One engine instance in its own process, restarted when it dies; an
+    :class:`~pace_core.server.events.EngineHandle`."""
 
     def __init__(
         self,
@@ -114,13 +126,13 @@ class ProcessEngine:
         self.healthy = False
         self.pid: int | None = None
         self.restarts = 0
-        self._deliver: Callable[[list[Event]], None] | None = None
+        self._deliver: Deliver | None = None
         self._send_lock = threading.Lock()
         self._closing = False
         self._proc: Any = None
         self._cmd: Any = None
 
-    def start(self, deliver: Callable[[list[Event]], None]) -> None:
+    def start(self, deliver: Deliver) -> None:
         self._deliver = deliver
         self._spawn()
 
@@ -149,8 +161,10 @@ class ProcessEngine:
                 events = conn.recv()
             except (EOFError, OSError):
                 break
-            if events and events[0][0] == "ready":
-                _, self.capacity_tokens, self.block_size, self.pid = events[0]
+            if events and isinstance(events[0], Ready):
+                ready = events[0]
+                self.capacity_tokens, self.block_size = ready.capacity_tokens, ready.block_size
+                self.pid = ready.pid
                 self.healthy = True
             self._emit(events)
         conn.close()
@@ -160,7 +174,7 @@ class ProcessEngine:
             return
         reason = f"engine instance {self.name} stopped (exit code {proc.exitcode})"
         log.error("%s; restarting it", reason)
-        self._emit([("dead", reason)])
+        self._emit([Dead(reason)])
         time.sleep(self.restart_delay)
         if not self._closing:
             self.restarts += 1
@@ -170,16 +184,16 @@ class ProcessEngine:
         if self._deliver is not None:
             self._deliver(events)
 
-    def _send(self, msg: tuple) -> None:
+    def _send(self, msg: Command) -> None:
         with self._send_lock:
             self._cmd.send(msg)
 
     def submit(self, specs: list[SeqSpec]) -> None:
-        self._send(("add", specs))
+        self._send(Submit(specs))
 
     def cancel(self, keys: list[str]) -> None:
         with contextlib.suppress(OSError, ValueError):  # gone: its sequences went with it
-            self._send(("cancel", keys))
+            self._send(Cancel(keys))
 
     def kill(self) -> None:
         """Hard-kill the process (tests; the reader restarts it)."""
@@ -189,7 +203,7 @@ class ProcessEngine:
     def shutdown(self, timeout: float = 10.0) -> None:
         self._closing = True
         with contextlib.suppress(OSError, ValueError):
-            self._send(("stop",))
+            self._send(Stop())
         if self._proc is not None:
             self._proc.join(timeout)
             if self._proc.is_alive():

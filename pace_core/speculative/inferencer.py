@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from pace_core.engine.generate import forward_step, left_pad
+from pace_core.models import limits
 from pace_core.speculative.protocol import DecodeOutput, PrefillOutput, TokenSampler
 
 if TYPE_CHECKING:
@@ -88,7 +89,7 @@ class ModelInferencer:
 
     @property
     def max_positions(self) -> int | None:
-        return getattr(self.model.config, "max_position_embeddings", None)
+        return limits.max_positions(self.model.config)
 
     def new_kv(self, batch_size: int) -> KVRows:
         """A fresh cache of the model's ``kv_cache_type`` with ``batch_size`` empty rows."""

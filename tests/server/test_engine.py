@@ -9,6 +9,7 @@ import torch
 
 from pace_core.sampling.config import SamplingConfig
 from pace_core.server.engine import EngineConfig, EngineCore, SeqSpec, _group_chunks
+from pace_core.server.events import Event, SeqError, Stats, Token
 
 from .conftest import THREADS
 
@@ -25,16 +26,16 @@ def one_thread():
 
 class Recorder:
     def __init__(self) -> None:
-        self.events: list[tuple] = []
+        self.events: list[Event] = []
 
     def __call__(self, events):
         self.events.extend(events)
 
     def tokens(self, key: str) -> list[int]:
-        return [e[2] for e in self.events if e[0] == "tok" and e[1] == key]
+        return [e.token for e in self.events if isinstance(e, Token) and e.key == key]
 
-    def errors(self, key: str) -> list[tuple]:
-        return [e for e in self.events if e[0] == "err" and e[1] == key]
+    def errors(self, key: str) -> list[SeqError]:
+        return [e for e in self.events if isinstance(e, SeqError) and e.key == key]
 
 
 def finish(core) -> None:
@@ -123,7 +124,7 @@ def test_bad_request_fails_alone(llm, engine):
     with one_thread():
         core.submit([_spec(llm, "good", "Hi", 3), bad])
         finish(core)
-    assert rec.errors("bad") and rec.errors("bad")[0][4] == 400
+    assert rec.errors("bad") and rec.errors("bad")[0].status == 400
     assert len(rec.tokens("good")) == 3
     assert core.booked == 0 and len(core.cache.free_blocks) == core.num_blocks
 
@@ -133,7 +134,7 @@ def test_oversized_request_is_rejected(llm, engine):
     with one_thread():
         core.submit([_spec(llm, "big", "Hi", core.num_blocks * core.block_size)])
         core.run_once()
-    assert rec.errors("big")[0][4] == 400 and not core.busy
+    assert rec.errors("big")[0].status == 400 and not core.busy
 
 
 def test_stats_events(llm, engine):
@@ -142,6 +143,6 @@ def test_stats_events(llm, engine):
         core.submit([_spec(llm, "A", "Hi", 2)])
         finish(core)
         core.run_once()  # idle: flushes the final stats
-    stats = [e for e in rec.events if e[0] == "stats"]
-    assert any(s[1] == 1 and s[3] > 0 for s in stats)  # one running, some KV in use
-    assert stats[-1] == ("stats", 0, 0, 0.0, 0.0)
+    stats = [e for e in rec.events if isinstance(e, Stats)]
+    assert any(s.running == 1 and s.kv_used > 0 for s in stats)  # one running, some KV in use
+    assert stats[-1] == Stats(0, 0, 0.0, 0.0)

@@ -22,6 +22,7 @@ from pace_core.sampling.config import SamplingConfig
 from pace_core.server.cli import main as serve_main
 from pace_core.server.cli import spec_config_arg
 from pace_core.server.engine import EngineConfig, EngineCore, SeqSpec
+from pace_core.server.events import Event, Token
 from pace_core.speculative.config import coerce_spec_config
 
 from .conftest import MODEL_NAME, client, engine_core, serve, wait_idle
@@ -264,7 +265,7 @@ def test_cancel_mid_flight_frees_target_and_draft_kv(load, offline):
     """Engine driven one iteration at a time: a running sequence is cancelled while others
     continue (and one joins later); the cancelled one's target and draft KV go at once."""
     llm = load("draft")
-    events: list[tuple] = []
+    events: list[Event] = []
     core = EngineCore(llm, EngineConfig(**ENGINE), events.extend)
     draft = core.spec.draft_cache
 
@@ -273,7 +274,7 @@ def test_cancel_mid_flight_frees_target_and_draft_kv(load, offline):
         return SeqSpec(key, prompt, SamplingConfig(max_new_tokens=24, ignore_eos=True))
 
     def tokens(key):
-        return [e[2] for e in events if e[0] == "tok" and e[1] == key]
+        return [e.token for e in events if isinstance(e, Token) and e.key == key]
 
     with one_thread():
         core.submit([spec("a", 0), spec("b", 1), spec("c", 2)])

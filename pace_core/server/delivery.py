@@ -1,0 +1,145 @@
+"""A submission's events -> the HTTP answer, whole or streamed.
+
+:func:`respond` waits on the :class:`~pace_core.server.frontend.Submission`'s queue (with the
+server's request timeout; a non-stream request also watches for the client going away) and
+answers through a :mod:`~pace_core.server.openai_response` format: a JSON body, or an SSE
+stream in which a late error becomes a ``data: {"error": ...}`` payload. Leaving early
+(disconnect, timeout, error) cancels the request's unfinished sequences.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+
+from pace_core.server.events import SeqError, Token
+from pace_core.server.frontend import Submission
+from pace_core.server.openai_response import Choice, ResponseFormat, sse
+from pace_core.server.protocol import APIError
+
+if TYPE_CHECKING:
+    from pace_core.server.server import Server
+
+
+class _Timeout(Exception):
+    pass
+
+
+async def respond(server: Server, request: Request, fmt: ResponseFormat) -> Any:
+    """The answer to a submitted request: a streaming response or the whole body."""
+    if fmt.stream:
+        return StreamingResponse(
+            _stream_body(server, fmt),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+    return fmt.body(await _collect(server, fmt, request))
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def _events(
+    server: Server, sub: Submission, request: Request | None, watch_disconnect: bool
+) -> AsyncIterator[Token | SeqError]:
+    """The submission's events until all its sequences finished; cancels on exit."""
+    timeout = server.config.request_timeout
+    deadline = None if timeout is None else sub.created + timeout
+    disconnect = asyncio.ensure_future(_wait_disconnect(request)) if watch_disconnect else None
+    try:
+        while not (sub.done and sub.queue.empty()):
+            if sub.queue.empty():
+                get = asyncio.ensure_future(sub.queue.get())
+                waits = {get} if disconnect is None else {get, disconnect}
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                done, _ = await asyncio.wait(
+                    waits, timeout=left, return_when=asyncio.FIRST_COMPLETED
+                )
+                if get not in done:
+                    get.cancel()
+                    if disconnect is not None and disconnect in done:
+                        return
+                    raise _Timeout()
+                yield get.result()
+            else:
+                yield sub.queue.get_nowait()
+    finally:
+        if disconnect is not None:
+            disconnect.cancel()
+        if not sub.done:
+            server.frontend.cancel(sub)
+
+
+def _timeout_error(server: Server) -> APIError:
+    return APIError(
+        408,
+        f"the request did not finish within the server's request timeout "
+        f"({server.config.request_timeout} s)",
+        "timeout_error",
+        code="request_timeout",
+    )
+
+
+def _engine_error(server: Server, sub: Submission, ev: SeqError) -> APIError:
+    headers = {"Retry-After": "1"} if ev.status in (429, 503) else None
+    instance = server.frontend.instances[sub.instance].name
+    return APIError(ev.status, ev.message, ev.error_type, headers=headers, instance=instance)
+
+
+async def _collect(server: Server, fmt: ResponseFormat, request: Request) -> list[Choice]:
+    sub, keys = fmt.submitted.sub, fmt.submitted.keys
+    choices = {k: Choice() for k in keys}
+    try:
+        async with contextlib.aclosing(_events(server, sub, request, True)) as events:
+            async for ev in events:
+                if isinstance(ev, SeqError):
+                    raise _engine_error(server, sub, ev)
+                choices[ev.key].add(ev)
+    except _Timeout:
+        raise _timeout_error(server) from None
+    return [choices[k] for k in keys]
+
+
+async def _stream_body(server: Server, fmt: ResponseFormat) -> AsyncIterator[bytes]:
+    """The SSE body; errors become a ``data: {"error": ...}`` payload."""
+    sub, keys = fmt.submitted.sub, fmt.submitted.keys
+    opening = fmt.opening()
+    if opening:
+        yield opening
+    index = {k: i for i, k in enumerate(keys)}
+    completion_tokens = 0
+    try:
+        async with contextlib.aclosing(_events(server, sub, None, False)) as events:
+            async for ev in events:
+                if isinstance(ev, SeqError):
+                    err = _engine_error(server, sub, ev)
+                    server.metrics.errors.labels(err.instance, err.type).inc()
+                    yield sse(err.body())
+                    break
+                completion_tokens += 1
+                i = index[ev.key]
+                chunk = fmt.chunk(i, ev)
+                if chunk is not None:
+                    yield sse(chunk)
+                if ev.finish_reason is not None:
+                    finish = fmt.finish_chunk(i, ev.finish_reason)
+                    if finish is not None:
+                        yield sse(finish)
+            else:
+                if fmt.include_usage:
+                    yield sse(fmt.usage_chunk(completion_tokens))
+    except _Timeout:
+        err = _timeout_error(server)
+        server.metrics.errors.labels("frontend", err.type).inc()
+        yield sse(err.body())
+    yield b"data: [DONE]\n\n"

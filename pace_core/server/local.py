@@ -1,0 +1,61 @@
+"""The default engine instance: an :class:`~pace_core.server.engine.EngineCore` in a thread
+of the server's own process (``--instances N`` runs them in processes instead, see
+:mod:`pace_core.server.multi`)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from pace_core.server.engine import EngineConfig, EngineCore
+from pace_core.server.events import Dead, Deliver, Event, SeqSpec
+
+log = logging.getLogger("pace.server.engine")
+
+
+class LocalEngine:
+    """An :class:`EngineCore` running in a thread of this process (the default); an
+    :class:`~pace_core.server.events.EngineHandle`."""
+
+    def __init__(self, llm: Any, config: EngineConfig, name: str = "0") -> None:
+        self.name = name
+        self.config = config
+        self.core = EngineCore(llm, config, self._emit, name)
+        self.capacity_tokens: int | None = self.core.capacity_tokens
+        self.block_size: int | None = self.core.block_size
+        self.healthy = True
+        self.pid = None
+        self._deliver: Deliver | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self, deliver: Deliver) -> None:
+        """``deliver`` is called from the engine thread with each batch of events."""
+        self._deliver = deliver
+        self._thread = threading.Thread(
+            target=self._run, name=f"pace-engine-{self.name}", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.core.run()
+        except BaseException as exc:  # a bug outside a step: fail everything in flight
+            log.exception("engine %s: loop died", self.name)
+            self.healthy = False
+            self._emit([Dead(f"engine {self.name} stopped: {type(exc).__name__}: {exc}")])
+
+    def _emit(self, events: list[Event]) -> None:
+        if self._deliver is not None:
+            self._deliver(events)
+
+    def submit(self, specs: list[SeqSpec]) -> None:
+        self.core.submit(specs)
+
+    def cancel(self, keys: list[str]) -> None:
+        self.core.cancel(keys)
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        self.core.stop()
+        if self._thread is not None:
+            self._thread.join(timeout)

@@ -1,0 +1,252 @@
+"""OpenAI requests -> engine work: token prompts, a :class:`SamplingConfig` per choice, and
+the :class:`~pace_core.server.events.SeqSpec` submission.
+
+Every check a request can fail before it reaches an engine is here (unknown model, empty or
+out-of-vocabulary prompts, the context window and KV pool, sampling values), each a 400/404
+:class:`~pace_core.server.protocol.APIError`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pace_core.errors import ConfigError
+from pace_core.sampling.config import SamplingConfig
+from pace_core.server.events import SeqSpec
+from pace_core.server.frontend import Submission
+from pace_core.server.protocol import APIError, ChatCompletionRequest, CompletionRequest
+
+if TYPE_CHECKING:
+    from pace_core.server.server import Server
+
+MAX_SEQUENCES = 256  # prompts x n of one request
+_GEN_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+def sampling_defaults(generation_config: dict[str, Any] | None) -> dict[str, Any]:
+    """The model's ``generation_config.json`` values for the request fields it may default."""
+    gen = generation_config or {}
+    return {k: gen[k] for k in _GEN_DEFAULT_KEYS if gen.get(k) is not None}
+
+
+@dataclass
+class Plan:
+    """What one request asks of the engines: ``n`` choices of every prompt."""
+
+    prompts: list[list[int]]
+    configs: list[SamplingConfig]  # one per (prompt, choice), in choice order
+    n: int
+    echo: list[str] | None = None  # completions: the text prepended to each prompt's choices
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(len(p) for p in self.prompts)
+
+
+@dataclass
+class Submitted:
+    """A plan handed to the front door: the request id, its sequence keys in choice order,
+    and the :class:`Submission` their events arrive on."""
+
+    rid: str
+    keys: list[str]
+    sub: Submission
+
+
+# -- the two endpoints -------------------------------------------------------------------------
+def completion_plan(server: Server, req: CompletionRequest) -> Plan:
+    check_model(server, req.model)
+    if req.suffix:
+        raise APIError(400, "suffix is not supported", param="suffix")
+    if req.best_of is not None and req.best_of != req.n:
+        raise APIError(400, "best_of must equal n (or be omitted)", param="best_of")
+    if req.echo and req.logprobs is not None:
+        raise APIError(400, "echo with logprobs is not supported", param="echo")
+    p = req.prompt
+    if isinstance(p, str):
+        prompts = [encode(server, p)]
+    elif p and isinstance(p[0], str):
+        prompts = [encode(server, s) for s in p]
+    elif p and isinstance(p[0], int):
+        prompts = [list(p)]
+    else:
+        prompts = [list(x) for x in p]
+    if not prompts:
+        raise APIError(400, "prompt is empty", param="prompt")
+    configs = []
+    for prompt in prompts:
+        check_prompt(server, prompt)
+        mt = max_tokens(server, req.max_tokens, len(prompt), None)
+        configs += [sampling(server, req, mt, req.logprobs, j) for j in range(req.n)]
+    echo = [server.tokenizer.decode(x) if req.echo else "" for x in prompts]
+    return Plan(prompts, configs, req.n, echo)
+
+
+def chat_plan(server: Server, req: ChatCompletionRequest) -> Plan:
+    check_model(server, req.model)
+    if req.top_logprobs is not None and not req.logprobs:
+        raise APIError(400, "top_logprobs requires logprobs=true", param="top_logprobs")
+    prompt = chat_prompt(server, req)
+    check_prompt(server, prompt, "the chat prompt")
+    requested = req.max_completion_tokens or req.max_tokens
+    mt = max_tokens(server, requested, len(prompt), server.config.default_max_tokens)
+    k = (req.top_logprobs or 0) if req.logprobs else None
+    return Plan([prompt], [sampling(server, req, mt, k, j) for j in range(req.n)], req.n)
+
+
+def submit(server: Server, plan: Plan) -> Submitted:
+    """One SeqSpec per (prompt, choice), routed to one instance (429/503 when none fits)."""
+    n = plan.n
+    if len(plan.prompts) * n > MAX_SEQUENCES:
+        raise APIError(
+            400,
+            f"the request asks for {len(plan.prompts) * n} sequences (prompts x n); "
+            f"at most {MAX_SEQUENCES} are allowed",
+            param="n",
+        )
+    rid = f"{uuid.uuid4().hex[:16]}"
+    specs, keys = [], []
+    for p, prompt in enumerate(plan.prompts):
+        for j in range(n):
+            key = f"{rid}:{p * n + j}"
+            specs.append(SeqSpec(key, prompt, plan.configs[p * n + j]))
+            keys.append(key)
+    sub = server.frontend.submit(rid, specs, plan.prompt_tokens)
+    return Submitted(rid, keys, sub)
+
+
+# -- checks and pieces -------------------------------------------------------------------------
+def check_model(server: Server, name: str | None) -> None:
+    if name is not None and name not in server.model_names:
+        raise APIError(
+            404,
+            f"The model `{name}` does not exist. Available: {', '.join(server.model_names)}",
+            param="model",
+            code="model_not_found",
+        )
+
+
+def encode(server: Server, text: str) -> list[int]:
+    return list(server.tokenizer(text, add_special_tokens=True)["input_ids"])
+
+
+def check_prompt(server: Server, ids: Sequence[int], what: str = "prompt") -> None:
+    if not ids:
+        raise APIError(400, f"{what} is empty: it needs at least one token", param="prompt")
+    bad = [t for t in ids if t >= server.vocab_size]
+    if bad:
+        raise APIError(
+            400,
+            f"{what} has token id {bad[0]} outside the vocabulary [0, {server.vocab_size})",
+            param="prompt",
+        )
+
+
+def chat_prompt(server: Server, req: ChatCompletionRequest) -> list[int]:
+    tokenizer = server.tokenizer
+    if not getattr(tokenizer, "chat_template", None):
+        raise APIError(
+            400,
+            "this model has no chat template: use /v1/completions",
+            param="messages",
+            code="no_chat_template",
+        )
+    messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+    try:
+        ids = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=req.add_generation_prompt, tokenize=True
+        )
+    except Exception as exc:  # jinja raise_exception, bad roles, ...
+        raise APIError(400, f"chat template failed: {exc}", param="messages") from None
+    if isinstance(ids, dict) or hasattr(ids, "keys"):
+        ids = ids["input_ids"]
+    return list(ids)
+
+
+def max_tokens(server: Server, requested: int | None, prompt_len: int, default: int | None) -> int:
+    """The request's generation budget, checked against the context window and the KV pool
+    (a request is booked ``prompt + max_tokens`` tokens of KV, see engine.py)."""
+    room = server.max_context - prompt_len
+    cap = server.frontend.capacity_tokens()
+    if requested is None:
+        if room < 1:
+            raise _context_error(server, prompt_len, 1)
+        budget = min(room, default) if default else room
+        if cap is not None:
+            budget = min(budget, cap - prompt_len)
+        if budget < 1:
+            raise _kv_error(prompt_len, 1, cap)
+        return budget
+    if prompt_len + requested > server.max_context:
+        raise _context_error(server, prompt_len, requested)
+    if cap is not None and prompt_len + requested > cap:
+        raise _kv_error(prompt_len, requested, cap)
+    return requested
+
+
+def _kv_error(prompt_len: int, requested: int, cap: int | None) -> APIError:
+    return APIError(
+        400,
+        f"prompt ({prompt_len} tokens) + max_tokens ({requested}) needs more KV cache "
+        f"than this server holds ({cap} tokens); lower max_tokens",
+        param="max_tokens",
+        code="kv_cache_too_small",
+    )
+
+
+def _context_error(server: Server, prompt_len: int, requested: int) -> APIError:
+    return APIError(
+        400,
+        f"This model's maximum context length is {server.max_context} tokens. However, you "
+        f"requested {prompt_len + requested} tokens ({prompt_len} in the prompt, "
+        f"{requested} for the completion). Please reduce the prompt or max_tokens.",
+        param="max_tokens",
+        code="context_length_exceeded",
+    )
+
+
+def sampling(
+    server: Server, req: Any, max_tokens: int, logprobs: int | None, index: int
+) -> SamplingConfig:
+    """Choice ``index``'s :class:`SamplingConfig`: the request's values, else the model's
+    generation defaults, else OpenAI's; ``seed + index`` so choices differ reproducibly."""
+    d = server.gen_defaults
+    temperature = req.temperature if req.temperature is not None else d.get("temperature", 1.0)
+    top_k = req.top_k if req.top_k is not None else d.get("top_k", 0)
+    bias = None
+    if req.logit_bias:
+        bias = {int(k): float(v) for k, v in req.logit_bias.items()}
+        bad = [k for k in bias if k >= server.vocab_size]
+        if bad:
+            raise APIError(
+                400,
+                f"logit_bias token id {bad[0]} is outside the vocabulary [0, {server.vocab_size})",
+                param="logit_bias",
+            )
+    try:
+        return SamplingConfig(
+            max_new_tokens=max_tokens,
+            min_new_tokens=req.min_tokens,
+            do_sample=temperature > 0,
+            temperature=float(temperature),
+            top_k=max(0, int(top_k)),
+            top_p=float(req.top_p if req.top_p is not None else d.get("top_p", 1.0)),
+            min_p=float(req.min_p if req.min_p is not None else d.get("min_p", 0.0)),
+            repetition_penalty=float(
+                req.repetition_penalty
+                if req.repetition_penalty is not None
+                else d.get("repetition_penalty", 1.0)
+            ),
+            frequency_penalty=float(req.frequency_penalty or 0.0),
+            presence_penalty=float(req.presence_penalty or 0.0),
+            logit_bias=bias,
+            ignore_eos=req.ignore_eos,
+            stop=req.stop,
+            seed=None if req.seed is None else (req.seed + index) % 2**64,
+            logprobs=logprobs,
+        )
+    except (ValueError, ConfigError) as exc:
+        raise APIError(400, str(exc)) from None

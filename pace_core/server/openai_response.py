@@ -1,0 +1,274 @@
+"""Engine output -> OpenAI responses: the JSON bodies, the SSE chunks of a stream, logprobs
+and ``usage``.
+
+:class:`CompletionFormat` (``text_completion``) and :class:`ChatFormat` (``chat.completion``)
+turn :class:`~pace_core.server.events.Token` events into stream chunks and the collected
+:class:`Choice` s into a body; :mod:`pace_core.server.delivery` drives them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from typing import TYPE_CHECKING, Any
+
+from pace_core.server.events import Token
+from pace_core.server.openai_request import Plan, Submitted
+from pace_core.server.protocol import ChatCompletionRequest, CompletionRequest
+from pace_core.speculative.stats import SpecStats
+
+if TYPE_CHECKING:
+    from pace_core.server.frontend import Submission
+    from pace_core.server.server import Server
+
+
+class TokenText:
+    """Token id -> display string and UTF-8 bytes (for logprobs), cached."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self._cache: dict[int, tuple[str, list[int]]] = {}
+        try:
+            from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
+
+            self._byte_decoder = {c: b for b, c in bytes_to_unicode().items()}
+        except Exception:  # pragma: no cover - transformers layout changed
+            self._byte_decoder = {}
+
+    def get(self, token: int) -> tuple[str, list[int]]:
+        found = self._cache.get(token)
+        if found is None:
+            text = self.tokenizer.decode([token])
+            raw = self.tokenizer.convert_ids_to_tokens(token)
+            if isinstance(raw, str) and raw and all(c in self._byte_decoder for c in raw):
+                data = [self._byte_decoder[c] for c in raw]  # byte-level BPE
+            else:
+                data = list(text.encode("utf-8"))
+            found = self._cache[token] = (text, data)
+        return found
+
+
+def _finite(x: float | None) -> float | None:
+    if x is None:
+        return None
+    return x if math.isfinite(x) else -9999.0
+
+
+def sse(payload: Any) -> bytes:
+    """One server-sent event carrying ``payload`` as compact JSON."""
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+def usage(server: Server, sub: Submission, prompt_tokens: int, completion_tokens: int) -> dict:
+    """OpenAI ``usage``; with speculative decoding plus ``spec_decode``: the request's
+    counters (:class:`~pace_core.speculative.stats.SpecStats`, all choices summed; an extra
+    field, which the OpenAI client keeps in ``usage.model_extra``)."""
+    out: dict[str, Any] = {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+    if server.speculative:
+        stats = (sub.spec or SpecStats()).to_dict()
+        out["spec_decode"] = {k: v for k, v in stats.items() if not k.endswith("_seconds")}
+    return out
+
+
+class Choice:
+    """Accumulates one choice (sequence) of a non-streaming response."""
+
+    __slots__ = ("finish", "logprobs", "text", "tokens")
+
+    def __init__(self) -> None:
+        self.text: list[str] = []
+        self.tokens = 0
+        self.logprobs: list[Token] = []  # the tokens that carry logprobs
+        self.finish: str | None = None
+
+    def add(self, ev: Token) -> None:
+        self.text.append(ev.text)
+        self.tokens += 1
+        if ev.logprob is not None:
+            self.logprobs.append(ev)
+        self.finish = ev.finish_reason or self.finish
+
+
+# -- logprobs ----------------------------------------------------------------------------------
+class CompletionLogprobs:
+    """OpenAI completions logprobs: tokens, token_logprobs, top_logprobs, text_offset."""
+
+    def __init__(self, server: Server, offset: int) -> None:
+        self.tt = server.token_text
+        self.offset = offset
+
+    def build(self, items: list[Token]) -> dict[str, Any]:
+        tokens, lps, tops, offsets = [], [], [], []
+        for ev in items:
+            text = self.tt.get(ev.token)[0]
+            tokens.append(text)
+            lps.append(_finite(ev.logprob))
+            top = {}
+            for i, v in zip(ev.top_ids or (), ev.top_logprobs or ()):
+                if i >= 0:
+                    top[self.tt.get(i)[0]] = _finite(v)
+            tops.append(top)
+            offsets.append(self.offset)
+            self.offset += len(text)
+        return {
+            "tokens": tokens,
+            "token_logprobs": lps,
+            "top_logprobs": tops,
+            "text_offset": offsets,
+        }
+
+
+def chat_logprobs(server: Server, items: list[Token]) -> dict[str, Any]:
+    tt = server.token_text
+    content = []
+    for ev in items:
+        text, data = tt.get(ev.token)
+        top = []
+        for i, v in zip(ev.top_ids or (), ev.top_logprobs or ()):
+            if i >= 0:
+                t, b = tt.get(i)
+                top.append({"token": t, "logprob": _finite(v), "bytes": b})
+        content.append(
+            {"token": text, "logprob": _finite(ev.logprob), "bytes": data, "top_logprobs": top}
+        )
+    return {"content": content}
+
+
+# -- the two response shapes -------------------------------------------------------------------
+class ResponseFormat:
+    """What :mod:`~pace_core.server.delivery` needs to answer one request."""
+
+    object_name = ""
+    id_prefix = ""
+
+    def __init__(self, server: Server, req: Any, plan: Plan, submitted: Submitted) -> None:
+        self.server = server
+        self.req = req
+        self.plan = plan
+        self.submitted = submitted
+        self.stream = req.stream
+        self.include_usage = bool(
+            req.stream and req.stream_options and req.stream_options.include_usage
+        )
+        self.base = {
+            "id": f"{self.id_prefix}-{submitted.rid}",
+            "object": self.object_name,
+            "created": int(time.time()),
+            "model": server.config.served_model_name,
+        }
+
+    def usage(self, completion_tokens: int) -> dict[str, Any]:
+        return usage(self.server, self.submitted.sub, self.plan.prompt_tokens, completion_tokens)
+
+    def _wrap(self, choice: dict[str, Any]) -> dict[str, Any]:
+        out = {**self.base, "choices": [choice]}
+        if self.include_usage:
+            out["usage"] = None
+        return out
+
+    # stream pieces
+    def opening(self) -> bytes:
+        """Sent before the first token."""
+        return b""
+
+    def chunk(self, i: int, ev: Token) -> dict[str, Any] | None:
+        raise NotImplementedError
+
+    def finish_chunk(self, i: int, reason: str) -> dict[str, Any] | None:
+        return None
+
+    def usage_chunk(self, completion_tokens: int) -> dict[str, Any]:
+        return {**self.base, "choices": [], "usage": self.usage(completion_tokens)}
+
+    # non-stream body
+    def body(self, choices: list[Choice]) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+class CompletionFormat(ResponseFormat):
+    """``POST /v1/completions`` (``echo`` prepends each prompt's text to its choices)."""
+
+    object_name = "text_completion"
+    id_prefix = "cmpl"
+
+    def __init__(
+        self, server: Server, req: CompletionRequest, plan: Plan, submitted: Submitted
+    ) -> None:
+        super().__init__(server, req, plan, submitted)
+        self.echo = plan.echo or [""] * len(plan.prompts)
+        keys = len(submitted.keys)
+        self._logprobs = [CompletionLogprobs(server, len(self._prefix(i))) for i in range(keys)]
+        self._started = [False] * keys
+
+    def _prefix(self, i: int) -> str:
+        return self.echo[i // self.plan.n]
+
+    def chunk(self, i: int, ev: Token) -> dict[str, Any] | None:
+        text = ev.text
+        if not self._started[i]:
+            self._started[i] = True
+            text = self._prefix(i) + text
+        if not text and ev.finish_reason is None and ev.logprob is None:
+            return None
+        lp = None if ev.logprob is None else self._logprobs[i].build([ev])
+        return self._wrap(
+            {"index": i, "text": text, "logprobs": lp, "finish_reason": ev.finish_reason}
+        )
+
+    def body(self, choices: list[Choice]) -> dict[str, Any]:
+        out = []
+        for i, c in enumerate(choices):
+            prefix = self._prefix(i)
+            lp = None
+            if self.req.logprobs is not None:
+                lp = CompletionLogprobs(self.server, len(prefix)).build(c.logprobs)
+            text = prefix + "".join(c.text)
+            out.append({"index": i, "text": text, "logprobs": lp, "finish_reason": c.finish})
+        completion_tokens = sum(c.tokens for c in choices)
+        return {**self.base, "choices": out, "usage": self.usage(completion_tokens)}
+
+
+class ChatFormat(ResponseFormat):
+    """``POST /v1/chat/completions``: streams open with a role delta per choice and close
+    each choice with an empty delta carrying its finish reason."""
+
+    object_name = "chat.completion"
+    id_prefix = "chatcmpl"
+
+    def __init__(
+        self, server: Server, req: ChatCompletionRequest, plan: Plan, submitted: Submitted
+    ) -> None:
+        super().__init__(server, req, plan, submitted)
+        if self.stream:
+            self.base["object"] = "chat.completion.chunk"
+
+    def opening(self) -> bytes:
+        role = {"role": "assistant", "content": ""}
+        return b"".join(
+            sse(self._wrap({"index": i, "delta": role, "logprobs": None, "finish_reason": None}))
+            for i in range(len(self.submitted.keys))
+        )
+
+    def chunk(self, i: int, ev: Token) -> dict[str, Any] | None:
+        if not ev.text and ev.logprob is None:
+            return None
+        lp = None if ev.logprob is None else chat_logprobs(self.server, [ev])
+        delta = {"content": ev.text}
+        return self._wrap({"index": i, "delta": delta, "logprobs": lp, "finish_reason": None})
+
+    def finish_chunk(self, i: int, reason: str) -> dict[str, Any] | None:
+        return self._wrap({"index": i, "delta": {}, "logprobs": None, "finish_reason": reason})
+
+    def body(self, choices: list[Choice]) -> dict[str, Any]:
+        out = []
+        for i, c in enumerate(choices):
+            lp = chat_logprobs(self.server, c.logprobs) if self.req.logprobs else None
+            message = {"role": "assistant", "content": "".join(c.text)}
+            out.append({"index": i, "message": message, "logprobs": lp, "finish_reason": c.finish})
+        completion_tokens = sum(c.tokens for c in choices)
+        return {**self.base, "choices": out, "usage": self.usage(completion_tokens)}

@@ -1,0 +1,138 @@
+"""The :class:`Server` (what the HTTP routes work with) and how it is built.
+
+:meth:`Server.in_process` runs one engine thread on an already loaded
+:class:`~pace_core.engine.llm.LLMModel` (the default); :meth:`Server.multi_instance` launches
+engine processes on partitioned cores (:mod:`pace_core.server.multi`) and loads only the
+tokenizer. Both take the context window and the generation defaults from
+:mod:`pace_core.models.limits`, the rules the engines themselves use.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pace_core.models.limits import read_generation_config, serving_context_window, text_config
+from pace_core.server.engine import EngineConfig, context_window
+from pace_core.server.events import EngineHandle
+from pace_core.server.frontend import Frontend
+from pace_core.server.local import LocalEngine
+from pace_core.server.metrics import Metrics
+from pace_core.server.openai_request import sampling_defaults
+from pace_core.server.openai_response import TokenText
+
+
+@dataclass
+class ServerConfig:
+    """Front-door settings (the scheduler's are in :class:`EngineConfig`)."""
+
+    served_model_name: str = "smollm2"
+    aliases: tuple[str, ...] = ()
+    api_key: str | None = None
+    max_request_bytes: int = 4 << 20
+    request_timeout: float | None = 600.0
+    default_max_tokens: int = 1024  # chat requests without max_tokens (see docs/server.md)
+
+
+class Server:
+    """The tokenizer, the engine instances behind a :class:`Frontend`, the metrics and the
+    model's limits; see :func:`~pace_core.server.app.create_app`."""
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        instances: Sequence[EngineHandle],
+        engine_config: EngineConfig,
+        config: ServerConfig,
+        *,
+        max_context: int,
+        vocab_size: int,
+        generation_config: dict[str, Any] | None = None,
+        speculative: bool = False,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.config = config
+        self.engine_config = engine_config
+        self.max_context = max_context
+        self.vocab_size = vocab_size
+        self.gen_defaults = sampling_defaults(generation_config)
+        self.speculative = speculative
+        self.metrics = Metrics(speculative)
+        self.frontend = Frontend(
+            instances,
+            self.metrics,
+            max_running=engine_config.max_running,
+            max_queue=engine_config.max_queue,
+        )
+        self.token_text = TokenText(tokenizer)
+        self.created = int(time.time())
+
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        return (self.config.served_model_name, *self.config.aliases)
+
+    # -- constructors ----------------------------------------------------------------------
+    @classmethod
+    def in_process(
+        cls, llm: Any, engine_config: EngineConfig | None = None, config: ServerConfig | None = None
+    ) -> Server:
+        """One engine thread on an already loaded :class:`~pace_core.engine.llm.LLMModel`."""
+        engine_config = engine_config or EngineConfig()
+        instance = LocalEngine(llm, engine_config, "0")
+        # The engine thread decodes with llm.tokenizer; the front door encodes with its own
+        # copy: a Rust-backed tokenizer shared by an encoding and another thread can raise
+        # "Already borrowed" (transformers resets truncation/padding state on encode).
+        try:
+            tokenizer = copy.deepcopy(llm.tokenizer)
+        except Exception:  # pragma: no cover - an exotic tokenizer that cannot be copied
+            tokenizer = llm.tokenizer
+        return cls(
+            tokenizer,
+            [instance],
+            engine_config,
+            config or ServerConfig(),
+            max_context=context_window(llm),
+            vocab_size=llm.model.vocab_size,
+            generation_config=llm.generation_config,
+            speculative=getattr(llm, "speculator", None) is not None,
+        )
+
+    @classmethod
+    def multi_instance(
+        cls,
+        model_args: dict[str, Any],
+        instances: int,
+        engine_config: EngineConfig | None = None,
+        config: ServerConfig | None = None,
+        cores: list[int] | None = None,
+    ) -> Server:
+        """``instances`` engine processes with partitioned cores; loads only the tokenizer
+        (the processes start with the app, see :meth:`Frontend.start`)."""
+        from transformers import AutoTokenizer
+
+        from pace_core.models.loader import load_config, resolve_model_path
+        from pace_core.server.multi import ProcessEngine, partition_cores
+
+        engine_config = engine_config or EngineConfig()
+        path = resolve_model_path(model_args["model"])
+        model_args = {**model_args, "model": str(path), "quiet": True}
+        hf_config = load_config(path)
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+        vocab = getattr(text_config(hf_config), "vocab_size", None) or len(tokenizer)
+        groups = partition_cores(instances, cores)
+        engines = [
+            ProcessEngine(str(i), model_args, engine_config, groups[i]) for i in range(instances)
+        ]
+        return cls(
+            tokenizer,
+            engines,
+            engine_config,
+            config or ServerConfig(),
+            max_context=serving_context_window(hf_config),
+            vocab_size=int(vocab),
+            generation_config=read_generation_config(path),
+            speculative=model_args.get("spec_config") is not None,
+        )
