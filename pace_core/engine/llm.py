@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,8 +25,24 @@ from pace_core.plugins import get_host
 from pace_core.profiling import OpProfiler
 from pace_core.sampling.config import SamplingConfig
 from pace_core.sampling.sampler import BatchSampler
+from pace_core.speculative.config import PromptLookupConfig, SpecConfig, coerce_spec_config
+from pace_core.speculative.inferencer import ModelInferencer
+from pace_core.speculative.loop import SpeculativeRun
+from pace_core.speculative.speculator import SpecModel, Speculator, load_draft_tokenizer
 
 log = logging.getLogger("pace.engine")
+
+
+@dataclass
+class _Batch:
+    """One batch as :meth:`LLMModel._start` sets it up: its event stream and bookkeeping."""
+
+    prompts: list[torch.Tensor]
+    padded: torch.Tensor | None  # the caller's padded input_ids, if any
+    trackers: list[SequenceTracker]
+    deltas: dict[int, str]  # row -> text delta of its latest token
+    events: Iterable[StepEvent]
+    spec_run: SpeculativeRun | None = None  # the same stream, when decoding speculatively
 
 
 @dataclass
@@ -62,11 +78,8 @@ class LLMModel:
         max_cache_tokens: int | None = None,
         profile: bool | None = None,
     ) -> None:
-        spec = None
-        if spec_config is not None:  # validate before the (slow) load
-            from pace_core.speculative.config import coerce_spec_config
-
-            spec = coerce_spec_config(spec_config)
+        # validate before the (slow) load
+        spec = None if spec_config is None else coerce_spec_config(spec_config)
         self.dtype = parse_dtype(dtype)
         self.host = get_host()
         if kv_cache_type not in self.host.caches:
@@ -102,11 +115,7 @@ class LLMModel:
             self.tokenizer = AutoTokenizer.from_pretrained(str(self.path))
         self.generation_config = read_generation_config(self.path)
         self.eos_token_ids = self._default_eos()
-        self.speculator = None  # pace_core.speculative.Speculator when spec_config is given
-        if spec is not None:
-            from pace_core.speculative.speculator import Speculator
-
-            self.speculator = Speculator(self, spec)
+        self.speculator = None if spec is None else self._speculator(spec)
 
     # -- set-up helpers ------------------------------------------------------------------
     def _default_eos(self) -> tuple[int, ...]:
@@ -119,12 +128,36 @@ class LLMModel:
                 return tuple(source) if isinstance(source, list | tuple) else (int(source),)
         return ()
 
-    @property
-    def inferencer(self) -> Any:
-        """This model as a speculative-decoding ``Inferencer`` (prefill / decode on KV rows)."""
-        from pace_core.speculative.inferencer import ModelInferencer
+    def _speculator(self, spec: SpecConfig) -> Speculator:
+        """Load the draft model the method needs (if any) and hand both models over."""
+        draft = None
+        if not isinstance(spec, PromptLookupConfig):
+            source = spec.model_name_or_path
+            llm = source if isinstance(source, LLMModel) else self._load_draft(source)
+            tokenizer = llm.tokenizer
+            if tokenizer is None and self.tokenizer is not None:
+                tokenizer = load_draft_tokenizer(llm.path)
+            draft = SpecModel(llm.model, llm.new_cache, tokenizer, str(llm.path))
+        target = SpecModel(self.model, self.new_cache, self.tokenizer, str(self.path))
+        return Speculator(spec, target, draft)
 
-        return ModelInferencer(self)
+    def _load_draft(self, source: str | os.PathLike) -> LLMModel:
+        """A draft with this model's dtype, cache type, kernels and cache budget."""
+        return LLMModel(
+            source,
+            dtype=self.dtype,
+            kv_cache_type=self.kv_cache_type,
+            opconfig=self.opconfig,
+            load_tokenizer=False,
+            quiet=True,
+            kv_cache_memory_gb=self.cache_options["memory_gb"],
+            max_cache_tokens=self.cache_options["max_tokens"],
+        )
+
+    @property
+    def inferencer(self) -> ModelInferencer:
+        """This model as a speculative-decoding ``Inferencer`` (prefill / decode on KV rows)."""
+        return ModelInferencer(self.model, self.new_cache)
 
     @property
     def op_plan(self) -> OpPlan:
@@ -159,7 +192,7 @@ class LLMModel:
         return configs
 
     # -- generation ------------------------------------------------------------------------
-    def _start(self, inputs: Any, sampling: Any, *, keep_logits: bool = False):
+    def _start(self, inputs: Any, sampling: Any, *, keep_logits: bool = False) -> _Batch:
         """Validate inputs and set up trackers and the generation loop."""
         prompts, padded = normalize_inputs(inputs, self.tokenizer)
         for i, p in enumerate(prompts):
@@ -198,13 +231,13 @@ class LLMModel:
             processors=self.host.samplers.values(),
         )
         if self.speculator is not None:
-            events = self.speculator.run(prompts, sampler, finish, keep_logits=keep_logits)
-            return prompts, padded, trackers, deltas, events
+            run = self.speculator.run(prompts, sampler, finish, keep_logits=keep_logits)
+            return _Batch(prompts, padded, trackers, deltas, run, run)
         cache = self.new_cache()
         events = generation_loop(
             self.model, cache, prompts, sampler, finish, keep_logits=keep_logits
         )
-        return prompts, padded, trackers, deltas, events
+        return _Batch(prompts, padded, trackers, deltas, events)
 
     @torch.inference_mode()
     def generate(
@@ -236,20 +269,19 @@ class LLMModel:
             ]
             tokens = self._pack(prompts, padded, [h.token_ids for h in best])
             return GenerationOutput(tokens, sequences)
-        prompts, padded, trackers, _, events = self._start(
-            inputs, sampling_config, keep_logits=output_logits
-        )
+        batch = self._start(inputs, sampling_config, keep_logits=output_logits)
+        prompts, trackers, spec_run = batch.prompts, batch.trackers, batch.spec_run
         if streamer is not None:
             streamer.put(prompts[0].view(1, -1) if len(prompts) == 1 else torch.stack(prompts))
         logits: list[list[torch.Tensor]] = [[] for _ in prompts]
-        for event in events:
+        for event in batch.events:
             self._record(event, trackers, logits)
             if streamer is not None:
                 streamer.put(torch.tensor(event.tokens))
         if streamer is not None:
             streamer.end()
         prompt_lp = self._prompt_logprobs(prompts, [t.config for t in trackers])
-        row_stats = getattr(events, "row_stats", None)  # speculative runs only
+        row_stats = spec_run.row_stats if spec_run is not None else None
         sequences = [
             SequenceOutput(
                 p.tolist(),
@@ -265,10 +297,10 @@ class LLMModel:
         out_logits = [torch.stack(rows) for rows in logits] if output_logits else None
         generated = [t.tokens for t in trackers]
         return GenerationOutput(
-            self._pack(prompts, padded, generated),
+            self._pack(prompts, batch.padded, generated),
             sequences,
             out_logits,
-            getattr(events, "stats", None),
+            spec_run.stats if spec_run is not None else None,
         )
 
     @torch.inference_mode()
@@ -303,8 +335,9 @@ class LLMModel:
         self, inputs: Any, sampling_config: SamplingConfig | Sequence[SamplingConfig] | None = None
     ) -> Iterator[StreamChunk]:
         """Yield each new token with its text delta (UTF-8 safe, stop strings held back)."""
-        _, _, trackers, deltas, events = self._start(inputs, sampling_config)
-        for event in events:
+        batch = self._start(inputs, sampling_config)
+        trackers, deltas = batch.trackers, batch.deltas
+        for event in batch.events:
             for row, token in zip(event.rows, event.tokens):
                 yield StreamChunk(row, token, deltas.pop(row, ""), trackers[row].finish_reason)
 

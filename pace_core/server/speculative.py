@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 import torch
 
 from pace_core.sampling.sampler import BatchSampler, compute_logprobs
-from pace_core.speculative.inferencer import KVRows, ModelInferencer
+from pace_core.speculative.inferencer import KVRows
 from pace_core.speculative.proposer import Proposal, draft_budget, sampling_rows
 from pace_core.speculative.verify import align_left, append_ragged, verify_batch
 
@@ -75,7 +75,7 @@ class SpecDecoder:
             raise ValueError("SpecDecoder needs a model loaded with spec_config")
         self.k = speculator.num_speculative_tokens
         self.max_context = max_context
-        self.target = ModelInferencer(llm)
+        self.target = llm.inferencer
         self.draft_cache: Any | None = None
         if speculator.draft is not None:
             self.draft_cache = speculator.draft.new_cache(

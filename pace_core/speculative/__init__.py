@@ -30,7 +30,12 @@ from pace_core.speculative.protocol import (
     SequenceKV,
     TokenSampler,
 )
-from pace_core.speculative.speculator import Speculator, build_speculator, check_vocab_compatible
+from pace_core.speculative.speculator import (
+    SpecModel,
+    Speculator,
+    check_vocab_compatible,
+    load_draft_tokenizer,
+)
 from pace_core.speculative.stats import SpecStats
 from pace_core.speculative.verify import verify_row
 
@@ -51,12 +56,13 @@ __all__ = [
     "RowSampling",
     "SequenceKV",
     "SpecConfig",
+    "SpecModel",
     "SpecStats",
     "SpeculativeRun",
     "Speculator",
     "TokenSampler",
-    "build_speculator",
     "check_vocab_compatible",
     "coerce_spec_config",
+    "load_draft_tokenizer",
     "verify_row",
 ]

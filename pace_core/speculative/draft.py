@@ -77,7 +77,7 @@ class ModelProposer:
     def add_rows(self, count: int) -> None:
         """``count`` new, empty rows after the current ones (between rounds)."""
         if self.kv is None:
-            cache = self.cache if self.cache is not None else self.inferencer.llm.new_cache()
+            cache = self.cache if self.cache is not None else self.inferencer.new_cache()
             self.kv = KVRows(cache, [])
         self.kv.extend(count)
         self.held += [[] for _ in range(count)]

@@ -1,18 +1,18 @@
-"""The :class:`~pace_core.speculative.protocol.Inferencer` of a pace :class:`LLMModel`."""
+"""The :class:`~pace_core.speculative.protocol.Inferencer` of a pace decoder: a
+:class:`~pace_core.models.decoder.DecoderLM` and a factory of its empty KV caches (the shape
+``engine/beam.py`` uses), never the ``LLMModel`` that loaded them."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
 from pace_core.engine.generate import forward_step, left_pad
 from pace_core.models import limits
+from pace_core.models.decoder import DecoderLM
 from pace_core.speculative.protocol import DecodeOutput, PrefillOutput, TokenSampler
-
-if TYPE_CHECKING:
-    from pace_core.engine.llm import LLMModel
 
 __all__ = ["KVRows", "ModelInferencer"]
 
@@ -72,15 +72,21 @@ def _as_batch(queries: Queries) -> tuple[torch.Tensor, list[int]]:
 
 
 class ModelInferencer:
-    """Adapter: an :class:`LLMModel` as an :class:`Inferencer` over :class:`KVRows`.
+    """Adapter: a decoder and its cache factory as an :class:`Inferencer` over :class:`KVRows`.
 
-    ``logits_width`` (default: the model's) slices the vocabulary, e.g. a PARD draft whose
-    extra mask token must never be proposed to a smaller target vocabulary.
+    ``new_cache()`` returns an empty KV cache of the model's type and budget (keyword options
+    override the budget). ``logits_width`` (default: the model's) slices the vocabulary, e.g.
+    a PARD draft whose extra mask token must never be proposed to a smaller target vocabulary.
     """
 
-    def __init__(self, llm: LLMModel, logits_width: int | None = None) -> None:
-        self.llm = llm
-        self.model = llm.model
+    def __init__(
+        self,
+        model: DecoderLM,
+        new_cache: Callable[..., Any],
+        logits_width: int | None = None,
+    ) -> None:
+        self.model = model
+        self.new_cache = new_cache
         self.logits_width = logits_width
 
     @property
@@ -93,7 +99,7 @@ class ModelInferencer:
 
     def new_kv(self, batch_size: int) -> KVRows:
         """A fresh cache of the model's ``kv_cache_type`` with ``batch_size`` empty rows."""
-        cache = self.llm.new_cache()
+        cache = self.new_cache()
         return KVRows(cache, cache.add_sequences(batch_size))
 
     def forward(self, queries: Queries, kv: KVRows, *, all_logits: bool = True) -> torch.Tensor:

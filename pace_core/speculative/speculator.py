@@ -1,23 +1,26 @@
-"""What ``LLMModel`` holds when it has a ``spec_config``: the loaded draft and a run factory."""
+"""The speculative set-up of a target: the validated config, the target and draft decoders
+(loaded by the caller) and a factory of runs. It never loads or imports ``LLMModel``:
+``LLMModel`` loads the draft and hands both models over as :class:`SpecModel`."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from pace_core.engine.generate import FinishFn
 from pace_core.errors import ConfigError
+from pace_core.models.decoder import DecoderLM
 from pace_core.sampling.sampler import BatchSampler
 from pace_core.speculative.config import (
     DraftSpecDecodeConfig,
     PardSpecDecodeConfig,
     PromptLookupConfig,
     SpecConfig,
-    coerce_spec_config,
 )
 from pace_core.speculative.draft import DraftModelProposer
 from pace_core.speculative.inferencer import ModelInferencer
@@ -27,12 +30,21 @@ from pace_core.speculative.pard import PardProposer, resolve_pard_token
 from pace_core.speculative.proposer import Proposer
 from pace_core.speculative.stats import SpecStats
 
-if TYPE_CHECKING:
-    from pace_core.engine.llm import LLMModel
-
-__all__ = ["Speculator", "build_speculator", "check_vocab_compatible"]
+__all__ = ["SpecModel", "Speculator", "check_vocab_compatible", "load_draft_tokenizer"]
 
 log = logging.getLogger("pace.speculative")
+
+
+@dataclass(frozen=True)
+class SpecModel:
+    """A loaded model as speculative decoding uses it: the decoder, a factory of its empty KV
+    caches (type and budget; keyword options override the budget), its tokenizer (None when
+    unknown) and a name for messages."""
+
+    model: DecoderLM
+    new_cache: Callable[..., Any]
+    tokenizer: Any | None = None
+    name: str = "model"
 
 
 def check_vocab_compatible(
@@ -64,7 +76,8 @@ def check_vocab_compatible(
         )
 
 
-def _draft_tokenizer(path: Path) -> Any | None:
+def load_draft_tokenizer(path: Path) -> Any | None:
+    """The tokenizer next to a draft checkpoint, or None (then only widths are checked)."""
     if not any((path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
         return None
     from transformers import AutoTokenizer
@@ -76,36 +89,23 @@ def _draft_tokenizer(path: Path) -> Any | None:
         return None
 
 
-def _load_draft(target: LLMModel, source: Any) -> LLMModel:
-    from pace_core.engine.llm import LLMModel
-
-    if isinstance(source, LLMModel):
-        return source
-    return LLMModel(
-        source,
-        dtype=target.dtype,
-        kv_cache_type=target.kv_cache_type,
-        opconfig=target.opconfig,
-        load_tokenizer=False,
-        quiet=True,
-        kv_cache_memory_gb=target.cache_options.get("memory_gb"),
-        max_cache_tokens=target.cache_options.get("max_tokens"),
-    )
-
-
 class Speculator:
     """A target's speculative decoding set-up; :meth:`run` starts one batch.
 
-    Attributes:
+    Args:
         config: the validated spec config.
-        draft: the draft :class:`LLMModel` (None for prompt lookup).
+        target: the target model.
+        draft: the draft model (None for prompt lookup, required otherwise).
+
+    Attributes:
+        draft: the draft :class:`SpecModel` (None for prompt lookup).
         stats: counters summed over every batch since the model was loaded.
     """
 
-    def __init__(self, target: LLMModel, config: SpecConfig) -> None:
+    def __init__(self, config: SpecConfig, target: SpecModel, draft: SpecModel | None = None):
         self.config = config
-        self.target = ModelInferencer(target)
-        self.draft: LLMModel | None = None
+        self.target = ModelInferencer(target.model, target.new_cache)
+        self.draft = draft
         self.stats = SpecStats()
         self._mask_token: int | None = None
         if target.model.reprefill_at is not None:
@@ -115,23 +115,22 @@ class Speculator:
             )
         if isinstance(config, PromptLookupConfig):
             return
-        self.draft = _load_draft(target, config.model_name_or_path)
-        name = str(getattr(self.draft, "path", config.model_name_or_path))
-        if self.draft.model.reprefill_at is not None:
-            raise ConfigError(f"draft {name}: LongRoPE draft models are not supported")
-        draft_tok = self.draft.tokenizer
-        if draft_tok is None and target.tokenizer is not None and hasattr(self.draft, "path"):
-            draft_tok = _draft_tokenizer(Path(self.draft.path))
+        if draft is None:
+            raise ConfigError(f"speculative method {config.method!r} needs a draft model")
+        if draft.model.reprefill_at is not None:
+            raise ConfigError(f"draft {draft.name}: LongRoPE draft models are not supported")
         target_vocab = target.model.vocab_size
         check_vocab_compatible(
-            target_vocab, self.draft.model.vocab_size, target.tokenizer, draft_tok, name
+            target_vocab, draft.model.vocab_size, target.tokenizer, draft.tokenizer, draft.name
         )
         if isinstance(config, PardSpecDecodeConfig):
-            rows = int(getattr(self.draft.model.config, "vocab_size", self.draft.model.vocab_size))
+            rows = int(getattr(draft.model.config, "vocab_size", draft.model.vocab_size))
             self._mask_token = resolve_pard_token(
-                self.draft.model.config, config.pard_token, rows, name
+                draft.model.config, config.pard_token, rows, draft.name
             )
-        self._draft_inferencer = ModelInferencer(self.draft, logits_width=target_vocab)
+        self._draft_inferencer = ModelInferencer(
+            draft.model, draft.new_cache, logits_width=target_vocab
+        )
 
     @property
     def num_speculative_tokens(self) -> int:
@@ -174,8 +173,3 @@ class Speculator:
             on_done=self.stats.merge,
         )
         return run
-
-
-def build_speculator(target: LLMModel, spec_config: Any) -> Speculator:
-    """Validate ``spec_config`` (object or dict) and load what it needs."""
-    return Speculator(target, coerce_spec_config(spec_config))
