@@ -76,3 +76,21 @@ def test_all_caches_give_identical_greedy_tokens(tiny_llama_dir):
         )
         outs.append(model.generate(prompts).generated_token_ids)
     assert all(o == outs[0] for o in outs)
+
+
+def test_kv_cache_type_enum_is_accepted_wherever_a_name_is(tiny_llama_dir):
+    from pace_core import KVCacheType
+
+    assert [t.value for t in KVCacheType] == ["dynamic", "bmc", "paged", "slab_pool"]
+    assert set(KVCacheType) <= set(get_host().caches)  # every member names a registered cache
+    model = LLMModel(
+        tiny_llama_dir, dtype=torch.float32, load_tokenizer=False, kv_cache_type=KVCacheType.PAGED
+    )
+    assert model.kv_cache_type == "paged" and type(model.kv_cache_type) is str
+    by_name = LLMModel(tiny_llama_dir, dtype=torch.float32, load_tokenizer=False,
+                       kv_cache_type="paged")  # fmt: skip
+    prompt = [torch.tensor([5, 6, 7])]
+    tokens = model.generate(prompt).generated_token_ids
+    assert tokens == by_name.generate(prompt).generated_token_ids
+    with pytest.raises(ConfigError, match="unknown kv_cache_type 'pagd'"):
+        LLMModel(tiny_llama_dir, load_tokenizer=False, kv_cache_type="pagd")
