@@ -13,7 +13,6 @@ import importlib.metadata as metadata
 import json
 import os
 import platform
-import statistics
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -103,17 +102,6 @@ def machine_info() -> dict[str, Any]:
 
 
 # -- timing -----------------------------------------------------------------------------------
-def median_time(fn: Callable[[], Any], repeats: int) -> float:
-    """Median wall time of ``fn`` over ``repeats`` runs (after one warm-up)."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def interleaved(
     fns: Mapping[str, Callable[[], Any]],
     repeats: int,

@@ -153,11 +153,6 @@ class TokenState:
             self._counts = counts[:, : self.vocab_size].contiguous()
         return self._counts
 
-    def release_dense(self) -> None:
-        """Drop the dense views (rebuilt exactly from the history on next use)."""
-        self._seen = None
-        self._counts = None
-
     # ------------------------------------------------------------------ updates
     def _grow(self) -> None:
         cap = self.output_ids.shape[1]
