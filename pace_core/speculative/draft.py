@@ -85,12 +85,22 @@ class ModelProposer:
         if self._base:
             self._base += [0] * count
 
-    def _room(self, contexts: Sequence[Sequence[int]], k: Sequence[int], extra: int) -> list[int]:
-        """``k`` capped so the draft never runs past its own context window."""
+    def _start_round(
+        self,
+        contexts: Sequence[Sequence[int]],
+        k: Sequence[int],
+        sampling: Sequence[RowSampling] | None,
+        extra: int,
+    ) -> tuple[list[list[int]], list[int], list[RowSampling]]:
+        """Sync the draft cache with ``contexts``; return each row's unseen suffix, ``k``
+        capped so the draft (``extra`` positions past its drafts) stays in its context
+        window, and the per-row sampling (greedy by default)."""
+        suffixes = self._sync(contexts)
         limit = self.inferencer.max_positions
-        if limit is None:
-            return list(k)
-        return [max(0, min(kb, limit - len(ctx) - extra)) for ctx, kb in zip(contexts, k)]
+        if limit is not None:
+            k = [max(0, min(kb, limit - len(ctx) - extra)) for ctx, kb in zip(contexts, k)]
+        rows = list(sampling) if sampling is not None else [GREEDY] * len(contexts)
+        return suffixes, list(k), rows
 
     def _mark(self) -> None:
         """Remember where this round's draft tokens start in ``held``."""
@@ -131,9 +141,7 @@ class DraftModelProposer(ModelProposer):
         k: Sequence[int],
         sampling: Sequence[RowSampling] | None = None,
     ) -> Proposal:
-        sampling = list(sampling) if sampling is not None else [GREEDY] * len(contexts)
-        suffixes = self._sync(contexts)
-        k = self._room(contexts, k, 1)
+        suffixes, k, sampling = self._start_round(contexts, k, sampling, 1)
         steps = max(k, default=0)
         b = len(contexts)
         if steps == 0:

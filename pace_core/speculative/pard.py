@@ -20,7 +20,7 @@ import torch
 from pace_core.errors import ConfigError
 from pace_core.speculative.draft import ModelProposer
 from pace_core.speculative.inferencer import ModelInferencer
-from pace_core.speculative.proposer import GREEDY, Proposal, RowSampling, choose_drafts
+from pace_core.speculative.proposer import Proposal, RowSampling, choose_drafts
 
 __all__ = ["MASK_TOKEN_KEYS", "PardProposer", "resolve_pard_token"]
 
@@ -69,9 +69,7 @@ class PardProposer(ModelProposer):
         k: Sequence[int],
         sampling: Sequence[RowSampling] | None = None,
     ) -> Proposal:
-        sampling = list(sampling) if sampling is not None else [GREEDY] * len(contexts)
-        suffixes = self._sync(contexts)
-        k = self._room(contexts, k, 0)
+        suffixes, k, sampling = self._start_round(contexts, k, sampling, 0)
         masks = [max(kb, 1) - 1 for kb in k]
         queries = [s + [self.mask_token] * m for s, m in zip(suffixes, masks)]
         logits = self.inferencer.forward(queries, self.kv, all_logits=True)
