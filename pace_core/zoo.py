@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from pace_core.errors import PaceError
+from pace_core.paths import cache_root
 
 try:  # POSIX only; elsewhere concurrent pulls are not guarded.
     import fcntl
@@ -176,12 +177,6 @@ def get_model(name: str) -> ZooModel:
         )
         raise UnknownModelError(f"unknown zoo model {name!r}; known models: {known}")
     return m
-
-
-def cache_root() -> Path:
-    """``$PACE_CACHE_DIR`` or ``~/.cache/pace``."""
-    env = os.environ.get("PACE_CACHE_DIR")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "pace"
 
 
 def model_dir(name: str) -> Path:

@@ -56,7 +56,7 @@ def find_llama_cpp() -> ModuleType | None:
 
 def converter_dir() -> Path:
     """Where ``make bench-peers`` puts the converter: ``$PACE_CACHE_DIR/peers/llama.cpp``."""
-    from pace_core.zoo import cache_root
+    from pace_core.paths import cache_root
 
     return cache_root() / "peers" / "llama.cpp"
 

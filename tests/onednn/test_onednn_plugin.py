@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from pace_core import jit
 from pace_core.cpu import detect_cpu
 from pace_core.opconfig import OperatorConfig, OpResolver
 from pace_core.plugins import PluginHost, get_host
@@ -51,23 +52,25 @@ def test_missing_library_fails_the_plugin_with_the_reason(monkeypatch):
 
 def test_pace_plugins_shows_an_earlier_build_failure(monkeypatch, tmp_path):
     monkeypatch.setenv("PACE_CACHE_DIR", str(tmp_path))
-    out = build.build_dir()
+    out = build.GLUE.directory()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PACE_")}
     env["PACE_CACHE_DIR"] = str(tmp_path)
     assert out.parent == tmp_path / "kernels"
     assert out.name.startswith(f"onednn-{detect_cpu().isa_level}-torch{torch.__version__[:4]}")
     out.mkdir(parents=True)
-    (out / build.FAILED).write_text("RuntimeError: ...\nglue.cpp:1:1: error: simulated\n")
+    (out / jit.FAILURE_FILE).write_text("RuntimeError: ...\nglue.cpp:1:1: error: simulated\n")
     script = Path(sys.executable).with_name("pace")
     proc = subprocess.run([str(script), "plugins"], capture_output=True, text=True, env=env,
                           timeout=120, check=True)  # fmt: skip
     row = next(line for line in proc.stdout.splitlines() if line.startswith("onednn "))
-    assert "failed" in row and "failed to build earlier" in row and "error: simulated" in row
+    assert "failed" in row and "JIT build of the oneDNN glue failed earlier" in row
+    assert "error: simulated" in row and "`pace build-kernels onednn` or delete it to retry" in row
 
 
 def test_build_failure_in_process_falls_back(monkeypatch):
-    monkeypatch.setattr(build, "_module", None)
-    monkeypatch.setattr(build, "_error", "building the oneDNN glue failed (simulated)")
+    monkeypatch.setattr(build.GLUE, "module", None)
+    failed = build.OneDNNUnavailable("building the oneDNN glue failed (simulated)")
+    monkeypatch.setattr(build.GLUE, "error", failed)
     backend, reason = resolve("linear", torch.float32)
     assert backend != "onednn" and reason == "building the oneDNN glue failed (simulated)"
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from pace_core import jit
 from pace_core.cpu import detect_cpu
 from pace_core.opconfig import OperatorConfig, OpResolver
 from pace_core.plugins import PluginHost, get_host
@@ -48,19 +49,24 @@ def test_pace_plugins_says_why(tmp_path):
 
 def test_earlier_build_failure_blocks_registration(monkeypatch, tmp_path):
     monkeypatch.setenv("PACE_CACHE_DIR", str(tmp_path))
-    out = build.build_dir()
+    out = build.GLUE.directory()
     assert out.parent == tmp_path / "kernels"
     assert out.name.startswith(f"tpp-{detect_cpu().isa_level}-torch")
     out.mkdir(parents=True)
-    (out / "FAILED").write_text("JIT build of the libxsmm glue failed (simulated)\n\nlog")
+    (out / jit.FAILURE_FILE).write_text("JIT build of the libxsmm glue failed (simulated)\n\nlog")
     info = PluginHost().plugins["tpp"]
     assert info.status == "failed"
-    assert f"failed (simulated) (log: {out / 'FAILED'}; delete it to retry)" in info.error
+    record = out / jit.FAILURE_FILE
+    assert f"failed earlier: JIT build of the libxsmm glue failed (simulated) (log: {record}; " in (
+        info.error
+    )
+    assert "`pace build-kernels tpp` or delete it to retry)" in info.error
 
 
 def test_build_failure_in_process_falls_back(monkeypatch):
-    monkeypatch.setattr(build, "_module", None)
-    monkeypatch.setattr(build, "_error", "JIT build of the libxsmm glue failed (simulated)")
+    monkeypatch.setattr(build.GLUE, "module", None)
+    failed = locate.TppUnavailable("JIT build of the libxsmm glue failed (simulated)")
+    monkeypatch.setattr(build.GLUE, "error", failed)
     resolver = OpResolver(get_host().ops, OperatorConfig(linear="tpp"))
     res = resolver.resolve(OpContext("linear", torch.float32, {"in_features": 8}))
     assert res.backend != "tpp" and "failed (simulated)" in res.fallback_reason

@@ -1,4 +1,4 @@
-"""Find libxsmm (headers + library) and the C++ toolchain without building anything.
+"""Find libxsmm (headers + library) without building anything.
 
 Search order: ``$LIBXSMM_ROOT`` (exclusively, when set), ``$CONDA_PREFIX``, ``/usr/local``,
 ``/usr``, ``/opt/libxsmm``. pace-tpp needs the 1.x API (``libxsmm_bsmmdispatch_reducebatch_strd``),
@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
+
+from pace_core.jit import BuildFailed
 
 LIB_SUBDIRS = ("lib", "lib64", "lib/x86_64-linux-gnu")
 DEFAULT_PREFIXES = ("/usr/local", "/usr", "/opt/libxsmm")
@@ -20,7 +20,7 @@ REQUIRED_SYMBOL = "libxsmm_bsmmdispatch_reducebatch_strd"
 INSTALL_HINT = "install it (Debian/Ubuntu: apt-get install libxsmm-dev; see plugins/tpp/README.md)"
 
 
-class TppUnavailable(RuntimeError):
+class TppUnavailable(BuildFailed):
     """pace-tpp cannot run here; the message says why and how to fix it."""
 
 
@@ -90,27 +90,3 @@ def find_libxsmm() -> Libxsmm:
     raise TppUnavailable(
         f"libxsmm not found (libxsmm.h + libxsmm.a/.so; {where}{', '.join(tried)}): {INSTALL_HINT}"
     )
-
-
-def check_toolchain() -> None:
-    """Raise TppUnavailable unless a C++ compiler, ninja and Python.h are present."""
-    cxx = os.environ.get("CXX", "c++")
-    if shutil.which(cxx) is None:
-        raise TppUnavailable(f"C++ compiler {cxx!r} not found (set CXX or install g++)")
-    if ninja_dir() is None:
-        raise TppUnavailable("ninja not found: pip install ninja")
-    include = sysconfig.get_paths().get("include", "")
-    if not (Path(include) / "Python.h").exists():
-        raise TppUnavailable(f"Python.h not found in {include} (install python3-dev)")
-
-
-def ninja_dir() -> str | None:
-    """Directory of the ninja executable: on PATH, else the ``ninja`` wheel's bin dir."""
-    found = shutil.which("ninja")
-    if found:
-        return str(Path(found).parent)
-    try:
-        import ninja  # type: ignore[import-not-found]
-    except ImportError:
-        return None
-    return getattr(ninja, "BIN_DIR", None)
