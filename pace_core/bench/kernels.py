@@ -14,6 +14,9 @@ two references for ``linear``: ``torch`` (F.linear on the [N, K] weight) and ``m
 - GEMM (prefill, ``--gemm-m``): GFLOP/s (2*M*N*K per call).
 - ops: decode-size ``gated_mlp``, ``rms_norm`` (+ residual), ``rope`` and ``attention`` (512
   cached keys) at SmolLM2-135M sizes, hot data, every usable backend; microseconds per call.
+- mlp (not in the default set): decode ``gated_mlp`` (silu, ``--gemv-m``) with cold weights at
+  SmolLM2-135M (576x1536) and TinyLlama-1.1B (2048x5632) sizes: GB/s of the three matrices,
+  like GEMV, since a decode MLP streams its weights from DRAM.
 - model (not in the default set): a whole model (``--model``) per backend plan:
   ``{"default": "native"}``, every op of each installed backend on it, and ``auto``; prefill
   time of a ``--model-prompt``-token prompt and decode tok/s over ``--model-tokens`` tokens.
@@ -57,7 +60,7 @@ from pace_core.errors import ConfigError
 
 SHAPES = {"576x1536": (576, 1536), "2048x8192": (2048, 8192), "4096x4096": (4096, 4096)}  # K x N
 REFERENCES = ("torch", "mkldnn")
-SECTIONS = ("gemv", "gemm", "ops", "model")
+SECTIONS = ("gemv", "gemm", "ops", "mlp", "model")
 COLUMNS = [
     "section",
     "dtype",
@@ -83,6 +86,8 @@ QUICK = {
 }
 # SmolLM2-135M decode sizes: hidden, intermediate, heads, KV heads, head dim, cached keys.
 HIDDEN, INTER, HEADS, KV_HEADS, D, CTX = 576, 1536, 9, 3, 64, 512
+# Gated MLPs of the mlp section (hidden x intermediate): SmolLM2-135M and TinyLlama-1.1B.
+MLP_SHAPES = {"576x1536": (576, 1536), "2048x5632": (2048, 5632)}
 
 
 @dataclass(frozen=True)
@@ -362,6 +367,48 @@ def bench_ops(args, dtype: torch.dtype, threads: int, rows: list) -> None:
         )
 
 
+def bench_mlp(args, dtype: torch.dtype, threads: int, dram: float, rows: list) -> None:
+    """Decode gated MLP (silu) over cold weights, every usable backend: GB/s of the matrices."""
+    size = torch.finfo(dtype).bits // 8
+    for shape, (h, inter) in progress(
+        list(MLP_SHAPES.items()), f"mlp {dtype_name(dtype)} t={threads}", args.quiet
+    ):
+        gen = torch.Generator().manual_seed(0)
+        nbytes = 3 * h * inter * size
+        count = max(2, -(-(args.cold_mib << 20) // nbytes))
+        dims = ((inter, h), (inter, h), (h, inter))  # gate, up, down
+        sets = [
+            [(torch.randn(*d, generator=gen) / d[1] ** 0.5).to(dtype) for d in dims]
+            for _ in range(count)
+        ]
+        specs = usable_kernels("gated_mlp", dtype, activation="silu", hidden=h, intermediate=inter)
+        packed = {
+            b: [s.prepare(g, u, down, "silu") for g, u, down in sets]
+            for b, s in specs.items()
+            if _keep(args.backends, b)
+        }
+        del sets
+        for m in args.gemv_m:
+            x = torch.randn(m, h, generator=gen).to(dtype)
+            fns = {b: sweep(specs[b].fn, x, ps) for b, ps in packed.items()}
+            times = interleaved(fns, args.repeats, args.clock_fn)
+            before = len(rows)
+            add_rows(
+                rows,
+                times,
+                lambda s, w=nbytes * count: w / s / 1e9,
+                "native",
+                section="mlp",
+                dtype=dtype_name(dtype),
+                shape=shape,
+                M=m,
+                threads=threads,
+                unit="GB/s",
+            )
+            for row in rows[before:]:
+                row["of_dram"] = row["value"] / dram
+
+
 def backend_plans(names: list[str] | None) -> dict[str, dict[str, Any]]:
     """``native``, one plan per other installed backend (every op it has), and ``auto``."""
     from pace_core.ops import OPS
@@ -451,6 +498,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 bench_linear(args, dtype, threads, dram, rows)
                 if "ops" in args.sections:
                     bench_ops(args, dtype, threads, rows)
+                if "mlp" in args.sections:
+                    bench_mlp(args, dtype, threads, dram, rows)
                 if "model" in args.sections:
                     bench_model(args, dtype, threads, rows)
     measured = {r["backend"] for r in rows}
