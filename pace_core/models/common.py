@@ -5,13 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import torch
-import torch.nn.functional as F
-
 from pace_core.errors import ModelLoadError
-from pace_core.models.decoder import DecoderLM, ModelBuilder
-from pace_core.models.layers import Bound, DenseMLP, Norm
+from pace_core.models.builder import ModelBuilder
+from pace_core.models.decoder import DecoderLM
+from pace_core.models.layers import Attention, Bound, DenseMLP, Norm
 from pace_core.models.rope import Rotary
+from pace_core.ops import HF_ACTIVATIONS
 
 SLIDING = "sliding_attention"
 
@@ -55,35 +54,31 @@ def lm_head(
     return b.linear(name, bias=bias, weight=embed_weight if tied else None)
 
 
-def gated_mlp(b: ModelBuilder, prefix: str, activation: str) -> Bound:
+def activation(name: str) -> str:
+    """A HF ``hidden_act`` / ``activation_function`` name as a name of the kernels' activation
+    vocabulary (``pace_core.ops.ACTIVATIONS``)."""
+    if name not in HF_ACTIVATIONS:
+        raise ModelLoadError(
+            f"unsupported activation {name!r}; supported: {', '.join(HF_ACTIVATIONS)}"
+        )
+    return HF_ACTIVATIONS[name]
+
+
+def gated_mlp(b: ModelBuilder, prefix: str, hf_activation: str) -> Bound:
+    """``{prefix}.{gate,up,down}_proj`` with the HF activation ``hf_activation``."""
     return b.gated_mlp(
         b.tensor(f"{prefix}.gate_proj.weight"),
         b.tensor(f"{prefix}.up_proj.weight"),
         b.tensor(f"{prefix}.down_proj.weight"),
-        activation,
+        activation(hf_activation),
     )
 
 
-# HF ``hidden_act`` / ``activation_function`` names -> torch activations for DenseMLP.
-TORCH_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "relu": F.relu,
-    "gelu": F.gelu,
-    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
-    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
-    "silu": F.silu,
-    "swish": F.silu,
-}
-
-
 def dense_mlp(
-    b: ModelBuilder, fc1: str, fc2: str, activation: str, *, bias: bool = True
+    b: ModelBuilder, fc1: str, fc2: str, hf_activation: str, *, bias: bool = True
 ) -> DenseMLP:
     """``fc2(act(fc1(x)))`` from two linear layers (OPT ``fc1/fc2``, GPT-J ``fc_in/fc_out``)."""
-    if activation not in TORCH_ACTIVATIONS:
-        raise ModelLoadError(
-            f"unsupported activation {activation!r}; supported: {', '.join(TORCH_ACTIVATIONS)}"
-        )
-    act = TORCH_ACTIVATIONS[activation]
+    act = activation(hf_activation)
     return DenseMLP(b.linear(fc1, bias=bias), b.linear(fc2, bias=bias), act)
 
 
@@ -134,27 +129,34 @@ def assemble(
 
 def self_attention(
     b: ModelBuilder,
-    cfg: Any,
     layer: int,
     prefix: str,
     *,
     rotary: Rotary | None,
+    qkv: Bound | None = None,
     bias: bool = False,
+    o_proj: str = "o_proj",
     o_bias: bool = False,
     scale: float | None = None,
+    window: Callable[[Any, int], int | None] = layer_window,
     **extra: Any,
-):
-    """Attention from separate ``{q,k,v,o}_proj`` tensors under ``prefix`` (HF's usual names)."""
-    n, kv, hd = heads(cfg)
+) -> Attention:
+    """The attention of every family: Q/K/V from ``{prefix}.{q,k,v}_proj`` (HF's usual names)
+    unless ``qkv`` is given, the output projection ``{prefix}.{o_proj}``, heads from the
+    config, ``scale`` ``head_dim ** -0.5`` unless given and the layer's window by the
+    ``window`` rule; ``extra`` are further :class:`Attention` fields (QK-norms, sinks)."""
+    n, kv, hd = heads(b.config)
+    if qkv is None:
+        qkv = b.qkv([f"{prefix}.{x}_proj" for x in "qkv"], bias=bias)
     return b.attention(
         layer=layer,
-        qkv=b.qkv([f"{prefix}.{x}_proj" for x in "qkv"], bias=bias),
-        o_proj=b.linear(f"{prefix}.o_proj", bias=o_bias),
+        qkv=qkv,
+        o_proj=b.linear(f"{prefix}.{o_proj}", bias=o_bias),
         rotary=rotary,
         num_heads=n,
         num_kv_heads=kv,
         head_dim=hd,
         scale=hd**-0.5 if scale is None else scale,
-        window=layer_window(cfg, layer),
+        window=window(b.config, layer),
         **extra,
     )

@@ -12,11 +12,30 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
+import torch.nn.functional as F
 
 from pace_core.models.rope import Rotary
+from pace_core.stack_spec import (
+    AttentionSpec,
+    BlockSpec,
+    DenseMLPSpec,
+    GatedMLPSpec,
+    MLPSpec,
+    NormSpec,
+    OpaqueMLP,
+    RopeSpec,
+)
 
 Kernel = Callable[..., Any]
 Residual = torch.Tensor | None
+
+# The activation vocabulary (pace_core.ops.ACTIVATIONS) as torch functions, for DenseMLP.
+TORCH_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "silu": F.silu,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "relu": F.relu,
+}
 
 
 class KVStore(Protocol):
@@ -47,6 +66,27 @@ class Bound:
         return self.fn(x, self.weight)
 
 
+class GatedMLP(Bound):
+    """The ``gated_mlp`` kernel bound to its prepared weight, with what it computes."""
+
+    __slots__ = ("activation", "hidden", "intermediate")
+
+    def __init__(
+        self, fn: Kernel, weight: Any, activation: str, hidden: int, intermediate: int
+    ) -> None:
+        super().__init__(fn, weight)
+        self.activation, self.hidden, self.intermediate = activation, hidden, intermediate
+
+    def describe(self) -> GatedMLPSpec:
+        return GatedMLPSpec(self, self.activation, self.hidden, self.intermediate)
+
+
+def describe_mlp(mlp: Callable) -> MLPSpec:
+    """The description of a block's MLP; a callable without ``describe`` stays opaque."""
+    describe = getattr(mlp, "describe", None)
+    return describe() if describe is not None else OpaqueMLP(mlp)
+
+
 class Norm:
     """RMSNorm or LayerNorm with fused residual add: ``norm(x, residual) -> (y, x+residual)``."""
 
@@ -69,6 +109,14 @@ class Norm:
         if self.is_rms:
             return self.fn(x, self.weight, self.eps, residual)
         return self.fn(x, self.weight, self.bias, self.eps, residual)
+
+    def describe(self) -> NormSpec:
+        op = "rms_norm" if self.is_rms else "layer_norm"
+        return NormSpec(op, self.fn, self.weight, self.eps, self.bias)
+
+
+def _describe_norm(norm: Norm | None) -> NormSpec | None:
+    return None if norm is None else norm.describe()
 
 
 @dataclass
@@ -107,23 +155,48 @@ class Attention:
         out = self.attend(q.transpose(1, 2), view, self.scale, self.sinks, self.window)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim))
 
+    def describe(self) -> AttentionSpec:
+        rope = None
+        if self.rope_fn is not None and self.rotary is not None:
+            rope = RopeSpec(self.rope_fn, self.rotary, bool(self.rotary.interleaved))
+        return AttentionSpec(
+            layer=self.layer,
+            qkv=self.qkv,
+            o_proj=self.o_proj,
+            attend=self.attend,
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            scale=float(self.scale),
+            window=self.window,
+            sinks=self.sinks,
+            q_norm=_describe_norm(self.q_norm),
+            k_norm=_describe_norm(self.k_norm),
+            rope=rope,
+        )
+
 
 class DenseMLP:
-    """``fc2(act(fc1(x)))`` (OPT, GPT-J)."""
+    """``fc2(act(fc1(x)))`` (OPT, GPT-J); ``activation`` is a name of ``TORCH_ACTIVATIONS``."""
 
-    __slots__ = ("act", "fc1", "fc2")
+    __slots__ = ("act", "activation", "fc1", "fc2")
 
-    def __init__(self, fc1: Bound, fc2: Bound, act: Callable[[torch.Tensor], torch.Tensor]) -> None:
-        self.fc1, self.fc2, self.act = fc1, fc2, act
+    def __init__(self, fc1: Bound, fc2: Bound, activation: str) -> None:
+        self.fc1, self.fc2, self.activation = fc1, fc2, activation
+        self.act = TORCH_ACTIVATIONS[activation]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(self.act(self.fc1(x)))
+
+    def describe(self) -> DenseMLPSpec:
+        return DenseMLPSpec(self.fc1, self.fc2, self.activation)
 
 
 class PreNormBlock:
     """``h += attn(norm1(h)); h += mlp(norm2(h))`` — Llama, Qwen2, Phi3, OPT, GPT-OSS."""
 
     __slots__ = ("attn", "mlp", "norm1", "norm2")
+    kind = "pre_norm"
 
     def __init__(self, norm1: Norm, attn: Attention, norm2: Norm, mlp: Callable) -> None:
         self.norm1, self.attn, self.norm2, self.mlp = norm1, attn, norm2, mlp
@@ -133,11 +206,15 @@ class PreNormBlock:
         h, residual = self.norm2(self.attn(h, step), residual)
         return self.mlp(h), residual
 
+    def describe(self) -> BlockSpec:
+        return _block(self.kind, (self.norm1, self.norm2), self.attn, self.mlp)
+
 
 class SandwichBlock:
     """Gemma: norms before and after both attention and MLP."""
 
     __slots__ = ("attn", "mlp", "post_attn", "post_mlp", "pre_attn", "pre_mlp")
+    kind = "sandwich"
 
     def __init__(
         self,
@@ -157,11 +234,16 @@ class SandwichBlock:
         h, residual = self.pre_mlp(h, residual)
         return self.post_mlp(self.mlp(h))[0], residual
 
+    def describe(self) -> BlockSpec:
+        norms = (self.pre_attn, self.post_attn, self.pre_mlp, self.post_mlp)
+        return _block(self.kind, norms, self.attn, self.mlp)
+
 
 class ParallelBlock:
     """GPT-J: attention and MLP both read ``norm(h)``; ``h += attn + mlp``."""
 
     __slots__ = ("attn", "mlp", "norm")
+    kind = "parallel"
 
     def __init__(self, norm: Norm, attn: Attention, mlp: Callable) -> None:
         self.norm, self.attn, self.mlp = norm, attn, mlp
@@ -170,11 +252,15 @@ class ParallelBlock:
         h, residual = self.norm(x, residual)
         return self.attn(h, step) + self.mlp(h), residual
 
+    def describe(self) -> BlockSpec:
+        return _block(self.kind, (self.norm,), self.attn, self.mlp)
+
 
 class PostNormBlock:
     """OPT-350m style: ``h = norm1(h + attn(h)); h = norm2(h + mlp(h))``."""
 
     __slots__ = ("attn", "mlp", "norm1", "norm2")
+    kind = "post_norm"
 
     def __init__(self, attn: Attention, norm1: Norm, mlp: Callable, norm2: Norm) -> None:
         self.attn, self.norm1, self.mlp, self.norm2 = attn, norm1, mlp, norm2
@@ -184,3 +270,10 @@ class PostNormBlock:
             x = x + residual
         h = self.norm1(self.attn(x, step), x)[0]
         return self.norm2(self.mlp(h), h)[0], None
+
+    def describe(self) -> BlockSpec:
+        return _block(self.kind, (self.norm1, self.norm2), self.attn, self.mlp)
+
+
+def _block(kind: str, norms: tuple[Norm, ...], attn: Attention, mlp: Callable) -> BlockSpec:
+    return BlockSpec(kind, tuple(n.describe() for n in norms), attn.describe(), describe_mlp(mlp))

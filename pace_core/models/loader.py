@@ -10,7 +10,8 @@ from typing import Any
 import torch
 
 from pace_core.errors import ConfigError, ModelLoadError
-from pace_core.models.decoder import DecoderLM, ModelBuilder
+from pace_core.models.builder import ModelBuilder
+from pace_core.models.decoder import DecoderLM
 from pace_core.models.weights import WeightStore
 from pace_core.opconfig import OpResolver
 from pace_core.plugins import PluginHost

@@ -28,8 +28,10 @@ if not detect_cpu().has("avx512f", "avx512bw", "avx512vl", "avx512_bf16"):
     pytest.skip("pace-avx512 tests need an AVX512-BF16 CPU", allow_module_level=True)
 pytest.importorskip("pace_avx512", reason="pip install --no-deps -e plugins/avx512")
 
-from pace_avx512 import kernels, packing
+from pace_avx512 import extension, kernels, packing
 from pace_native import kernels as native
+
+from pace_core import ops
 
 DTYPES = st.sampled_from([torch.float32, torch.bfloat16])
 ROWS = st.one_of(st.integers(1, 20), st.integers(64, 200))  # decode GEMV and prefill GEMM
@@ -222,7 +224,20 @@ def test_non_contiguous_and_odd_k(ext):
         assert_within(got, ref, rel(dtype) * ref.abs() + 1e-5 * scale)
 
 
-def test_packed_layouts():
+def test_extension_constants_are_the_cores(ext):
+    """The packed layout and activation codes come from the extension; its activation names
+    are pace_core.ops.ACTIVATIONS in order (code = index), and a build where they are not is
+    refused with the reason."""
+    assert tuple(ext.ACTIVATIONS) == ops.ACTIVATIONS
+    assert packing.layout() == (ext.BLOCK, ext.BLOCK * ext.GROUP) == (16, 64)
+    swapped = SimpleNamespace(ACTIVATIONS=("gelu", "silu", "gelu_tanh", "relu"))
+    with pytest.raises(extension.ExtensionMismatch, match="not pace_core.ops.ACTIVATIONS"):
+        extension.check(swapped)
+    gelu = packing.prepare_gated_mlp(*(torch.ones(16, 16),) * 3, "gelu")
+    assert gelu.activation == ops.ACTIVATIONS.index("gelu")
+
+
+def test_packed_layouts(ext):
     """The documented grouped layouts: bf16 [g, p, 32i + 2j + e] = W[64g + 16i + j, 2p + e];
     fp32 [g, k, 16i + j] = W[64g + 16i + j, k]; gate/up interleaved in 16-row blocks."""
     w = torch.arange(70 * 7, dtype=torch.float32).view(70, 7)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pace_core.errors import ModelLoadError
 from pace_core.models import common
-from pace_core.models.decoder import DecoderLM, ModelBuilder
-from pace_core.models.families.llama import ACTIVATIONS
+from pace_core.models.builder import ModelBuilder
+from pace_core.models.decoder import DecoderLM
 from pace_core.models.layers import SandwichBlock
 
 
@@ -31,7 +31,6 @@ def build(b: ModelBuilder) -> DecoderLM:
         layer_type = cfg.layer_types[i] if None not in rotaries else None
         attn = common.self_attention(
             b,
-            cfg,
             i,
             f"{p}.self_attn",
             rotary=rotaries[layer_type],
@@ -41,7 +40,7 @@ def build(b: ModelBuilder) -> DecoderLM:
             q_norm=norm(f"{p}.self_attn.q_norm"),
             k_norm=norm(f"{p}.self_attn.k_norm"),
         )
-        mlp = common.gated_mlp(b, f"{p}.mlp", ACTIVATIONS[cfg.hidden_activation])
+        mlp = common.gated_mlp(b, f"{p}.mlp", cfg.hidden_activation)
         layers.append(
             SandwichBlock(
                 norm(f"{p}.input_layernorm"),

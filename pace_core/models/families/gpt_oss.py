@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from pace_core.models.decoder import DecoderLM, ModelBuilder
+from pace_core.models.builder import ModelBuilder
+from pace_core.models.decoder import DecoderLM
 from pace_core.models.families import llama
 from pace_core.models.layers import Bound
 from pace_core.models.mxfp4 import dequantize_mxfp4

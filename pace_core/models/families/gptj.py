@@ -9,30 +9,22 @@ exactly :class:`Rotary`'s default frequencies with ``rotary_dim``.
 from __future__ import annotations
 
 from pace_core.models import common
-from pace_core.models.decoder import DecoderLM, ModelBuilder
+from pace_core.models.builder import ModelBuilder
+from pace_core.models.decoder import DecoderLM
 from pace_core.models.layers import ParallelBlock
 from pace_core.models.rope import Rotary
 
 
 def build(b: ModelBuilder) -> DecoderLM:
     cfg = b.config
-    n, _, hd = common.heads(cfg)
+    _, _, hd = common.heads(cfg)
     eps = cfg.layer_norm_epsilon
     rotary = Rotary(cfg, hd, interleaved=True, rotary_dim=cfg.rotary_dim or hd)
     embed, _ = common.embedding(b, "transformer.wte.weight")
     layers = []
     for i in range(cfg.num_hidden_layers):
         p = f"transformer.h.{i}"
-        attn = b.attention(
-            layer=i,
-            qkv=b.qkv([f"{p}.attn.{x}_proj" for x in "qkv"]),
-            o_proj=b.linear(f"{p}.attn.out_proj"),
-            rotary=rotary,
-            num_heads=n,
-            num_kv_heads=n,
-            head_dim=hd,
-            scale=hd**-0.5,
-        )
+        attn = common.self_attention(b, i, f"{p}.attn", rotary=rotary, o_proj="out_proj")
         mlp = common.dense_mlp(b, f"{p}.mlp.fc_in", f"{p}.mlp.fc_out", cfg.activation_function)
         layers.append(ParallelBlock(b.norm(f"{p}.ln_1", eps, rms=False, bias=True), attn, mlp))
     return common.assemble(

@@ -10,10 +10,9 @@ from collections.abc import Callable
 from typing import Any
 
 from pace_core.models import common
-from pace_core.models.decoder import DecoderLM, ModelBuilder
+from pace_core.models.builder import ModelBuilder
+from pace_core.models.decoder import DecoderLM
 from pace_core.models.layers import Bound, PreNormBlock
-
-ACTIVATIONS = {"silu": "silu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
 
 # (builder, attention prefix, qkv bias) -> fused Q/K/V projection
 QKVReader = Callable[[ModelBuilder, str, bool], Bound]
@@ -28,7 +27,7 @@ def separate_qkv(b: ModelBuilder, prefix: str, bias: bool) -> Bound:
 
 def separate_gated_mlp(b: ModelBuilder, prefix: str) -> Bound:
     """Gated MLP from ``{prefix}.{gate,up,down}_proj``."""
-    return common.gated_mlp(b, prefix, ACTIVATIONS[b.config.hidden_act])
+    return common.gated_mlp(b, prefix, b.config.hidden_act)
 
 
 def build(
@@ -44,7 +43,7 @@ def build(
     """Llama layout; ``qkv_bias``/``o_bias`` default to ``config.attention_bias``;
     ``attention_extra(b, prefix)`` adds attention fields (e.g. GPT-OSS sinks)."""
     cfg = b.config
-    n, kv, hd = common.heads(cfg)
+    _, _, hd = common.heads(cfg)
     eps = cfg.rms_norm_eps
     attention_bias = getattr(cfg, "attention_bias", False)
     bias = attention_bias if qkv_bias is None else qkv_bias
@@ -55,16 +54,14 @@ def build(
     layers, windows = [], [window(cfg, i) for i in range(cfg.num_hidden_layers)]
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}"
-        attn = b.attention(
-            layer=i,
-            qkv=qkv(b, f"{p}.self_attn", bias),
-            o_proj=b.linear(f"{p}.self_attn.o_proj", bias=out_bias),
+        attn = common.self_attention(
+            b,
+            i,
+            f"{p}.self_attn",
             rotary=rotary,
-            num_heads=n,
-            num_kv_heads=kv,
-            head_dim=hd,
-            scale=hd**-0.5,
-            window=windows[i],
+            qkv=qkv(b, f"{p}.self_attn", bias),
+            o_bias=out_bias,
+            window=window,
             **(attention_extra(b, f"{p}.self_attn") if attention_extra else {}),
         )
         layers.append(

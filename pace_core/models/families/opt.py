@@ -7,7 +7,8 @@ from __future__ import annotations
 import torch
 
 from pace_core.models import common
-from pace_core.models.decoder import DecoderLM, ModelBuilder
+from pace_core.models.builder import ModelBuilder
+from pace_core.models.decoder import DecoderLM
 from pace_core.models.layers import Bound, Norm, PostNormBlock, PreNormBlock
 
 POSITION_OFFSET = 2  # OPTLearnedPositionalEmbedding reserves the first two rows
@@ -40,7 +41,6 @@ def _layer_norm(b: ModelBuilder, name: str) -> Norm:
 
 def build(b: ModelBuilder) -> DecoderLM:
     cfg = b.config
-    n, _, hd = common.heads(cfg)
     bias = getattr(cfg, "enable_bias", True)
     # OPTForCausalLM saves ``model.decoder.*``; the original facebook/opt checkpoints ``decoder.*``.
     root = "model.decoder" if b.weights.has("model.decoder.embed_tokens.weight") else "decoder"
@@ -50,15 +50,8 @@ def build(b: ModelBuilder) -> DecoderLM:
     layers = []
     for i in range(cfg.num_hidden_layers):
         p = f"{root}.layers.{i}"
-        attn = b.attention(
-            layer=i,
-            qkv=b.qkv([f"{p}.self_attn.{x}_proj" for x in "qkv"], bias=bias),
-            o_proj=b.linear(f"{p}.self_attn.out_proj", bias=bias),
-            rotary=None,
-            num_heads=n,
-            num_kv_heads=n,
-            head_dim=hd,
-            scale=hd**-0.5,
+        attn = common.self_attention(
+            b, i, f"{p}.self_attn", rotary=None, bias=bias, o_proj="out_proj", o_bias=bias
         )
         mlp = common.dense_mlp(b, f"{p}.fc1", f"{p}.fc2", cfg.activation_function, bias=bias)
         attn_norm = _layer_norm(b, f"{p}.self_attn_layer_norm")

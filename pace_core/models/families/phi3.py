@@ -7,7 +7,8 @@ from __future__ import annotations
 import torch
 
 from pace_core.models import common
-from pace_core.models.decoder import DecoderLM, ModelBuilder
+from pace_core.models.builder import ModelBuilder
+from pace_core.models.decoder import DecoderLM
 from pace_core.models.families import llama
 from pace_core.models.layers import Bound
 
@@ -20,7 +21,7 @@ def fused_qkv(b: ModelBuilder, prefix: str, bias: bool) -> Bound:
 def fused_gated_mlp(b: ModelBuilder, prefix: str) -> Bound:
     gate, up = torch.chunk(b.tensor(f"{prefix}.gate_up_proj.weight"), 2)
     down = b.tensor(f"{prefix}.down_proj.weight")
-    return b.gated_mlp(gate, up, down, llama.ACTIVATIONS[b.config.hidden_act])
+    return b.gated_mlp(gate, up, down, common.activation(b.config.hidden_act))
 
 
 def build(b: ModelBuilder) -> DecoderLM:

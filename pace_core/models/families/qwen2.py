@@ -4,7 +4,8 @@ windows from ``config.layer_types`` (transformers derives them from ``use_slidin
 
 from __future__ import annotations
 
-from pace_core.models.decoder import DecoderLM, ModelBuilder
+from pace_core.models.builder import ModelBuilder
+from pace_core.models.decoder import DecoderLM
 from pace_core.models.families import llama
 
 

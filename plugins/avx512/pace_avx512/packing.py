@@ -1,7 +1,8 @@
 """Weight packing: the ``prepare`` half of the prepared ops, run once at model build.
 
-Layouts (see ``csrc/kernels.h``), in groups of 64 output columns (4 blocks of 16), zero
-padded, each group one contiguous run:
+Layouts (see ``csrc/kernels.h``, whose ``BLOCK`` and ``GROUP`` the extension exports and
+:func:`layout` reads), in groups of 64 output columns (4 blocks of 16), zero padded, each
+group one contiguous run:
 
 - bf16 ``[NG, Kp/2, 128]``: element ``[g, p, 32i + 2j + e] = W[64g + 16i + j, 2p + e]``
   (Kp = K rounded up to even): each 64-byte line is the k-pair operand of one ``vdpbf16ps``
@@ -21,10 +22,14 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-BLOCK = 16  # columns per vector of accumulators
-GROUP = 4  # blocks per packed group (csrc/linear.cpp GROUP)
-COLUMNS = BLOCK * GROUP
-ACTIVATIONS = {"silu": 0, "gelu": 1, "gelu_tanh": 2, "relu": 3}  # csrc/simd.h `Act`
+from pace_avx512 import extension
+from pace_core.ops import ACTIVATIONS
+
+
+def layout() -> tuple[int, int]:
+    """``(block, columns)``: columns per vector of accumulators and per packed group."""
+    ext = extension.load()
+    return ext.BLOCK, ext.BLOCK * ext.GROUP
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
@@ -32,39 +37,40 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
     if weight.dim() != 2:
         raise ValueError(f"pace-avx512 packs 2-D weights, got shape {tuple(weight.shape)}")
     n, k = weight.shape
-    ng = -(-n // COLUMNS)
+    _, columns = layout()
+    ng = -(-n // columns)
     if weight.dtype == torch.bfloat16:
         kp = k + k % 2
-        w = F.pad(weight, (0, kp - k, 0, ng * COLUMNS - n))
-        grouped = w.view(ng, COLUMNS, kp // 2, 2).permute(0, 2, 1, 3)
-        return grouped.reshape(ng, kp // 2, 2 * COLUMNS).contiguous()
+        w = F.pad(weight, (0, kp - k, 0, ng * columns - n))
+        grouped = w.view(ng, columns, kp // 2, 2).permute(0, 2, 1, 3)
+        return grouped.reshape(ng, kp // 2, 2 * columns).contiguous()
     if weight.dtype == torch.float32:
-        w = F.pad(weight, (0, 0, 0, ng * COLUMNS - n))
-        return w.view(ng, COLUMNS, k).permute(0, 2, 1).contiguous()
+        w = F.pad(weight, (0, 0, 0, ng * columns - n))
+        return w.view(ng, columns, k).permute(0, 2, 1).contiguous()
     raise TypeError(f"pace-avx512 kernels take float32 or bfloat16 weights, got {weight.dtype}")
 
 
 def resident(packed: torch.Tensor) -> torch.Tensor:
     """The packed weight moved into huge-page backed memory (see ``huge_page_copy`` in
-    ``csrc/bindings.cpp``) once the extension is loaded; as is before that."""
-    from pace_avx512 import build
-
-    return build.load_extension().huge_page_copy(packed) if build.loaded() else packed
+    ``csrc/bindings.cpp``)."""
+    return extension.load().huge_page_copy(packed)
 
 
 def pack_bias(bias: torch.Tensor | None, n: int) -> torch.Tensor | None:
     if bias is None:
         return None
-    ng = -(-n // COLUMNS)
-    return F.pad(bias.reshape(-1).float(), (0, ng * COLUMNS - n)).contiguous()
+    _, columns = layout()
+    ng = -(-n // columns)
+    return F.pad(bias.reshape(-1).float(), (0, ng * columns - n)).contiguous()
 
 
 def interleave_blocks(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """Rows ``g[0:16], u[0:16], g[16:32], u[16:32], ...`` (I padded to a multiple of 16)."""
     inter, k = gate.shape
-    nb = -(-inter // BLOCK)
-    g, u = (F.pad(t, (0, 0, 0, nb * BLOCK - inter)).view(nb, BLOCK, k) for t in (gate, up))
-    return torch.stack([g, u], dim=1).reshape(2 * nb * BLOCK, k)
+    block, _ = layout()
+    nb = -(-inter // block)
+    g, u = (F.pad(t, (0, 0, 0, nb * block - inter)).view(nb, block, k) for t in (gate, up))
+    return torch.stack([g, u], dim=1).reshape(2 * nb * block, k)
 
 
 @dataclass(frozen=True)
@@ -85,7 +91,7 @@ class PackedQKV:
 class PackedGatedMLP:
     gate_up: torch.Tensor  # blocks g0, u0, g1, u1, ... of the packed gate and up
     down: torch.Tensor  # packed [hidden, intermediate]
-    activation: int  # ACTIVATIONS code
+    activation: int  # code: the index of its name in the extension's ACTIVATIONS
     intermediate: int
     hidden: int
 
@@ -116,4 +122,5 @@ def prepare_gated_mlp(
     gate_up = resident(pack(interleave_blocks(gate, up)))
     inter, hidden = gate.shape
     down_packed = resident(pack(down))
-    return PackedGatedMLP(gate_up, down_packed, ACTIVATIONS[activation], int(inter), int(hidden))
+    code = extension.load().ACTIVATIONS.index(activation)
+    return PackedGatedMLP(gate_up, down_packed, code, int(inter), int(hidden))

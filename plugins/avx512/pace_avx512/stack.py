@@ -1,10 +1,12 @@
-"""The fused ``decoder_stack``: a model's blocks described once for the C++ loop (stack.cpp).
+"""The fused ``decoder_stack``: a model's blocks run by one C++ loop (csrc/stack.cpp).
 
-``prepare`` reads the built blocks (pre-norm and sandwich blocks whose ops are all avx512
-kernels) into plain tuples of packed weights and sizes. Each forward step over a cache that
-exposes its buffers (``direct_buffers``: the contiguous caches) runs all blocks in one C++
-call, ragged (left-padded) rows included; steps over other caches run the same blocks in
-Python.
+``prepare`` reads the blocks' descriptions (``block.describe()``, the frozen dataclasses of
+``pace_core.stack_spec``: the contract, not the core's block classes), checks that they are
+pre-norm or sandwich blocks whose every kernel is pace-avx512's, and hands them to the
+extension's ``DecoderStack``, which reads their fields (and the packed weights they hold) by
+name once. Each forward step over a cache that exposes its buffers (``direct_buffers``: the
+contiguous caches) runs all blocks in one C++ call, ragged (left-padded) rows included; steps
+over other caches run the same blocks in Python.
 """
 
 from __future__ import annotations
@@ -15,11 +17,11 @@ from typing import Any
 
 import torch
 
-from pace_avx512 import build, kernels
+from pace_avx512 import extension, kernels
 from pace_avx512.packing import PackedGatedMLP, PackedLinear, PackedQKV
-from pace_core.models.layers import Attention, Bound, Norm, PreNormBlock, SandwichBlock
+from pace_core.stack_spec import AttentionSpec, BlockSpec, BoundKernel, GatedMLPSpec, NormSpec
 
-FUSABLE_BLOCKS = frozenset({"PreNormBlock", "SandwichBlock"})
+FUSABLE_BLOCKS = frozenset({"pre_norm", "sandwich"})  # stack_spec.BlockSpec kinds
 
 
 class NotFusable(ValueError):
@@ -34,19 +36,37 @@ class FusedStack:
     windows: tuple[int | None, ...]  # the step's masks, in order
 
 
-def _norm(norm: Norm | None) -> tuple | None:
-    if norm is None:
-        return None
-    if norm.fn not in (kernels.rms_norm, kernels.layer_norm):
+def _own(bound: BoundKernel, kernel: Callable, packed: type, what: str) -> None:
+    if bound.fn is not kernel or not isinstance(bound.weight, packed):
+        raise NotFusable(f"{what} is not on pace-avx512's {kernel.__name__}")
+
+
+def _check_norm(norm: NormSpec | None) -> None:
+    if norm is not None and norm.fn not in (kernels.rms_norm, kernels.layer_norm):
         raise NotFusable(f"norm kernel {norm.fn!r} is not pace-avx512's")
-    return (norm.weight, norm.bias, float(norm.eps), norm.is_rms)
 
 
-def _linear(bound: Bound) -> tuple:
-    w = bound.weight
-    if bound.fn is not kernels.linear or not isinstance(w, PackedLinear):
-        raise NotFusable("a projection is not on pace-avx512's linear")
-    return (w.weight, w.bias, w.out_features)
+def _check_attention(attn: AttentionSpec) -> None:
+    _own(attn.qkv, kernels.qkv_proj, PackedQKV, "the QKV projection")
+    _own(attn.o_proj, kernels.linear, PackedLinear, "the output projection")
+    if attn.attend is not kernels.attention:
+        raise NotFusable("attention is not pace-avx512's")
+    if attn.rope is not None and attn.rope.fn is not kernels.rope:
+        raise NotFusable("rope is not pace-avx512's")
+    _check_norm(attn.q_norm)
+    _check_norm(attn.k_norm)
+
+
+def check(block: BlockSpec) -> None:
+    """Raise NotFusable unless the C++ loop runs ``block`` with pace-avx512's own kernels."""
+    if block.kind not in FUSABLE_BLOCKS:
+        raise NotFusable(f"{block.kind} blocks are not fused")
+    for norm in block.norms:
+        _check_norm(norm)
+    _check_attention(block.attention)
+    if not isinstance(block.mlp, GatedMLPSpec):
+        raise NotFusable(f"MLP {type(block.mlp).__name__} is not a gated MLP")
+    _own(block.mlp.kernel, kernels.gated_mlp, PackedGatedMLP, "the gated MLP")
 
 
 def _slot(table: dict, key: Any, value: Any) -> int:
@@ -55,64 +75,20 @@ def _slot(table: dict, key: Any, value: Any) -> int:
     return list(table).index(key)
 
 
-def _attention(attn: Attention, rotaries: dict[int, Any], windows: dict) -> dict[str, Any]:
-    qkv = attn.qkv.weight
-    if attn.qkv.fn is not kernels.qkv_proj or not isinstance(qkv, PackedQKV):
-        raise NotFusable("the QKV projection is not on pace-avx512's qkv_proj")
-    if attn.attend is not kernels.attention:
-        raise NotFusable("attention is not pace-avx512's")
-    rope = -1
-    if attn.rope_fn is not None:
-        if attn.rope_fn is not kernels.rope:
-            raise NotFusable("rope is not pace-avx512's")
-        rope = _slot(rotaries, id(attn.rotary), attn.rotary)
-    lin = qkv.linear
-    return {
-        "qkv": (lin.weight, lin.bias, lin.out_features),
-        "sizes": tuple(qkv.sizes),
-        "q_norm": _norm(attn.q_norm),
-        "k_norm": _norm(attn.k_norm),
-        "o": _linear(attn.o_proj),
-        "heads": (attn.layer, attn.num_heads, attn.num_kv_heads, attn.head_dim),
-        "scale": float(attn.scale),
-        "rope": rope,
-        "interleaved": bool(attn.rotary.interleaved) if attn.rotary is not None else False,
-        "mask": _slot(windows, attn.window, attn.window),
-        "sinks": None if attn.sinks is None else attn.sinks.float().contiguous(),
-    }
-
-
-def _mlp(mlp: Any) -> tuple:
-    if not (isinstance(mlp, Bound) and mlp.fn is kernels.gated_mlp):
-        raise NotFusable(f"MLP {type(mlp).__name__} is not pace-avx512's gated_mlp")
-    w: PackedGatedMLP = mlp.weight
-    return (w.gate_up, w.down, w.intermediate, w.hidden, w.activation)
-
-
-def describe(block: Any, rotaries: dict[int, Any], windows: dict) -> dict[str, Any]:
-    """One block as the dict ``stack.cpp`` reads (raises NotFusable)."""
-    if isinstance(block, PreNormBlock):
-        norms = [block.norm1, block.norm2]
-        spec = {"sandwich": False, **_attention(block.attn, rotaries, windows)}
-    elif isinstance(block, SandwichBlock):
-        norms = [block.pre_attn, block.post_attn, block.pre_mlp, block.post_mlp]
-        spec = {"sandwich": True, **_attention(block.attn, rotaries, windows)}
-    else:
-        raise NotFusable(f"{type(block).__name__} blocks are not fused")
-    spec["norms"] = [_norm(n) for n in norms]
-    spec["mlp"] = _mlp(block.mlp)
-    return spec
-
-
 def prepare(layers: Sequence[Callable]) -> FusedStack:
-    rotaries: dict[int, Any] = {}  # id -> Rotary, in the order the layers index them
-    windows: dict[int | None, int | None] = {}
-    specs = [describe(block, rotaries, windows) for block in layers]
+    blocks = [layer.describe() for layer in layers]
+    for block in blocks:
+        check(block)
+    rotaries: dict[int, Any] = {}  # id -> rope table key, in the order the layers index them
+    windows: dict[int | None, None] = {}
+    ropes = [block.attention.rope for block in blocks]
+    cpp = extension.load().DecoderStack(
+        blocks=blocks,
+        rope_slots=[-1 if r is None else _slot(rotaries, id(r.table), r.table) for r in ropes],
+        mask_slots=[_slot(windows, block.attention.window, None) for block in blocks],
+    )
     return FusedStack(
-        layers=tuple(layers),
-        cpp=build.load_extension().DecoderStack(specs),
-        rotaries=tuple(rotaries.values()),
-        windows=tuple(windows),
+        layers=tuple(layers), cpp=cpp, rotaries=tuple(rotaries.values()), windows=tuple(windows)
     )
 
 

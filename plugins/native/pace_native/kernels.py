@@ -9,12 +9,16 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-ACTIVATIONS = {
-    "silu": F.silu,
-    "gelu": F.gelu,
-    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
-    "relu": F.relu,
-}
+from pace_core import ops
+
+# The core's activation vocabulary (pace_core.ops.ACTIVATIONS), in its order, as torch functions.
+ACTIVATIONS = dict(
+    zip(
+        ops.ACTIVATIONS,
+        (F.silu, F.gelu, lambda x: F.gelu(x, approximate="tanh"), F.relu),
+        strict=True,
+    )
+)
 
 
 def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -68,8 +72,8 @@ class GatedMLPWeight:
 def prepare_gated_mlp(
     gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, activation: str
 ) -> GatedMLPWeight:
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"unknown activation {activation!r}; known: {', '.join(ACTIVATIONS)}")
+    if activation not in ops.ACTIVATIONS:
+        raise ValueError(f"unknown activation {activation!r}; known: {', '.join(ops.ACTIVATIONS)}")
     gate_up = torch.cat([gate, up]).contiguous()
     return GatedMLPWeight(gate_up, down.contiguous(), activation, int(gate.shape[0]))
 

@@ -25,12 +25,18 @@
 namespace pace_avx512 {
 namespace {
 
-constexpr int64_t BS = 64;  // keys per online-softmax block
+#define ALWAYS_INLINE inline __attribute__((always_inline))
 
-static inline __m512 load(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
-static inline __m512 load(const bf16_t* p, __mmask16 m) { return load_bf16(p, m); }
-static inline void store(float* p, __m512 v, __mmask16 m) { _mm512_mask_storeu_ps(p, m, v); }
-static inline void store(bf16_t* p, __m512 v, __mmask16 m) { store_bf16(p, v, m); }
+constexpr int64_t BS = 64;  // keys per online-softmax block
+constexpr float NINF = -std::numeric_limits<float>::infinity();
+
+// Whether bf16 scores come from vdpbf16ps on the bf16 query and key rows (else fp32 rows).
+template <typename T>
+#ifdef PACE_HAS_BF16
+constexpr bool kDotBf16 = std::is_same_v<T, bf16_t>;
+#else
+constexpr bool kDotBf16 = false;
+#endif
 
 // out[k] = sum of the 16 lanes of v[k], for 16 vectors at once (transpose-and-add tree).
 static inline __m512 reduce16(const __m512 (&v)[16]) {
@@ -62,21 +68,25 @@ static inline __mmask16 mask_bits(const bool* m, int64_t stride, int64_t n) {
   return bits;
 }
 
-// Rows s0 .. s0+n-1 of K or V for (batch row b, KV head g) as fp32 row pointers: bf16 is
-// widened once into `scratch` (shared by all query rows of the group), fp32 is read in place.
-// Without a block table the cache is [B, Hk, S, D] (strides st = b, h, s); with one it is a
-// pool [blocks, Hk, block_size, D] (st = block, h, s) and key s of row b lives in block
-// table[b, s / block_size].
+// Key or value row s of (batch row b, KV head g). Without a block table the cache is
+// [B, Hk, S, D] (strides st = b, h, s); with one it is a pool [blocks, Hk, block_size, D]
+// (st = block, h, s) and key s of row b lives in block table[b, s / block_size].
+template <typename T>
+ALWAYS_INLINE const T* kv_row(const T* base, const int64_t (&st)[3], const AttnArgs<T>& a,
+                              int64_t b, int64_t g, int64_t s) {
+  return a.table == nullptr ? base + b * st[0] + g * st[1] + s * st[2]
+                            : base + a.table[b * a.table_stride + s / a.block_size] * st[0] +
+                                  g * st[1] + (s % a.block_size) * st[2];
+}
+
+// Rows s0 .. s0+n-1 of K or V for (b, g) as fp32 row pointers: bf16 is widened once into
+// `scratch` (shared by all query rows of the group), fp32 is read in place.
 template <typename T>
 inline void rows_fp32(const T* base, const int64_t (&st)[3], const AttnArgs<T>& a, int64_t b,
                       int64_t g, int64_t s0, int64_t n, int64_t D, int64_t Dp, float* scratch,
                       const float* (&out)[BS]) {
   for (int64_t j = 0; j < n; ++j) {
-    const int64_t s = s0 + j;
-    const T* src = a.table == nullptr
-                       ? base + b * st[0] + g * st[1] + s * st[2]
-                       : base + a.table[b * a.table_stride + s / a.block_size] * st[0] + g * st[1] +
-                             (s % a.block_size) * st[2];
+    const T* src = kv_row(base, st, a, b, g, s0 + j);
     if constexpr (std::is_same_v<T, float>) {
       out[j] = src;
     } else {
@@ -91,12 +101,7 @@ inline void rows_fp32(const T* base, const int64_t (&st)[3], const AttnArgs<T>& 
 template <typename T>
 inline void rows_raw(const T* base, const int64_t (&st)[3], const AttnArgs<T>& a, int64_t b,
                      int64_t g, int64_t s0, int64_t n, const T* (&out)[BS]) {
-  for (int64_t j = 0; j < n; ++j) {
-    const int64_t s = s0 + j;
-    out[j] = a.table == nullptr ? base + b * st[0] + g * st[1] + s * st[2]
-                                : base + a.table[b * a.table_stride + s / a.block_size] * st[0] +
-                                      g * st[1] + (s % a.block_size) * st[2];
-  }
+  for (int64_t j = 0; j < n; ++j) out[j] = kv_row(base, st, a, b, g, s0 + j);
 }
 
 // Keys [lo, hi) that any of the query rows t0 .. t0+nt-1 of batch row b may attend: keys
@@ -249,185 +254,241 @@ struct Partial {
   float* l;
 };
 
+// The query rows of one work item and their scratch: row r is head g * group + r / nt at
+// position t0 + r % nt of batch row b.
+template <typename T>
+struct ItemRows {
+  const AttnArgs<T>& a;
+  int64_t b, g, t0, nt, group, rows, D, Dp;
+  float* qf;   // [rows, Dp] scaled queries
+  float* acc;  // [rows, Dp] unnormalised outputs
+  float* sc;   // [rows, BS] scores, then probabilities, of the block
+  float* m;    // [rows] running max
+  float* l;    // [rows] running sum
+
+  int64_t head(int64_t r) const { return g * group + r / nt; }
+  int64_t pos(int64_t r) const { return t0 + r % nt; }
+  const T* query(int64_t r) const { return a.q + b * a.qs[0] + head(r) * a.qs[1] + pos(r) * a.qs[2]; }
+  const bool* mask(int64_t r, int64_t s) const {
+    return a.mask + b * a.ms[0] + pos(r) * a.ms[1] + s * a.ms[2];
+  }
+};
+
+// Zero accumulators, the scaled fp32 queries, and the softmax state of every row: a sink
+// starts it as (m = sink, l = 1) in the item that starts the row's softmax, else (-inf, 0).
+template <typename T>
+ALWAYS_INLINE void start_rows(const ItemRows<T>& it, bool with_sinks) {
+  const AttnArgs<T>& a = it.a;
+  const __m512 vscale = _mm512_set1_ps(a.scale);
+  std::fill(it.acc, it.acc + it.rows * it.Dp, 0.0f);
+  for (int64_t r = 0; r < it.rows; ++r) {
+    const T* src = it.query(r);
+    for (int64_t i = 0; i < it.Dp; i += 16)
+      _mm512_storeu_ps(it.qf + r * it.Dp + i, _mm512_mul_ps(load(src + i, lane_mask(it.D - i)), vscale));
+    it.m[r] = with_sinks && a.sinks ? a.sinks[it.head(r)] : NINF;
+    it.l[r] = with_sinks && a.sinks ? 1.0f : 0.0f;
+  }
+}
+
+// Scores of the block's n keys (packed pairs kt) for the rows in groups of 4 (score_tile,
+// bf16 only); returns the number of rows scored.
+template <typename T>
+ALWAYS_INLINE int64_t tile_scores(const ItemRows<T>& it, int64_t s0, int64_t n, const uint32_t* kt) {
+  const AttnArgs<T>& a = it.a;
+  const int64_t nc = (n + 15) / 16;
+  int64_t r_done = 0;
+  for (; r_done + 4 <= it.rows; r_done += 4) {
+    const uint32_t* qw[4];
+    for (int i = 0; i < 4; ++i) qw[i] = reinterpret_cast<const uint32_t*>(it.query(r_done + i));
+    alignas(64) float tile[4 * 64];
+    switch (nc) {
+      case 1: score_tile<1>(qw, kt, it.D / 2, tile); break;
+      case 2: score_tile<2>(qw, kt, it.D / 2, tile); break;
+      case 3: score_tile<3>(qw, kt, it.D / 2, tile); break;
+      default: score_tile<4>(qw, kt, it.D / 2, tile); break;
+    }
+    for (int i = 0; i < 4; ++i) {
+      const int64_t r = r_done + i;
+      for (int64_t c = 0; c < nc; ++c) {
+        const int64_t j0 = 16 * c, nk = std::min<int64_t>(16, n - j0);
+        const __mmask16 live = mask_bits(it.mask(r, s0 + j0), a.ms[2], nk);
+        const __m512 sv = _mm512_mask_mov_ps(_mm512_set1_ps(NINF), live,
+                                             _mm512_mul_ps(_mm512_load_ps(tile + i * 64 + 16 * c),
+                                                           _mm512_set1_ps(a.scale)));
+        _mm512_mask_storeu_ps(it.sc + r * BS + j0, lane_mask(nk), sv);
+      }
+    }
+  }
+  return r_done;
+}
+
+// Scores of the block's n keys for rows r0 .. rows-1, 16 keys at a time (ScoreRow): bf16 key
+// rows `bkeys` read in place by vdpbf16ps, else the fp32 rows `keys`. Masked keys get -inf.
+template <typename T>
+ALWAYS_INLINE void row_scores(const ItemRows<T>& it, int64_t s0, int64_t n, int64_t r0,
+                              const float* const* keys, const bf16_t* const* bkeys) {
+  const AttnArgs<T>& a = it.a;
+  for (int64_t j0 = 0; j0 < n; j0 += 16) {
+    const int64_t nk = std::min<int64_t>(16, n - j0);
+    for (int64_t r = r0; r < it.rows; ++r) {
+      const __mmask16 live = mask_bits(it.mask(r, s0 + j0), a.ms[2], nk);
+      __m512 s = _mm512_set1_ps(NINF);
+      if (live) {
+        const ScoreRow score{it.qf + r * it.Dp, reinterpret_cast<const bf16_t*>(it.query(r)),
+                             a.scale, it.D};
+        s = _mm512_mask_mov_ps(s, live, kDotBf16<T> ? score(bkeys + j0, nk) : score(keys + j0, nk));
+      }
+      _mm512_mask_storeu_ps(it.sc + r * BS + j0, lane_mask(nk), s);
+    }
+  }
+}
+
+// Online softmax over the block's n scores of every row: when the max grows, what was
+// accumulated is rescaled by e^(m_old - m_new); the scores become e^(s - m), summed into l.
+template <typename T>
+ALWAYS_INLINE void softmax_block(const ItemRows<T>& it, int64_t n) {
+  const int64_t Dp = it.Dp;
+  for (int64_t r = 0; r < it.rows; ++r) {
+    float* p = it.sc + r * BS;
+    float* acc = it.acc + r * Dp;
+    __m512 mx = _mm512_set1_ps(NINF);
+    for (int64_t j = 0; j < n; j += 16)
+      mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(_mm512_set1_ps(NINF), lane_mask(n - j), p + j));
+    const float bm = _mm512_reduce_max_ps(mx);
+    if (bm == NINF) {  // every key of this block is masked for this row
+      std::fill(p, p + n, 0.0f);
+      continue;
+    }
+    const float mnew = std::max(it.m[r], bm);
+    const float alpha = it.m[r] == NINF ? 0.0f : std::exp(it.m[r] - mnew);
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t j = 0; j < n; j += 16) {
+      const __mmask16 mk = lane_mask(n - j);
+      const __m512 x = _mm512_maskz_loadu_ps(mk, p + j);
+      const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(NINF), _CMP_NEQ_OQ) & mk;
+      const __m512 e = _mm512_maskz_mov_ps(live, exp512(_mm512_sub_ps(x, _mm512_set1_ps(mnew))));
+      _mm512_mask_storeu_ps(p + j, mk, e);
+      sum = _mm512_add_ps(sum, e);
+    }
+    it.l[r] = it.l[r] * alpha + _mm512_reduce_add_ps(sum);
+    it.m[r] = mnew;
+    if (alpha != 1.0f)
+      for (int64_t i = 0; i < Dp; i += 16)
+        _mm512_storeu_ps(acc + i, _mm512_mul_ps(_mm512_loadu_ps(acc + i), _mm512_set1_ps(alpha)));
+  }
+}
+
+// acc += P . V over the block's n value rows: 4 query rows at a time (pv_tile, any 4 rows of
+// one KV head: prefill tiles and decode GQA groups of 4+), then each remaining row with up to
+// 128 output dims in registers while the value rows go by.
+template <typename T>
+ALWAYS_INLINE void add_values(const ItemRows<T>& it, int64_t n, const float* const* vals) {
+  const int64_t rows = it.rows, D = it.D, Dp = it.Dp;
+  float* acc = it.acc;
+  const float* sc = it.sc;
+  int64_t pv_done = 0;
+  if (rows >= 4) {
+    for (; pv_done + 4 <= rows; pv_done += 4)
+      for (int64_t d0 = 0; d0 < Dp; d0 += 64) {
+        switch (std::min<int64_t>(4, (Dp - d0) / 16)) {
+          case 1: pv_tile<1>(acc, Dp, sc, pv_done, n, vals, d0, D); break;
+          case 2: pv_tile<2>(acc, Dp, sc, pv_done, n, vals, d0, D); break;
+          case 3: pv_tile<3>(acc, Dp, sc, pv_done, n, vals, d0, D); break;
+          default: pv_tile<4>(acc, Dp, sc, pv_done, n, vals, d0, D); break;
+        }
+      }
+  }
+  for (int64_t i0 = 0; i0 < Dp; i0 += 128) {
+    const int64_t nv = std::min<int64_t>(8, (Dp - i0) / 16);
+    for (int64_t r = pv_done; r < rows; ++r) {
+      __m512 o[8];
+      for (int c = 0; c < 8; ++c) o[c] = c < nv ? _mm512_loadu_ps(acc + r * Dp + i0 + 16 * c) : _mm512_setzero_ps();
+      for (int64_t j = 0; j < n; ++j) {
+        const float pr = sc[r * BS + j];
+        if (pr == 0.0f) continue;
+        const __m512 pv = _mm512_set1_ps(pr);
+        const float* row = vals[j] + i0;
+        for (int c = 0; c < 8; ++c)
+          if (c < nv) o[c] = _mm512_fmadd_ps(pv, _mm512_maskz_loadu_ps(lane_mask(D - i0 - 16 * c), row + 16 * c), o[c]);
+      }
+      for (int c = 0; c < 8; ++c)
+        if (c < nv) _mm512_storeu_ps(acc + r * Dp + i0 + 16 * c, o[c]);
+    }
+  }
+}
+
+// The item's result: its softmax state into `part` (split-key decode, merged by the caller),
+// else each row's output acc / l.
+template <typename T>
+ALWAYS_INLINE void finish_rows(const ItemRows<T>& it, const Partial* part) {
+  const AttnArgs<T>& a = it.a;
+  const int64_t rows = it.rows, D = it.D, Dp = it.Dp;
+  if (part) {
+    std::copy(it.acc, it.acc + rows * Dp, part->acc);
+    std::copy(it.m, it.m + rows, part->m);
+    std::copy(it.l, it.l + rows, part->l);
+    return;
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    T* dst = a.out + ((it.b * a.hq + it.head(r)) * a.tq + it.pos(r)) * D;
+    const __m512 inv = _mm512_set1_ps(1.0f / it.l[r]);  // a fully masked row gives inf/NaN, like SDPA
+    for (int64_t i = 0; i < D; i += 16)
+      store(dst + i, _mm512_mul_ps(_mm512_loadu_ps(it.acc + r * Dp + i), inv), lane_mask(D - i));
+  }
+}
+
 // Query rows t0 .. t0+nt-1 of every head of KV head g in batch row b, over the keys
-// [k0, k1) that the mask leaves live. With `part` the unnormalised state is written there
-// (split-key decode, merged by the caller), else the normalised output.
+// [k0, k1) that the mask leaves live, one block of BS keys at a time: scores, online
+// softmax, values. With `part` the unnormalised state is written there (split-key decode,
+// merged by the caller), else the normalised output.
 template <typename T>
 void attend_item(const AttnArgs<T>& a, int64_t b, int64_t g, int64_t t0, int64_t nt, int64_t k0,
                  int64_t k1, bool with_sinks, const Partial* part, std::vector<float>& buf,
                  const Prepared& pre = {}) {
   const int64_t group = a.hq / a.hk, rows = group * nt, D = a.d, Dp = (D + 15) / 16 * 16;
   buf.resize(rows * (Dp * 2 + BS + 2) + 2 * BS * Dp);
-  float* qf = buf.data();          // [rows, Dp] scaled queries
-  float* acc = qf + rows * Dp;     // [rows, Dp] unnormalised outputs
-  float* sc = acc + rows * Dp;     // [rows, BS] scores, then probabilities, of the block
-  float* m = sc + rows * BS;       // [rows] running max
-  float* l = m + rows;             // [rows] running sum
-  float* kscratch = l + rows;      // [BS, Dp] bf16 keys widened
+  float* qf = buf.data();
+  const ItemRows<T> it{a, b, g, t0, nt, group, rows, D, Dp, qf, qf + rows * Dp, qf + 2 * rows * Dp,
+                       qf + rows * (2 * Dp + BS), qf + rows * (2 * Dp + BS + 1)};
+  float* kscratch = it.l + rows;  // [BS, Dp] bf16 keys widened
   float* vscratch = kscratch + BS * Dp;
-  const float* keys[BS];           // fp32 row of each key of the block (widened or in place)
-  const bf16_t* bkeys[BS];         // bf16 rows, read in place by vdpbf16ps
+  const float* keys[BS];    // fp32 row of each key of the block (widened or in place)
+  const bf16_t* bkeys[BS];  // bf16 rows, read in place by vdpbf16ps
   const float* vals[BS];
-  const float ninf = -std::numeric_limits<float>::infinity();
-#ifdef PACE_HAS_BF16
-  constexpr bool dot_bf16 = std::is_same_v<T, bf16_t>;
-#else
-  constexpr bool dot_bf16 = false;
-#endif
-  const __m512 vscale = _mm512_set1_ps(a.scale);
   const bool tiled = rows >= TILE_ROWS && D % 2 == 0;
-  std::vector<uint32_t> kt_buf(tiled && dot_bf16 && pre.kt == nullptr ? (D / 2) * 64 : 0);
-  const uint32_t* kt = nullptr;  // the block's packed key pairs
-  std::fill(acc, acc + rows * Dp, 0.0f);
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t h = g * group + r / nt, t = t0 + r % nt;
-    const T* src = a.q + b * a.qs[0] + h * a.qs[1] + t * a.qs[2];
-    for (int64_t i = 0; i < Dp; i += 16)
-      _mm512_storeu_ps(qf + r * Dp + i, _mm512_mul_ps(load(src + i, lane_mask(D - i)), vscale));
-    m[r] = with_sinks && a.sinks ? a.sinks[h] : ninf;
-    l[r] = with_sinks && a.sinks ? 1.0f : 0.0f;
-  }
+  std::vector<uint32_t> kt_buf(tiled && kDotBf16<T> && pre.kt == nullptr ? (D / 2) * 64 : 0);
+  start_rows(it, with_sinks);
   int64_t lo, hi;
   live_keys(a, b, t0, nt, lo, hi);
   lo = std::max(lo, k0), hi = std::min(hi, k1);
   if (pre.kt != nullptr) lo = lo / BS * BS;  // prepared blocks are 64-key aligned
   for (int64_t s0 = lo; s0 < hi; s0 += BS) {
     const int64_t n = std::min(BS, hi - s0);
-    if constexpr (dot_bf16) {
+    int64_t r_done = 0;  // rows whose scores the tiles computed
+    if constexpr (kDotBf16<T>) {
       rows_raw(a.k, a.ks, a, b, g, s0, n, bkeys);
+      if (tiled) {
+        const uint32_t* kt = kt_buf.data();  // the block's packed key pairs
+        if (pre.kt != nullptr)
+          kt = pre.kt + ((b * a.hk + g) * pre.blocks + s0 / BS) * (D / 2) * 64;
+        else
+          pack_key_pairs(bkeys, n, D / 2, kt_buf.data());
+        r_done = tile_scores(it, s0, n, kt);
+      }
     } else {
       rows_fp32(a.k, a.ks, a, b, g, s0, n, D, Dp, kscratch, keys);
     }
-    int64_t r_done = 0;  // rows whose scores the tiles computed
-    if constexpr (dot_bf16) {
-      if (tiled) {
-        if (pre.kt != nullptr) {
-          kt = pre.kt + ((b * a.hk + g) * pre.blocks + s0 / BS) * (D / 2) * 64;
-        } else {
-          pack_key_pairs(bkeys, n, D / 2, kt_buf.data());
-          kt = kt_buf.data();
-        }
-        const int64_t nc = (n + 15) / 16;
-        for (; r_done + 4 <= rows; r_done += 4) {
-          const uint32_t* qw[4];
-          for (int i = 0; i < 4; ++i) {
-            const int64_t r = r_done + i, h = g * group + r / nt, t = t0 + r % nt;
-            qw[i] = reinterpret_cast<const uint32_t*>(a.q + b * a.qs[0] + h * a.qs[1] + t * a.qs[2]);
-          }
-          alignas(64) float tile[4 * 64];
-          switch (nc) {
-            case 1: score_tile<1>(qw, kt, D / 2, tile); break;
-            case 2: score_tile<2>(qw, kt, D / 2, tile); break;
-            case 3: score_tile<3>(qw, kt, D / 2, tile); break;
-            default: score_tile<4>(qw, kt, D / 2, tile); break;
-          }
-          for (int i = 0; i < 4; ++i) {
-            const int64_t r = r_done + i, t = t0 + r % nt;
-            for (int64_t c = 0; c < nc; ++c) {
-              const int64_t j0 = 16 * c, nk = std::min<int64_t>(16, n - j0);
-              const __mmask16 live = mask_bits(a.mask + b * a.ms[0] + t * a.ms[1] + (s0 + j0) * a.ms[2], a.ms[2], nk);
-              const __m512 sv = _mm512_mask_mov_ps(_mm512_set1_ps(ninf), live,
-                                                   _mm512_mul_ps(_mm512_load_ps(tile + i * 64 + 16 * c),
-                                                                 _mm512_set1_ps(a.scale)));
-              _mm512_mask_storeu_ps(sc + r * BS + j0, lane_mask(nk), sv);
-            }
-          }
-        }
-      }
-    }
-    for (int64_t j0 = 0; j0 < n; j0 += 16) {
-      const int64_t nk = std::min<int64_t>(16, n - j0);
-      for (int64_t r = r_done; r < rows; ++r) {
-        const int64_t h = g * group + r / nt, t = t0 + r % nt;
-        const __mmask16 live = mask_bits(a.mask + b * a.ms[0] + t * a.ms[1] + (s0 + j0) * a.ms[2], a.ms[2], nk);
-        __m512 s = _mm512_set1_ps(ninf);
-        if (live) {
-          const ScoreRow score{qf + r * Dp, reinterpret_cast<const bf16_t*>(a.q + b * a.qs[0] + h * a.qs[1] + t * a.qs[2]),
-                               a.scale, D};
-          s = _mm512_mask_mov_ps(s, live, dot_bf16 ? score(reinterpret_cast<const bf16_t* const*>(bkeys + j0), nk)
-                                                   : score(keys + j0, nk));
-        }
-        _mm512_mask_storeu_ps(sc + r * BS + j0, lane_mask(nk), s);
-      }
-    }
-    // online softmax: rescale what was accumulated when the max grows, then add this block
-    for (int64_t r = 0; r < rows; ++r) {
-      float* p = sc + r * BS;
-      __m512 mx = _mm512_set1_ps(ninf);
-      for (int64_t j = 0; j < n; j += 16)
-        mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(_mm512_set1_ps(ninf), lane_mask(n - j), p + j));
-      const float bm = _mm512_reduce_max_ps(mx);
-      if (bm == ninf) {  // every key of this block is masked for this row
-        std::fill(p, p + n, 0.0f);
-        continue;
-      }
-      const float mnew = std::max(m[r], bm);
-      const float alpha = m[r] == ninf ? 0.0f : std::exp(m[r] - mnew);
-      __m512 sum = _mm512_setzero_ps();
-      for (int64_t j = 0; j < n; j += 16) {
-        const __mmask16 mk = lane_mask(n - j);
-        const __m512 x = _mm512_maskz_loadu_ps(mk, p + j);
-        const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(ninf), _CMP_NEQ_OQ) & mk;
-        const __m512 e = _mm512_maskz_mov_ps(live, exp512(_mm512_sub_ps(x, _mm512_set1_ps(mnew))));
-        _mm512_mask_storeu_ps(p + j, mk, e);
-        sum = _mm512_add_ps(sum, e);
-      }
-      l[r] = l[r] * alpha + _mm512_reduce_add_ps(sum);
-      m[r] = mnew;
-      if (alpha != 1.0f)
-        for (int64_t i = 0; i < Dp; i += 16)
-          _mm512_storeu_ps(acc + r * Dp + i, _mm512_mul_ps(_mm512_loadu_ps(acc + r * Dp + i), _mm512_set1_ps(alpha)));
-    }
-    // values: per query row, up to 128 output dims in registers while the block's rows go by
+    row_scores(it, s0, n, r_done, keys, bkeys);
+    softmax_block(it, n);
     if (pre.v != nullptr) {
       const float* vb = pre.v + ((b * a.hk + g) * pre.blocks * BS + s0) * Dp;
       for (int64_t j = 0; j < n; ++j) vals[j] = vb + j * Dp;
     } else {
       rows_fp32(a.v, a.vs, a, b, g, s0, n, D, Dp, vscratch, vals);
     }
-    int64_t pv_done = 0;
-    if (rows >= 4) {  // any 4 query rows of one KV head (decode GQA groups of 4+ too)
-      for (; pv_done + 4 <= rows; pv_done += 4)
-        for (int64_t d0 = 0; d0 < Dp; d0 += 64) {
-          switch (std::min<int64_t>(4, (Dp - d0) / 16)) {
-            case 1: pv_tile<1>(acc, Dp, sc, pv_done, n, vals, d0, D); break;
-            case 2: pv_tile<2>(acc, Dp, sc, pv_done, n, vals, d0, D); break;
-            case 3: pv_tile<3>(acc, Dp, sc, pv_done, n, vals, d0, D); break;
-            default: pv_tile<4>(acc, Dp, sc, pv_done, n, vals, d0, D); break;
-          }
-        }
-    }
-    for (int64_t i0 = 0; i0 < Dp; i0 += 128) {
-      const int64_t nv = std::min<int64_t>(8, (Dp - i0) / 16);
-      for (int64_t r = pv_done; r < rows; ++r) {
-        __m512 o[8];
-        for (int c = 0; c < 8; ++c) o[c] = c < nv ? _mm512_loadu_ps(acc + r * Dp + i0 + 16 * c) : _mm512_setzero_ps();
-        for (int64_t j = 0; j < n; ++j) {
-          const float pr = sc[r * BS + j];
-          if (pr == 0.0f) continue;
-          const __m512 pv = _mm512_set1_ps(pr);
-          const float* row = vals[j] + i0;
-          for (int c = 0; c < 8; ++c)
-            if (c < nv) o[c] = _mm512_fmadd_ps(pv, _mm512_maskz_loadu_ps(lane_mask(D - i0 - 16 * c), row + 16 * c), o[c]);
-        }
-        for (int c = 0; c < 8; ++c)
-          if (c < nv) _mm512_storeu_ps(acc + r * Dp + i0 + 16 * c, o[c]);
-      }
-    }
+    add_values(it, n, vals);
   }
-  if (part) {
-    std::copy(acc, acc + rows * Dp, part->acc);
-    std::copy(m, m + rows, part->m);
-    std::copy(l, l + rows, part->l);
-    return;
-  }
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t h = g * group + r / nt, t = t0 + r % nt;
-    T* dst = a.out + ((b * a.hq + h) * a.tq + t) * D;
-    const __m512 inv = _mm512_set1_ps(1.0f / l[r]);  // a fully masked row gives inf/NaN, like SDPA
-    for (int64_t i = 0; i < D; i += 16)
-      store(dst + i, _mm512_mul_ps(_mm512_loadu_ps(acc + r * Dp + i), inv), lane_mask(D - i));
-  }
+  finish_rows(it, part);
 }
 
 // Split-key decode: the states of `splits` key ranges of one (row, KV head) merged into the
@@ -436,9 +497,8 @@ template <typename T>
 void merge_splits(const AttnArgs<T>& a, int64_t b, int64_t g, int64_t splits, const float* part,
                   int64_t rows, int64_t Dp) {
   const int64_t group = a.hq / a.hk, D = a.d, stride = rows * (Dp + 2);
-  const float ninf = -std::numeric_limits<float>::infinity();
   for (int64_t r = 0; r < rows; ++r) {
-    float M = ninf;
+    float M = NINF;
     for (int64_t s = 0; s < splits; ++s) M = std::max(M, part[s * stride + rows * Dp + r]);
     __m512 o[16];
     const int64_t nv = Dp / 16;
@@ -447,7 +507,7 @@ void merge_splits(const AttnArgs<T>& a, int64_t b, int64_t g, int64_t splits, co
     for (int64_t s = 0; s < splits; ++s) {
       const float* p = part + s * stride;
       const float ms = p[rows * Dp + r], ls = p[rows * Dp + rows + r];
-      if (ms == ninf) continue;  // no live key in this range
+      if (ms == NINF) continue;  // no live key in this range
       const float w = std::exp(ms - M);
       L += w * ls;
       for (int64_t c = 0; c < nv; ++c)

@@ -19,6 +19,7 @@
 #include <type_traits>
 
 #include "kernels.h"
+#include "simd.h"
 #include "tensor_ops.h"
 
 namespace pace_avx512 {
@@ -57,7 +58,7 @@ int64_t check_packed(const Tensor& x, const Tensor& w, int64_t k) {
   TORCH_CHECK(!bf, "pace_avx512: built without AVX512-BF16, bf16 matmuls are unavailable");
 #endif
   const int64_t width = bf ? (k + 1) / 2 * 2 : k;
-  TORCH_CHECK(w.dim() == 3 && w.is_contiguous() && w.size(2) == (bf ? 128 : 64) &&
+  TORCH_CHECK(w.dim() == 3 && w.is_contiguous() && w.size(2) == (bf ? 2 : 1) * COLUMNS &&
                   w.size(1) == (bf ? width / 2 : width),
               "pace_avx512: packed weight ", w.sizes(), " does not match K=", k);
   return width;
@@ -79,7 +80,7 @@ void run_linear(const Tensor& xr, int64_t width, int64_t M, int64_t K, const Ten
 Tensor linear(const Tensor& x, const Tensor& w, const OptTensor& bias, int64_t n) {
   const int64_t K = x.size(-1);
   const int64_t width = check_packed(x, w, K);
-  TORCH_CHECK(w.size(0) * 64 >= n, "pace_avx512: packed weight has fewer than N columns");
+  TORCH_CHECK(w.size(0) * COLUMNS >= n, "pace_avx512: packed weight has fewer than N columns");
   auto sizes = x.sizes().vec();
   sizes.back() = n;
   Tensor y = at::empty(sizes, x.options());
@@ -88,7 +89,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const OptTensor& bias, int64_t n
   const float* b = nullptr;
   if (bias) {
     TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() &&
-                    bias->numel() >= w.size(0) * 64,
+                    bias->numel() >= w.size(0) * COLUMNS,
                 "pace_avx512: bias must be fp32 padded to the packed width");
     b = bias->data_ptr<float>();
   }
@@ -315,6 +316,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "or block pools + block table", py::arg("q"), py::arg("k"), py::arg("v"), py::arg("mask"),
         py::arg("scale"), py::arg("sinks"), py::arg("block_table") = py::none(),
         py::arg("block_size") = 0);
+  // Constants Python reads instead of copying: the packed layout and the activation codes.
+  m.attr("BLOCK") = BLOCK;
+  m.attr("GROUP") = GROUP;
+  py::tuple activations(static_cast<size_t>(ACT_COUNT));
+  for (int i = 0; i < ACT_COUNT; ++i) activations[i] = ACT_NAMES[i];
+  m.attr("ACTIVATIONS") = activations;
 #ifdef PACE_HAS_BF16
   m.attr("has_bf16") = true;
 #else

@@ -16,6 +16,11 @@ namespace pace_avx512 {
 
 using bf16_t = uint16_t;
 
+// The packed layout's sizes (exported by the extension: pace_avx512/packing.py reads them).
+constexpr int64_t BLOCK = 16;  // columns per vector of accumulators
+constexpr int64_t GROUP = 4;   // blocks per packed group
+constexpr int64_t COLUMNS = BLOCK * GROUP;  // columns per packed group
+
 // y[M, N] = x[M, K] @ W^T + bias. x rows have stride ldx >= Kp (the k-pad lane must be zero);
 // y rows have stride ldy. bias is fp32 [NB*16] or null.
 void linear_bf16(const bf16_t* x, int64_t ldx, int64_t M, int64_t K, const bf16_t* w,

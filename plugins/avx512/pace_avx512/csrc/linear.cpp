@@ -30,8 +30,6 @@ namespace {
 
 #define PACE_UNROLL _Pragma("GCC unroll 16")
 
-constexpr int64_t GROUP = 4;  // column blocks per packed group (packing.GROUP)
-
 // ---- micro-kernels: acc[MT][NB] = x[MT rows] . W[NB blocks] over all of K ----------------
 template <int MT, int NB>
 struct Bf16Kernel {
@@ -89,8 +87,6 @@ struct Fp32Kernel {
 };
 
 // ---- epilogues ----------------------------------------------------------------------------
-static inline void store(float* p, __m512 v, __mmask16 m) { _mm512_mask_storeu_ps(p, m, v); }
-static inline void store(bf16_t* p, __m512 v, __mmask16 m) { store_bf16(p, v, m); }
 
 template <typename T>
 struct LinearEpilogue {  // y = acc + bias

@@ -13,10 +13,6 @@
 namespace pace_avx512 {
 namespace {
 
-static inline __m512 load(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
-static inline __m512 load(const bf16_t* p, __mmask16 m) { return load_bf16(p, m); }
-static inline void store(float* p, __m512 v, __mmask16 m) { _mm512_mask_storeu_ps(p, m, v); }
-static inline void store(bf16_t* p, __m512 v, __mmask16 m) { store_bf16(p, v, m); }
 
 template <typename T>
 inline void rotate_head(T* x, const T* c, const T* s, int64_t R, bool interleaved) {

@@ -1,5 +1,6 @@
-// Small AVX-512 helpers shared by the kernels: bf16 <-> fp32 conversion, masks, exp and the
-// activation functions of the gated MLP. Everything computes in fp32.
+// Small AVX-512 helpers shared by the kernels: bf16 <-> fp32 conversion, typed loads and
+// stores, masks, exp and the activation functions of the gated MLP. Everything computes in
+// fp32.
 #pragma once
 
 #include <immintrin.h>
@@ -39,6 +40,13 @@ static inline __m256i to_bf16(__m512 v) {
 static inline void store_bf16(bf16_t* p, __m512 v, __mmask16 m = 0xFFFF) {
   _mm256_mask_storeu_epi16(p, m, to_bf16(v));
 }
+
+// Typed loads and stores of 16 lanes (masked) in fp32, for kernels templated on the storage
+// type: fp32 as is, bf16 widened on load and rounded to nearest even on store.
+static inline __m512 load(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+static inline __m512 load(const bf16_t* p, __mmask16 m) { return load_bf16(p, m); }
+static inline void store(float* p, __m512 v, __mmask16 m) { _mm512_mask_storeu_ps(p, m, v); }
+static inline void store(bf16_t* p, __m512 v, __mmask16 m) { store_bf16(p, v, m); }
 
 static inline float bf16_to_float(bf16_t b) {
   uint32_t u = (uint32_t)b << 16;
@@ -83,7 +91,10 @@ static inline __m512 erf512(__m512 x) {
       _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32((int)0x80000000u))));
 }
 
-enum Act : int { ACT_SILU = 0, ACT_GELU = 1, ACT_GELU_TANH = 2, ACT_RELU = 3 };
+// Activation codes of the gated MLP. ACT_NAMES[code] must be pace_core.ops.ACTIVATIONS in
+// order: the extension exports it and pace_avx512/extension.py checks it at load.
+enum Act : int { ACT_SILU = 0, ACT_GELU = 1, ACT_GELU_TANH = 2, ACT_RELU = 3, ACT_COUNT };
+inline constexpr const char* ACT_NAMES[ACT_COUNT] = {"silu", "gelu", "gelu_tanh", "relu"};
 
 static inline __m512 activate(__m512 x, int act) {
   const __m512 one = _mm512_set1_ps(1.0f), half = _mm512_set1_ps(0.5f);

@@ -2,9 +2,10 @@
 //
 // The Python forward spends ~30 calls and ~15 tensor ops per layer around the kernels (about
 // 2-3 ms per token on SmolLM2-135M, 15-20% of a 1-thread decode step). Here the same kernels
-// run in a C++ loop over layer descriptions built once at model load (pace_avx512/stack.py):
-// pre-norm (Llama, Qwen2, Phi-3, SmolLM) and sandwich (Gemma 3) blocks with fused QKV, QK-norm,
-// rope, a contiguous KV cache written in place, attention, output projection and gated MLP.
+// run in a C++ loop over the blocks' descriptions (pace_core/stack_spec.py), read once at model
+// load: pre-norm (Llama, Qwen2, Phi-3, SmolLM) and sandwich (Gemma 3) blocks with fused QKV,
+// QK-norm, rope, a contiguous KV cache written in place, attention, output projection and
+// gated MLP.
 // Ragged rows (left-padded batches) write each row's real tokens only, like the cache's own
 // update(); steps over caches that expose no buffers (paged, slab) stay in Python.
 #include <ATen/ops/empty.h>
@@ -57,49 +58,72 @@ struct LayerSpec {
   OptTensor sinks;
 };
 
-NormSpec norm_spec(const py::handle& h) {
+// The layers are read once, when the stack is built, from the descriptions of
+// pace_core/stack_spec.py (the blocks' describe()) and the packed weights of
+// pace_avx512/packing.py they hold, by attribute name.
+template <typename T>
+T field(const py::handle& o, const char* name) {
+  return o.attr(name).cast<T>();
+}
+
+OptTensor optional_tensor(const py::handle& o, const char* name) {
+  const py::object v = o.attr(name);
+  return v.is_none() ? OptTensor() : OptTensor(v.cast<Tensor>());
+}
+
+NormSpec norm_spec(const py::handle& spec) {  // a stack_spec.NormSpec or None
   NormSpec s;
-  if (h.is_none()) return s;
-  auto t = h.cast<py::tuple>();  // (weight, bias | None, eps, rms)
+  if (spec.is_none()) return s;
+  const auto op = field<std::string>(spec, "op");
+  TORCH_CHECK(op == "rms_norm" || op == "layer_norm", "pace_avx512: decoder stack norm op ", op);
   s.on = true;
-  s.weight = t[0].cast<Tensor>();
-  if (!t[1].is_none()) s.bias = t[1].cast<Tensor>();
-  s.eps = t[2].cast<double>();
-  s.rms = t[3].cast<bool>();
+  s.weight = field<Tensor>(spec, "weight");
+  s.bias = optional_tensor(spec, "bias");
+  s.eps = field<double>(spec, "eps");
+  s.rms = op == "rms_norm";
   return s;
 }
 
-LinearSpec linear_spec(const py::handle& h) {
-  auto t = h.cast<py::tuple>();  // (packed weight, fp32 bias | None, n)
-  LinearSpec s;
-  s.weight = t[0].cast<Tensor>();
-  if (!t[1].is_none()) s.bias = t[1].cast<Tensor>();
-  s.n = t[2].cast<int64_t>();
-  return s;
+LinearSpec linear_spec(const py::handle& packed) {  // a packing.PackedLinear
+  return {field<Tensor>(packed, "weight"), optional_tensor(packed, "bias"),
+          field<int64_t>(packed, "out_features")};
 }
 
-LayerSpec layer_spec(const py::dict& d) {
+// A stack_spec.BlockSpec; `rope` and `mask` index the step's rope tables and masks.
+LayerSpec layer_spec(const py::handle& block, int64_t rope, int64_t mask) {
   LayerSpec L;
-  L.sandwich = d["sandwich"].cast<bool>();
-  for (const auto& n : d["norms"]) L.norms.push_back(norm_spec(n));
+  const auto kind = field<std::string>(block, "kind");
+  TORCH_CHECK(kind == "pre_norm" || kind == "sandwich", "pace_avx512: decoder stack runs pre-norm "
+              "and sandwich blocks, not ", kind);
+  L.sandwich = kind == "sandwich";
+  for (const auto& n : block.attr("norms")) L.norms.push_back(norm_spec(n));
   TORCH_CHECK(L.norms.size() == (L.sandwich ? 4u : 2u), "pace_avx512: decoder stack norms");
-  L.qkv = linear_spec(d["qkv"]);
-  auto sizes = d["sizes"].cast<py::tuple>();
-  L.nq = sizes[0].cast<int64_t>(), L.nk = sizes[1].cast<int64_t>(), L.nv = sizes[2].cast<int64_t>();
-  L.q_norm = norm_spec(d["q_norm"]);
-  L.k_norm = norm_spec(d["k_norm"]);
-  L.o = linear_spec(d["o"]);
-  auto mlp = d["mlp"].cast<py::tuple>();  // (gate_up, down, inter, hidden, act)
-  L.gate_up = mlp[0].cast<Tensor>(), L.down = mlp[1].cast<Tensor>();
-  L.inter = mlp[2].cast<int64_t>(), L.hidden = mlp[3].cast<int64_t>(), L.act = mlp[4].cast<int64_t>();
-  auto heads = d["heads"].cast<py::tuple>();  // (layer, hq, hk, d)
-  L.layer = heads[0].cast<int64_t>(), L.hq = heads[1].cast<int64_t>();
-  L.hk = heads[2].cast<int64_t>(), L.d = heads[3].cast<int64_t>();
-  L.scale = d["scale"].cast<double>();
-  L.rope = d["rope"].cast<int64_t>();
-  L.interleaved = d["interleaved"].cast<bool>();
-  L.mask = d["mask"].cast<int64_t>();
-  if (!d["sinks"].is_none()) L.sinks = d["sinks"].cast<Tensor>();
+  const py::object attn = block.attr("attention");
+  L.layer = field<int64_t>(attn, "layer");
+  L.hq = field<int64_t>(attn, "num_heads");
+  L.hk = field<int64_t>(attn, "num_kv_heads");
+  L.d = field<int64_t>(attn, "head_dim");
+  L.scale = field<double>(attn, "scale");
+  const OptTensor sinks = optional_tensor(attn, "sinks");
+  if (sinks) L.sinks = sinks->to(at::kFloat).contiguous();
+  L.q_norm = norm_spec(attn.attr("q_norm"));
+  L.k_norm = norm_spec(attn.attr("k_norm"));
+  const py::object rotary = attn.attr("rope");
+  L.rope = rotary.is_none() ? -1 : rope;
+  L.interleaved = !rotary.is_none() && field<bool>(rotary, "interleaved");
+  L.mask = mask;
+  const py::object qkv = attn.attr("qkv").attr("weight");  // a packing.PackedQKV
+  L.qkv = linear_spec(qkv.attr("linear"));
+  L.nq = L.hq * L.d, L.nk = L.nv = L.hk * L.d;
+  TORCH_CHECK(field<std::vector<int64_t>>(qkv, "sizes") == std::vector<int64_t>({L.nq, L.nk, L.nv}),
+              "pace_avx512: decoder stack QKV sizes differ from the heads");
+  L.o = linear_spec(attn.attr("o_proj").attr("weight"));
+  const py::object mlp = block.attr("mlp").attr("kernel").attr("weight");  // a PackedGatedMLP
+  L.gate_up = field<Tensor>(mlp, "gate_up");
+  L.down = field<Tensor>(mlp, "down");
+  L.inter = field<int64_t>(mlp, "intermediate");
+  L.hidden = field<int64_t>(mlp, "hidden");
+  L.act = field<int64_t>(mlp, "activation");
   return L;
 }
 
@@ -160,8 +184,12 @@ Tensor mlp(const LayerSpec& L, const Tensor& h) {
 
 class DecoderStack {
  public:
-  explicit DecoderStack(const py::list& layers) {
-    for (const auto& d : layers) layers_.push_back(layer_spec(d.cast<py::dict>()));
+  DecoderStack(const py::list& blocks, const std::vector<int64_t>& rope_slots,
+               const std::vector<int64_t>& mask_slots) {
+    TORCH_CHECK(rope_slots.size() == blocks.size() && mask_slots.size() == blocks.size(),
+                "pace_avx512: decoder stack needs a rope and a mask slot per block");
+    for (size_t i = 0; i < blocks.size(); ++i)
+      layers_.push_back(layer_spec(blocks[i], rope_slots[i], mask_slots[i]));
   }
 
   // (x, residual) after every block; the hidden state is x + residual, as in Python.
@@ -212,7 +240,8 @@ class DecoderStack {
 void register_decoder_stack(py::module_& m) {
   py::class_<DecoderStack>(m, "DecoderStack",
                            "the decoder blocks of a forward step in one call (see stack.cpp)")
-      .def(py::init<const py::list&>(), py::arg("layers"))
+      .def(py::init<const py::list&, const std::vector<int64_t>&, const std::vector<int64_t>&>(),
+           py::kw_only(), py::arg("blocks"), py::arg("rope_slots"), py::arg("mask_slots"))
       .def("run", &DecoderStack::run, py::arg("x"), py::arg("residual"), py::arg("keys"),
            py::arg("values"), py::arg("starts"), py::arg("counts"), py::arg("length"),
            py::arg("masks"), py::arg("ropes"))

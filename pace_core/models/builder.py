@@ -1,0 +1,190 @@
+"""The model builder: reads weights by name, resolves each op once and binds the kernels
+into blocks (load time only; the forward pass is :mod:`pace_core.models.decoder`)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from pace_core.errors import ModelLoadError
+from pace_core.models.layers import Attention, Bound, GatedMLP, Norm
+from pace_core.models.rope import Rotary
+from pace_core.models.weights import WeightStore
+from pace_core.opconfig import OpResolver, Resolution
+from pace_core.profiling import OpProfiler
+from pace_core.registry import OpContext
+
+
+class OpPlan:
+    """The resolved backend of every op call site of a model, printable as a table."""
+
+    def __init__(self) -> None:
+        self.sites: Counter[tuple[str, str, str]] = Counter()  # (op, backend, fallback reason)
+        self.resolutions: list[Resolution] = []
+
+    def record(self, res: Resolution) -> None:
+        self.sites[(res.op, res.backend, res.fallback_reason)] += 1
+        self.resolutions.append(res)
+
+    def backends(self) -> dict[str, set[str]]:
+        out: dict[str, set[str]] = {}
+        for op, backend, _ in self.sites:
+            out.setdefault(op, set()).add(backend)
+        return out
+
+    def __str__(self) -> str:
+        from pace_core.report import format_table
+
+        rows = [
+            [op, backend, str(n), reason or "-"] for (op, backend, reason), n in self.sites.items()
+        ]
+        return format_table(["op", "backend", "sites", "fallback reason"], rows)
+
+
+class ModelBuilder:
+    """Reads weights by name, resolves each op once, and returns bound blocks."""
+
+    def __init__(
+        self,
+        config: Any,
+        weights: WeightStore,
+        dtype: torch.dtype,
+        resolver: OpResolver,
+        cache_layout: str = "contiguous",
+    ) -> None:
+        self.config, self.weights, self.dtype, self.resolver = config, weights, dtype, resolver
+        self.cache_layout = cache_layout
+        self.plan = OpPlan()
+        self.profiler: OpProfiler | None = None
+
+    def kernel(self, op: str, **attrs: Any):
+        res = self.resolver.resolve(OpContext(op, self.dtype, attrs))
+        self.plan.record(res)
+        if self.profiler is None:
+            return res.kernel
+        return replace(res.kernel, fn=self.profiler.wrap(op, res.backend, res.kernel.fn))
+
+    def bind(self, op: str, attrs: dict[str, Any], *weights: Any) -> Bound:
+        """Resolve ``op``, run its prepare step on ``weights`` and bind the kernel.
+
+        A backend whose prepare step fails (say, its JIT build breaks) is disabled with the
+        error as the reason and the next candidate is used; native failures propagate.
+        """
+        while True:
+            k = self.kernel(op, **attrs)
+            try:
+                return Bound(k.fn, k.prepare(*weights))
+            except Exception as exc:
+                if k.backend == "native" or self.resolver.config.strict:
+                    raise
+                self.resolver.disable(k, f"prepare failed: {type(exc).__name__}: {exc}")
+
+    def tensor(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
+        return self.weights.take(name, dtype or self.dtype)
+
+    def optional(self, name: str) -> torch.Tensor | None:
+        return self.weights.take_optional(name, self.dtype)
+
+    def linear(self, name: str, *, bias: bool = False, weight: torch.Tensor | None = None) -> Bound:
+        w = self.tensor(f"{name}.weight") if weight is None else weight
+        b = self.tensor(f"{name}.bias") if bias else None
+        attrs = {"in_features": int(w.shape[-1]), "out_features": int(w.shape[0])}
+        return self.bind("linear", attrs, w, b)
+
+    def qkv(
+        self,
+        names: Sequence[str] = (),
+        *,
+        bias: bool = False,
+        fused: str | None = None,
+        sizes: Sequence[int] = (),
+    ) -> Bound:
+        """Q/K/V from three tensors, or from one ``fused`` tensor split by ``sizes``."""
+        if fused is not None:
+            weights = list(self.tensor(f"{fused}.weight").split(list(sizes)))
+            biases = list(self.tensor(f"{fused}.bias").split(list(sizes))) if bias else None
+        else:
+            weights = [self.tensor(f"{n}.weight") for n in names]
+            biases = [self.tensor(f"{n}.bias") for n in names] if bias else None
+        return self.bind("qkv_proj", {"in_features": int(weights[0].shape[-1])}, weights, biases)
+
+    def gated_mlp(
+        self, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, activation: str
+    ) -> GatedMLP:
+        """``activation`` is a name of ``pace_core.ops.ACTIVATIONS``."""
+        hidden, intermediate = int(gate.shape[1]), int(gate.shape[0])
+        attrs = {"activation": activation, "hidden": hidden, "intermediate": intermediate}
+        bound = self.bind("gated_mlp", attrs, gate, up, down, activation)
+        return GatedMLP(bound.fn, bound.weight, activation, hidden, intermediate)
+
+    def stack(self, layers: Sequence[Callable]) -> Bound:
+        """Bind ``decoder_stack`` to the blocks; the resolver sees what it would fuse."""
+        layer_ops = ("linear", "qkv_proj", "gated_mlp", "moe", "rms_norm", "layer_norm", "rope",
+                     "attention")  # fmt: skip
+        attrs = {
+            # block kinds (``pace_core.stack_spec.BLOCK_KINDS``; a family's own: its class name)
+            "blocks": frozenset(getattr(b, "kind", type(b).__name__) for b in layers),
+            "layer_backends": frozenset(
+                r.backend for r in self.plan.resolutions if r.op in layer_ops
+            ),
+            "cache_layout": self.cache_layout,
+            "profiling": self.profiler is not None,
+        }
+        return self.bind("decoder_stack", attrs, layers)
+
+    def norm(
+        self, name: str, eps: float, *, rms: bool = True, offset: float = 0.0, bias: bool = False
+    ) -> Norm:
+        """Norm weights stay fp32; Gemma's ``(1 + w)`` is folded in via ``offset``."""
+        w = self.weights.take(f"{name}.weight", torch.float32) + offset
+        if rms:
+            return Norm(self.kernel("rms_norm").fn, w, eps)
+        b = self.weights.take(f"{name}.bias", torch.float32) if bias else None
+        return Norm(self.kernel("layer_norm").fn, w, eps, b, is_rms=False)
+
+    def attention(
+        self,
+        *,
+        layer: int,
+        qkv: Bound,
+        o_proj: Bound,
+        rotary: Rotary | None,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        scale: float,
+        window: int | None = None,
+        **extra: Any,
+    ) -> Attention:
+        if num_heads % num_kv_heads:
+            raise ModelLoadError(
+                f"num_attention_heads ({num_heads}) must be a multiple of "
+                f"num_key_value_heads ({num_kv_heads})"
+            )
+        attend = self.kernel(
+            "attention",
+            head_dim=head_dim,
+            gqa=num_heads // num_kv_heads,
+            window=window,
+            sinks=extra.get("sinks") is not None,
+            cache_layout=self.cache_layout,
+        ).fn
+        rope_fn = self.kernel("rope", head_dim=head_dim).fn if rotary is not None else None
+        return Attention(
+            qkv=qkv,
+            o_proj=o_proj,
+            attend=attend,
+            rope_fn=rope_fn,
+            rotary=rotary,
+            layer=layer,
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            scale=scale,
+            window=window,
+            **extra,
+        )

@@ -1,0 +1,125 @@
+"""Layer descriptions: what a decoder block consists of, for backends that fuse ``decoder_stack``.
+
+These frozen dataclasses are the contract between the core's blocks and any backend whose
+``decoder_stack`` runs the blocks its own way (pace-avx512's C++ loop). The block classes of
+``pace_core.models.layers`` are private to the core and may change; every block handed to a
+``decoder_stack`` prepare step has ``describe() -> BlockSpec``, and a fusing backend reads
+only the descriptions below.
+
+A description names the kernels the core bound at build time (``fn``) and their prepared
+``weight`` (in the layout of the backend that prepared it): a fusing backend first checks
+that they are its own kernels, then reads its own prepared weights. Running a block equals,
+with ``r`` the residual and ``attn``/``mlp`` as described by their specs::
+
+    pre_norm:   h, r = norms[0](x, r); h, r = norms[1](attn(h), r); x = mlp(h)
+    sandwich:   h, r = norms[0](x, r); h = norms[1](attn(h))[0]; h, r = norms[2](h, r)
+                x = norms[3](mlp(h))[0]
+    parallel:   h, r = norms[0](x, r); x = attn(h) + mlp(h)
+    post_norm:  x = x + r (if any); h = norms[0](attn(x), x)[0]; x = norms[1](mlp(h), h)[0]
+                r = None
+
+and attention is: ``q, k, v = qkv(h)`` as ``[B, T, heads, head_dim]``; ``q_norm``/``k_norm``
+(no residual); ``rope``; ``k, v`` written to the cache at ``layer``; ``attend`` with
+``scale``, ``sinks`` and ``window``; ``o_proj`` of the heads concatenated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+Kernel = Callable[..., Any]
+
+# What ``BlockSpec.kind`` may be (see the module doc for what each one runs).
+BLOCK_KINDS: tuple[str, ...] = ("pre_norm", "sandwich", "parallel", "post_norm")
+
+
+class BoundKernel(Protocol):
+    """A kernel bound to its prepared weight: calling it is ``fn(x, weight)``."""
+
+    fn: Kernel
+    weight: Any
+
+
+@dataclass(frozen=True)
+class NormSpec:
+    """``norm(x, residual) -> (y, x + residual)`` by the ``op`` kernel ``fn``."""
+
+    op: str  # "rms_norm" or "layer_norm"
+    fn: Kernel
+    weight: torch.Tensor  # fp32 [H] (Gemma's 1 + w folded in)
+    eps: float
+    bias: torch.Tensor | None = None  # layer_norm only
+
+
+@dataclass(frozen=True)
+class RopeSpec:
+    fn: Kernel  # the ``rope`` kernel
+    table: Any  # the step's (cos, sin) of this layer are ``step.rope[id(table)]``
+    interleaved: bool  # GPT-J pairs, else neox halves
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    layer: int  # the KV cache layer it writes and reads
+    qkv: BoundKernel  # op ``qkv_proj``: q, k, v of num_heads / num_kv_heads * head_dim columns
+    o_proj: BoundKernel  # op ``linear``
+    attend: Kernel  # op ``attention``
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    scale: float
+    window: int | None  # sliding window (None: full); the step's mask is ``meta.mask(window)``
+    sinks: torch.Tensor | None  # fp32 [num_heads] sink logits
+    q_norm: NormSpec | None
+    k_norm: NormSpec | None
+    rope: RopeSpec | None
+
+
+@dataclass(frozen=True)
+class GatedMLPSpec:
+    """``act(x @ gate) * (x @ up) @ down`` by one ``gated_mlp`` kernel."""
+
+    kernel: BoundKernel
+    activation: str  # a name of pace_core.ops.ACTIVATIONS
+    hidden: int
+    intermediate: int
+
+
+@dataclass(frozen=True)
+class DenseMLPSpec:
+    """``fc2(act(fc1(x)))`` by two ``linear`` kernels."""
+
+    fc1: BoundKernel
+    fc2: BoundKernel
+    activation: str  # a name of pace_core.ops.ACTIVATIONS
+
+
+@dataclass(frozen=True)
+class MoESpec:
+    """Softmax over the ``top_k`` router logits, weighting the chosen experts (op ``moe``)."""
+
+    router: BoundKernel  # op ``linear``: expert logits
+    experts: BoundKernel  # op ``moe``
+    top_k: int
+
+
+@dataclass(frozen=True)
+class OpaqueMLP:
+    """An MLP no description covers (a family's own callable): ``fn(h)``."""
+
+    fn: Callable[[torch.Tensor], torch.Tensor]
+
+
+MLPSpec = GatedMLPSpec | DenseMLPSpec | MoESpec | OpaqueMLP
+
+
+@dataclass(frozen=True)
+class BlockSpec:
+    kind: str  # one of BLOCK_KINDS
+    norms: tuple[NormSpec, ...]  # in the order the module doc uses them
+    attention: AttentionSpec
+    mlp: MLPSpec
