@@ -109,3 +109,12 @@ def test_build_failure_declines_with_the_compiler_error(host, tmp_path, monkeypa
     # A later attempt does not recompile: it fails fast with the recorded reason.
     with pytest.raises(jit.BuildFailed, match="failed earlier: .*undeclared_name"):
         jit.build_extension("pace_broken_example", [broken], backend="cppexample")
+
+
+def test_plugin_docs_show_the_cpp_example_verbatim():
+    docs = (SOURCE_DIR.parents[2] / "docs" / "plugins.md").read_text()
+    assert "## A C++ kernel plugin" in docs
+    for file in ("pace_cpp_example/plugin.py", "pace_cpp_example/rms_norm.cpp"):
+        assert (SOURCE_DIR / file).read_text().rstrip() + "\n```" in docs, f"{file} differs"
+    package_data = '[tool.setuptools.package-data]\npace_cpp_example = ["*.cpp"]'
+    assert package_data in (SOURCE_DIR / "pyproject.toml").read_text() and package_data in docs
