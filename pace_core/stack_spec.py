@@ -58,7 +58,7 @@ class NormSpec:
 @dataclass(frozen=True)
 class RopeSpec:
     fn: Kernel  # the ``rope`` kernel
-    table: Any  # the step's (cos, sin) of this layer are ``step.rope[id(table)]``
+    rotary: Any  # the step's (cos, sin) of this layer are ``step.rope[id(rotary)]``
     interleaved: bool  # GPT-J pairs, else neox halves
 
 

@@ -127,7 +127,7 @@ class ModelBuilder:
                      "attention")  # fmt: skip
         attrs = {
             # block kinds (``pace_core.stack_spec.BLOCK_KINDS``; a family's own: its class name)
-            "blocks": frozenset(getattr(b, "kind", type(b).__name__) for b in layers),
+            "blocks": frozenset(getattr(layer, "kind", type(layer).__name__) for layer in layers),
             "layer_backends": frozenset(
                 r.backend for r in self.plan.resolutions if r.op in layer_ops
             ),

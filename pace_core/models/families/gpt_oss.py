@@ -10,6 +10,7 @@ from pace_core.models.decoder import DecoderLM
 from pace_core.models.families import llama
 from pace_core.models.layers import Bound
 from pace_core.models.mxfp4 import dequantize_mxfp4
+from pace_core.stack_spec import MoESpec
 
 
 class MoE:
@@ -26,6 +27,9 @@ class MoE:
         top, chosen = torch.topk(self.router(flat), self.top_k, dim=-1)
         weights = torch.softmax(top, dim=-1)
         return self.experts.fn(flat, chosen, weights, self.experts.weight).view(shape)
+
+    def describe(self) -> MoESpec:
+        return MoESpec(self.router, self.experts, self.top_k)
 
 
 def _expert_tensor(b: ModelBuilder, name: str) -> torch.Tensor:

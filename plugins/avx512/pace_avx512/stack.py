@@ -79,12 +79,12 @@ def prepare(layers: Sequence[Callable]) -> FusedStack:
     blocks = [layer.describe() for layer in layers]
     for block in blocks:
         check(block)
-    rotaries: dict[int, Any] = {}  # id -> rope table key, in the order the layers index them
+    rotaries: dict[int, Any] = {}  # id -> rotary, in the order the layers index them
     windows: dict[int | None, None] = {}
     ropes = [block.attention.rope for block in blocks]
     cpp = extension.load().DecoderStack(
         blocks=blocks,
-        rope_slots=[-1 if r is None else _slot(rotaries, id(r.table), r.table) for r in ropes],
+        rope_slots=[-1 if r is None else _slot(rotaries, id(r.rotary), r.rotary) for r in ropes],
         mask_slots=[_slot(windows, block.attention.window, None) for block in blocks],
     )
     return FusedStack(

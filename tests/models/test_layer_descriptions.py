@@ -1,0 +1,56 @@
+"""Every block of every tiny family describes itself (``pace_core.stack_spec``): the contract a
+backend fusing ``decoder_stack`` reads instead of the core's block classes."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from pace_core import LLMModel
+from pace_core.ops import ACTIVATIONS
+from pace_core.stack_spec import (
+    BLOCK_KINDS,
+    DenseMLPSpec,
+    GatedMLPSpec,
+    MoESpec,
+    NormSpec,
+)
+
+sys.path.insert(0, str(Path(__file__).parent))
+from tiny import FACTORIES
+
+NORMS = {"pre_norm": 2, "sandwich": 4, "parallel": 1, "post_norm": 2}
+KIND = {"gemma3": "sandwich", "gptj": "parallel", "opt-postnorm-project": "post_norm"}
+MLP = {"gpt-oss": MoESpec, "gptj": DenseMLPSpec, "opt-prenorm": DenseMLPSpec,
+       "opt-postnorm-project": DenseMLPSpec}  # fmt: skip
+
+
+@pytest.mark.parametrize("variant", sorted(FACTORIES))
+def test_every_block_describes_itself(variant, tmp_path):
+    path = FACTORIES[variant](tmp_path)
+    model = LLMModel(path, dtype=torch.float32, opconfig={"default": "native"},
+                     load_tokenizer=False).model  # fmt: skip
+    cfg = model.config
+    for i, block in enumerate(model.layers):
+        spec = block.describe()
+        assert spec.kind == block.kind == KIND.get(variant, "pre_norm")
+        assert spec.kind in BLOCK_KINDS and len(spec.norms) == NORMS[spec.kind]
+        for norm in spec.norms:
+            assert isinstance(norm, NormSpec) and norm.op in ("rms_norm", "layer_norm")
+        attn = spec.attention
+        assert attn.layer == i and attn.num_heads == cfg.num_attention_heads
+        assert attn.num_heads % attn.num_kv_heads == 0
+        assert attn.qkv.fn is block.attn.qkv.fn and attn.o_proj.weight is block.attn.o_proj.weight
+        assert attn.window == block.attn.window and attn.scale == block.attn.scale
+        assert (attn.rope is None) == (block.attn.rotary is None)
+        assert (attn.q_norm is None) == (variant != "gemma3")
+        assert (attn.sinks is None) == (variant != "gpt-oss")
+        assert isinstance(spec.mlp, MLP.get(variant, GatedMLPSpec))
+        if isinstance(spec.mlp, GatedMLPSpec | DenseMLPSpec):
+            assert spec.mlp.activation in ACTIVATIONS
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            spec.kind = "pre_norm"  # type: ignore[misc]
