@@ -3,6 +3,10 @@
 Blocks hold kernels bound at build time (plain callables plus prepared weights): the forward
 pass never consults the plugin system. Hidden states travel as ``(x, residual)`` pairs so
 norms can fuse the residual add; the true hidden state is ``x + residual``.
+
+These classes are the core's own. What a block consists of is public through ``describe()``
+(the frozen descriptions of :mod:`pace_core.stack_spec`), which is all a backend fusing
+``decoder_stack`` may read.
 """
 
 from __future__ import annotations
