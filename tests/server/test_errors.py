@@ -5,6 +5,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from pace_core.server.openai_request import max_tokens
+
 from .conftest import CACHE_TOKENS, MODEL_NAME, serve
 
 P = "/v1/completions"
@@ -91,9 +93,9 @@ def test_invalid_requests(server, path, body, status, param):
 
 def test_default_max_tokens_fit_context_and_kv_pool(server):
     state = server.server_state
-    assert state.max_tokens(None, 10, None) == CACHE_TOKENS - 10  # clamped to the KV pool
-    assert state.max_tokens(None, 10, 1024) == 1024  # chat default
-    assert state.max_tokens(5, 10, 1024) == 5
+    assert max_tokens(state, None, 10, None) == CACHE_TOKENS - 10  # clamped to the KV pool
+    assert max_tokens(state, None, 10, 1024) == 1024  # chat default
+    assert max_tokens(state, 5, 10, 1024) == 5
 
 
 def test_unknown_fields_are_ignored(server):
