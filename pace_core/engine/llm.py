@@ -17,7 +17,8 @@ from pace_core.engine.inputs import normalize_inputs
 from pace_core.engine.output import GenerationOutput, SequenceOutput, TokenLogprob
 from pace_core.engine.sequence import SequenceTracker
 from pace_core.errors import ConfigError
-from pace_core.models.decoder import DecoderLM, OpPlan
+from pace_core.models.builder import OpPlan
+from pace_core.models.decoder import DecoderLM
 from pace_core.models.limits import DEFAULT_CONTEXT, max_positions, read_generation_config
 from pace_core.models.loader import build_model, load_config, parse_dtype, resolve_model_path
 from pace_core.opconfig import OperatorConfig

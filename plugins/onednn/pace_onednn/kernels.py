@@ -10,9 +10,10 @@ from typing import Any
 
 import torch
 
+from pace_core import ops
 from pace_onednn.build import extension
 
-ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "relu")
+ACTIVATIONS = ops.ACTIVATIONS  # the core's vocabulary; csrc maps each name to a oneDNN eltwise
 
 
 def prepare_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Any:

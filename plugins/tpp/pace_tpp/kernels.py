@@ -12,10 +12,12 @@ from typing import Any
 
 import torch
 
+from pace_core import ops
 from pace_tpp import build
 from pace_tpp.blocking import Blocks, choose_blocks, pack, pack_pair
 
-ACTIVATIONS = {"silu": 0, "gelu": 1, "gelu_tanh": 2, "relu": 3}
+# The core's activation vocabulary; a name's code is its index (csrc enum kSilu..kRelu).
+ACTIVATIONS = {name: code for code, name in enumerate(ops.ACTIVATIONS)}
 
 
 @dataclass(frozen=True)
