@@ -251,7 +251,8 @@ class Extension:
         path = self.library
         if path is None:
             return None
-        spec = importlib.util.spec_from_file_location(self.name, path)
+        # torch names a rebuild within one process <name>_v<n>: import by the file's name
+        spec = importlib.util.spec_from_file_location(path.name.split(".")[0], path)
         try:
             if spec is None or spec.loader is None:
                 raise ImportError("not an importable extension module")
