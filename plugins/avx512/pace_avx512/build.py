@@ -52,7 +52,24 @@ def extension(tag: str | None = None) -> jit.Extension:
     )  # fmt: skip
 
 
-EXT = jit.LazyExtension(extension)
+def check_constants(module: ModuleType) -> None:
+    """Constants shared by C++ and Python live in C++ only (``csrc/kernels.h``: the packed
+    layout's ``BLOCK`` and ``GROUP``; ``csrc/simd.h``: the activation names by code) and are
+    read from the extension. Its activation codes must be indices into the core's vocabulary,
+    ``pace_core.ops.ACTIVATIONS``: a build where they are not is refused when first loaded
+    (a remembered BuildFailed, so the resolver declines the kernels with this reason)."""
+    from pace_core.ops import ACTIVATIONS
+
+    names = tuple(module.ACTIVATIONS)
+    if names != ACTIVATIONS:
+        raise jit.BuildFailed(
+            f"pace-avx512: the kernels' activation codes {names} (csrc/simd.h ACT_NAMES) are "
+            f"not pace_core.ops.ACTIVATIONS {ACTIVATIONS} in order (index = code); "
+            "make them agree and rebuild"
+        )
+
+
+EXT = jit.LazyExtension(extension, after_load=check_constants)
 
 
 def load_extension(verbose: bool = False) -> ModuleType:

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from pace_avx512 import extension
+from pace_avx512 import build
 from pace_avx512.packing import PackedGatedMLP, PackedLinear, PackedQKV
 
 _E: ModuleType | None = None  # the loaded extension: `(_E or _ext())` costs one global lookup
@@ -19,7 +19,7 @@ _E: ModuleType | None = None  # the loaded extension: `(_E or _ext())` costs one
 
 def _ext() -> ModuleType:
     global _E
-    _E = extension.load()
+    _E = build.load_extension()
     return _E
 
 

@@ -22,13 +22,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from pace_avx512 import extension
+from pace_avx512 import build
 from pace_core.ops import ACTIVATIONS
 
 
 def layout() -> tuple[int, int]:
     """``(block, columns)``: columns per vector of accumulators and per packed group."""
-    ext = extension.load()
+    ext = build.load_extension()
     return ext.BLOCK, ext.BLOCK * ext.GROUP
 
 
@@ -53,7 +53,7 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
 def resident(packed: torch.Tensor) -> torch.Tensor:
     """The packed weight moved into huge-page backed memory (see ``huge_page_copy`` in
     ``csrc/bindings.cpp``)."""
-    return extension.load().huge_page_copy(packed)
+    return build.load_extension().huge_page_copy(packed)
 
 
 def pack_bias(bias: torch.Tensor | None, n: int) -> torch.Tensor | None:
@@ -122,5 +122,5 @@ def prepare_gated_mlp(
     gate_up = resident(pack(interleave_blocks(gate, up)))
     inter, hidden = gate.shape
     down_packed = resident(pack(down))
-    code = extension.load().ACTIVATIONS.index(activation)
+    code = build.load_extension().ACTIVATIONS.index(activation)
     return PackedGatedMLP(gate_up, down_packed, code, int(inter), int(hidden))

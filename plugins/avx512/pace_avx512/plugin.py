@@ -27,7 +27,7 @@ import os
 
 import torch
 
-from pace_avx512 import build, extension, kernels, packing, stack
+from pace_avx512 import build, kernels, packing, stack
 from pace_core import hookimpl
 from pace_core.cpu import detect_cpu
 from pace_core.registry import BuildNotApplicable, OpContext, Registrations
@@ -80,8 +80,6 @@ def _check_buildable() -> None:
     build.EXT.check(load_cached=True)
     if build.target() is not None and os.environ.get("PACE_AVX512_EAGER", "") not in ("", "0"):
         build.load_extension()
-    if build.loaded():
-        extension.load()  # raises when its constants disagree with the core's
 
 
 def _prebuild() -> str:

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from pace_avx512 import extension, kernels
+from pace_avx512 import build, kernels
 from pace_avx512.packing import PackedGatedMLP, PackedLinear, PackedQKV
 from pace_core.stack_spec import AttentionSpec, BlockSpec, BoundKernel, GatedMLPSpec, NormSpec
 
@@ -82,7 +82,7 @@ def prepare(layers: Sequence[Callable]) -> FusedStack:
     rotaries: dict[int, Any] = {}  # id -> rotary, in the order the layers index them
     windows: dict[int | None, None] = {}
     ropes = [block.attention.rope for block in blocks]
-    cpp = extension.load().DecoderStack(
+    cpp = build.load_extension().DecoderStack(
         blocks=blocks,
         rope_slots=[-1 if r is None else _slot(rotaries, id(r.rotary), r.rotary) for r in ropes],
         mask_slots=[_slot(windows, block.attention.window, None) for block in blocks],

@@ -92,7 +92,7 @@ static inline __m512 erf512(__m512 x) {
 }
 
 // Activation codes of the gated MLP. ACT_NAMES[code] must be pace_core.ops.ACTIVATIONS in
-// order: the extension exports it and pace_avx512/extension.py checks it at load.
+// order: the extension exports it and pace_avx512/build.py checks it at load.
 enum Act : int { ACT_SILU = 0, ACT_GELU = 1, ACT_GELU_TANH = 2, ACT_RELU = 3, ACT_COUNT };
 inline constexpr const char* ACT_NAMES[ACT_COUNT] = {"silu", "gelu", "gelu_tanh", "relu"};
 
