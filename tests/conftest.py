@@ -35,7 +35,7 @@ def gemma3_dir():
 @pytest.fixture(scope="session")
 def odd_llama_dir(tmp_path_factory):
     """A tiny Llama with sizes off the kernels' block multiples (see models/tiny.py)."""
-    from models.tiny import odd_llama
+    from support.tiny import odd_llama
 
     return odd_llama(tmp_path_factory.mktemp("odd_llama"))
 

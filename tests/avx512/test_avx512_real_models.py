@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from parity import topk_rule_ok
+from support.parity import topk_rule_ok
 
 from pace_core import LLMModel, SamplingConfig
 from pace_core.cpu import detect_cpu

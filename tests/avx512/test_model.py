@@ -7,8 +7,6 @@ prefill GEMM path) and single-token decode steps (the GEMV path).
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -145,8 +143,7 @@ def test_every_cache_layout_matches_native(tiny_llama, ext, clean_env, cache):
         torch.testing.assert_close(got.logits[row], want.logits[row], rtol=0, atol=1e-4)
 
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
-from tiny import FACTORIES  # noqa: E402
+from support.tiny import FACTORIES  # noqa: E402
 
 
 @pytest.mark.parametrize("family", sorted(FACTORIES))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 import transformers as tf
-from tiny import DIMS, NO_SPECIAL, randomize
+from support.tiny import DIMS, NO_SPECIAL, randomize
 from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
 from pace_core import LLMModel

@@ -4,11 +4,10 @@ backend fusing ``decoder_stack`` reads instead of the core's block classes."""
 from __future__ import annotations
 
 import dataclasses
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from support.tiny import FACTORIES
 
 from pace_core import LLMModel
 from pace_core.ops import ACTIVATIONS
@@ -19,9 +18,6 @@ from pace_core.stack_spec import (
     MoESpec,
     NormSpec,
 )
-
-sys.path.insert(0, str(Path(__file__).parent))
-from tiny import FACTORIES
 
 NORMS = {"pre_norm": 2, "sandwich": 4, "parallel": 1, "post_norm": 2}
 KIND = {"gemma3": "sandwich", "gptj": "parallel", "opt-postnorm-project": "post_norm"}

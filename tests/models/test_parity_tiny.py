@@ -6,17 +6,12 @@ batch of three prompts against the same prompts alone (and against HF's padded f
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
+from support.tiny import FACTORIES
 from transformers import AutoModelForCausalLM
 
 from pace_core import LLMModel, SamplingConfig
-
-sys.path.insert(0, str(Path(__file__).parent))
-from tiny import FACTORIES
 
 ATOL = 1e-4
 NEW_TOKENS = 20

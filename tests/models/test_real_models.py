@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from parity import topk_rule_ok
+from support.parity import topk_rule_ok
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from pace_core import LLMModel, SamplingConfig

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from plugin_tests import fresh_host as _fresh_host
-from plugin_tests import require_glue
+from support.plugin_tests import fresh_host as _fresh_host
+from support.plugin_tests import require_glue
 
 
 @pytest.fixture(scope="session", autouse=True)

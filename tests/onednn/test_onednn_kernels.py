@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pace_native import kernels as native
-from plugin_tests import assert_close, rand
+from support.plugin_tests import assert_close, rand
 
 from pace_core.cpu import detect_cpu
 

@@ -4,25 +4,22 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 import torch
 
-from pace_core.engine.llm import LLMModel
-
-# the tiny target / draft pairs of the speculative tests (spec_models, spec_fixtures)
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "speculative"))
-from spec_fixtures import (  # noqa: F401  (fixtures of test_spec_serving.py)
+# the tiny target / draft pairs of the speculative tests
+from support.spec_fixtures import (  # noqa: F401  (fixtures of test_spec_serving.py)
     draft_dir,
     pard_dir,
     self_pard_dir,
     target_dir,
     word_tokenizer,
 )
+
+from pace_core.engine.llm import LLMModel
 
 _DEPS = ("fastapi", "uvicorn", "prometheus_client", "openai", "httpx")
 MISSING = [m for m in _DEPS if importlib.util.find_spec(m) is None]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from models.tiny import FACTORIES
+from support.tiny import FACTORIES
 
 from pace_core.engine.llm import LLMModel
 from pace_core.models.limits import serving_context_window

@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 import torch
-from spec_models import prompts  # on sys.path via conftest.py
+from support.spec_models import prompts
 
 from pace_core.engine.llm import LLMModel
 from pace_core.sampling.config import SamplingConfig

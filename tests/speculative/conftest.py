@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from spec_fixtures import (  # noqa: F401  (fixtures)
+from support.spec_fixtures import (  # noqa: F401  (fixtures)
     draft_dir,
     pard_dir,
     self_pard_dir,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from spec_models import prompts, save_llama
+from support.spec_models import prompts, save_llama
 
 from pace_core import LLMModel, SamplingConfig
 from pace_core.errors import ConfigError

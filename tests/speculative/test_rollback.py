@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from spec_models import MAX_POS, prompts
+from support.spec_models import MAX_POS, prompts
 
 from pace_core import LLMModel, SamplingConfig
 from pace_core.engine.generate import prefill

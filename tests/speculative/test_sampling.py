@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 import torch
-from spec_models import prompts, save_llama
+from support.spec_models import prompts, save_llama
 
 from pace_core import LLMModel, SamplingConfig
 from pace_core.sampling.sampler import BatchSampler

@@ -1,8 +1,7 @@
 """Run a kernel plugin's glue in a fresh process, then start another OpenMP runtime
 (sentencepiece's vendored libgomp), and report CPU affinity, torch threads and the C-level
-``OMP_PROC_BIND`` at each stage. Used by the tpp and onednn affinity tests (tests/ is on
-sys.path via its conftest). A fresh process because affinity and environment are process-wide
-and libraries such as libxsmm initialize once."""
+``OMP_PROC_BIND`` at each stage. Used by the tpp and onednn affinity tests. A fresh process
+because affinity and environment are process-wide and libraries such as libxsmm initialize once."""
 
 from __future__ import annotations
 

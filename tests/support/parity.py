@@ -1,4 +1,4 @@
-"""Comparison rules shared by the parity tests (tests/ is on sys.path via its conftest)."""
+"""Comparison rules shared by the parity tests."""
 
 from __future__ import annotations
 

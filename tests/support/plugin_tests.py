@@ -1,5 +1,5 @@
-"""Shared pieces of the kernel-plugin test suites (tests/tpp, tests/onednn; tests/ is on
-sys.path via its conftest): the glue-or-skip check and a clean plugin host per test."""
+"""Shared pieces of the kernel-plugin test suites (tests/tpp, tests/onednn): the
+glue-or-skip check and a clean plugin host per test."""
 
 from __future__ import annotations
 

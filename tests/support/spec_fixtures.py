@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from spec_models import VOCAB, save_llama
+
+from support.spec_models import VOCAB, save_llama
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from affinity_probe import probe
+from support.affinity_probe import probe
 
 pytest.importorskip("sentencepiece", reason="sentencepiece is not installed")
 

@@ -15,7 +15,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pace_native import kernels as native
-from plugin_tests import assert_close, rand
+from support.plugin_tests import assert_close, rand
 
 tpp = pytest.importorskip("pace_tpp.kernels", reason="pace-tpp is not installed")
 
