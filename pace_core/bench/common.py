@@ -102,6 +102,11 @@ def machine_info() -> dict[str, Any]:
 
 
 # -- timing -----------------------------------------------------------------------------------
+def keep_backend(names: list[str] | None, backend: str) -> bool:
+    """Whether ``--backends names`` (None: all) selects ``backend``."""
+    return names is None or backend in names
+
+
 def interleaved(
     fns: Mapping[str, Callable[[], Any]],
     repeats: int,

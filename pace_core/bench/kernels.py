@@ -49,13 +49,12 @@ from pace_core.bench.common import (
     dtype_name,
     emit,
     interleaved,
-    model_path,
+    keep_backend,
     note,
     progress,
-    random_prompts,
-    vocab_size,
     warn,
 )
+from pace_core.bench.kernels_model import bench_model
 from pace_core.errors import ConfigError
 
 SHAPES = {"576x1536": (576, 1536), "2048x8192": (2048, 8192), "4096x4096": (4096, 4096)}  # K x N
@@ -152,10 +151,6 @@ def usable_kernels(op: str, dtype: torch.dtype, **attrs: Any) -> dict[str, Any]:
     return {s.backend: s for s in get_host().ops.where(op=op) if s.check(ctx, features) is None}
 
 
-def _keep(names: list[str] | None, backend: str) -> bool:
-    return names is None or backend in names
-
-
 def reference_linears(dtype: torch.dtype) -> dict[str, LinearImpl]:
     """``torch`` F.linear and, where torch has oneDNN, ``mkldnn`` prepacked weights."""
     out = {"torch": LinearImpl(lambda w, m: w, lambda x, w: F.linear(x, w))}
@@ -173,7 +168,7 @@ def linear_impls(dtype: torch.dtype, k: int, n: int, names: list[str] | None) ->
     impls = reference_linears(dtype)
     for backend, spec in usable_kernels("linear", dtype, in_features=k, out_features=n).items():
         impls[backend] = LinearImpl(lambda w, m, s=spec: s.prepare(w, None), spec.fn)
-    return {b: impl for b, impl in impls.items() if _keep(names, b)}
+    return {b: impl for b, impl in impls.items() if keep_backend(names, b)}
 
 
 # -- measurement ------------------------------------------------------------------------------
@@ -283,7 +278,8 @@ def op_cases(dtype: torch.dtype, names: list[str] | None) -> list[tuple[str, str
     rand = lambda *shape: torch.randn(*shape, generator=gen).to(dtype)  # noqa: E731
 
     def kernels(op: str, **attrs: Any) -> dict[str, Any]:
-        return {b: s for b, s in usable_kernels(op, dtype, **attrs).items() if _keep(names, b)}
+        usable = usable_kernels(op, dtype, **attrs)
+        return {b: s for b, s in usable.items() if keep_backend(names, b)}
 
     cases = []
     g, u, down = rand(INTER, HIDDEN) / 24, rand(INTER, HIDDEN) / 24, rand(HIDDEN, INTER) / 40
@@ -385,7 +381,7 @@ def bench_mlp(args, dtype: torch.dtype, threads: int, dram: float, rows: list) -
         packed = {
             b: [s.prepare(g, u, down, "silu") for g, u, down in sets]
             for b, s in specs.items()
-            if _keep(args.backends, b)
+            if keep_backend(args.backends, b)
         }
         del sets
         for m in args.gemv_m:
@@ -407,78 +403,6 @@ def bench_mlp(args, dtype: torch.dtype, threads: int, dram: float, rows: list) -
             )
             for row in rows[before:]:
                 row["of_dram"] = row["value"] / dram
-
-
-def backend_plans(names: list[str] | None) -> dict[str, dict[str, Any]]:
-    """``native``, one plan per other installed backend (every op it has), and ``auto``."""
-    from pace_core.ops import OPS
-    from pace_core.plugins import get_host
-
-    ops = get_host().ops
-    plans: dict[str, dict[str, Any]] = {"native": {"default": "native"}}
-    for backend in ops.backends():
-        if backend != "native":
-            mine = [op for op in OPS if backend in ops.backends(op)]
-            plans[backend] = {**dict.fromkeys(mine, backend), "default": "native"}
-    plans["auto"] = {"default": "auto"}
-    return {name: plan for name, plan in plans.items() if _keep(names, name)}
-
-
-def bench_model(args, dtype: torch.dtype, threads: int, rows: list) -> None:
-    """Prefill and decode of a whole model, one row pair per backend plan."""
-    from pace_core import LLMModel, SamplingConfig
-
-    path, n = model_path(args.model), args.model_tokens
-    plans = backend_plans(args.backends)
-    models = {
-        name: LLMModel(path, dtype=dtype, opconfig=plan, quiet=True, load_tokenizer=False)
-        for name, plan in plans.items()
-    }
-    gen = torch.Generator().manual_seed(0)
-    ids = random_prompts(vocab_size(path), 1, args.model_prompt, gen)
-    steps = {k: SamplingConfig(max_new_tokens=k, min_new_tokens=k) for k in (1, n + 1)}
-    fns = {
-        (name, k): partial(model.generate, ids, cfg)
-        for name, model in models.items()
-        for k, cfg in steps.items()
-    }
-    med = {
-        key: statistics.median(t)
-        for key, t in interleaved(fns, args.repeats, args.clock_fn).items()
-    }
-    base_prefill = med.get(("native", 1))
-    base_decode = None if base_prefill is None else n / (med[("native", n + 1)] - base_prefill)
-    for name, model in models.items():
-        prefill = med[(name, 1)]
-        decode = n / (med[(name, n + 1)] - prefill)
-        uses = ",".join(sorted({b for bs in model.op_plan.backends().values() for b in bs}))
-        fields = {
-            "dtype": dtype_name(dtype),
-            "shape": str(args.model),
-            "threads": threads,
-            "backend": name,
-            "uses": uses,
-        }
-        rows.append(
-            {
-                **fields,
-                "section": "model-prefill",
-                "M": args.model_prompt,
-                "value": prefill * 1e3,
-                "unit": "ms",
-                "vs_native": base_prefill / prefill if base_prefill else None,
-            }
-        )
-        rows.append(
-            {
-                **fields,
-                "section": "model-decode",
-                "M": 1,
-                "value": decode,
-                "unit": "tok/s",
-                "vs_native": decode / base_decode if base_decode else None,
-            }
-        )
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
