@@ -83,14 +83,14 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """``python -m pace_core.server.cli serve`` on a free 127.0.0.1 port."""
+    """``python -m pace_core.cli serve`` on a free 127.0.0.1 port."""
 
     def __init__(self, args: argparse.Namespace, max_running: int, instances: int = 1) -> None:
         self.port = free_port()
         cmd = [
             sys.executable,
             "-m",
-            "pace_core.server.cli",
+            "pace_core.cli",
             "--log-level",
             "warning",
             "serve",

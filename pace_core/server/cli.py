@@ -199,23 +199,3 @@ def run_serve(args: argparse.Namespace) -> int:
     )
     uvicorn.run(app, host=args.host, port=args.port, log_level=level)
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m pace_core.server.cli serve ...`` (until ``pace serve`` is wired)."""
-    parser = argparse.ArgumentParser(prog="pace")
-    parser.add_argument("--log-level", default="info")
-    sub = parser.add_subparsers(dest="command", required=True)
-    add_serve_parser(sub)
-    args = parser.parse_args(argv)
-    from pace_core.errors import PaceError
-
-    try:
-        return args.func(args)
-    except PaceError as exc:
-        print(f"pace: error: {exc}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

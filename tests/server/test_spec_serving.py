@@ -17,9 +17,9 @@ import pytest
 import torch
 from support.spec_models import prompts
 
+from pace_core.cli import main as serve_main
 from pace_core.engine.llm import LLMModel
 from pace_core.sampling.config import SamplingConfig
-from pace_core.server.cli import main as serve_main
 from pace_core.server.cli import spec_config_arg
 from pace_core.server.engine import EngineConfig, EngineCore, SeqSpec
 from pace_core.server.events import Event, Token
