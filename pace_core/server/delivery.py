@@ -13,25 +13,23 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
+from pace_core.server.context import ServingContext
 from pace_core.server.events import SeqError, Token
 from pace_core.server.frontend import Submission
 from pace_core.server.openai_response import Choice, ResponseFormat, sse
 from pace_core.server.protocol import APIError
-
-if TYPE_CHECKING:
-    from pace_core.server.server import Server
 
 
 class _Timeout(Exception):
     pass
 
 
-async def respond(server: Server, request: Request, fmt: ResponseFormat) -> Any:
+async def respond(server: ServingContext, request: Request, fmt: ResponseFormat) -> Any:
     """The answer to a submitted request: a streaming response or the whole body."""
     if fmt.stream:
         return StreamingResponse(
@@ -50,7 +48,7 @@ async def _wait_disconnect(request: Request) -> None:
 
 
 async def _events(
-    server: Server, sub: Submission, request: Request | None, watch_disconnect: bool
+    server: ServingContext, sub: Submission, request: Request | None, watch_disconnect: bool
 ) -> AsyncIterator[Token | SeqError]:
     """The submission's events until all its sequences finished; cancels on exit."""
     timeout = server.config.request_timeout
@@ -80,7 +78,7 @@ async def _events(
             server.frontend.cancel(sub)
 
 
-def _timeout_error(server: Server) -> APIError:
+def _timeout_error(server: ServingContext) -> APIError:
     return APIError(
         408,
         f"the request did not finish within the server's request timeout "
@@ -90,13 +88,13 @@ def _timeout_error(server: Server) -> APIError:
     )
 
 
-def _engine_error(server: Server, sub: Submission, ev: SeqError) -> APIError:
+def _engine_error(server: ServingContext, sub: Submission, ev: SeqError) -> APIError:
     headers = {"Retry-After": "1"} if ev.status in (429, 503) else None
     instance = server.frontend.instances[sub.instance].name
     return APIError(ev.status, ev.message, ev.error_type, headers=headers, instance=instance)
 
 
-async def _collect(server: Server, fmt: ResponseFormat, request: Request) -> list[Choice]:
+async def _collect(server: ServingContext, fmt: ResponseFormat, request: Request) -> list[Choice]:
     sub, keys = fmt.submitted.sub, fmt.submitted.keys
     choices = {k: Choice() for k in keys}
     try:
@@ -110,7 +108,7 @@ async def _collect(server: Server, fmt: ResponseFormat, request: Request) -> lis
     return [choices[k] for k in keys]
 
 
-async def _stream_body(server: Server, fmt: ResponseFormat) -> AsyncIterator[bytes]:
+async def _stream_body(server: ServingContext, fmt: ResponseFormat) -> AsyncIterator[bytes]:
     """The SSE body; errors become a ``data: {"error": ...}`` payload."""
     sub, keys = fmt.submitted.sub, fmt.submitted.keys
     opening = fmt.opening()

@@ -11,16 +11,14 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pace_core.errors import ConfigError
 from pace_core.sampling.config import SamplingConfig
+from pace_core.server.context import ServingContext
 from pace_core.server.events import SeqSpec
 from pace_core.server.frontend import Submission
 from pace_core.server.protocol import APIError, ChatCompletionRequest, CompletionRequest
-
-if TYPE_CHECKING:
-    from pace_core.server.server import Server
 
 MAX_SEQUENCES = 256  # prompts x n of one request
 _GEN_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
@@ -57,7 +55,7 @@ class Submitted:
 
 
 # -- the two endpoints -------------------------------------------------------------------------
-def completion_plan(server: Server, req: CompletionRequest) -> Plan:
+def completion_plan(server: ServingContext, req: CompletionRequest) -> Plan:
     check_model(server, req.model)
     if req.suffix:
         raise APIError(400, "suffix is not supported", param="suffix")
@@ -85,7 +83,7 @@ def completion_plan(server: Server, req: CompletionRequest) -> Plan:
     return Plan(prompts, configs, req.n, echo)
 
 
-def chat_plan(server: Server, req: ChatCompletionRequest) -> Plan:
+def chat_plan(server: ServingContext, req: ChatCompletionRequest) -> Plan:
     check_model(server, req.model)
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError(400, "top_logprobs requires logprobs=true", param="top_logprobs")
@@ -97,7 +95,7 @@ def chat_plan(server: Server, req: ChatCompletionRequest) -> Plan:
     return Plan([prompt], [sampling(server, req, mt, k, j) for j in range(req.n)], req.n)
 
 
-def submit(server: Server, plan: Plan) -> Submitted:
+def submit(server: ServingContext, plan: Plan) -> Submitted:
     """One SeqSpec per (prompt, choice), routed to one instance (429/503 when none fits)."""
     n = plan.n
     if len(plan.prompts) * n > MAX_SEQUENCES:
@@ -119,7 +117,7 @@ def submit(server: Server, plan: Plan) -> Submitted:
 
 
 # -- checks and pieces -------------------------------------------------------------------------
-def check_model(server: Server, name: str | None) -> None:
+def check_model(server: ServingContext, name: str | None) -> None:
     if name is not None and name not in server.model_names:
         raise APIError(
             404,
@@ -129,11 +127,11 @@ def check_model(server: Server, name: str | None) -> None:
         )
 
 
-def encode(server: Server, text: str) -> list[int]:
+def encode(server: ServingContext, text: str) -> list[int]:
     return list(server.tokenizer(text, add_special_tokens=True)["input_ids"])
 
 
-def check_prompt(server: Server, ids: Sequence[int], what: str = "prompt") -> None:
+def check_prompt(server: ServingContext, ids: Sequence[int], what: str = "prompt") -> None:
     if not ids:
         raise APIError(400, f"{what} is empty: it needs at least one token", param="prompt")
     bad = [t for t in ids if t >= server.vocab_size]
@@ -145,7 +143,7 @@ def check_prompt(server: Server, ids: Sequence[int], what: str = "prompt") -> No
         )
 
 
-def chat_prompt(server: Server, req: ChatCompletionRequest) -> list[int]:
+def chat_prompt(server: ServingContext, req: ChatCompletionRequest) -> list[int]:
     tokenizer = server.tokenizer
     if not getattr(tokenizer, "chat_template", None):
         raise APIError(
@@ -166,7 +164,9 @@ def chat_prompt(server: Server, req: ChatCompletionRequest) -> list[int]:
     return list(ids)
 
 
-def max_tokens(server: Server, requested: int | None, prompt_len: int, default: int | None) -> int:
+def max_tokens(
+    server: ServingContext, requested: int | None, prompt_len: int, default: int | None
+) -> int:
     """The request's generation budget, checked against the context window and the KV pool
     (a request is booked ``prompt + max_tokens`` tokens of KV, see engine.py)."""
     room = server.max_context - prompt_len
@@ -197,7 +197,7 @@ def _kv_error(prompt_len: int, requested: int, cap: int | None) -> APIError:
     )
 
 
-def _context_error(server: Server, prompt_len: int, requested: int) -> APIError:
+def _context_error(server: ServingContext, prompt_len: int, requested: int) -> APIError:
     return APIError(
         400,
         f"This model's maximum context length is {server.max_context} tokens. However, you "
@@ -209,7 +209,7 @@ def _context_error(server: Server, prompt_len: int, requested: int) -> APIError:
 
 
 def sampling(
-    server: Server, req: Any, max_tokens: int, logprobs: int | None, index: int
+    server: ServingContext, req: Any, max_tokens: int, logprobs: int | None, index: int
 ) -> SamplingConfig:
     """Choice ``index``'s :class:`SamplingConfig`: the request's values, else the model's
     generation defaults, else OpenAI's; ``seed + index`` so choices differ reproducibly."""

@@ -13,6 +13,7 @@ import math
 import time
 from typing import TYPE_CHECKING, Any
 
+from pace_core.server.context import ServingContext
 from pace_core.server.events import Token
 from pace_core.server.openai_request import Plan, Submitted
 from pace_core.server.protocol import ChatCompletionRequest, CompletionRequest
@@ -20,33 +21,6 @@ from pace_core.speculative.stats import SpecStats
 
 if TYPE_CHECKING:
     from pace_core.server.frontend import Submission
-    from pace_core.server.server import Server
-
-
-class TokenText:
-    """Token id -> display string and UTF-8 bytes (for logprobs), cached."""
-
-    def __init__(self, tokenizer: Any) -> None:
-        self.tokenizer = tokenizer
-        self._cache: dict[int, tuple[str, list[int]]] = {}
-        try:
-            from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
-
-            self._byte_decoder = {c: b for b, c in bytes_to_unicode().items()}
-        except Exception:  # pragma: no cover - transformers layout changed
-            self._byte_decoder = {}
-
-    def get(self, token: int) -> tuple[str, list[int]]:
-        found = self._cache.get(token)
-        if found is None:
-            text = self.tokenizer.decode([token])
-            raw = self.tokenizer.convert_ids_to_tokens(token)
-            if isinstance(raw, str) and raw and all(c in self._byte_decoder for c in raw):
-                data = [self._byte_decoder[c] for c in raw]  # byte-level BPE
-            else:
-                data = list(text.encode("utf-8"))
-            found = self._cache[token] = (text, data)
-        return found
 
 
 def _finite(x: float | None) -> float | None:
@@ -60,7 +34,9 @@ def sse(payload: Any) -> bytes:
     return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
 
 
-def usage(server: Server, sub: Submission, prompt_tokens: int, completion_tokens: int) -> dict:
+def usage(
+    server: ServingContext, sub: Submission, prompt_tokens: int, completion_tokens: int
+) -> dict:
     """OpenAI ``usage``; with speculative decoding plus ``spec_decode``: the request's
     counters (:class:`~pace_core.speculative.stats.SpecStats`, all choices summed; an extra
     field, which the OpenAI client keeps in ``usage.model_extra``)."""
@@ -98,7 +74,7 @@ class Choice:
 class CompletionLogprobs:
     """OpenAI completions logprobs: tokens, token_logprobs, top_logprobs, text_offset."""
 
-    def __init__(self, server: Server, offset: int) -> None:
+    def __init__(self, server: ServingContext, offset: int) -> None:
         self.tt = server.token_text
         self.offset = offset
 
@@ -123,7 +99,7 @@ class CompletionLogprobs:
         }
 
 
-def chat_logprobs(server: Server, items: list[Token]) -> dict[str, Any]:
+def chat_logprobs(server: ServingContext, items: list[Token]) -> dict[str, Any]:
     tt = server.token_text
     content = []
     for ev in items:
@@ -146,7 +122,7 @@ class ResponseFormat:
     object_name = ""
     id_prefix = ""
 
-    def __init__(self, server: Server, req: Any, plan: Plan, submitted: Submitted) -> None:
+    def __init__(self, server: ServingContext, req: Any, plan: Plan, submitted: Submitted) -> None:
         self.server = server
         self.req = req
         self.plan = plan
@@ -197,7 +173,7 @@ class CompletionFormat(ResponseFormat):
     id_prefix = "cmpl"
 
     def __init__(
-        self, server: Server, req: CompletionRequest, plan: Plan, submitted: Submitted
+        self, server: ServingContext, req: CompletionRequest, plan: Plan, submitted: Submitted
     ) -> None:
         super().__init__(server, req, plan, submitted)
         self.echo = plan.echo or [""] * len(plan.prompts)
@@ -241,7 +217,7 @@ class ChatFormat(ResponseFormat):
     id_prefix = "chatcmpl"
 
     def __init__(
-        self, server: Server, req: ChatCompletionRequest, plan: Plan, submitted: Submitted
+        self, server: ServingContext, req: ChatCompletionRequest, plan: Plan, submitted: Submitted
     ) -> None:
         super().__init__(server, req, plan, submitted)
         if self.stream:

@@ -12,29 +12,16 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from pace_core.models.limits import read_generation_config, serving_context_window, text_config
+from pace_core.server.context import ServerConfig, TokenText
 from pace_core.server.engine import EngineConfig, context_window
 from pace_core.server.events import EngineHandle
 from pace_core.server.frontend import Frontend
 from pace_core.server.local import LocalEngine
 from pace_core.server.metrics import Metrics
 from pace_core.server.openai_request import sampling_defaults
-from pace_core.server.openai_response import TokenText
-
-
-@dataclass
-class ServerConfig:
-    """Front-door settings (the scheduler's are in :class:`EngineConfig`)."""
-
-    served_model_name: str = "smollm2"
-    aliases: tuple[str, ...] = ()
-    api_key: str | None = None
-    max_request_bytes: int = 4 << 20
-    request_timeout: float | None = 600.0
-    default_max_tokens: int = 1024  # chat requests without max_tokens (see docs/server.md)
 
 
 class Server:

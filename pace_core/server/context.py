@@ -1,0 +1,65 @@
+"""What the OpenAI translation and delivery read of a server: :class:`ServingContext`, a
+protocol (so :mod:`openai_request`, :mod:`openai_response` and :mod:`delivery` never import
+the :class:`~pace_core.server.server.Server` that imports them), with the front-door settings
+(:class:`ServerConfig`) and the token text cache (:class:`TokenText`) it carries."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from pace_core.server.frontend import Frontend
+
+
+@dataclass
+class ServerConfig:
+    """Front-door settings (the scheduler's are in :class:`EngineConfig`)."""
+
+    served_model_name: str = "smollm2"
+    aliases: tuple[str, ...] = ()
+    api_key: str | None = None
+    max_request_bytes: int = 4 << 20
+    request_timeout: float | None = 600.0
+    default_max_tokens: int = 1024  # chat requests without max_tokens (see docs/server.md)
+
+
+class TokenText:
+    """Token id -> display string and UTF-8 bytes (for logprobs), cached."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self._cache: dict[int, tuple[str, list[int]]] = {}
+        try:
+            from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
+
+            self._byte_decoder = {c: b for b, c in bytes_to_unicode().items()}
+        except Exception:  # pragma: no cover - transformers layout changed
+            self._byte_decoder = {}
+
+    def get(self, token: int) -> tuple[str, list[int]]:
+        found = self._cache.get(token)
+        if found is None:
+            text = self.tokenizer.decode([token])
+            raw = self.tokenizer.convert_ids_to_tokens(token)
+            if isinstance(raw, str) and raw and all(c in self._byte_decoder for c in raw):
+                data = [self._byte_decoder[c] for c in raw]  # byte-level BPE
+            else:
+                data = list(text.encode("utf-8"))
+            found = self._cache[token] = (text, data)
+        return found
+
+
+class ServingContext(Protocol):
+    """The parts of a :class:`~pace_core.server.server.Server` a request's translation uses."""
+
+    tokenizer: Any
+    config: ServerConfig
+    frontend: Frontend
+    max_context: int
+    vocab_size: int
+    gen_defaults: dict[str, Any]
+    speculative: bool
+    token_text: TokenText
+
+    @property
+    def model_names(self) -> tuple[str, ...]: ...
