@@ -125,22 +125,23 @@ async def models(request: Request):
     return {"object": "list", "data": data}
 
 
+async def _answer(request: Request, body: bytes, model: type, make_plan, fmt: type) -> Any:
+    """Parse ``body`` as ``model``, plan and submit it, answer in the response format ``fmt``."""
+    server = _server(request)
+    req = parse(model, body)
+    plan = make_plan(server, req)
+    submitted = oreq.submit(server, plan)
+    return await respond(server, request, fmt(server, req, plan, submitted))
+
+
 @v1.post("/completions", openapi_extra=_body_schema(CompletionRequest))
 async def completions(request: Request, body: bytes = Depends(request_body)):
-    server = _server(request)
-    req: CompletionRequest = parse(CompletionRequest, body)
-    plan = oreq.completion_plan(server, req)
-    submitted = oreq.submit(server, plan)
-    return await respond(server, request, CompletionFormat(server, req, plan, submitted))
+    return await _answer(request, body, CompletionRequest, oreq.completion_plan, CompletionFormat)
 
 
 @v1.post("/chat/completions", openapi_extra=_body_schema(ChatCompletionRequest))
 async def chat_completions(request: Request, body: bytes = Depends(request_body)):
-    server = _server(request)
-    req: ChatCompletionRequest = parse(ChatCompletionRequest, body)
-    plan = oreq.chat_plan(server, req)
-    submitted = oreq.submit(server, plan)
-    return await respond(server, request, ChatFormat(server, req, plan, submitted))
+    return await _answer(request, body, ChatCompletionRequest, oreq.chat_plan, ChatFormat)
 
 
 # -- errors ------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ out-of-vocabulary prompts, the context window and KV pool, sampling values), eac
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -134,12 +134,15 @@ def encode(server: ServingContext, text: str) -> list[int]:
 def check_prompt(server: ServingContext, ids: Sequence[int], what: str = "prompt") -> None:
     if not ids:
         raise APIError(400, f"{what} is empty: it needs at least one token", param="prompt")
+    check_vocab(server, ids, f"{what} has token id", "prompt")
+
+
+def check_vocab(server: ServingContext, ids: Iterable[int], what: str, param: str) -> None:
+    """A 400 naming the first id outside the model's vocabulary."""
     bad = [t for t in ids if t >= server.vocab_size]
     if bad:
         raise APIError(
-            400,
-            f"{what} has token id {bad[0]} outside the vocabulary [0, {server.vocab_size})",
-            param="prompt",
+            400, f"{what} {bad[0]} outside the vocabulary [0, {server.vocab_size})", param=param
         )
 
 
@@ -219,13 +222,7 @@ def sampling(
     bias = None
     if req.logit_bias:
         bias = {int(k): float(v) for k, v in req.logit_bias.items()}
-        bad = [k for k in bias if k >= server.vocab_size]
-        if bad:
-            raise APIError(
-                400,
-                f"logit_bias token id {bad[0]} is outside the vocabulary [0, {server.vocab_size})",
-                param="logit_bias",
-            )
+        check_vocab(server, bias, "logit_bias has token id", "logit_bias")
     try:
         return SamplingConfig(
             max_new_tokens=max_tokens,
