@@ -7,9 +7,12 @@ timed round-robin across engines, and the medians give TTFT, prefill tok/s, deco
 ratios. The sweep varies one axis at a time from the first value of each list (``--grid``:
 every combination). llama.cpp (llama-cpp-python, ``make bench-peers``) runs a BF16 GGUF
 converted from the same checkpoint, batch 1 only; it is skipped with a note when absent.
+``--kv-cache-types`` runs pace once per cache type (engines ``pace[dynamic]``,
+``pace[paged]``, ...; each timed in the same rounds, with its ratio to the first type).
 
     pace bench offline --models smollm2 gemma3-270m --threads 1 2 --batches 1 8
     pace bench offline --prompt-lens 32 128 512 --engines pace llama.cpp
+    pace bench offline --engines pace --kv-cache-types dynamic paged slab_pool
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ GGUF_TYPES = {"bfloat16": "bf16", "float32": "f32"}
 COLUMNS = [
     "model",
     "engine",
+    "kv_cache",
     "threads",
     "batch",
     "prompt_len",
@@ -46,6 +50,8 @@ COLUMNS = [
     "total_tok_s",
     "decode_vs_hf",
     "prefill_vs_hf",
+    "decode_vs_first_cache",
+    "prefill_vs_first_cache",
 ]
 QUICK = {
     "threads": [1],
@@ -61,6 +67,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="bfloat16", choices=list(GGUF_TYPES))
     p.add_argument("--engines", nargs="+", default=list(ENGINES), choices=ENGINES)
     p.add_argument("--opconfig", default=None, help="pace's OperatorConfig (default: auto)")
+    p.add_argument(
+        "--kv-cache-types",
+        nargs="+",
+        default=["dynamic"],
+        help="pace's KV cache types, each a pace engine of its own (ratios vs the first)",
+    )
     p.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     p.add_argument("--batches", nargs="+", type=int, default=[1, 8])
     p.add_argument("--prompt-lens", nargs="+", type=int, default=[128, 512])
@@ -119,6 +131,11 @@ class _LlamaCpp:
         return lambda: runner.generate(tokens, new_tokens)
 
 
+def pace_label(cache: str, args: argparse.Namespace) -> str:
+    """``pace`` for the default cache alone, else ``pace[<cache type>]``."""
+    return "pace" if list(args.kv_cache_types) == ["dynamic"] else f"pace[{cache}]"
+
+
 def load_engines(name: str, args: argparse.Namespace) -> dict[str, Any]:
     """engine -> ``make(ids, new_tokens) -> fn`` for one model; unavailable peers noted."""
     from pace_core import LLMModel
@@ -126,8 +143,10 @@ def load_engines(name: str, args: argparse.Namespace) -> dict[str, Any]:
     path, dtype = model_path(name), getattr(torch, args.dtype)
     engines: dict[str, Any] = {}
     if "pace" in args.engines:
-        pace = LLMModel(path, dtype=dtype, opconfig=args.opconfig, quiet=True, load_tokenizer=False)
-        engines["pace"] = lambda ids, n: _pace(pace, ids, n)
+        for cache in args.kv_cache_types:
+            pace = LLMModel(path, dtype=dtype, opconfig=args.opconfig, kv_cache_type=cache,
+                            quiet=True, load_tokenizer=False)  # fmt: skip
+            engines[pace_label(cache, args)] = lambda ids, n, m=pace: _pace(m, ids, n)
     if "transformers" in args.engines:
         from transformers import AutoModelForCausalLM
         from transformers.utils import logging as hf_logging
@@ -170,10 +189,15 @@ def measure_point(engines: dict[str, Any], ids: torch.Tensor, args) -> dict[str,
             "total_tok_s": batch * args.new_tokens / total,
         }
     hf = out.get("transformers")
-    for r in out.values():
+    caches = [pace_label(c, args) for c in args.kv_cache_types]
+    first = out.get(caches[0]) if len(caches) > 1 else None
+    for engine, r in out.items():
         if hf:
             r["decode_vs_hf"] = r["decode_tok_s"] / hf["decode_tok_s"]
             r["prefill_vs_hf"] = r["prefill_tok_s"] / hf["prefill_tok_s"]
+        if first and engine in caches:
+            r["decode_vs_first_cache"] = r["decode_tok_s"] / first["decode_tok_s"]
+            r["prefill_vs_first_cache"] = r["prefill_tok_s"] / first["prefill_tok_s"]
     return out
 
 
@@ -188,11 +212,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for threads, batch, prompt_len in progress(points, f"offline {name}", args.quiet):
             torch.set_num_threads(threads)
             ids = random_prompts(vocab, batch, prompt_len, gen)
+            caches = {pace_label(c, args): c for c in args.kv_cache_types}
             for engine, r in measure_point(engines, ids, args).items():
                 rows.append(
                     {
                         "model": name,
                         "engine": engine,
+                        "kv_cache": caches.get(engine),
                         "threads": threads,
                         "batch": batch,
                         "prompt_len": prompt_len,

@@ -121,6 +121,20 @@ def test_offline_sweeps_and_plots(tiny_llama_dir, tmp_path, capfd):
     assert png.read_bytes()[:8] == PNG
 
 
+def test_offline_compares_kv_cache_types_side_by_side(tiny_llama_dir, tmp_path):
+    argv = ["bench", "offline", "--models", str(tiny_llama_dir), "--engines", "pace",
+            "--kv-cache-types", "dynamic", "paged", "slab_pool", "--threads", "1",
+            "--batches", "2", "--prompt-lens", "6", "--new-tokens", "3", "--repeats", "1",
+            "--out", str(tmp_path), "--quiet", "--no-plots"]  # fmt: skip
+    assert main(argv) == 0
+    rows = json.loads((tmp_path / "offline.json").read_text())["results"]
+    assert [(r["engine"], r["kv_cache"]) for r in rows] == [
+        ("pace[dynamic]", "dynamic"), ("pace[paged]", "paged"), ("pace[slab_pool]", "slab_pool")
+    ]  # fmt: skip
+    assert rows[0]["decode_vs_first_cache"] == rows[0]["prefill_vs_first_cache"] == 1.0
+    assert all(r["decode_vs_first_cache"] > 0 and r["prefill_vs_first_cache"] > 0 for r in rows)
+
+
 def test_unknown_benchmark_lists_the_choices(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["bench", "nope"])
