@@ -78,6 +78,13 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=512,
         help="prompt tokens prefilled per iteration (long prompts are chunked)",
     )
+    p.add_argument(
+        "--prefill-slice-ms",
+        type=float,
+        default=50.0,
+        help="while sequences decode, prefill about this much work per iteration so their "
+        "next token waits at most one short chunk (0: always --max-prefill-tokens)",
+    )
     p.add_argument("--instances", type=int, default=1, help="engine processes (cores split)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (single instance)")
     p.add_argument("--api-key", default=os.environ.get("PACE_API_KEY"), help="require Bearer key")
@@ -129,6 +136,7 @@ def build_server(args: argparse.Namespace):
         max_running=args.max_running,
         max_queue=args.max_queue,
         max_prefill_tokens=args.max_prefill_tokens,
+        prefill_slice_ms=args.prefill_slice_ms,
         threads=args.threads,
     )
     config = ServerConfig(

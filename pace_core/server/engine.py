@@ -6,9 +6,11 @@ loop in a dedicated thread. Each iteration:
 1. drains its inbox (new sequences, cancellations; blocks on the inbox when idle);
 2. admits waiting sequences in FIFO order while fewer than ``max_running`` are active and the
    KV *booking* fits (see below);
-3. prefills: up to ``max_prefill_tokens`` prompt tokens, taken FIFO from admitted sequences;
-   a long prompt is split into chunks over several iterations (``forward_step`` with
-   ``num_new`` < prompt length), so running decodes never stall for more than one chunk;
+3. prefills prompt tokens, taken FIFO from admitted sequences, up to the iteration's
+   :class:`~pace_core.server.prefill_budget.PrefillBudget`: ``max_prefill_tokens`` when
+   nothing decodes, else about ``prefill_slice_ms`` of prefill work; a long prompt is split
+   into chunks over several iterations (``forward_step`` with ``num_new`` < prompt length), so
+   a running decode waits for at most one short chunk per token;
 4. runs ONE batched decode forward for every running sequence;
 5. samples with one :class:`BatchSampler` whose rows follow the running sequences (rows of
    sequences whose prefill just completed join with ``add``; finished or cancelled rows leave
@@ -63,6 +65,7 @@ from pace_core.server.events import (
     Submit,
     Token,
 )
+from pace_core.server.prefill_budget import PrefillBudget
 from pace_core.server.speculative import RowVerdict, SpecDecoder
 from pace_core.speculative.verify import check_processors, stop_flags
 
@@ -78,6 +81,7 @@ class EngineConfig:
     max_running: int = 32
     max_queue: int = 256
     max_prefill_tokens: int = 512
+    prefill_slice_ms: float = 50.0  # prefill work per iteration while sequences decode
     threads: int | None = None  # torch intra-op threads of the engine thread
 
     def __post_init__(self) -> None:
@@ -86,6 +90,7 @@ class EngineConfig:
                 raise ConfigError(f"{name} must be >= 1 (got {getattr(self, name)})")
         if self.max_queue < 0:
             raise ConfigError(f"max_queue must be >= 0 (got {self.max_queue})")
+        PrefillBudget(self.max_prefill_tokens, self.prefill_slice_ms)  # validates both
 
 
 class _Seq:
@@ -137,6 +142,7 @@ class EngineCore:
         self.prefilling: list[_Seq] = []
         self.running: list[_Seq] = []
         self.sampler: BatchSampler | None = None
+        self.prefill_budget = PrefillBudget(config.max_prefill_tokens, config.prefill_slice_ms)
         self.booked = 0
         self.steps = 0
         self._out: list[Event] = []
@@ -297,7 +303,7 @@ class EngineCore:
 
     def _prefill(self) -> list[tuple[_Seq, torch.Tensor]]:
         """Run this iteration's prefill chunks; returns sequences whose prompt is complete."""
-        budget = self.config.max_prefill_tokens
+        budget = self.prefill_budget.tokens(decoding=bool(self.running))
         chunks: list[tuple[_Seq, int]] = []
         for seq in self.prefilling:
             if budget <= 0:
@@ -311,9 +317,11 @@ class EngineCore:
             ids = torch.zeros(len(group), width, dtype=torch.long)
             for b, (seq, n) in enumerate(group):
                 ids[b, width - n :] = seq.prompt[seq.done : seq.done + n]
+            start = time.perf_counter()
             logits = forward_step(
                 self.llm.model, self.cache, [s.seq_id for s, _ in group], ids, [n for _, n in group]
             )
+            self.prefill_budget.record(sum(n for _, n in group), time.perf_counter() - start)
             for b, (seq, n) in enumerate(group):
                 seq.done += n
                 if seq.done == seq.prompt.numel():

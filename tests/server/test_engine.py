@@ -146,3 +146,24 @@ def test_stats_events(llm, engine):
     stats = [e for e in rec.events if isinstance(e, Stats)]
     assert any(s.running == 1 and s.kv_used > 0 for s in stats)  # one running, some KV in use
     assert stats[-1] == Stats(0, 0, 0.0, 0.0)
+
+
+def test_prefill_is_sliced_while_sequences_decode(llm, engine):
+    core, rec = engine(max_prefill_tokens=64, prefill_slice_ms=10)
+    core.prefill_budget.rate = 2000.0  # tokens/s: a 10 ms slice is 20 tokens
+    core.prefill_budget.record = lambda tokens, seconds: None  # keep the rate fixed
+    long_prompt = list(range(100, 170))  # 70 tokens: 20 + 20 + 20 + 10 while A decodes
+    with one_thread():
+        core.submit([_spec(llm, "A", "Hello there", 30)])
+        core.run_once()  # nothing decodes yet: A's prompt in one chunk
+        core.submit([_spec(llm, "B", long_prompt, 4)])
+        done = []
+        for _ in range(4):
+            core.run_once()
+            done.append(next(s.done for s in [*core.prefilling, *core.running]
+                             if s.spec.key == "B"))  # fmt: skip
+        assert done == [20, 40, 60, 70]
+        assert len(rec.tokens("A")) == 5  # one token per iteration, never stalled
+        finish(core)
+    assert len(rec.tokens("A")) == 30 and len(rec.tokens("B")) == 4
+    assert len(core.cache.free_blocks) == core.num_blocks and core.booked == 0

@@ -1,0 +1,41 @@
+"""The scheduler's prefill budget: whole chunks when alone, a time slice while decoding."""
+
+from __future__ import annotations
+
+import pytest
+
+from pace_core.errors import ConfigError
+from pace_core.server.engine import EngineConfig
+from pace_core.server.prefill_budget import PrefillBudget
+
+
+def test_full_budget_until_a_rate_is_measured_or_when_nothing_decodes():
+    budget = PrefillBudget(max_tokens=512, slice_ms=50)
+    assert budget.tokens(decoding=True) == 512  # no rate yet
+    budget.record(tokens=1000, seconds=1.0)
+    assert budget.rate == 1000
+    assert budget.tokens(decoding=False) == 512
+    assert budget.tokens(decoding=True) == 50  # 50 ms at 1000 tok/s
+
+
+def test_slice_is_clamped_and_the_rate_is_averaged():
+    budget = PrefillBudget(max_tokens=512, slice_ms=50, min_tokens=16)
+    budget.record(100, 1.0)  # 100 tok/s: 5 tokens per slice -> the minimum
+    assert budget.tokens(decoding=True) == 16
+    budget.record(100_000, 1.0)  # averaged, not replaced: 0.7 * 100 + 0.3 * 100000
+    assert budget.rate == pytest.approx(30_070)
+    assert budget.tokens(decoding=True) == 512  # capped at max_tokens
+    budget.record(0, 1.0)
+    budget.record(10, 0.0)  # empty or instantaneous forwards are ignored
+    assert budget.rate == pytest.approx(30_070)
+
+
+def test_slicing_off_and_bad_values():
+    off = PrefillBudget(max_tokens=64, slice_ms=0)
+    off.record(10, 1.0)
+    assert off.tokens(decoding=True) == 64
+    assert PrefillBudget(max_tokens=8, slice_ms=50).min_tokens == 8
+    with pytest.raises(ConfigError, match="prefill_slice_ms must be >= 0"):
+        EngineConfig(prefill_slice_ms=-1)
+    with pytest.raises(ConfigError, match="max_prefill_tokens must be >= 1"):
+        PrefillBudget(max_tokens=0, slice_ms=50)
