@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterable, Iterator
@@ -23,7 +24,9 @@ def installed_for_session(sources: Iterable[Path], target: Path) -> Iterator[Pat
     """pip-install ``sources`` into ``target``; importable here and in child processes."""
     cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "-q",
            "--disable-pip-version-check", "--target", str(target)]  # fmt: skip
-    subprocess.run([*cmd, *map(str, sources)], check=True)
+    # Build from copies: setuptools leaves build/ and *.egg-info/ next to the sources it builds.
+    copies = [shutil.copytree(src, target / ".sources" / Path(src).name) for src in sources]
+    subprocess.run([*cmd, *map(str, copies)], check=True)
     old_path = os.environ.get("PYTHONPATH")
     sys.path.insert(0, str(target))
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(target), old_path) if p)
