@@ -11,6 +11,8 @@ Exhaustion raises :class:`CacheFullError` before anything changes, so the caller
 
 from __future__ import annotations
 
+import math
+import mmap
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -36,6 +38,18 @@ class BlockKV:
     layout: str
 
 
+@dataclass(frozen=True)
+class BlockBuffers:
+    """What a fused decoder stack needs to write and read a step itself (``block_buffers``):
+    the per-layer pools ``[num_blocks, H, block_size, D]`` and the current step's block table
+    ``[B, max_blocks]`` (int64; row ``b`` = sequence ``meta.seq_ids[b]``, unused entries 0)."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    block_table: torch.Tensor
+    block_size: int
+
+
 def l2_cache_bytes(default: int = 1 << 20) -> int:
     """L2 size of CPU 0 from sysfs (``2048K`` → bytes), or ``default``."""
     try:
@@ -44,6 +58,17 @@ def l2_cache_bytes(default: int = 1 << 20) -> int:
         return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
     except (OSError, ValueError, IndexError):
         return default
+
+
+def lazy_zeros(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+    """A zero tensor in a private anonymous mapping: the OS hands out zeroed pages on first
+    touch, so a pool sized for the whole budget costs only the blocks that get used
+    (``torch.zeros`` writes every byte up front: ~0.2 s per GB, paid by every new cache)."""
+    nbytes = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
+    if nbytes < mmap.PAGESIZE:
+        return torch.zeros(tuple(shape), dtype=dtype)
+    buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE)  # MAP_ANONYMOUS: zero-filled
+    return torch.frombuffer(buf, dtype=dtype).view(tuple(shape))  # keeps `buf` alive
 
 
 def _env_int(name: str) -> int | None:
@@ -90,11 +115,9 @@ class BlockCache:
         if num_blocks < 1:
             raise ConfigError("the KV cache budget is smaller than one block; raise it")
         self.num_blocks = num_blocks
-        self.keys = [
-            torch.zeros(num_blocks, h, block_size, d, dtype=dtype)
-            for h, d in zip(num_kv_heads, head_dims)
-        ]
-        self.values = [torch.zeros_like(k) for k in self.keys]
+        shapes = [(num_blocks, h, block_size, d) for h, d in zip(num_kv_heads, head_dims)]
+        self.keys = [lazy_zeros(shape, dtype) for shape in shapes]
+        self.values = [lazy_zeros(shape, dtype) for shape in shapes]
         self.free_blocks = list(range(num_blocks - 1, -1, -1))  # a stack: O(1) pop/push
         self.blocks: dict[int, list[int]] = {}
         self.lens: dict[int, int] = {}
@@ -163,27 +186,29 @@ class BlockCache:
             )
         for sid, n in zip(seq_ids, need):
             self.blocks[sid].extend(self.free_blocks.pop() for _ in range(n))
-        # Where each new real token goes: (row, t) -> (block, offset), shared by all layers.
-        src_b, src_t, dst_block, dst_off = [], [], [], []
-        for b, sid in enumerate(seq_ids):
-            n, start = int(num_new[b]), int(before[b])
-            for j in range(n):
-                pos = start + j
-                src_b.append(b)
-                src_t.append(width - n + j)
-                dst_block.append(self.blocks[sid][pos // bs])
-                dst_off.append(pos % bs)
-        self._write = tuple(
-            torch.tensor(x, dtype=torch.long) for x in (src_b, src_t, dst_block, dst_off)
-        )
         most = max((len(self.blocks[s]) for s in seq_ids), default=0)
-        table = torch.zeros(len(seq_ids), most, dtype=torch.long)
-        for b, sid in enumerate(seq_ids):
-            table[b, : len(self.blocks[sid])] = torch.tensor(self.blocks[sid], dtype=torch.long)
-        self._meta, self._table = meta, table
+        table = torch.tensor(
+            [self.blocks[s] + [0] * (most - len(self.blocks[s])) for s in seq_ids],
+            dtype=torch.long,
+        ).view(len(seq_ids), most)
+        self._meta, self._table, self._write = meta, table, None
         return meta
 
+    def _write_index(self) -> tuple[torch.Tensor, ...]:
+        """Where each new real token goes, (row, t) -> (block, offset), for all layers:
+        row ``b``'s last ``num_new[b]`` positions ``t`` hold the tokens at positions
+        ``lens_before[b] + j``, in block ``table[b, pos // block_size]``."""
+        meta, bs = self._meta, self.block_size
+        src_b = torch.repeat_interleave(torch.arange(len(meta.seq_ids)), meta.num_new)
+        first = torch.cumsum(meta.num_new, 0) - meta.num_new  # index of each row's first token
+        j = torch.arange(src_b.numel()) - first[src_b]
+        pos = meta.lens_before[src_b] + j
+        src_t = meta.width - meta.num_new[src_b] + j
+        return src_b, src_t, self._table[src_b, pos // bs], pos % bs
+
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> BlockKV:
+        if self._write is None:  # computed once per step, on the first layer that writes
+            self._write = self._write_index()
         src_b, src_t, dst_block, dst_off = self._write
         self.keys[layer][dst_block, :, dst_off] = k[src_b, :, src_t]
         self.values[layer][dst_block, :, dst_off] = v[src_b, :, src_t]
@@ -195,6 +220,17 @@ class BlockCache:
             self._meta,
             self.layout,
         )
+
+    def block_buffers(self) -> BlockBuffers:
+        """Pools and the current step's block table, for fused decoder stacks, which may
+        write a step's keys/values themselves instead of calling :meth:`update`, exactly as
+        it does: row ``b``'s last ``meta.num_new[b]`` positions go to the positions
+        ``meta.lens_before[b] + j`` of its sequence, position ``p`` at offset
+        ``p % block_size`` of block ``block_table[b, p // block_size]``. Valid between
+        :meth:`begin_step` and :meth:`end_step`."""
+        if self._table is None:
+            raise RuntimeError("block_buffers() is only valid between begin_step and end_step")
+        return BlockBuffers(self.keys, self.values, self._table, self.block_size)
 
     def end_step(self) -> None:
         for sid, n in zip(self._meta.seq_ids, self._meta.lens_after.tolist()):

@@ -123,7 +123,7 @@ def test_without_bf16_dot_fp32_still_runs(tiny_llama, ext, clean_env):
 def test_every_cache_layout_matches_native(tiny_llama, ext, clean_env, cache):
     """Attention reads each cache layout in place (paged/slab through the block table):
     a ragged batch (prefill tiles + decode) gives native's tokens and logits in fp32."""
-    blocks = cache in ("paged", "slab_pool")  # the fused stack declines block caches
+    blocks = cache in ("paged", "slab_pool")  # the per-layer path reads the block views
     opconfig = {**AVX512, "decoder_stack": "native"} if blocks else AVX512
     ours = LLMModel(tiny_llama, dtype=torch.float32, opconfig=opconfig, kv_cache_type=cache,
                     load_tokenizer=False)  # fmt: skip
@@ -195,9 +195,19 @@ def test_fused_decoder_stack_equals_the_python_loop(family, dtype, tmp_path, ext
 
 
 def test_fused_stack_declines_with_reasons(tiny_llama, ext, clean_env):
-    paged = LLMModel(tiny_llama, dtype=torch.float32, kv_cache_type="paged",
-                     opconfig={"default": "avx512"}, load_tokenizer=False)  # fmt: skip
+    from pace_avx512.plugin import _stack_supports
+
+    from pace_core.registry import OpContext
+
+    profiled = LLMModel(tiny_llama, dtype=torch.float32, opconfig={"default": "avx512"},
+                        profile=True, load_tokenizer=False)  # fmt: skip
     mixed = load(tiny_llama, torch.float32, {"default": "avx512", "gated_mlp": "native"})
-    for model, reason in ((paged, "contiguous caches only"), (mixed, "also on native")):
+    for model, reason in ((profiled, "per-op profiling"), (mixed, "also on native")):
         sites = [s for s in model.op_plan.sites if s[0] == "decoder_stack"]
         assert [s[1] for s in sites] == ["native"] and reason in sites[0][2], sites
+    flat = _stack_supports(OpContext("decoder_stack", torch.float32, {"cache_layout": "flat"}))
+    assert flat == "fuses steps over contiguous, paged, slab caches only, not 'flat'"
+    for cache in ("paged", "slab_pool"):  # block caches are fused (block_buffers)
+        model = LLMModel(tiny_llama, dtype=torch.float32, kv_cache_type=cache,
+                         opconfig={"default": "avx512"}, load_tokenizer=False)  # fmt: skip
+        assert model.op_plan.backends()["decoder_stack"] == {"avx512"}, cache

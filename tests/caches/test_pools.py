@@ -139,3 +139,50 @@ def test_slab_block_size_from_l2(monkeypatch):
     assert slab_block_tokens([1], [256], torch.float32) == 512
     monkeypatch.setenv("PACE_SLAB_BLOCK_TOKENS", "64")
     assert SlabPoolCache([1], [8], torch.float32, max_tokens=128).block_size == 64
+
+
+@pytest.mark.parametrize("cls", [PagedCache, SlabPoolCache])
+def test_block_buffers_say_where_update_writes(cls):
+    """A ragged step (prefill chunk, decode, empty row, left padding) written by the rule
+    block_buffers() documents lands exactly where update() puts it, for every layer."""
+    cache = cls([2, 1], [8, 4], torch.float32, block_size=4, max_tokens=128)
+    ids = cache.add_sequences(4)
+    steps = [(ids, [5, 2, 0, 7]), (ids, [3, 1, 4, 1]), (ids[1:], [6, 0, 1])]
+    gen = torch.Generator().manual_seed(0)
+    for seq_ids, counts in steps:
+        width = max(counts)
+        meta = cache.begin_step(seq_ids, counts, width)
+        buf = cache.block_buffers()
+        assert buf.keys is cache.keys and buf.values is cache.values and buf.block_size == 4
+        table = buf.block_table
+        assert table.dtype == torch.long and table.shape[0] == len(seq_ids)
+        assert table.shape[1] * 4 >= meta.max_len
+        expect = [(k.clone(), v.clone()) for k, v in zip(cache.keys, cache.values)]
+        for layer, (h, d) in enumerate(((2, 8), (1, 4))):
+            k = torch.randn(len(seq_ids), h, width, d, generator=gen)
+            v = torch.randn(len(seq_ids), h, width, d, generator=gen)
+            for b, n in enumerate(counts):
+                for j in range(n):
+                    pos = int(meta.lens_before[b]) + j
+                    block, off = int(table[b, pos // 4]), pos % 4
+                    expect[layer][0][block, :, off] = k[b, :, width - n + j]
+                    expect[layer][1][block, :, off] = v[b, :, width - n + j]
+            view = cache.update(layer, k, v)
+            assert view.block_table is table
+        cache.end_step()
+        for (k, v), (ek, ev) in zip(zip(cache.keys, cache.values), expect):
+            assert torch.equal(k, ek) and torch.equal(v, ev)
+    with pytest.raises(RuntimeError, match="between begin_step and end_step"):
+        cache.block_buffers()
+
+
+def test_block_pools_start_zeroed_and_writable():
+    """Pools come from zero-filled pages committed on first touch (lazy_zeros)."""
+    cache = PagedCache([3], [64], torch.bfloat16, max_tokens=1 << 16)
+    pool = cache.keys[0]
+    assert pool.shape == (4096, 3, 16, 64) and pool.dtype == torch.bfloat16
+    assert not pool[[0, 2047, 4095]].any()
+    pool[4095, 2, 15, 63] = 1.5
+    assert float(pool[4095, 2, 15, 63]) == 1.5 and not cache.values[0].any()
+    tiny = PagedCache([1], [2], torch.float32, block_size=1, max_tokens=2)  # below a page
+    assert tiny.keys[0].shape == (2, 1, 1, 2) and not tiny.keys[0].any()

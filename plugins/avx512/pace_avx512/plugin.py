@@ -43,6 +43,8 @@ BASE = build.BASE_FEATURES
 # because one registration serves both dtypes and fp32 runs without it.
 BF16_DOT = "avx512_bf16"
 CACHE_LAYOUTS = ("contiguous", "paged", "slab")
+# Layouts whose caches the C++ stack writes itself: direct_buffers() / block_buffers().
+STACK_LAYOUTS = CACHE_LAYOUTS
 
 
 def _supports(*, bf16_dot: bool):
@@ -59,7 +61,8 @@ def _supports(*, bf16_dot: bool):
 
 
 def _stack_supports(ctx: OpContext) -> bool | str:
-    """The C++ loop covers blocks whose every op is an avx512 kernel, on contiguous caches."""
+    """The C++ loop covers blocks whose every op is an avx512 kernel, on contiguous and
+    block (paged, slab) caches."""
     if getattr(ctx, "profiling", False):
         return "per-op profiling times each op (per-layer path)"
     blocks = getattr(ctx, "blocks", None)
@@ -70,8 +73,8 @@ def _stack_supports(ctx: OpContext) -> bool | str:
         others = ", ".join(sorted(backends - {BACKEND}))
         return f"layer ops also on {others} (fusion needs every layer op on avx512)"
     layout = getattr(ctx, "cache_layout", "contiguous")
-    if layout != "contiguous":
-        return f"fuses steps over contiguous caches only, not {layout!r}"
+    if layout not in STACK_LAYOUTS:
+        return f"fuses steps over {', '.join(STACK_LAYOUTS)} caches only, not {layout!r}"
     return build.available()
 
 
@@ -119,7 +122,8 @@ def pace_register_ops(registry: Registrations) -> None:
     registry.add_kernel(
         "decoder_stack", BACKEND, stack.decoder_stack, dtypes=DTYPES, cpu_features=BASE,
         prepare=stack.prepare, supports=_stack_supports, priority=PRIORITY,
-        description="all pre-norm/sandwich blocks of a uniform step in one C++ call",
+        description="all pre-norm/sandwich blocks of a step in one C++ call (contiguous, "
+        "paged and slab caches, ragged rows)",
     )  # fmt: skip
     add("attention", kernels.attention, bf16_dot=False, cache_layouts=CACHE_LAYOUTS,
         description="flash-style attention (decode and prefill), GQA, sinks, windows; reads "

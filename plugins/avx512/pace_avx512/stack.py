@@ -4,13 +4,17 @@
 ``pace_core.stack_spec``: the contract, not the core's block classes), checks that they are
 pre-norm or sandwich blocks whose every kernel is pace-avx512's, and hands them to the
 extension's ``DecoderStack``, which reads their fields (and the packed weights they hold) by
-name once. Each forward step over a cache that exposes its buffers (``direct_buffers``: the
-contiguous caches) runs all blocks in one C++ call, ragged (left-padded) rows included; steps
-over other caches run the same blocks in Python.
+name once. Each forward step over a cache that exposes its buffers runs all blocks in one C++
+call, ragged rows included (left-padded prefills, prefill chunks and decodes in one step):
+``direct_buffers()`` of the contiguous caches (per-layer ``[B, H, capacity, D]``), or
+``block_buffers()`` of the block caches (paged, slab: per-layer pools and the step's block
+table, written and read through the table). Steps over other caches run the same blocks in
+Python (:func:`cache_buffers` says why).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +26,8 @@ from pace_avx512.packing import PackedGatedMLP, PackedLinear, PackedQKV
 from pace_core.stack_spec import AttentionSpec, BlockSpec, BoundKernel, GatedMLPSpec, NormSpec
 
 FUSABLE_BLOCKS = frozenset({"pre_norm", "sandwich"})  # stack_spec.BlockSpec kinds
+log = logging.getLogger("pace.ops")
+_declined: set[str] = set()  # reasons already logged (once per process each)
 
 
 class NotFusable(ValueError):
@@ -92,17 +98,38 @@ def prepare(layers: Sequence[Callable]) -> FusedStack:
     )
 
 
+def cache_buffers(step: Any) -> tuple[list, list, torch.Tensor | None, int] | str:
+    """``(keys, values, block_table, block_size)`` the C++ loop writes and reads this step
+    (``block_table`` None for a contiguous cache), or why the step runs in Python."""
+    if step.meta is None:
+        return "no cache step (the forward has no StepMeta)"
+    direct = getattr(step.cache, "direct_buffers", None)
+    if direct is not None:
+        keys, values = direct()
+        return keys, values, None, 0
+    blocks = getattr(step.cache, "block_buffers", None)
+    if blocks is not None:
+        buf = blocks()
+        return buf.keys, buf.values, buf.block_table, buf.block_size
+    return f"{type(step.cache).__name__} exposes neither direct_buffers() nor block_buffers()"
+
+
 def decoder_stack(
     x: torch.Tensor, residual: torch.Tensor | None, step: Any, w: FusedStack
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    meta = step.meta
-    buffers = getattr(step.cache, "direct_buffers", None)
-    if meta is None or buffers is None:
+    buffers = cache_buffers(step)
+    if isinstance(buffers, str):
+        if buffers not in _declined:
+            _declined.add(buffers)
+            log.info("decoder_stack: avx512 runs this step's layers in Python: %s", buffers)
         for layer in w.layers:
             x, residual = layer(x, residual, step)
         return x, residual
-    keys, values = buffers()
+    keys, values, table, block_size = buffers
+    meta = step.meta
     ropes = [step.rope[id(r)] for r in w.rotaries]
     masks = [meta.mask(window) for window in w.windows]
     starts, counts = meta.lens_before.tolist(), meta.num_new.tolist()
-    return w.cpp.run(x, residual, keys, values, starts, counts, meta.max_len, masks, ropes)
+    return w.cpp.run(
+        x, residual, keys, values, starts, counts, meta.max_len, masks, ropes, table, block_size
+    )

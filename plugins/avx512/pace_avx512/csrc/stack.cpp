@@ -4,10 +4,12 @@
 // 2-3 ms per token on SmolLM2-135M, 15-20% of a 1-thread decode step). Here the same kernels
 // run in a C++ loop over the blocks' descriptions (pace_core/stack_spec.py), read once at model
 // load: pre-norm (Llama, Qwen2, Phi-3, SmolLM) and sandwich (Gemma 3) blocks with fused QKV,
-// QK-norm, rope, a contiguous KV cache written in place, attention, output projection and
-// gated MLP.
-// Ragged rows (left-padded batches) write each row's real tokens only, like the cache's own
-// update(); steps over caches that expose no buffers (paged, slab) stay in Python.
+// QK-norm, rope, the KV cache written in place, attention, output projection and gated MLP.
+// The cache is contiguous (per layer [B, Hk, capacity, D], a row per sequence: the caches'
+// direct_buffers()) or a block pool (per layer [blocks, Hk, block_size, D] and the step's
+// block table: block_buffers() of paged / slab caches), written and read through the table.
+// Ragged rows (left-padded batches, prefill chunks and decodes in one step) write each row's
+// real tokens only, like the cache's own update().
 #include <ATen/ops/empty.h>
 
 #include <optional>
@@ -128,17 +130,20 @@ LayerSpec layer_spec(const py::handle& block, int64_t rope, int64_t mask) {
 }
 
 struct Step {  // what one forward step provides
-  const std::vector<Tensor>& keys;    // [B, Hk, capacity, D] per layer
+  const std::vector<Tensor>& keys;    // per layer: [B, Hk, capacity, D] or a pool [blocks, Hk, bs, D]
   const std::vector<Tensor>& values;
   const std::vector<int64_t>& starts;  // row b's new tokens go to positions starts[b] ...
   const std::vector<int64_t>& counts;  // ... onwards: its last counts[b] query positions
   int64_t length;                     // keys per row after the step (S)
   const std::vector<Tensor>& masks;   // [B, 1, T, S] per distinct window
   const std::vector<std::pair<Tensor, Tensor>>& ropes;  // (cos, sin) [B, T, R] per rotary
+  const OptTensor& table;             // block caches: [B, blocks per row] int64 block ids
+  int64_t block_size;                 // block caches: tokens per block
 };
 
-// Row b's last counts[b] tokens of x [B, T, H, D] (D contiguous) into cache [B, H, cap, D] at
-// starts[b]: plain row copies, no tensor ops (a decode step writes 2 * H rows of D here).
+// Row b's last counts[b] tokens of x [B, T, H, D] (D contiguous) into the cache at positions
+// starts[b] + j: plain row copies, no tensor ops (a decode step writes 2 * H rows of D here).
+// Contiguous: row b's position p is [b, h, p]; block pool: [table[b, p / bs], h, p % bs].
 void write_cache(const Tensor& cache, const Tensor& x, const Step& s) {
   TORCH_CHECK(cache.is_contiguous() && x.stride(3) == 1 && cache.scalar_type() == x.scalar_type(),
               "pace_avx512: decoder stack cache write layout");
@@ -147,11 +152,16 @@ void write_cache(const Tensor& cache, const Tensor& x, const Step& s) {
   char* dst = static_cast<char*>(cache.data_ptr());
   const char* src = static_cast<const char*>(x.data_ptr());
   const int64_t es = x.element_size();
+  const int64_t* table = s.table ? s.table->data_ptr<int64_t>() : nullptr;
+  const int64_t table_stride = s.table ? s.table->stride(0) : 0;
   for (int64_t b = 0; b < B; ++b)
     for (int64_t j = 0; j < s.counts[b]; ++j) {
       const int64_t t = T - s.counts[b] + j, pos = s.starts[b] + j;
+      // (slot, offset): the cache row and position within it that hold token `pos`
+      const int64_t slot = table ? table[b * table_stride + pos / s.block_size] : b;
+      const int64_t off = table ? pos % s.block_size : pos;
       for (int64_t h = 0; h < H; ++h)
-        std::memcpy(dst + (((b * H + h) * cap + pos) * D) * es,
+        std::memcpy(dst + (((slot * H + h) * cap + off) * D) * es,
                     src + (b * x.stride(0) + t * x.stride(1) + h * x.stride(2)) * es, row);
     }
 }
@@ -172,10 +182,43 @@ Tensor attention_block(const LayerSpec& L, const Tensor& h, const Step& s) {
   const Tensor& values = s.values[L.layer];
   write_cache(keys, k, s);
   write_cache(values, v, s);
-  const Tensor out = attend(q.transpose(1, 2), keys.narrow(2, 0, s.length),
-                            values.narrow(2, 0, s.length), s.masks[L.mask], L.scale, L.sinks,
-                            c10::nullopt, 0);
+  const Tensor out =
+      s.table ? attend(q.transpose(1, 2), keys, values, s.masks[L.mask], L.scale, L.sinks, s.table,
+                       s.block_size)
+              : attend(q.transpose(1, 2), keys.narrow(2, 0, s.length), values.narrow(2, 0, s.length),
+                       s.masks[L.mask], L.scale, L.sinks, c10::nullopt, 0);
   return L.o(out.transpose(1, 2).reshape({B, T, L.hq * L.d}));
+}
+
+// The caches of a step: contiguous [B, Hk, >= length, D] per layer, or block pools of one
+// block count, the table's ids inside them and its rows long enough for every row's keys.
+void check_caches(const std::vector<Tensor>& keys, const std::vector<Tensor>& values,
+                  const OptTensor& table, int64_t block_size, int64_t B, int64_t length) {
+  TORCH_CHECK(keys.size() == values.size(), "pace_avx512: decoder stack key and value caches");
+  for (size_t i = 0; i < keys.size(); ++i)
+    TORCH_CHECK(keys[i].dim() == 4 && values[i].sizes() == keys[i].sizes(),
+                "pace_avx512: decoder stack cache ", i, " shapes");
+  if (!table) {
+    for (const Tensor& c : keys)
+      TORCH_CHECK(c.size(0) == B && c.size(2) >= length, "pace_avx512: cache rows");
+    return;
+  }
+  TORCH_CHECK(table->scalar_type() == at::kLong && table->dim() == 2 && table->size(0) == B &&
+                  table->stride(1) == 1 && block_size > 0 && table->size(1) * block_size >= length,
+              "pace_avx512: decoder stack block table ", table->sizes(), " / block size ",
+              block_size, " does not cover ", length, " keys of ", B, " rows");
+  const int64_t blocks = keys.empty() ? 0 : keys[0].size(0);
+  for (const Tensor& c : keys)
+    TORCH_CHECK(c.size(0) == blocks && c.size(2) == block_size,
+                "pace_avx512: decoder stack pools ", c.sizes(), " differ from ", blocks,
+                " blocks of ", block_size);
+  const int64_t* ids = table->data_ptr<int64_t>();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < table->size(1); ++i) {
+      const int64_t id = ids[b * table->stride(0) + i];
+      TORCH_CHECK(id >= 0 && id < blocks, "pace_avx512: block table row ", b, " names block ", id,
+                  " of a pool of ", blocks);
+    }
 }
 
 Tensor mlp(const LayerSpec& L, const Tensor& h) {
@@ -198,7 +241,8 @@ class DecoderStack {
                                     const std::vector<int64_t>& starts,
                                     const std::vector<int64_t>& counts, int64_t length,
                                     const std::vector<Tensor>& masks,
-                                    const std::vector<std::pair<Tensor, Tensor>>& ropes) const {
+                                    const std::vector<std::pair<Tensor, Tensor>>& ropes,
+                                    const OptTensor& block_table, int64_t block_size) const {
     TORCH_CHECK(x.dim() == 3, "pace_avx512: decoder stack input must be [B, T, H]");
     const int64_t B = x.size(0), T = x.size(1);
     TORCH_CHECK((int64_t)starts.size() == B && (int64_t)counts.size() == B,
@@ -206,8 +250,8 @@ class DecoderStack {
     for (int64_t b = 0; b < B; ++b)
       TORCH_CHECK(counts[b] >= 0 && counts[b] <= T && starts[b] >= 0 && starts[b] + counts[b] <= length,
                   "pace_avx512: decoder stack row ", b, " writes outside its cache");
-    for (const Tensor& c : keys) TORCH_CHECK(c.size(0) == B && c.size(2) >= length, "pace_avx512: cache rows");
-    const Step s{keys, values, starts, counts, length, masks, ropes};
+    check_caches(keys, values, block_table, block_size, B, length);
+    const Step s{keys, values, starts, counts, length, masks, ropes, block_table, block_size};
     for (const LayerSpec& L : layers_) {
       TORCH_CHECK(L.layer < (int64_t)keys.size() && L.layer < (int64_t)values.size() &&
                       L.mask < (int64_t)masks.size() && L.rope < (int64_t)ropes.size(),
@@ -244,7 +288,8 @@ void register_decoder_stack(py::module_& m) {
            py::kw_only(), py::arg("blocks"), py::arg("rope_slots"), py::arg("mask_slots"))
       .def("run", &DecoderStack::run, py::arg("x"), py::arg("residual"), py::arg("keys"),
            py::arg("values"), py::arg("starts"), py::arg("counts"), py::arg("length"),
-           py::arg("masks"), py::arg("ropes"))
+           py::arg("masks"), py::arg("ropes"), py::arg("block_table") = py::none(),
+           py::arg("block_size") = 0)
       .def("__len__", &DecoderStack::size);
 }
 
