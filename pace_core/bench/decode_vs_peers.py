@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from pace_core.bench.common import emit, model_path, note, progress
+from pace_core.bench.common import emit, model_path, note, progress, random_prompts, vocab_size
 from pace_core.bench.offline import _LlamaCpp, _pace, _transformers, measure_point
 
 ENGINES = ("pace", "pace-native", "transformers", "llama.cpp")
@@ -59,7 +59,8 @@ def load_engines(name: str, args: argparse.Namespace) -> dict[str, Any]:
     path, engines = model_path(name), {}
     for engine, plan in PLANS.items():
         if engine in args.engines:
-            model = LLMModel(path, dtype=torch.bfloat16, opconfig=plan, quiet=True)
+            model = LLMModel(path, dtype=torch.bfloat16, opconfig=plan, quiet=True,
+                             load_tokenizer=False)
             engines[engine] = lambda ids, n, m=model: _pace(m, ids, n)
     if "transformers" in args.engines:
         from transformers import AutoModelForCausalLM
@@ -107,10 +108,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     points = [(t, p) for t in args.threads for p in args.prompt_lens]
     for name in args.models:
         engines = load_engines(name, args)
+        vocab = vocab_size(model_path(name))
         gen = torch.Generator().manual_seed(0)
         for threads, prompt_len in progress(points, f"decode_vs_peers {name}", args.quiet):
             torch.set_num_threads(threads)
-            ids = torch.randint(100, 5000, (1, prompt_len), generator=gen)
+            ids = random_prompts(vocab, 1, prompt_len, gen)
             for engine, r in with_ratios(measure_point(engines, ids, args)).items():
                 rows.append({"model": name, "engine": engine, "threads": threads,
                              "prompt_len": prompt_len, **r})  # fmt: skip

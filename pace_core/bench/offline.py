@@ -189,12 +189,18 @@ def measure_point(engines: dict[str, Any], ids: torch.Tensor, args) -> dict[str,
             "total_tok_s": batch * args.new_tokens / total,
         }
     hf = out.get("transformers")
-    caches = [pace_label(c, args) for c in args.kv_cache_types]
-    first = out.get(caches[0]) if len(caches) > 1 else None
-    for engine, r in out.items():
+    for r in out.values():
         if hf:
             r["decode_vs_hf"] = r["decode_tok_s"] / hf["decode_tok_s"]
             r["prefill_vs_hf"] = r["prefill_tok_s"] / hf["prefill_tok_s"]
+    return out
+
+
+def with_cache_ratios(out: dict[str, dict], args: argparse.Namespace) -> dict[str, dict]:
+    """With several ``--kv-cache-types``: each pace cache's rates relative to the first's."""
+    caches = [pace_label(c, args) for c in args.kv_cache_types]
+    first = out.get(caches[0]) if len(caches) > 1 else None
+    for engine, r in out.items():
         if first and engine in caches:
             r["decode_vs_first_cache"] = r["decode_tok_s"] / first["decode_tok_s"]
             r["prefill_vs_first_cache"] = r["prefill_tok_s"] / first["prefill_tok_s"]
@@ -213,7 +219,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             torch.set_num_threads(threads)
             ids = random_prompts(vocab, batch, prompt_len, gen)
             caches = {pace_label(c, args): c for c in args.kv_cache_types}
-            for engine, r in measure_point(engines, ids, args).items():
+            for engine, r in with_cache_ratios(measure_point(engines, ids, args), args).items():
                 rows.append(
                     {
                         "model": name,

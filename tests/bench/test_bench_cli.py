@@ -135,6 +135,17 @@ def test_offline_compares_kv_cache_types_side_by_side(tiny_llama_dir, tmp_path):
     assert all(r["decode_vs_first_cache"] > 0 and r["prefill_vs_first_cache"] > 0 for r in rows)
 
 
+def test_decode_vs_peers_measures_pace_against_transformers(tiny_llama_dir, tmp_path):
+    argv = ["bench", "decode_vs_peers", "--models", str(tiny_llama_dir), "--engines", "pace",
+            "transformers", "--threads", "1", "--prompt-lens", "5", "--new-tokens", "3",
+            "--repeats", "1", "--out", str(tmp_path), "--quiet", "--no-plots"]  # fmt: skip
+    assert main(argv) == 0
+    rows = json.loads((tmp_path / "decode_vs_peers.json").read_text())["results"]
+    assert sorted(r["engine"] for r in rows) == ["pace", "transformers"]
+    pace = next(r for r in rows if r["engine"] == "pace")
+    assert pace["decode_tok_s"] > 0 and pace["decode_vs_hf"] > 0 and "kv_cache" not in pace
+
+
 def test_unknown_benchmark_lists_the_choices(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["bench", "nope"])
