@@ -28,7 +28,7 @@ def pace_register_kv_caches(registry: Registrations) -> None:
         "paged",
         PagedCache,
         layout="paged",
-        description="shared pool of 16-token blocks, per-sequence block tables",
+        description="shared pool of 64-token blocks, per-sequence block tables",
     )
     registry.add_cache(
         "slab_pool",

@@ -119,11 +119,19 @@ def test_dynamic_growth_is_geometric_and_bmc_by_segments():
 
 
 def test_budgets_and_env(monkeypatch):
-    per_block = 2 * 2 * 8 * 4 * 16  # K+V, heads, dim, fp32 bytes, tokens
+    per_block = 2 * 2 * 8 * 4 * 64  # K+V, heads, dim, fp32 bytes, tokens
     cache = PagedCache([2], [8], torch.float32, memory_gb=per_block * 10 / (1 << 30))
-    assert cache.num_blocks == 10 and cache.memory_free() == 10 * per_block
-    monkeypatch.setenv("PACE_MAX_CACHE_TOKENS", "64")
+    assert cache.block_size == 64 and cache.num_blocks == 10
+    assert cache.memory_free() == 10 * per_block
+    monkeypatch.setenv("PACE_MAX_CACHE_TOKENS", "256")
     assert PagedCache([2], [8], torch.float32).num_blocks == 4
+    monkeypatch.setenv("PACE_PAGED_BLOCK_TOKENS", "16")
+    assert PagedCache([2], [8], torch.float32).num_blocks == 16
+    assert PagedCache([2], [8], torch.float32, block_size=32).block_size == 32
+    monkeypatch.setenv("PACE_PAGED_BLOCK_TOKENS", "0")
+    with pytest.raises(ConfigError, match="PACE_PAGED_BLOCK_TOKENS.*'0'"):
+        PagedCache([2], [8], torch.float32)
+    monkeypatch.delenv("PACE_PAGED_BLOCK_TOKENS")
     monkeypatch.setenv("PACE_MAX_CACHE_TOKENS", "lots")
     with pytest.raises(ConfigError, match="PACE_MAX_CACHE_TOKENS.*'lots'"):
         PagedCache([2], [8], torch.float32)
@@ -178,7 +186,7 @@ def test_block_buffers_say_where_update_writes(cls):
 
 def test_block_pools_start_zeroed_and_writable():
     """Pools come from zero-filled pages committed on first touch (lazy_zeros)."""
-    cache = PagedCache([3], [64], torch.bfloat16, max_tokens=1 << 16)
+    cache = PagedCache([3], [64], torch.bfloat16, block_size=16, max_tokens=1 << 16)
     pool = cache.keys[0]
     assert pool.shape == (4096, 3, 16, 64) and pool.dtype == torch.bfloat16
     assert not pool[[0, 2047, 4095]].any()

@@ -232,9 +232,11 @@ def test_logprobs_match_plain_serving(servers):
 
 
 @pytest.mark.parametrize("method", ["self_draft", "self_pard", "prompt_lookup"])
-def test_max_tokens_never_overshot_in_a_tight_pool(method, servers, offline):
-    """The pool holds exactly one 10-token prompt + 22 tokens: a verification step that went
-    past prompt + max_tokens would run out of KV; every budget is hit exactly."""
+def test_max_tokens_never_overshot_in_a_tight_pool(method, servers, offline, monkeypatch):
+    """The pool holds exactly one 10-token prompt + 22 tokens (two 16-token blocks): a
+    verification step that went past prompt + max_tokens would run out of KV; every budget is
+    hit exactly."""
+    monkeypatch.setenv("PACE_PAGED_BLOCK_TOKENS", "16")  # read when the engine's pool is made
     http = servers(method, "paged", 32)
     prompt = REPETITIVE[:10]
     for mt in (1, 2, 3, 5, 8, 22):
