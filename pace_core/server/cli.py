@@ -167,8 +167,9 @@ def build_server(args: argparse.Namespace):
     if args.instances > 1:
         return Server.multi_instance(model_args, args.instances, engine_config, config)
     from pace_core.engine.llm import LLMModel
+    from pace_core.server.threads import on_transient_thread
 
-    llm = LLMModel(**model_args, quiet=True)
+    llm = on_transient_thread(lambda: LLMModel(**model_args, quiet=True))
     return Server.in_process(llm, engine_config, config)
 
 

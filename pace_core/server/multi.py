@@ -14,6 +14,7 @@ itself when the parent's end of the command pipe closes, so no orphan outlives t
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import multiprocessing as mp
 import os
@@ -33,6 +34,7 @@ from pace_core.server.events import (
     Stop,
     Submit,
 )
+from pace_core.server.threads import on_transient_thread
 
 log = logging.getLogger("pace.server.multi")
 
@@ -74,13 +76,13 @@ def _instance_main(
             log.warning("instance %s: cannot pin to cores %s: %s", name, cores, exc)
     threads = config.threads or max(1, len(cores))
     torch.set_num_threads(threads)
-    config = EngineConfig(
-        max_running=config.max_running,
-        max_queue=config.max_queue,
-        max_prefill_tokens=config.max_prefill_tokens,
-        threads=threads,
-    )
-    llm = LLMModel(**model_args)
+    config = dataclasses.replace(config, threads=threads)
+
+    def load() -> LLMModel:
+        torch.set_num_threads(threads)  # per thread in libgomp
+        return LLMModel(**model_args)
+
+    llm = on_transient_thread(load)
     lock = threading.Lock()
 
     def emit(events: list[Event]) -> None:
