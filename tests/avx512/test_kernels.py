@@ -191,7 +191,7 @@ def cache_view(k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, layout: str
 @SETTINGS
 @given(dtype=DTYPES, b=st.integers(1, 2), t=st.sampled_from([1, 2, 5, 16, 17, 40]),
        heads=st.sampled_from([(4, 2), (9, 3), (2, 2), (8, 1)]), s=st.integers(1, 300),
-       d=st.sampled_from([16, 24, 64, 128]), sinks=st.booleans(), causal=st.booleans(),
+       d=st.sampled_from([16, 24, 64, 80, 128, 256]), sinks=st.booleans(), causal=st.booleans(),
        layout=st.sampled_from(["contiguous", "paged", "slab"]))  # fmt: skip
 def test_attention(ext, dtype, b, t, heads, s, d, sinks, causal, layout):
     hq, hk = heads

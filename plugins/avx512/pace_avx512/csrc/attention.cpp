@@ -220,23 +220,38 @@ inline void score_tile(const uint32_t* const* qw, const uint32_t* kt, int64_t pa
 #endif
 }
 
-// acc[r0+i][d0 .. d0+16*ND) += sum_j p[r0+i][j] * v_j[d0 ..] for 4 rows at once.
-template <int ND>
+// acc[r0+i][d0 .. d0+16*ND) += sum_j p[r0+i][j] * v_j[d0 ..] for R <= 4 rows at once: each
+// value vector is loaded once for all R rows (decode GQA groups of 1-3 rows, 4-row tiles).
+template <int R, int ND>
 inline void pv_tile(float* acc, int64_t Dp, const float* sc, int64_t r0, int64_t n,
                     const float* const* vals, int64_t d0, int64_t D) {
-  __m512 o[4][ND];
-  for (int i = 0; i < 4; ++i)
+  __m512 o[R][ND];
+  for (int i = 0; i < R; ++i)
     for (int c = 0; c < ND; ++c) o[i][c] = _mm512_loadu_ps(acc + (r0 + i) * Dp + d0 + 16 * c);
   for (int64_t j = 0; j < n; ++j) {
     __m512 v[ND];
     for (int c = 0; c < ND; ++c) v[c] = _mm512_maskz_loadu_ps(lane_mask(D - d0 - 16 * c), vals[j] + d0 + 16 * c);
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < R; ++i) {
       const __m512 pj = _mm512_set1_ps(sc[(r0 + i) * BS + j]);
       for (int c = 0; c < ND; ++c) o[i][c] = _mm512_fmadd_ps(pj, v[c], o[i][c]);
     }
   }
-  for (int i = 0; i < 4; ++i)
+  for (int i = 0; i < R; ++i)
     for (int c = 0; c < ND; ++c) _mm512_storeu_ps(acc + (r0 + i) * Dp + d0 + 16 * c, o[i][c]);
+}
+
+// pv_tile over the output dims [0, Dp) in chunks of up to 64, for R rows from r0.
+template <int R>
+ALWAYS_INLINE void pv_rows(float* acc, int64_t Dp, const float* sc, int64_t r0, int64_t n,
+                           const float* const* vals, int64_t D) {
+  for (int64_t d0 = 0; d0 < Dp; d0 += 64) {
+    switch (std::min<int64_t>(4, (Dp - d0) / 16)) {
+      case 1: pv_tile<R, 1>(acc, Dp, sc, r0, n, vals, d0, D); break;
+      case 2: pv_tile<R, 2>(acc, Dp, sc, r0, n, vals, d0, D); break;
+      case 3: pv_tile<R, 3>(acc, Dp, sc, r0, n, vals, d0, D); break;
+      default: pv_tile<R, 4>(acc, Dp, sc, r0, n, vals, d0, D); break;
+    }
+  }
 }
 
 // Keys and values of every (row, KV head) prepared once for all the query tiles of a prefill
@@ -379,41 +394,17 @@ ALWAYS_INLINE void softmax_block(const ItemRows<T>& it, int64_t n) {
 }
 
 // acc += P . V over the block's n value rows: 4 query rows at a time (pv_tile, any 4 rows of
-// one KV head: prefill tiles and decode GQA groups of 4+), then each remaining row with up to
-// 128 output dims in registers while the value rows go by.
+// one KV head: prefill tiles and decode GQA groups of 4+), then the 1-3 rows left in one tile.
 template <typename T>
 ALWAYS_INLINE void add_values(const ItemRows<T>& it, int64_t n, const float* const* vals) {
   const int64_t rows = it.rows, D = it.D, Dp = it.Dp;
-  float* acc = it.acc;
-  const float* sc = it.sc;
-  int64_t pv_done = 0;
-  if (rows >= 4) {
-    for (; pv_done + 4 <= rows; pv_done += 4)
-      for (int64_t d0 = 0; d0 < Dp; d0 += 64) {
-        switch (std::min<int64_t>(4, (Dp - d0) / 16)) {
-          case 1: pv_tile<1>(acc, Dp, sc, pv_done, n, vals, d0, D); break;
-          case 2: pv_tile<2>(acc, Dp, sc, pv_done, n, vals, d0, D); break;
-          case 3: pv_tile<3>(acc, Dp, sc, pv_done, n, vals, d0, D); break;
-          default: pv_tile<4>(acc, Dp, sc, pv_done, n, vals, d0, D); break;
-        }
-      }
-  }
-  for (int64_t i0 = 0; i0 < Dp; i0 += 128) {
-    const int64_t nv = std::min<int64_t>(8, (Dp - i0) / 16);
-    for (int64_t r = pv_done; r < rows; ++r) {
-      __m512 o[8];
-      for (int c = 0; c < 8; ++c) o[c] = c < nv ? _mm512_loadu_ps(acc + r * Dp + i0 + 16 * c) : _mm512_setzero_ps();
-      for (int64_t j = 0; j < n; ++j) {
-        const float pr = sc[r * BS + j];
-        if (pr == 0.0f) continue;
-        const __m512 pv = _mm512_set1_ps(pr);
-        const float* row = vals[j] + i0;
-        for (int c = 0; c < 8; ++c)
-          if (c < nv) o[c] = _mm512_fmadd_ps(pv, _mm512_maskz_loadu_ps(lane_mask(D - i0 - 16 * c), row + 16 * c), o[c]);
-      }
-      for (int c = 0; c < 8; ++c)
-        if (c < nv) _mm512_storeu_ps(acc + r * Dp + i0 + 16 * c, o[c]);
-    }
+  int64_t r0 = 0;
+  for (; r0 + 4 <= rows; r0 += 4) pv_rows<4>(it.acc, Dp, it.sc, r0, n, vals, D);
+  switch (rows - r0) {
+    case 1: pv_rows<1>(it.acc, Dp, it.sc, r0, n, vals, D); break;
+    case 2: pv_rows<2>(it.acc, Dp, it.sc, r0, n, vals, D); break;
+    case 3: pv_rows<3>(it.acc, Dp, it.sc, r0, n, vals, D); break;
+    default: break;
   }
 }
 
