@@ -83,14 +83,14 @@ OPS: dict[str, OpSpec] = {
             ("ids[B,T] int64", "weight[V,H]"),
             "[B,T,H]",
             "token embedding",
-            context=("vocab",),
+            context=("vocab", "weight_format"),
         ),
         OpSpec(
             "linear",
             ("x[...,K]", "w"),
             "[...,N]",
             "dense projection (also lm_head)",
-            context=("in_features", "out_features"),
+            context=("in_features", "out_features", "weight_format"),
             prepare=("weight[N,K]", "bias[N]|None"),
         ),
         OpSpec(
@@ -98,7 +98,7 @@ OPS: dict[str, OpSpec] = {
             ("x[...,K]", "w"),
             "(q, k, v)",
             "fused Q/K/V projection",
-            context=("in_features",),
+            context=("in_features", "weight_format"),
             prepare=("[wq, wk, wv]", "[bq, bk, bv]|None"),
         ),
         OpSpec(
@@ -106,7 +106,7 @@ OPS: dict[str, OpSpec] = {
             ("x[...,H]", "w"),
             "[...,H]",
             "act(x@gate) * (x@up) @ down",
-            context=("activation", "hidden", "intermediate"),
+            context=("activation", "hidden", "intermediate", "weight_format"),
             prepare=("gate[I,H]", "up[I,H]", "down[H,I]", "activation"),
         ),
         OpSpec(

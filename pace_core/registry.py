@@ -15,6 +15,7 @@ import torch
 
 from pace_core.errors import ContractError, PluginError
 from pace_core.ops import OPS
+from pace_core.quant.weight import DENSE, WEIGHT_FORMATS
 
 SupportPredicate = Callable[["OpContext"], "bool | str"]
 
@@ -70,6 +71,20 @@ class KernelSpec:
     plugin: str = ""
     description: str = ""
     cache_layouts: frozenset[str] | None = None  # attention: the KV layouts it reads
+    weight_formats: frozenset[str] = frozenset({DENSE})  # formats of the weights it takes
+
+    def format_problem(self, ctx: OpContext) -> str | None:
+        """The reason this kernel cannot take the context's weight format(s), if any."""
+        fmt = ctx.attrs.get("weight_format")
+        if fmt is None:
+            return None
+        missing = sorted(set(fmt.split("+")) - self.weight_formats)
+        if not missing:
+            return None
+        return (
+            f"weight format {'+'.join(missing)} unsupported "
+            f"(takes {', '.join(sorted(self.weight_formats))})"
+        )
 
     def layout_problem(self, ctx: OpContext) -> str | None:
         """The reason this kernel cannot read the context's KV cache layout, if any."""
@@ -86,6 +101,9 @@ class KernelSpec:
         layout = self.layout_problem(ctx)
         if layout:
             return layout
+        fmt = self.format_problem(ctx)
+        if fmt:
+            return fmt
         if ctx.dtype not in self.dtypes:
             names = ", ".join(sorted(str(d).removeprefix("torch.") for d in self.dtypes))
             return f"dtype {str(ctx.dtype).removeprefix('torch.')} unsupported (supports {names})"
@@ -249,8 +267,11 @@ class Registrations:
         priority: int = 0,
         description: str = "",
         cache_layouts: Iterable[str] | None = None,
+        weight_formats: Iterable[str] = (DENSE,),
     ) -> KernelSpec:
-        """Declare a kernel. ``priority`` orders candidates under ``auto`` (higher first)."""
+        """Declare a kernel. ``priority`` orders candidates under ``auto`` (higher first);
+        ``weight_formats``: the formats (``pace_core.quant.WEIGHT_FORMATS``) its prepare step
+        accepts, plain float tensors (``"dense"``) by default."""
         if op not in OPS:
             raise PluginError(f"unknown op {op!r}; the op catalogue has: {', '.join(OPS)}")
         if not backend or not backend.replace("_", "").isalnum():
@@ -260,6 +281,12 @@ class Registrations:
         problem = OPS[op].call_problem(fn, prepare if OPS[op].prepared else None)
         if problem:
             raise ContractError(f"backend {backend!r} for op {op!r}: {problem}")
+        unknown = sorted(set(weight_formats) - set(WEIGHT_FORMATS))
+        if unknown:
+            raise PluginError(
+                f"backend {backend!r} for op {op!r} declares unknown weight format(s) {unknown}; "
+                f"known: {', '.join(WEIGHT_FORMATS)}"
+            )
         spec = KernelSpec(
             op=op,
             backend=backend,
@@ -272,6 +299,7 @@ class Registrations:
             plugin=self.plugin,
             description=description,
             cache_layouts=None if cache_layouts is None else frozenset(cache_layouts),
+            weight_formats=frozenset(weight_formats),
         )
         self.kernels.append(spec)
         return spec

@@ -17,13 +17,20 @@ from pace_core.engine.inputs import normalize_inputs
 from pace_core.engine.output import GenerationOutput, SequenceOutput, TokenLogprob
 from pace_core.engine.sequence import SequenceTracker
 from pace_core.errors import ConfigError
+from pace_core.models import loader
 from pace_core.models.builder import OpPlan
 from pace_core.models.decoder import DecoderLM
 from pace_core.models.limits import DEFAULT_CONTEXT, max_positions, read_generation_config
-from pace_core.models.loader import build_model, load_config, parse_dtype, resolve_model_path
+from pace_core.models.loader import (
+    build_model,
+    load_config,
+    parse_dtype,
+    resolve_model_path,
+)
 from pace_core.opconfig import OperatorConfig
 from pace_core.plugins import get_host
 from pace_core.profiling import OpProfiler
+from pace_core.quant import QuantizationConfig, coerce_quantization
 from pace_core.sampling.config import SamplingConfig
 from pace_core.sampling.sampler import BatchSampler
 from pace_core.speculative.config import PromptLookupConfig, SpecConfig, coerce_spec_config
@@ -78,10 +85,12 @@ class LLMModel:
         kv_cache_memory_gb: float | None = None,
         max_cache_tokens: int | None = None,
         profile: bool | None = None,
+        quantization: QuantizationConfig | str | dict | None = None,
     ) -> None:
         # validate before the (slow) load
         spec = None if spec_config is None else coerce_spec_config(spec_config)
         self.dtype = parse_dtype(dtype)
+        self.quantization = coerce_quantization(quantization)
         self.host = get_host()
         if kv_cache_type not in self.host.caches:
             raise ConfigError(
@@ -108,12 +117,11 @@ class LLMModel:
             quiet=quiet,
             cache_layout=self.cache_spec.layout,
             profiler=self.profiler,
+            quantization=self.quantization,
         )
         self.tokenizer = tokenizer
         if tokenizer is None and load_tokenizer:
-            from transformers import AutoTokenizer
-
-            self.tokenizer = AutoTokenizer.from_pretrained(str(self.path))
+            self.tokenizer = loader.load_tokenizer(self.path)
         self.generation_config = read_generation_config(self.path)
         self.eos_token_ids = self._default_eos()
         self.speculator = None if spec is None else self._speculator(spec)

@@ -16,7 +16,10 @@ from pace_core.models.rope import Rotary
 from pace_core.models.weights import WeightStore
 from pace_core.opconfig import OpResolver, Resolution
 from pace_core.profiling import OpProfiler
+from pace_core.quant import QuantizationConfig, QuantizedWeight, formats_of, quantize
 from pace_core.registry import OpContext
+
+Matrix = torch.Tensor | QuantizedWeight
 
 
 class OpPlan:
@@ -55,9 +58,11 @@ class ModelBuilder:
         dtype: torch.dtype,
         resolver: OpResolver,
         cache_layout: str = "contiguous",
+        quantization: QuantizationConfig | None = None,
     ) -> None:
         self.config, self.weights, self.dtype, self.resolver = config, weights, dtype, resolver
         self.cache_layout = cache_layout
+        self.quantization = quantization
         self.plan = OpPlan()
         self.profiler: OpProfiler | None = None
 
@@ -89,10 +94,22 @@ class ModelBuilder:
     def optional(self, name: str) -> torch.Tensor | None:
         return self.weights.take_optional(name, self.dtype)
 
-    def linear(self, name: str, *, bias: bool = False, weight: torch.Tensor | None = None) -> Bound:
-        w = self.tensor(f"{name}.weight") if weight is None else weight
+    def matrix(self, weight: Matrix, module: str = "") -> Matrix:
+        """A weight matrix as the model keeps it: quantized when the load asked for it (and
+        ``module`` is not skipped), as the checkpoint stores it otherwise."""
+        q = self.quantization
+        if q is None or isinstance(weight, QuantizedWeight) or q.skips(module):
+            return weight
+        return quantize(weight, q, name=module)
+
+    def linear(self, name: str, *, bias: bool = False, weight: Matrix | None = None) -> Bound:
+        w = self.matrix(self.tensor(f"{name}.weight") if weight is None else weight, name)
         b = self.tensor(f"{name}.bias") if bias else None
-        attrs = {"in_features": int(w.shape[-1]), "out_features": int(w.shape[0])}
+        attrs = {
+            "in_features": int(w.shape[-1]),
+            "out_features": int(w.shape[0]),
+            "weight_format": formats_of([w]),
+        }
         return self.bind("linear", attrs, w, b)
 
     def qkv(
@@ -105,19 +122,28 @@ class ModelBuilder:
     ) -> Bound:
         """Q/K/V from three tensors, or from one ``fused`` tensor split by ``sizes``."""
         if fused is not None:
-            weights = list(self.tensor(f"{fused}.weight").split(list(sizes)))
+            weights = list(self.matrix(self.tensor(f"{fused}.weight"), fused).split(list(sizes)))
             biases = list(self.tensor(f"{fused}.bias").split(list(sizes))) if bias else None
         else:
-            weights = [self.tensor(f"{n}.weight") for n in names]
+            weights = [self.matrix(self.tensor(f"{n}.weight"), n) for n in names]
             biases = [self.tensor(f"{n}.bias") for n in names] if bias else None
-        return self.bind("qkv_proj", {"in_features": int(weights[0].shape[-1])}, weights, biases)
+        attrs = {"in_features": int(weights[0].shape[-1]), "weight_format": formats_of(weights)}
+        return self.bind("qkv_proj", attrs, weights, biases)
 
     def gated_mlp(
-        self, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, activation: str
+        self, gate: Matrix, up: Matrix, down: Matrix, activation: str, *, module: str = ""
     ) -> GatedMLP:
-        """``activation`` is a name of ``pace_core.ops.ACTIVATIONS``."""
+        """``activation`` is a name of ``pace_core.ops.ACTIVATIONS``; ``module`` names the MLP
+        (for quantization's skip list)."""
+        gate, up, down = (self.matrix(w, f"{module}.{part}") for w, part in
+                          ((gate, "gate_proj"), (up, "up_proj"), (down, "down_proj")))  # fmt: skip
         hidden, intermediate = int(gate.shape[1]), int(gate.shape[0])
-        attrs = {"activation": activation, "hidden": hidden, "intermediate": intermediate}
+        attrs = {
+            "activation": activation,
+            "hidden": hidden,
+            "intermediate": intermediate,
+            "weight_format": formats_of([gate, up, down]),
+        }
         bound = self.bind("gated_mlp", attrs, gate, up, down, activation)
         return GatedMLP(bound.fn, bound.weight, activation, hidden, intermediate)
 

@@ -11,6 +11,7 @@ from pace_core.models.decoder import DecoderLM
 from pace_core.models.layers import Attention, Bound, DenseMLP, Norm
 from pace_core.models.rope import Rotary
 from pace_core.ops import HF_ACTIVATIONS
+from pace_core.quant import formats_of
 
 SLIDING = "sliding_attention"
 
@@ -38,9 +39,13 @@ def every_layer_window(cfg: Any, layer: int) -> int | None:
     return int(window) if window else None
 
 
-def embedding(b: ModelBuilder, name: str) -> tuple[Bound, Any]:
+def embedding(b: ModelBuilder, name: str, *, quantize: bool = True) -> tuple[Bound, Any]:
+    """A lookup table (quantized like any matrix when the load asks, unless ``quantize`` is
+    off); also returns its weight so a tied LM head shares it."""
     weight = b.tensor(name)
-    k = b.kernel("embedding", vocab=int(weight.shape[0]))
+    if quantize:
+        weight = b.matrix(weight, name.removesuffix(".weight"))
+    k = b.kernel("embedding", vocab=int(weight.shape[0]), weight_format=formats_of([weight]))
     return Bound(k.fn, weight), weight
 
 
@@ -50,7 +55,7 @@ def lm_head(
     """The output projection; tied to the embedding when the config says so (or no head)."""
     tied = getattr(cfg, "tie_word_embeddings", False) or not b.weights.has(f"{name}.weight")
     if tied and b.weights.has(f"{name}.weight"):
-        b.weights.take(f"{name}.weight")  # an explicit copy of the tied weight: harmless
+        b.weights.discard(f"{name}.weight")  # an explicit copy of the tied weight: harmless
     return b.linear(name, bias=bias, weight=embed_weight if tied else None)
 
 
@@ -71,6 +76,7 @@ def gated_mlp(b: ModelBuilder, prefix: str, hf_activation: str) -> Bound:
         b.tensor(f"{prefix}.up_proj.weight"),
         b.tensor(f"{prefix}.down_proj.weight"),
         activation(hf_activation),
+        module=prefix,
     )
 
 

@@ -10,11 +10,13 @@ from typing import Any
 import torch
 
 from pace_core.errors import ConfigError, ModelLoadError
+from pace_core.models import gguf_source
 from pace_core.models.builder import ModelBuilder
 from pace_core.models.decoder import DecoderLM
 from pace_core.models.weights import WeightStore
 from pace_core.opconfig import OpResolver
 from pace_core.plugins import PluginHost
+from pace_core.quant import QuantizationConfig
 
 log = logging.getLogger("pace.models")
 
@@ -38,8 +40,12 @@ def parse_dtype(dtype: torch.dtype | str) -> torch.dtype:
 
 
 def resolve_model_path(name: str | os.PathLike) -> Path:
-    """A local directory, a pace zoo name (prepared on demand) or a hub id in the HF cache."""
+    """A local directory, a GGUF file, a pace zoo name (prepared on demand) or a hub id in the
+    HF cache."""
     path = Path(name).expanduser()
+    gguf = gguf_source.find_gguf(path)
+    if gguf is not None:
+        return gguf
     if path.is_dir():
         return path
     from pace_core import zoo
@@ -47,7 +53,10 @@ def resolve_model_path(name: str | os.PathLike) -> Path:
     if zoo.is_zoo_name(str(name)):
         return zoo.pull(str(name))
     if path.exists():
-        raise ModelLoadError(f"{path} is a file; pass the model directory that contains it")
+        raise ModelLoadError(
+            f"{path} is a file but not a GGUF model ({gguf_source.SUFFIX}); pass the model "
+            "directory that contains it"
+        )
     try:
         from huggingface_hub import snapshot_download
 
@@ -63,14 +72,32 @@ def resolve_model_path(name: str | os.PathLike) -> Path:
 
 
 def load_config(path: Path) -> Any:
+    """The HF config of a model directory or GGUF file."""
     from transformers import AutoConfig
 
+    if path.suffix == gguf_source.SUFFIX:
+        return gguf_source.load_config(path)
     if not (path / "config.json").exists():
         raise ModelLoadError(f"{path} has no config.json: not a Hugging Face model directory")
     try:
         return AutoConfig.from_pretrained(str(path))
     except Exception as exc:
         raise ModelLoadError(f"cannot read {path / 'config.json'}: {exc}") from None
+
+
+def load_tokenizer(path: Path) -> Any:
+    """The tokenizer of a model directory or GGUF file."""
+    if path.suffix == gguf_source.SUFFIX:
+        return gguf_source.load_tokenizer(path)
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+def load_weights(path: Path, config: Any) -> WeightStore:
+    if path.suffix == gguf_source.SUFFIX:
+        return gguf_source.load_weights(path, config)
+    return WeightStore.from_dir(path)
 
 
 def build_model(
@@ -84,17 +111,17 @@ def build_model(
     quiet: bool = False,
     cache_layout: str = "contiguous",
     profiler: Any | None = None,
+    quantization: QuantizationConfig | None = None,
 ) -> DecoderLM:
-    """Read the checkpoint and build the model with the builder registered for its type."""
+    """Read the checkpoint and build the model with the builder registered for its type
+    (quantizing its matrices on the way in when ``quantization`` says so)."""
     model_type = getattr(config, "model_type", None)
     spec = host.models.get(model_type)
     if spec is None:
-        known = (
-            ", ".join(sorted(host.models)) or "none (is the pace.models plugin disabled?)"
-        )
+        known = ", ".join(sorted(host.models)) or "none (is the pace.models plugin disabled?)"
         raise ModelLoadError(f"unsupported model_type {model_type!r} in {path}; supported: {known}")
-    weights = WeightStore.from_dir(path, quiet=quiet)
-    builder = ModelBuilder(config, weights, dtype, resolver, cache_layout)
+    weights = load_weights(path, config)
+    builder = ModelBuilder(config, weights, dtype, resolver, cache_layout, quantization)
     builder.profiler = profiler
     with torch.no_grad():
         model = spec.builder(builder)

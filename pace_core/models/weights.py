@@ -1,4 +1,4 @@
-"""Checkpoint reading: safetensors / sharded safetensors / .bin, with a strict report.
+"""Checkpoint reading: safetensors / sharded safetensors / .bin, lazily, with a strict report.
 
 A model builder ``take``s each tensor it needs by name; at the end :meth:`WeightStore.finish`
 raises a :class:`ModelLoadError` naming every tensor that was expected but missing, or present
@@ -9,12 +9,18 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from pace_core.errors import ModelLoadError
+from pace_core.quant import QuantizedWeight
+
+Weight = torch.Tensor | QuantizedWeight
+Loader = Callable[[], Weight]
 
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 BIN_INDEX = "pytorch_model.bin.index.json"
@@ -46,13 +52,16 @@ def _checkpoint_files(directory: Path) -> list[Path]:
     )
 
 
-def _read_file(path: Path) -> dict[str, torch.Tensor]:
+def _file_loaders(path: Path) -> dict[str, Loader]:
+    """A loader per tensor of one checkpoint file; nothing is read until a loader runs."""
     try:
         if path.suffix == ".safetensors":
-            from safetensors.torch import load_file
+            from safetensors import safe_open
 
-            return load_file(str(path))
-        return torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
+            handle = safe_open(str(path), framework="pt")
+            return {name: partial(handle.get_tensor, name) for name in handle.keys()}  # noqa: SIM118
+        tensors = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
+        return {name: partial(_identity, tensor) for name, tensor in tensors.items()}
     except Exception as exc:
         raise ModelLoadError(
             f"cannot read weight file {path} ({type(exc).__name__}: {exc}); the file may be "
@@ -60,52 +69,71 @@ def _read_file(path: Path) -> dict[str, torch.Tensor]:
         ) from None
 
 
-class WeightStore:
-    """Tensors of a checkpoint, handed out once each by name."""
+def _identity(tensor: Weight) -> Weight:
+    return tensor
 
-    def __init__(self, tensors: dict[str, torch.Tensor], source: str = "") -> None:
-        self._tensors = tensors
+
+class WeightStore:
+    """Tensors of a checkpoint, read lazily and handed out once each by name.
+
+    A tensor is read from its (memory-mapped) file when taken and the store keeps no
+    reference to it, so a builder that converts each weight before taking the next holds one
+    source tensor at a time.
+    """
+
+    def __init__(self, loaders: dict[str, Loader], source: str = "") -> None:
+        self._loaders = loaders
         self._taken: set[str] = set()
         self.source = source
         self.missing: list[str] = []
 
     @classmethod
-    def from_dir(cls, directory: str | Path, *, quiet: bool = False) -> WeightStore:
-        """Read every checkpoint file of ``directory`` (a progress bar for sharded ones)."""
-        from tqdm.auto import tqdm
+    def from_tensors(cls, tensors: dict[str, Weight], source: str = "") -> WeightStore:
+        return cls({name: partial(_identity, t) for name, t in tensors.items()}, source)
 
+    @classmethod
+    def from_dir(cls, directory: str | Path, *, quiet: bool = False) -> WeightStore:
+        """Index every checkpoint file of ``directory`` (tensors are read when taken)."""
         directory = Path(directory)
-        files = _checkpoint_files(directory)
-        tensors: dict[str, torch.Tensor] = {}
-        for path in tqdm(
-            files, desc="Loading weights", unit="file", disable=quiet or len(files) < 2
-        ):
-            tensors.update(_read_file(path))
-        return cls(tensors, str(directory))
+        loaders: dict[str, Loader] = {}
+        for path in _checkpoint_files(directory):
+            loaders.update(_file_loaders(path))
+        return cls(loaders, str(directory))
 
     def names(self) -> list[str]:
-        return list(self._tensors)
+        return list(self._loaders)
 
     def has(self, name: str) -> bool:
-        return name in self._tensors
+        return name in self._loaders
 
     def rename_prefix(self, old: str, new: str = "") -> None:
         """Replace ``old`` by ``new`` at the start of every name (e.g. a multimodal wrapper's)."""
-        self._tensors = {
-            (new + k[len(old) :] if k.startswith(old) else k): v for k, v in self._tensors.items()
+        self._loaders = {
+            (new + k[len(old) :] if k.startswith(old) else k): v for k, v in self._loaders.items()
         }
 
-    def take(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
-        """The tensor called ``name`` (cast to ``dtype``); records it as missing if absent."""
-        tensor = self._tensors.get(name)
-        if tensor is None:
+    def take(self, name: str, dtype: torch.dtype | None = None) -> Any:
+        """The tensor called ``name`` (cast to ``dtype``; a quantized weight keeps its format and
+        de-quantizes to ``dtype``); records it as missing if absent."""
+        loader = self._loaders.get(name)
+        if loader is None:
             self.missing.append(name)
             return torch.empty(0)
         self._taken.add(name)
-        return tensor if dtype is None else tensor.to(dtype)
+        tensor = loader()
+        if dtype is None:
+            return tensor
+        if isinstance(tensor, QuantizedWeight):
+            return tensor.with_dtype(dtype)
+        return tensor.to(dtype)
 
-    def take_optional(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor | None:
-        return self.take(name, dtype) if name in self._tensors else None
+    def take_optional(self, name: str, dtype: torch.dtype | None = None) -> Any:
+        return self.take(name, dtype) if name in self._loaders else None
+
+    def discard(self, name: str) -> None:
+        """Mark ``name`` as used without reading it (a redundant copy, e.g. of a tied weight)."""
+        if name in self._loaders:
+            self._taken.add(name)
 
     def finish(self, ignore: Iterable[str] = (), *, strict: bool = True) -> list[str]:
         """Raise on missing tensors, and on unused ones unless ``strict`` is off.
@@ -116,7 +144,7 @@ class WeightStore:
         patterns = [re.compile(p) for p in ignore]
         unused = [
             n
-            for n in self._tensors
+            for n in self._loaders
             if n not in self._taken and not any(p.fullmatch(n) for p in patterns)
         ]
         problems = []
@@ -135,5 +163,5 @@ class WeightStore:
                 f"checkpoint {self.source} does not match the model: {'; '.join(problems)}. "
                 "Pass strict=False to LLMModel to tolerate unexpected tensors."
             )
-        self._tensors.clear()
+        self._loaders.clear()
         return unused

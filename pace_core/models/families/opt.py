@@ -45,7 +45,9 @@ def build(b: ModelBuilder) -> DecoderLM:
     # OPTForCausalLM saves ``model.decoder.*``; the original facebook/opt checkpoints ``decoder.*``.
     root = "model.decoder" if b.weights.has("model.decoder.embed_tokens.weight") else "decoder"
     embed, embed_weight = common.embedding(b, f"{root}.embed_tokens.weight")
-    positions = LearnedPositions(common.embedding(b, f"{root}.embed_positions.weight")[0])
+    positions = LearnedPositions(
+        common.embedding(b, f"{root}.embed_positions.weight", quantize=False)[0]
+    )
     projected = cfg.word_embed_proj_dim != cfg.hidden_size
     layers = []
     for i in range(cfg.num_hidden_layers):

@@ -21,7 +21,7 @@ def fused_qkv(b: ModelBuilder, prefix: str, bias: bool) -> Bound:
 def fused_gated_mlp(b: ModelBuilder, prefix: str) -> Bound:
     gate, up = torch.chunk(b.tensor(f"{prefix}.gate_up_proj.weight"), 2)
     down = b.tensor(f"{prefix}.down_proj.weight")
-    return b.gated_mlp(gate, up, down, common.activation(b.config.hidden_act))
+    return b.gated_mlp(gate, up, down, common.activation(b.config.hidden_act), module=prefix)
 
 
 def build(b: ModelBuilder) -> DecoderLM:

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from pace_core import ops
+from pace_core.quant import QuantizedWeight
 
 # The core's activation vocabulary (pace_core.ops.ACTIVATIONS), in its order, as torch functions.
 ACTIVATIONS = dict(
@@ -21,66 +22,110 @@ ACTIVATIONS = dict(
 )
 
 
-def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def embedding(ids: torch.Tensor, weight: torch.Tensor | QuantizedWeight) -> torch.Tensor:
+    if isinstance(weight, QuantizedWeight):  # de-quantize the rows looked up, not the table
+        return weight.dequantize(ids.reshape(-1)).view(*ids.shape, weight.shape[1])
     return F.embedding(ids, weight)
+
+
+# -- matrices in any weight format ----------------------------------------------------------
+TILE_BYTES = 1 << 21  # fp32 bytes of one de-quantized tile of rows (fits L2)
+
+
+def matmul(x: torch.Tensor, w: torch.Tensor | QuantizedWeight) -> torch.Tensor:
+    """``x @ w.T`` for a float or quantized ``w`` ``[N, K]``; a quantized one is de-quantized
+    one tile of rows at a time, so no full-size float copy is ever made."""
+    if not isinstance(w, QuantizedWeight):
+        return F.linear(x, w)
+    n, k = w.shape
+    rows = max(16, TILE_BYTES // (4 * k))
+    if rows >= n:
+        return F.linear(x, w.dequantize(dtype=x.dtype))
+    out = x.new_empty(*x.shape[:-1], n)
+    for start in range(0, n, rows):
+        tile = w.dequantize(slice(start, start + rows), x.dtype)
+        out[..., start : start + tile.shape[0]] = F.linear(x, tile)
+    return out
+
+
+def _stack_rows(weights: Sequence[torch.Tensor | QuantizedWeight]):
+    """The weights as one matrix when they share a format, else the list unchanged."""
+    if all(isinstance(w, torch.Tensor) for w in weights):
+        return torch.cat(list(weights)).contiguous()
+    try:
+        return QuantizedWeight.cat(weights)  # type: ignore[arg-type]
+    except (AttributeError, ValueError):
+        return tuple(weights)  # mixed formats (GGUF's Q4_K_M mixes Q4_K and Q6_K)
+
+
+def _matmul_parts(x: torch.Tensor, w) -> torch.Tensor:
+    if isinstance(w, tuple):
+        return torch.cat([matmul(x, part) for part in w], dim=-1)
+    return matmul(x, w)
+
+
+def _contiguous(w):
+    return w.contiguous() if isinstance(w, torch.Tensor) else w
 
 
 # -- linear ---------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class LinearWeight:
-    weight: torch.Tensor
+    weight: torch.Tensor | QuantizedWeight
     bias: torch.Tensor | None
 
 
-def prepare_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> LinearWeight:
-    return LinearWeight(weight.contiguous(), None if bias is None else bias.contiguous())
+def prepare_linear(weight, bias: torch.Tensor | None = None) -> LinearWeight:
+    return LinearWeight(_contiguous(weight), None if bias is None else bias.contiguous())
 
 
 def linear(x: torch.Tensor, w: LinearWeight) -> torch.Tensor:
-    return F.linear(x, w.weight, w.bias)
+    if isinstance(w.weight, torch.Tensor):
+        return F.linear(x, w.weight, w.bias)
+    out = matmul(x, w.weight)
+    return out if w.bias is None else out + w.bias
 
 
 # -- fused QKV ------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class QKVWeight:
-    weight: torch.Tensor
+    weight: Any  # one matrix, or a tuple of matrices in different formats
     bias: torch.Tensor | None
     sizes: tuple[int, int, int]
 
 
-def prepare_qkv(
-    weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor] | None = None
-) -> QKVWeight:
+def prepare_qkv(weights: Sequence[Any], biases: Sequence[torch.Tensor] | None = None) -> QKVWeight:
     sizes = tuple(int(w.shape[0]) for w in weights)
     bias = torch.cat(list(biases)).contiguous() if biases is not None else None
-    return QKVWeight(torch.cat(list(weights)).contiguous(), bias, sizes)  # type: ignore[arg-type]
+    return QKVWeight(_stack_rows(weights), bias, sizes)  # type: ignore[arg-type]
 
 
 def qkv_proj(x: torch.Tensor, w: QKVWeight) -> tuple[torch.Tensor, ...]:
-    return F.linear(x, w.weight, w.bias).split(w.sizes, dim=-1)
+    if isinstance(w.weight, torch.Tensor):
+        return F.linear(x, w.weight, w.bias).split(w.sizes, dim=-1)
+    out = _matmul_parts(x, w.weight)
+    return (out if w.bias is None else out + w.bias).split(w.sizes, dim=-1)
 
 
 # -- gated MLP ------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class GatedMLPWeight:
-    gate_up: torch.Tensor
-    down: torch.Tensor
+    gate_up: Any  # [2I, H]: one matrix, or (gate, up) in different formats
+    down: Any
     activation: str
     intermediate: int
 
 
-def prepare_gated_mlp(
-    gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, activation: str
-) -> GatedMLPWeight:
+def prepare_gated_mlp(gate, up, down, activation: str) -> GatedMLPWeight:
     if activation not in ops.ACTIVATIONS:
         raise ValueError(f"unknown activation {activation!r}; known: {', '.join(ops.ACTIVATIONS)}")
-    gate_up = torch.cat([gate, up]).contiguous()
-    return GatedMLPWeight(gate_up, down.contiguous(), activation, int(gate.shape[0]))
+    return GatedMLPWeight(_stack_rows([gate, up]), _contiguous(down), activation,
+                          int(gate.shape[0]))  # fmt: skip
 
 
 def gated_mlp(x: torch.Tensor, w: GatedMLPWeight) -> torch.Tensor:
-    gate, up = F.linear(x, w.gate_up).split(w.intermediate, dim=-1)
-    return F.linear(ACTIVATIONS[w.activation](gate) * up, w.down)
+    gate, up = _matmul_parts(x, w.gate_up).split(w.intermediate, dim=-1)
+    return matmul(ACTIVATIONS[w.activation](gate) * up, w.down)
 
 
 # -- mixture of experts -------------------------------------------------------------------

@@ -5,27 +5,26 @@ from __future__ import annotations
 import torch
 
 from pace_core import hookimpl
+from pace_core.quant import WEIGHT_FORMATS
 from pace_core.registry import Registrations
 from pace_native import kernels
 
 PACE_CONTRACT_VERSION = 1  # the pace_core.CONTRACT_VERSION this plugin implements
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+FORMATS = WEIGHT_FORMATS  # every weight format: de-quantize a tile of rows, torch matmul
 
 
 @hookimpl
 def pace_register_ops(registry: Registrations) -> None:
     add = registry.add_kernel
-    add("embedding", "native", kernels.embedding, dtypes=DTYPES)
-    add("linear", "native", kernels.linear, prepare=kernels.prepare_linear, dtypes=DTYPES)
-    add("qkv_proj", "native", kernels.qkv_proj, prepare=kernels.prepare_qkv, dtypes=DTYPES)
-    add(
-        "gated_mlp",
-        "native",
-        kernels.gated_mlp,
-        prepare=kernels.prepare_gated_mlp,
-        dtypes=DTYPES,
-    )
+    add("embedding", "native", kernels.embedding, dtypes=DTYPES, weight_formats=FORMATS)
+    add("linear", "native", kernels.linear, prepare=kernels.prepare_linear, dtypes=DTYPES,
+        weight_formats=FORMATS)  # fmt: skip
+    add("qkv_proj", "native", kernels.qkv_proj, prepare=kernels.prepare_qkv, dtypes=DTYPES,
+        weight_formats=FORMATS)  # fmt: skip
+    add("gated_mlp", "native", kernels.gated_mlp, prepare=kernels.prepare_gated_mlp,
+        dtypes=DTYPES, weight_formats=FORMATS)  # fmt: skip
     add("moe", "native", kernels.moe, prepare=kernels.prepare_moe, dtypes=DTYPES)
     add("rms_norm", "native", kernels.rms_norm, dtypes=DTYPES)
     add("layer_norm", "native", kernels.layer_norm, dtypes=DTYPES)

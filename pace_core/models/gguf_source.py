@@ -1,0 +1,188 @@
+"""GGUF files as a model source: config and tokenizer from the metadata (as transformers reads
+them), tensors kept in their GGUF formats (memory-mapped, never expanded to floats).
+
+Tensor names are mapped to the Hugging Face names the family builders take; the two
+transformations llama.cpp's converter applies are undone on the stored rows: the Q/K row
+permutation of ``llama`` and the ``+ 1`` folded into Gemma norm weights.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pace_core.errors import ModelLoadError
+from pace_core.models.weights import Loader, WeightStore
+from pace_core.quant import QuantizedWeight
+from pace_core.quant.gguf_blocks import BY_GGML_TYPE
+
+SUFFIX = ".gguf"
+
+_COMMON = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+    "blk.{i}.attn_norm": "model.layers.{i}.input_layernorm",
+    "blk.{i}.attn_q": "model.layers.{i}.self_attn.q_proj",
+    "blk.{i}.attn_k": "model.layers.{i}.self_attn.k_proj",
+    "blk.{i}.attn_v": "model.layers.{i}.self_attn.v_proj",
+    "blk.{i}.attn_output": "model.layers.{i}.self_attn.o_proj",
+    "blk.{i}.ffn_gate": "model.layers.{i}.mlp.gate_proj",
+    "blk.{i}.ffn_up": "model.layers.{i}.mlp.up_proj",
+    "blk.{i}.ffn_down": "model.layers.{i}.mlp.down_proj",
+}
+_PRE_NORM = {"blk.{i}.ffn_norm": "model.layers.{i}.post_attention_layernorm"}
+_GEMMA3 = {
+    "blk.{i}.attn_q_norm": "model.layers.{i}.self_attn.q_norm",
+    "blk.{i}.attn_k_norm": "model.layers.{i}.self_attn.k_norm",
+    "blk.{i}.post_attention_norm": "model.layers.{i}.post_attention_layernorm",
+    "blk.{i}.ffn_norm": "model.layers.{i}.pre_feedforward_layernorm",
+    "blk.{i}.post_ffw_norm": "model.layers.{i}.post_feedforward_layernorm",
+}
+MODULE_NAMES: dict[str, dict[str, str]] = {
+    "llama": _COMMON | _PRE_NORM,
+    "qwen2": _COMMON | _PRE_NORM,
+    "gemma3": _COMMON | _GEMMA3,
+}
+"""GGUF module names -> Hugging Face module names, per GGUF ``general.architecture``."""
+HARMLESS = ("rope_freqs.weight",)  # llama 3 rope factors: pace computes them from the config
+
+
+def find_gguf(path: Path) -> Path | None:
+    """The GGUF file ``path`` names: the file itself, or the one ``*.gguf`` of a directory
+    without a config.json. None when ``path`` is no GGUF model."""
+    if path.is_file():
+        return path if path.suffix == SUFFIX else None
+    if not path.is_dir() or (path / "config.json").exists():
+        return None
+    found = sorted(path.glob(f"*{SUFFIX}"))
+    if len(found) > 1:
+        names = ", ".join(p.name for p in found)
+        raise ModelLoadError(f"{path} holds several GGUF files ({names}); pass the one to load")
+    return found[0] if found else None
+
+
+def _reader(file: Path) -> Any:
+    from gguf import GGUFReader
+
+    try:
+        return GGUFReader(str(file), "c")  # copy-on-write map: writable views, shared pages
+    except Exception as exc:
+        raise ModelLoadError(
+            f"cannot read GGUF file {file} ({type(exc).__name__}: {exc}); it may be truncated "
+            "or corrupt — re-download it"
+        ) from None
+
+
+def architecture(reader: Any) -> str:
+    field = reader.fields.get("general.architecture")
+    if field is None:
+        raise ModelLoadError("GGUF file has no general.architecture; it is not a model file")
+    arch = bytes(field.parts[field.data[0]]).decode()
+    if arch not in MODULE_NAMES:
+        raise ModelLoadError(
+            f"GGUF architecture {arch!r} is not supported; pace reads GGUF files of "
+            f"{', '.join(MODULE_NAMES)} (or convert the model to a Hugging Face directory)"
+        )
+    return arch
+
+
+def load_config(file: Path) -> Any:
+    """The model config from GGUF metadata, as transformers reads it."""
+    from transformers import AutoConfig
+
+    architecture(_reader(file))
+    try:
+        return AutoConfig.from_pretrained(str(file.parent), gguf_file=file.name)
+    except Exception as exc:
+        raise ModelLoadError(f"cannot read the config of GGUF file {file}: {exc}") from None
+
+
+def load_tokenizer(file: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(file.parent), gguf_file=file.name)
+
+
+def _hf_name(gguf_name: str, table: dict[str, str]) -> str | None:
+    module, _, suffix = gguf_name.rpartition(".")
+    match = re.fullmatch(r"blk\.(\d+)\.(.+)", module)
+    key, layer = (f"blk.{{i}}.{match[2]}", match[1]) if match else (module, "")
+    hf = table.get(key)
+    return None if hf is None else f"{hf.format(i=layer)}.{suffix}"
+
+
+def _unpermute_rows(rows: int, heads: int) -> torch.Tensor:
+    """Row order undoing llama.cpp's Q/K permutation (rope pairs interleaved per head)."""
+    half = rows // heads // 2
+    return torch.arange(rows).view(heads, half, 2).transpose(1, 2).reshape(-1)
+
+
+def _tensor(t: Any) -> torch.Tensor | QuantizedWeight:
+    """One GGUF tensor: a float tensor, or a :class:`QuantizedWeight` over the file's bytes."""
+    kind = BY_GGML_TYPE[int(t.tensor_type)]
+    data = torch.from_numpy(t.data)
+    shape = tuple(int(d) for d in reversed(t.shape.tolist()))  # GGUF lists dims fastest-first
+    if kind.block_elems == 1:  # f32 / f16 / bf16
+        if kind.name == "bf16":
+            data = data.view(torch.bfloat16)
+        return data.reshape(shape)
+    if len(shape) != 2:
+        raise ModelLoadError(f"GGUF tensor {t.name} is {kind.name} with shape {shape}: not 2-D")
+    return QuantizedWeight(kind.name, shape, torch.float32, data.reshape(shape[0], -1))
+
+
+def _load(t: Any, rows: torch.Tensor | None, offset: float) -> torch.Tensor | QuantizedWeight:
+    w = _tensor(t)
+    if rows is not None:
+        w = w.rows(rows) if isinstance(w, QuantizedWeight) else w[rows]
+    if offset:
+        w = w.float() + offset
+    return w
+
+
+def load_weights(file: Path, config: Any) -> WeightStore:
+    """Every tensor of ``file`` under its Hugging Face name, read when taken.
+
+    Raises before anything is built when a tensor has a type pace cannot read or a name
+    it does not know.
+    """
+    reader = _reader(file)
+    arch = architecture(reader)
+    table = MODULE_NAMES[arch]
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    loaders: dict[str, Loader] = {}
+    unknown_types, unknown_names = set(), []
+    for t in reader.tensors:
+        if int(t.tensor_type) not in BY_GGML_TYPE:
+            unknown_types.add(t.tensor_type.name)
+            continue
+        if t.name in HARMLESS:
+            continue
+        name = _hf_name(t.name, table)
+        if name is None:
+            unknown_names.append(t.name)
+            continue
+        rows = None
+        if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+            n = heads if "q_proj" in name else kv_heads
+            rows = _unpermute_rows(int(t.shape[-1]), n)
+        offset = -1.0 if arch == "gemma3" and name.endswith("norm.weight") else 0.0
+        loaders[name] = partial(_load, t, rows, offset)
+    if unknown_types:
+        supported = ", ".join(bt.name.upper() for bt in BY_GGML_TYPE.values())
+        raise ModelLoadError(
+            f"GGUF file {file} has tensors of type {', '.join(sorted(unknown_types))}, which "
+            f"pace cannot read; supported: {supported}. Re-quantize it to one of those "
+            "(llama-quantize) or load the original checkpoint with quantization='int4'"
+        )
+    if unknown_names:
+        raise ModelLoadError(
+            f"GGUF file {file} ({arch}) has tensors pace does not know: "
+            f"{', '.join(unknown_names[:10])}"
+        )
+    return WeightStore(loaders, str(file))

@@ -1,0 +1,112 @@
+"""How to quantize a checkpoint on load: :class:`QuantizationConfig` and its short names."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from pace_core.errors import ConfigError
+
+GROUP_SIZES = (32, 64, 128)
+PER_CHANNEL = 0
+"""``group_size`` meaning one scale per output row (int8 only)."""
+
+
+@dataclass(frozen=True)
+class QuantizationConfig:
+    """Quantize every matrix (linear layers, embeddings, LM head) of a model while loading.
+
+    ``bits``: 8 or 4; ``group_size``: elements sharing one scale along a row (32, 64 or 128;
+    0 = per output channel, int8 only); ``symmetric``: int4 without mins (``w = (q - 8) s``) or
+    with them (``w = q s + m``); ``skip``: substrings of module names kept in the model dtype
+    (e.g. ``"lm_head"``, ``"embed_tokens"``, ``"layers.0."``).
+    """
+
+    bits: int = 8
+    group_size: int = PER_CHANNEL
+    symmetric: bool = True
+    skip: tuple[str, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "skip", tuple(self.skip))
+        if self.bits not in (4, 8):
+            raise ConfigError(f"quantization bits={self.bits!r} unsupported; use 8 or 4")
+        allowed = (PER_CHANNEL, *GROUP_SIZES) if self.bits == 8 else GROUP_SIZES
+        if self.group_size not in allowed:
+            raise ConfigError(
+                f"group_size={self.group_size!r} unsupported for int{self.bits}; use one of "
+                f"{', '.join(map(str, allowed))}" + (" (0 = per channel)" if self.bits == 8 else "")
+            )
+        if self.bits == 8 and not self.symmetric:
+            raise ConfigError("int8 is symmetric only; pass symmetric=True or bits=4")
+
+    @property
+    def format(self) -> str:
+        return f"int{self.bits}"
+
+    @property
+    def name(self) -> str:
+        """A short label: ``int8``, ``int8-g32``, ``int4-g32``, ``int4-g32-asym``."""
+        text = self.format + (f"-g{self.group_size}" if self.group_size else "")
+        return text + ("" if self.symmetric else "-asym")
+
+    def skips(self, module: str) -> bool:
+        return any(part in module for part in self.skip)
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``quantization_config`` entry pace writes into a saved model's config.json."""
+        return {"quant_method": "pace", **asdict(self), "skip": list(self.skip)}
+
+    @classmethod
+    def from_json(cls, entry: Mapping[str, Any]) -> QuantizationConfig:
+        fields = {k: v for k, v in entry.items() if k != "quant_method"}
+        try:
+            return cls(**fields)
+        except TypeError as exc:
+            raise ConfigError(
+                f"bad pace quantization_config {json.dumps(dict(entry))}: {exc}"
+            ) from None
+
+
+PRESETS: dict[str, QuantizationConfig] = {
+    "int8": QuantizationConfig(bits=8),
+    "int8-g32": QuantizationConfig(bits=8, group_size=32),
+    "int4": QuantizationConfig(bits=4, group_size=32),
+    "int4-g32": QuantizationConfig(bits=4, group_size=32),
+    "int4-g64": QuantizationConfig(bits=4, group_size=64),
+    "int4-g128": QuantizationConfig(bits=4, group_size=128),
+    "int4-asym": QuantizationConfig(bits=4, group_size=32, symmetric=False),
+}
+"""Names accepted by ``quantization=`` and ``--quantization`` (``int4`` = ``int4-g32``)."""
+
+
+def coerce_quantization(
+    value: QuantizationConfig | str | Mapping[str, Any] | None,
+) -> QuantizationConfig | None:
+    """A :class:`QuantizationConfig` from a preset name, a dict of its fields, or None."""
+    if value is None or isinstance(value, QuantizationConfig):
+        return value
+    if isinstance(value, str):
+        key = value.strip().lower()
+        if key in ("", "none"):
+            return None
+        if key not in PRESETS:
+            raise ConfigError(
+                f"unknown quantization {value!r}; use one of {', '.join(PRESETS)}, or a "
+                "QuantizationConfig(bits=4|8, group_size=0|32|64|128, symmetric=..., skip=[...])"
+            )
+        return PRESETS[key]
+    if isinstance(value, Mapping):
+        try:
+            return QuantizationConfig(**value)
+        except TypeError as exc:
+            raise ConfigError(f"bad quantization fields {dict(value)}: {exc}") from None
+    raise ConfigError(f"quantization must be a name, a dict or a QuantizationConfig, not {value!r}")
+
+
+def skip_list(value: Sequence[str] | str) -> tuple[str, ...]:
+    """``"lm_head,embed_tokens"`` or a list -> a tuple of module-name substrings."""
+    parts = value.split(",") if isinstance(value, str) else list(value)
+    return tuple(p.strip() for p in parts if p.strip())

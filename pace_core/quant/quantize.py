@@ -1,0 +1,59 @@
+"""Quantize a float matrix into pace's own formats (``int8``, ``int4``), one tensor at a time."""
+
+from __future__ import annotations
+
+import torch
+
+from pace_core.errors import ConfigError
+from pace_core.quant.config import QuantizationConfig
+from pace_core.quant.weight import QuantizedWeight
+
+
+def quantize(w: torch.Tensor, config: QuantizationConfig, *, name: str = "") -> QuantizedWeight:
+    """``w`` ``[N, K]`` (float) in the format of ``config``; de-quantizes to ``w.dtype``.
+
+    Round-to-nearest with absmax scales (int8, symmetric int4) or min/max scales (int4 with
+    mins), computed in fp32 per group; scales are stored as fp16 and the codes are computed
+    from the rounded scales, so de-quantization reproduces exactly what was chosen.
+    """
+    if w.dim() != 2:
+        what = name or "a tensor"
+        raise ConfigError(f"cannot quantize {what} of shape {tuple(w.shape)}: not 2-D")
+    n, k = w.shape
+    group = config.group_size or k
+    if k % group or (config.bits == 4 and k % 2):
+        raise ConfigError(
+            f"cannot quantize {name or 'a weight'} [{n}, {k}] with group_size {group}: the row "
+            f"length {k} is not a multiple of it; choose a group size dividing {k} or skip it "
+            f"(QuantizationConfig(skip=[{name.rsplit('.', 1)[0]!r}]))"
+        )
+    groups = w.detach().float().reshape(n, k // group, group)
+    if config.bits == 8:
+        scales = _fp16(groups.abs().amax(-1) / 127.0)
+        codes = _divide(groups, scales).round().clamp(-127, 127).to(torch.int8)
+        return QuantizedWeight("int8", (n, k), w.dtype, codes.view(n, k), scales, None, group)
+    if config.symmetric:
+        # the code range is [-8, 7]: map the group's largest magnitude (with its sign) to -8
+        # as llama.cpp's Q4_0 does, which uses all 16 levels
+        idx = groups.abs().argmax(-1, keepdim=True)
+        scales = _fp16(groups.gather(-1, idx).squeeze(-1) / -8.0)
+        codes = (_divide(groups, scales).round() + 8).clamp(0, 15)
+        mins = None
+    else:
+        lo, hi = groups.amin(-1).clamp(max=0), groups.amax(-1).clamp(min=0)
+        scales = _fp16((hi - lo) / 15.0)
+        mins = _fp16(lo)
+        codes = _divide(groups - mins.float().unsqueeze(-1), scales).round().clamp(0, 15)
+    codes = codes.to(torch.uint8).view(n, k // 2, 2)
+    packed = codes[..., 0] | (codes[..., 1] << 4)
+    return QuantizedWeight("int4", (n, k), w.dtype, packed, scales, mins, group)
+
+
+def _fp16(scales: torch.Tensor) -> torch.Tensor:
+    return scales.to(torch.float16)
+
+
+def _divide(groups: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """``groups / scale`` per group, 0 where the scale is 0 (an all-zero group)."""
+    s = scales.float().unsqueeze(-1)
+    return torch.where(s == 0, torch.zeros_like(groups), groups / torch.where(s == 0, 1.0, s))

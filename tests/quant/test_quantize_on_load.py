@@ -1,0 +1,150 @@
+"""Quantize-on-load: pace's int8/int4 formats, the config, and tiny models of every family
+against transformers running the same de-quantized weights (fp32, logits within 1e-4)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from support.tiny import FACTORIES
+from transformers import AutoModelForCausalLM
+
+from pace_core import LLMModel
+from pace_core.errors import ConfigError
+from pace_core.quant import QuantizationConfig, QuantizedWeight, coerce_quantization, quantize
+
+CONFIGS = {
+    "int8": QuantizationConfig(bits=8),
+    "int8-g32": QuantizationConfig(bits=8, group_size=32),
+    "int4-g32": QuantizationConfig(bits=4, group_size=32),
+    "int4-g32-asym": QuantizationConfig(bits=4, group_size=32, symmetric=False),
+}
+# every family of the tiny set but GPT-OSS (its MoE experts stay dense: no `moe` kernel takes
+# quantized weights yet; its router is a linear and would be quantized)
+FAMILIES = [name for name in FACTORIES if name != "gpt-oss"]
+
+
+def rand(n: int, k: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(n, k, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_round_trip_error_is_within_half_a_step(name):
+    cfg = CONFIGS[name]
+    w = rand(48, 128)
+    w[3] = 0.0  # an all-zero row: scale 0, no division by zero
+    q = quantize(w, cfg)
+    back = q.dequantize()
+    assert back.shape == w.shape and back.dtype == w.dtype
+    assert torch.equal(back[3], torch.zeros(128))
+    group = cfg.group_size or 128
+    step = q.scales.float().repeat_interleave(group, dim=1).abs()
+    # symmetric int4 clips the side opposite the largest magnitude to 7 steps (as Q4_0 does)
+    slack = 1.0 if name == "int4-g32" else 0.5
+    assert bool(((back - w).abs() <= step * slack + 1e-6).all())
+    assert q.nbytes < w.numel() * w.element_size() / (3 if cfg.bits == 8 else 6)
+
+
+def test_rows_split_and_cat_agree_with_dequantize():
+    q = quantize(rand(40, 64), CONFIGS["int4-g32-asym"])
+    full = q.dequantize()
+    idx = torch.tensor([5, 0, 39])
+    assert torch.equal(q.dequantize(idx), full[idx])
+    parts = q.split([8, 32])
+    assert [p.shape for p in parts] == [(8, 64), (32, 64)]
+    assert torch.equal(QuantizedWeight.cat(parts).dequantize(), full)
+    with pytest.raises(ValueError, match="do not add up"):
+        q.split([8, 8])
+    other = quantize(rand(8, 64), CONFIGS["int8"])
+    with pytest.raises(ValueError, match="cannot stack a int8"):
+        QuantizedWeight.cat([q, other])
+
+
+def test_config_errors_name_the_value_and_the_choices():
+    with pytest.raises(ConfigError, match=r"unknown quantization 'int3'.*int8.*int4"):
+        coerce_quantization("int3")
+    with pytest.raises(ConfigError, match="bits=5"):
+        QuantizationConfig(bits=5)
+    with pytest.raises(ConfigError, match=r"group_size=0 unsupported for int4; use one of 32"):
+        QuantizationConfig(bits=4, group_size=0)
+    with pytest.raises(ConfigError, match="int8 is symmetric only"):
+        QuantizationConfig(bits=8, symmetric=False)
+    with pytest.raises(ConfigError, match=r"bad quantization fields.*bitz"):
+        coerce_quantization({"bitz": 4})
+    with pytest.raises(ConfigError, match=r"row length 48 is not a multiple of it"):
+        quantize(rand(4, 48), CONFIGS["int4-g32"], name="model.layers.0.mlp.up_proj")
+    assert coerce_quantization("INT4") == QuantizationConfig(bits=4, group_size=32)
+    assert coerce_quantization("none") is None
+
+
+def fake_quantized(hf: torch.nn.Module, cfg: QuantizationConfig) -> None:
+    """Replace every matrix pace quantizes (linear layers, token embeddings and the head; not
+    position tables) by its de-quantized values, in place."""
+    with torch.no_grad():
+        for name, module in hf.named_modules():
+            if not isinstance(module, torch.nn.Linear | torch.nn.Embedding):
+                continue
+            if "embed_positions" in name or cfg.skips(name):
+                continue
+            module.weight.copy_(quantize(module.weight, cfg).dequantize())
+
+
+def fits(path, cfg: QuantizationConfig) -> bool:
+    hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+    return all(
+        m.weight.shape[1] % (cfg.group_size or 1) == 0
+        for m in hf.modules()
+        if isinstance(m, torch.nn.Linear | torch.nn.Embedding)
+    )
+
+
+@pytest.fixture(scope="module")
+def family_dirs(tmp_path_factory):
+    return {name: FACTORIES[name](tmp_path_factory.mktemp(name)) for name in FAMILIES}
+
+
+@pytest.mark.parametrize("qname", ["int8", "int4-g32", "int4-g32-asym"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_family_matches_transformers_on_dequantized_weights(family_dirs, family, qname):
+    cfg = CONFIGS[qname]
+    path = family_dirs[family]
+    if not fits(path, cfg):
+        pytest.skip(f"{family} has rows not a multiple of {cfg.group_size}")
+    hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    fake_quantized(hf, cfg)
+    pace = LLMModel(path, dtype=torch.float32, load_tokenizer=False, quantization=cfg)
+    assert pace.model.plan.backends()["linear"] == {"native"}  # the one backend with int kernels
+    ids = torch.randint(
+        3, hf.config.vocab_size, (1, 24), generator=torch.Generator().manual_seed(1)
+    )
+    with torch.no_grad():
+        ref = hf(ids).logits
+    got = pace.logits(ids)
+    assert float((got - ref).abs().max()) < 1e-4
+
+
+def test_weights_stay_quantized_and_the_tied_head_shares_the_embedding(family_dirs):
+    pace = LLMModel(family_dirs["gemma3"], dtype=torch.float32, load_tokenizer=False,
+                    quantization="int8")  # fmt: skip
+    table = pace.model.embed.weight
+    assert isinstance(table, QuantizedWeight) and table.format == "int8"
+    assert pace.model.lm_head.weight.weight is table  # one copy serves both roles
+    sites = [r for r in pace.model.plan.resolutions if r.op in ("linear", "qkv_proj", "gated_mlp")]
+    assert sites and all(r.kernel.backend == "native" for r in sites)
+    # every other backend of these ops was passed over, for the format or for this CPU
+    for r in sites:
+        others = {s.backend for s in pace.host.ops.where(op=r.op)} - {"native"}
+        assert {backend for backend, _ in r.rejected} == others
+        for _, reason in r.rejected:
+            assert "weight format int8 unsupported (takes dense)" in reason or (
+                "missing CPU features" in reason
+            ), reason
+
+
+def test_skip_keeps_modules_dense(family_dirs):
+    cfg = QuantizationConfig(bits=8, skip=("lm_head", "layers.0."))
+    pace = LLMModel(family_dirs["llama"], dtype=torch.float32, load_tokenizer=False,
+                    quantization=cfg)  # fmt: skip
+    assert isinstance(pace.model.lm_head.weight.weight, torch.Tensor)
+    first, second = pace.model.layers[:2]
+    assert isinstance(first.attn.o_proj.weight.weight, torch.Tensor)
+    assert isinstance(second.attn.o_proj.weight.weight, QuantizedWeight)
