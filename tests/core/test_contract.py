@@ -22,7 +22,7 @@ SAMPLE_CONTEXT = {
     "vocab": 1000, "in_features": 576, "out_features": 1536, "activation": "silu",
     "hidden": 576, "intermediate": 1536, "experts": 4, "top_k": 2, "head_dim": 64, "gqa": 3,
     "window": None, "sinks": False, "cache_layout": "contiguous", "blocks": frozenset(),
-    "layer_backends": frozenset({"native"}), "profiling": False,
+    "layer_backends": frozenset({"native"}), "profiling": False, "weight_format": "dense",
 }  # fmt: skip
 
 
