@@ -156,6 +156,14 @@ class Resolution:
     kernel: KernelSpec
     fallback_reason: str = ""
     rejected: tuple[tuple[str, str], ...] = ()  # (backend, reason) of skipped candidates
+    passed_over: tuple[tuple[str, str], ...] = ()  # under auto: the better-ranked ones skipped
+
+    @property
+    def note(self) -> str:
+        """Why this is not the backend asked for (or, under auto, the best-ranked one)."""
+        if self.fallback_reason:
+            return self.fallback_reason
+        return "; ".join(f"{backend}: {reason}" for backend, reason in self.passed_over)
 
     @property
     def backend(self) -> str:
@@ -228,7 +236,10 @@ class OpResolver:
                 "installed and not disabled (PACE_DISABLE_PLUGINS)?"
             )
         if requested == AUTO:
-            return Resolution(ctx.op, requested, usable[0], rejected=tuple(rejected))
+            ranks = {s.backend: s.priority for s in candidates}
+            passed = tuple((b, r) for b, r in rejected if ranks[b] > usable[0].priority)
+            return Resolution(ctx.op, requested, usable[0], rejected=tuple(rejected),
+                              passed_over=passed)  # fmt: skip
         pinned = next((s for s in usable if s.backend == requested), None)
         if pinned is not None:
             return Resolution(ctx.op, requested, pinned, rejected=tuple(rejected))

@@ -21,7 +21,9 @@ from pathlib import Path
 from types import MappingProxyType, ModuleType
 from typing import Any
 
-BENCHMARKS = ("offline", "decode_vs_peers", "kernels", "attention", "serving", "speculative")
+BENCHMARKS = (
+    "offline", "decode_vs_peers", "kernels", "attention", "serving", "speculative", "quality"
+)  # fmt: skip
 RESULTS_ROOT = Path("results")
 
 

@@ -26,11 +26,11 @@ class OpPlan:
     """The resolved backend of every op call site of a model, printable as a table."""
 
     def __init__(self) -> None:
-        self.sites: Counter[tuple[str, str, str]] = Counter()  # (op, backend, fallback reason)
+        self.sites: Counter[tuple[str, str, str]] = Counter()  # (op, backend, why not better)
         self.resolutions: list[Resolution] = []
 
     def record(self, res: Resolution) -> None:
-        self.sites[(res.op, res.backend, res.fallback_reason)] += 1
+        self.sites[(res.op, res.backend, res.note)] += 1
         self.resolutions.append(res)
 
     def backends(self) -> dict[str, set[str]]:

@@ -52,8 +52,8 @@ DIMS = dict(
 
 def tiny_llama(tmp_dir: Path) -> Path:
     """Untied head (the GGUF has an ``output`` tensor)."""
-    cfg = tf.LlamaConfig(**DIMS, **NO_SPECIAL, tie_word_embeddings=False,
-                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0})  # fmt: skip
+    rope = {"rope_type": "default", "rope_theta": 10000.0}
+    cfg = tf.LlamaConfig(**DIMS, **NO_SPECIAL, tie_word_embeddings=False, rope_parameters=rope)
     return save(tf.LlamaForCausalLM, cfg, tmp_dir)
 
 
@@ -215,8 +215,8 @@ def _type_for(name: str, types: dict[str, str] | str) -> str:
 
 def permute(w: torch.Tensor, heads: int) -> torch.Tensor:
     """llama.cpp's ``LlamaModel.permute``: each head's rope halves interleaved row by row."""
-    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(
-        w.shape
+    return (
+        w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
     )
 
 

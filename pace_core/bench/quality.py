@@ -1,0 +1,169 @@
+"""Quality of quantized weights: KL divergence, top-1 agreement and perplexity vs a reference.
+
+On a fixed public-domain English text (``pace_core.quality.TEXT``, a few thousand tokens) cut
+into windows, per model:
+
+- pace's quantize-on-load presets (``--quantization``) in bf16 against pace's bf16 model;
+- with ``--gguf``: the model's original GGUF file run by pace (bf16 and fp32) against
+  transformers running the same file de-quantized to fp32 (the zoo's conversion of it);
+- with ``--llama-cpp`` (llama-cpp-python installed, ``make bench-peers``): llama.cpp on the
+  same GGUF against the same reference, and against pace on that file (the KLD between the two
+  engines).
+
+    pace bench quality --models smollm2 gemma3-270m --gguf --llama-cpp
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pace_core.bench.common import emit, model_path, note, progress
+from pace_core.quality import SOURCE, Scorer, compare, text_ids, windows
+
+COLUMNS = ["model", "variant", "engine", "reference", "tokens", "kld_mean", "kld_p99", "top1",
+           "ppl_reference", "ppl", "weight_mb", "load_s"]  # fmt: skip
+QUICK = {"max_tokens": 1024, "quantization": ["int8", "int4"]}
+
+
+def gguf_file(name: str) -> Path:
+    """The original GGUF of a zoo model (multi-part ones joined once into the pace cache)."""
+    from pace_core import zoo
+
+    parts = zoo.gguf_paths(name)
+    if len(parts) == 1:
+        return parts[0]
+    m = zoo.get_model(name)
+    dest = zoo.cache_root() / "gguf" / m.gguf_name
+    if not dest.exists():
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        digest = hashlib.sha256()
+        tmp = dest.with_suffix(".partial")
+        with open(tmp, "wb") as out:
+            for part in parts:
+                data = part.read_bytes()
+                digest.update(data)
+                out.write(data)
+        if digest.hexdigest() != m.sha256:
+            tmp.unlink()
+            raise RuntimeError(f"{m.gguf_name}: sha256 mismatch after joining its parts")
+        tmp.rename(dest)
+    return dest
+
+
+def _pace(source: Path, dtype: torch.dtype, quantization: str | None = None) -> tuple[Any, float]:
+    from pace_core import LLMModel
+
+    start = time.perf_counter()
+    llm = LLMModel(source, dtype=dtype, quantization=quantization, quiet=True,
+                   load_tokenizer=False)  # fmt: skip
+    return llm, time.perf_counter() - start
+
+
+def _row(model: str, variant: str, engine: str, reference: str, report, **extra) -> dict:
+    return {"model": model, "variant": variant, "engine": engine, "reference": reference,
+            **report.as_dict(), **extra}  # fmt: skip
+
+
+def _llama_cpp_scorer(file: Path, window: int, threads: int) -> Scorer:
+    import numpy as np
+    from llama_cpp import Llama
+
+    llm = Llama(str(file), n_ctx=window, logits_all=True, n_threads=threads, verbose=False)
+
+    def score(ids: torch.Tensor) -> torch.Tensor:
+        llm.reset()
+        llm.eval(ids[0].tolist())
+        return torch.from_numpy(np.array(llm.scores[: ids.shape[1]], dtype=np.float32))
+
+    return score
+
+
+def bench_model(args: argparse.Namespace, name: str) -> list[dict[str, Any]]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from pace_core.quant.memory import weight_bytes
+
+    path = model_path(name)
+    tok = AutoTokenizer.from_pretrained(str(path))
+    ids = text_ids(tok)[: args.max_tokens]
+    chunks = windows(ids, args.window, tok.bos_token_id if args.bos else None)
+    rows = []
+    ref, load = _pace(path, torch.bfloat16)
+    mb = round(weight_bytes(ref.model) / 1e6, 1)
+    note(args, f"quality: {name}: {len(chunks)} windows of {args.window} tokens ({SOURCE})")
+    for preset in args.quantization:
+        test, load = _pace(path, torch.bfloat16, preset)
+        report = compare(ref.logits, test.logits, chunks)
+        rows.append(_row(name, preset, "pace bf16", "pace bf16 (dense)", report,
+                         weight_mb=round(weight_bytes(test.model) / 1e6, 1),
+                         load_s=round(load, 1)))  # fmt: skip
+        del test
+    rows.append(_row(name, "dense", "pace bf16", "-", compare(ref.logits, ref.logits, chunks),
+                     weight_mb=mb, load_s=None))  # fmt: skip
+    del ref
+    if not (args.gguf or args.llama_cpp):
+        return rows
+    file = gguf_file(name)
+    hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+
+    def hf_logits(x: torch.Tensor) -> torch.Tensor:
+        return hf(x).logits
+
+    reference = "transformers fp32 (same file de-quantized)"
+    variant = f"gguf {file.name}"
+    pace_gguf = None
+    if args.gguf:
+        for dtype in (torch.bfloat16, torch.float32):
+            pace_gguf, load = _pace(file, dtype)
+            report = compare(hf_logits, pace_gguf.logits, chunks)
+            rows.append(_row(name, variant, f"pace {str(dtype)[6:]}", reference, report,
+                             weight_mb=round(weight_bytes(pace_gguf.model) / 1e6, 1),
+                             load_s=round(load, 1)))  # fmt: skip
+    if args.llama_cpp:
+        try:
+            scorer = _llama_cpp_scorer(file, args.window, torch.get_num_threads())
+        except ImportError:
+            note(args, "quality: llama-cpp-python is not installed (make bench-peers): skipped")
+            return rows
+        rows.append(_row(name, variant, "llama.cpp", reference,
+                         compare(hf_logits, scorer, chunks)))  # fmt: skip
+        if pace_gguf is not None:
+            rows.append(_row(name, variant, "llama.cpp", "pace fp32 (same file)",
+                             compare(pace_gguf.logits, scorer, chunks)))  # fmt: skip
+    return rows
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--models", nargs="+", default=["smollm2"])
+    p.add_argument("--quantization", nargs="*", default=["int8", "int8-g32", "int4", "int4-asym"],
+                   help="pace quantize-on-load presets to measure")  # fmt: skip
+    p.add_argument("--gguf", action="store_true", help="also the model's original GGUF file")
+    p.add_argument("--llama-cpp", action="store_true", help="also llama.cpp on that GGUF file")
+    p.add_argument("--window", type=int, default=512, help="tokens per scored window")
+    p.add_argument("--max-tokens", type=int, default=4096, help="tokens of the text used")
+    p.add_argument("--bos", action="store_true", help="start every window with BOS")
+    p.add_argument("--threads", type=int, default=None)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    note(args, f"quality: threads={torch.get_num_threads()} load_average={os.getloadavg()}")
+    rows = []
+    for name in progress(args.models, "quality", args.quiet):
+        rows += bench_model(args, name)
+    return emit("quality", rows, COLUMNS, args)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """``pace bench quality [argv]``: run, write the results folder, return the payload."""
+    from pace_core.bench.cli import main_for
+
+    return main_for("quality", argv)
