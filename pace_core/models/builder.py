@@ -94,16 +94,21 @@ class ModelBuilder:
     def optional(self, name: str) -> torch.Tensor | None:
         return self.weights.take_optional(name, self.dtype)
 
-    def matrix(self, weight: Matrix, module: str = "") -> Matrix:
+    def matrix(self, weight: Matrix, module: str = "", *, head: bool = False) -> Matrix:
         """A weight matrix as the model keeps it: quantized when the load asked for it (and
-        ``module`` is not skipped), as the checkpoint stores it otherwise."""
+        ``module`` is not skipped), as the checkpoint stores it otherwise. ``head``: the token
+        embedding or LM head (``QuantizationConfig.head_bits``)."""
         q = self.quantization
         if q is None or isinstance(weight, QuantizedWeight) or q.skips(module):
             return weight
-        return quantize(weight, q, name=module)
+        return quantize(weight, q.for_head() if head else q, name=module)
 
-    def linear(self, name: str, *, bias: bool = False, weight: Matrix | None = None) -> Bound:
-        w = self.matrix(self.tensor(f"{name}.weight") if weight is None else weight, name)
+    def linear(
+        self, name: str, *, bias: bool = False, weight: Matrix | None = None, head: bool = False
+    ) -> Bound:
+        """``head``: the LM head (quantized by ``QuantizationConfig.head_bits``)."""
+        source = self.tensor(f"{name}.weight") if weight is None else weight
+        w = self.matrix(source, name, head=head)
         b = self.tensor(f"{name}.bias") if bias else None
         attrs = {
             "in_features": int(w.shape[-1]),

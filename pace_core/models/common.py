@@ -44,7 +44,7 @@ def embedding(b: ModelBuilder, name: str, *, quantize: bool = True) -> tuple[Bou
     off); also returns its weight so a tied LM head shares it."""
     weight = b.tensor(name)
     if quantize:
-        weight = b.matrix(weight, name.removesuffix(".weight"))
+        weight = b.matrix(weight, name.removesuffix(".weight"), head=True)
     k = b.kernel("embedding", vocab=int(weight.shape[0]), weight_format=formats_of([weight]))
     return Bound(k.fn, weight), weight
 
@@ -56,7 +56,7 @@ def lm_head(
     tied = getattr(cfg, "tie_word_embeddings", False) or not b.weights.has(f"{name}.weight")
     if tied and b.weights.has(f"{name}.weight"):
         b.weights.discard(f"{name}.weight")  # an explicit copy of the tied weight: harmless
-    return b.linear(name, bias=bias, weight=embed_weight if tied else None)
+    return b.linear(name, bias=bias, weight=embed_weight if tied else None, head=True)
 
 
 def activation(name: str) -> str:

@@ -8,6 +8,7 @@ permutation of ``llama`` and the ``+ 1`` folded into Gemma norm weights.
 
 from __future__ import annotations
 
+import functools
 import re
 from functools import partial
 from pathlib import Path
@@ -66,16 +67,23 @@ def find_gguf(path: Path) -> Path | None:
     return found[0] if found else None
 
 
-def _reader(file: Path) -> Any:
+@functools.lru_cache(maxsize=2)
+def _cached_reader(file: str, mtime_ns: int, size: int) -> Any:
     from gguf import GGUFReader
 
     try:
-        return GGUFReader(str(file), "c")  # copy-on-write map: writable views, shared pages
+        return GGUFReader(file, "c")  # copy-on-write map: writable views, shared pages
     except Exception as exc:
         raise ModelLoadError(
             f"cannot read GGUF file {file} ({type(exc).__name__}: {exc}); it may be truncated "
             "or corrupt — re-download it"
         ) from None
+
+
+def _reader(file: Path) -> Any:
+    """The parsed GGUF (metadata parsing is slow: shared by config and weight loading)."""
+    stat = file.stat()
+    return _cached_reader(str(file), stat.st_mtime_ns, stat.st_size)
 
 
 def architecture(reader: Any) -> str:
@@ -148,15 +156,16 @@ def _load(t: Any, rows: torch.Tensor | None, offset: float) -> torch.Tensor | Qu
 def load_weights(file: Path, config: Any) -> WeightStore:
     """Every tensor of ``file`` under its Hugging Face name, read when taken.
 
-    Raises before anything is built when a tensor has a type pace cannot read or a name
-    it does not know.
+    Raises before anything is built when a tensor has a type pace cannot read; a tensor
+    name pace does not map stays under its GGUF name, so the builder's strict check reports
+    it as unexpected (tolerated with ``strict=False``).
     """
     reader = _reader(file)
     arch = architecture(reader)
     table = MODULE_NAMES[arch]
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
     loaders: dict[str, Loader] = {}
-    unknown_types, unknown_names = set(), []
+    unknown_types = set()
     for t in reader.tensors:
         if int(t.tensor_type) not in BY_GGML_TYPE:
             unknown_types.add(t.tensor_type.name)
@@ -164,8 +173,8 @@ def load_weights(file: Path, config: Any) -> WeightStore:
         if t.name in HARMLESS:
             continue
         name = _hf_name(t.name, table)
-        if name is None:
-            unknown_names.append(t.name)
+        if name is None:  # kept under its GGUF name: reported as unexpected (strict=False: ignored)
+            loaders[t.name] = partial(_load, t, None, 0.0)
             continue
         rows = None
         if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
@@ -179,10 +188,5 @@ def load_weights(file: Path, config: Any) -> WeightStore:
             f"GGUF file {file} has tensors of type {', '.join(sorted(unknown_types))}, which "
             f"pace cannot read; supported: {supported}. Re-quantize it to one of those "
             "(llama-quantize) or load the original checkpoint with quantization='int4'"
-        )
-    if unknown_names:
-        raise ModelLoadError(
-            f"GGUF file {file} ({arch}) has tensors pace does not know: "
-            f"{', '.join(unknown_names[:10])}"
         )
     return WeightStore(loaders, str(file))

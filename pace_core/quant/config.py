@@ -21,13 +21,17 @@ class QuantizationConfig:
     ``bits``: 8 or 4; ``group_size``: elements sharing one scale along a row (32, 64 or 128;
     0 = per output channel, int8 only); ``symmetric``: int4 without mins (``w = (q - 8) s``) or
     with them (``w = q s + m``); ``skip``: substrings of module names kept in the model dtype
-    (e.g. ``"lm_head"``, ``"embed_tokens"``, ``"layers.0."``).
+    (e.g. ``"lm_head"``, ``"embed_tokens"``, ``"layers.0."``); ``head_bits``: the token
+    embeddings and LM head are quantized to int8 with groups of 32 when 8 (the default: like
+    llama.cpp, which keeps its output layer at 6-8 bits, since small models lose most of their
+    quality there), or like every other matrix when equal to ``bits``.
     """
 
     bits: int = 8
     group_size: int = PER_CHANNEL
     symmetric: bool = True
     skip: tuple[str, ...] = field(default_factory=tuple)
+    head_bits: int = 8
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "skip", tuple(self.skip))
@@ -41,6 +45,16 @@ class QuantizationConfig:
             )
         if self.bits == 8 and not self.symmetric:
             raise ConfigError("int8 is symmetric only; pass symmetric=True or bits=4")
+        if self.head_bits not in (self.bits, 8):
+            raise ConfigError(
+                f"head_bits={self.head_bits!r} unsupported; use 8 or bits ({self.bits})"
+            )
+
+    def for_head(self) -> QuantizationConfig:
+        """The config of the token embeddings and the LM head."""
+        if self.head_bits == self.bits:
+            return self
+        return QuantizationConfig(bits=8, group_size=32, skip=self.skip)
 
     @property
     def format(self) -> str:
@@ -50,7 +64,8 @@ class QuantizationConfig:
     def name(self) -> str:
         """A short label: ``int8``, ``int8-g32``, ``int4-g32``, ``int4-g32-asym``."""
         text = self.format + (f"-g{self.group_size}" if self.group_size else "")
-        return text + ("" if self.symmetric else "-asym")
+        text += "" if self.symmetric else "-asym"
+        return text + ("" if self.head_bits == 8 else f"-head{self.head_bits}")
 
     def skips(self, module: str) -> bool:
         return any(part in module for part in self.skip)
@@ -78,8 +93,10 @@ PRESETS: dict[str, QuantizationConfig] = {
     "int4-g64": QuantizationConfig(bits=4, group_size=64),
     "int4-g128": QuantizationConfig(bits=4, group_size=128),
     "int4-asym": QuantizationConfig(bits=4, group_size=32, symmetric=False),
+    "int4-all": QuantizationConfig(bits=4, group_size=32, head_bits=4),
 }
-"""Names accepted by ``quantization=`` and ``--quantization`` (``int4`` = ``int4-g32``)."""
+"""Names accepted by ``quantization=`` and ``--quantization`` (``int4`` = ``int4-g32``; the
+embeddings and head stay int8-g32 except in ``int4-all``)."""
 
 
 def coerce_quantization(

@@ -77,15 +77,20 @@ def test_config_errors_name_the_value_and_the_choices():
 
 
 def fake_quantized(hf: torch.nn.Module, cfg: QuantizationConfig) -> None:
-    """Replace every matrix pace quantizes (linear layers, token embeddings and the head; not
-    position tables) by its de-quantized values, in place."""
+    """Replace every matrix pace quantizes (linear layers; token embeddings and the head with
+    the head's config; not position tables) by its de-quantized values, in place."""
+    head = hf.get_output_embeddings()
     with torch.no_grad():
         for name, module in hf.named_modules():
             if not isinstance(module, torch.nn.Linear | torch.nn.Embedding):
                 continue
             if "embed_positions" in name or cfg.skips(name):
                 continue
-            module.weight.copy_(quantize(module.weight, cfg).dequantize())
+            is_head = isinstance(module, torch.nn.Embedding) or module is head
+            if module is head and module.weight is hf.get_input_embeddings().weight:
+                continue  # a tied head: replaced with the embedding
+            module.weight.copy_(quantize(module.weight, cfg.for_head() if is_head else cfg)
+                                .dequantize())  # fmt: skip
 
 
 def fits(path, cfg: QuantizationConfig) -> bool:

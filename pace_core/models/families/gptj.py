@@ -33,7 +33,7 @@ def build(b: ModelBuilder) -> DecoderLM:
         embed=embed,
         layers=layers,
         final_norm=b.norm("transformer.ln_f", eps, rms=False, bias=True),
-        head=b.linear("lm_head", bias=True),
+        head=b.linear("lm_head", bias=True, head=True),
         rotaries=[rotary],
     )
 
