@@ -3,15 +3,25 @@
 For each dtype and backend plan (``native`` everywhere, and ``auto``), generate greedily over a
 fixed prompt set with both engines and compare: fp32 must give identical tokens; bf16 tokens
 must be near-ties under the fp32 transformers reference (the top-k-logprob rule). Also reports
-the largest fp32 logit difference on the prompts.
+the largest fp32 logit difference on the prompts. A GGUF file is compared with transformers
+running the same file de-quantized.
+
+With ``quantization`` (pace's quantize-on-load), token equality is not expected: each plan and
+dtype is held to a mean KL divergence and a top-1 agreement against the fp32 transformers
+model over the first windows of ``pace_core.quality.TEXT`` (:data:`QUALITY_LIMITS`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
+
+from pace_core.models import gguf_source
+from pace_core.quant import coerce_quantization
 
 PROMPTS = (
     "The capital of France is",
@@ -40,6 +50,49 @@ def near_tie(ref_logits: torch.Tensor, token: int, k: int = 5, tol: float = 0.5)
     return token in top.indices.tolist() and float(top.values[0] - lp[token]) <= tol
 
 
+# (max mean KLD, min top-1 agreement) per bits, against the fp32 reference, bf16 compute
+QUALITY_LIMITS = {8: (0.02, 0.93), 4: (0.15, 0.80)}
+QUALITY_TOKENS, QUALITY_WINDOW = 1024, 256
+
+
+def reference_model(path: Path) -> Any:
+    """transformers' fp32 model of a directory or GGUF file (de-quantized by transformers)."""
+    from transformers import AutoModelForCausalLM
+
+    kwargs: dict[str, Any] = {"dtype": torch.float32}
+    if path.suffix == gguf_source.SUFFIX:
+        path, kwargs["gguf_file"] = path.parent, path.name
+    return AutoModelForCausalLM.from_pretrained(str(path), **kwargs).eval()
+
+
+def check_quantized(
+    path: str, quantization: Any, plans: Sequence[str] = ("native", "auto")
+) -> list[CheckRow]:
+    """Quality of pace's quantize-on-load against transformers' fp32 model."""
+    from pace_core.engine.llm import LLMModel
+    from pace_core.models.loader import load_tokenizer
+    from pace_core.quality import compare, text_ids, windows
+
+    q = coerce_quantization(quantization)
+    max_kld, min_top1 = QUALITY_LIMITS[q.bits]
+    hf = reference_model(Path(path))
+    ids = text_ids(load_tokenizer(Path(path)))[:QUALITY_TOKENS]
+    chunks = windows(ids, QUALITY_WINDOW)
+    rows = []
+    for plan in plans:
+        for dtype in (torch.float32, torch.bfloat16):
+            model = LLMModel(path, dtype=dtype, opconfig=f"default={plan}", quiet=True,
+                             quantization=q)  # fmt: skip
+            r = compare(lambda x: hf(x).logits, model.logits, chunks)
+            passed = r.kld_mean <= max_kld and r.top1 >= min_top1
+            rows.append(
+                CheckRow(plan, f"{str(dtype)[6:]} {q.name}", len(chunks), r.tokens, 0, None,
+                         passed, f"KLD {r.kld_mean:.4f} (<= {max_kld}), top-1 {r.top1:.1%} "
+                         f"(>= {min_top1:.0%}), ppl {r.ppl:.2f} vs {r.ppl_reference:.2f}")
+            )  # fmt: skip
+    return rows
+
+
 def run_check(
     path: str,
     *,
@@ -47,13 +100,12 @@ def run_check(
     prompts: Sequence[str] = PROMPTS,
     plans: Sequence[str] = ("native", "auto"),
 ) -> list[CheckRow]:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     from pace_core.engine.llm import LLMModel
+    from pace_core.models.loader import load_tokenizer
     from pace_core.sampling.config import SamplingConfig
 
-    tok = AutoTokenizer.from_pretrained(str(path))
-    hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    tok = load_tokenizer(Path(path))
+    hf = reference_model(Path(path))
     cfg = SamplingConfig(max_new_tokens=new_tokens, min_new_tokens=new_tokens)
     encoded = [torch.tensor(tok(p)["input_ids"]) for p in prompts]
     with torch.inference_mode():

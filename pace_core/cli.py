@@ -62,6 +62,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         dtype=DTYPES[args.dtype],
         opconfig=args.opconfig,
         profile=args.profile or None,
+        quantization=args.quantization,
     )
     overrides = {"max_new_tokens": args.max_new_tokens}
     if args.temperature is not None:
@@ -91,11 +92,14 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 def _cmd_check(args: argparse.Namespace) -> int:
     from pace_core import zoo
-    from pace_core.check import format_rows, run_check
+    from pace_core.check import check_quantized, format_rows, run_check
     from pace_core.models.loader import resolve_model_path
 
     path = resolve_model_path(args.model or zoo.DEFAULT_MODEL)
-    rows = run_check(str(path), new_tokens=args.new_tokens, plans=args.plans)
+    if args.quantization:
+        rows = check_quantized(str(path), args.quantization, plans=args.plans)
+    else:
+        rows = run_check(str(path), new_tokens=args.new_tokens, plans=args.plans)
     print(format_rows(rows))
     return 0 if all(r.passed for r in rows) else 1
 
@@ -107,6 +111,17 @@ def _cmd_build_kernels(args: argparse.Namespace) -> int:
     outcomes = run_builds(get_host(), args.backends or None)
     print(outcomes_table(outcomes))
     return 1 if any(o.status == "failed" for o in outcomes) else 0
+
+
+def add_quantization_argument(p: argparse.ArgumentParser) -> None:
+    from pace_core.quant import PRESETS
+
+    p.add_argument(
+        "--quantization",
+        default=None,
+        choices=list(PRESETS),
+        help="quantize the matrices while loading (a GGUF file keeps its own formats)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -135,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("generate", help="generate text (default model: SmolLM2-135M-Instruct)")
     p.add_argument("prompt")
-    p.add_argument("--model", default=None, help="directory, zoo name or hub id")
+    p.add_argument("--model", default=None, help="directory, GGUF file, zoo name or hub id")
     p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=None, help="0 = greedy")
@@ -145,6 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--opconfig", default=None, help="e.g. 'linear=avx512,norm=native' or JSON")
     p.add_argument("--show-plan", action="store_true", help="print the op plan to stderr")
     p.add_argument("--profile", action="store_true", help="time every op; print a table")
+    add_quantization_argument(p)
     p.set_defaults(func=_cmd_generate)
 
     p = sub.add_parser("build-kernels", help="build JIT kernels now (and retry failed builds)")
@@ -152,9 +168,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_build_kernels)
 
     p = sub.add_parser("check", help="compare pace with transformers on a model (pass/fail)")
-    p.add_argument("model", nargs="?", default=None, help="directory, zoo name or hub id")
+    p.add_argument(
+        "model", nargs="?", default=None, help="directory, GGUF file, zoo name or hub id"
+    )
     p.add_argument("--new-tokens", type=int, default=24)
     p.add_argument("--plans", nargs="+", default=["native", "auto"])
+    add_quantization_argument(p)
     p.set_defaults(func=_cmd_check)
 
     from pace_core.bench.cli import add_bench_parser

@@ -3,7 +3,8 @@
 On a fixed public-domain English text (``pace_core.quality.TEXT``, a few thousand tokens) cut
 into windows, per model:
 
-- pace's quantize-on-load presets (``--quantization``) in bf16 against pace's bf16 model;
+- pace's quantize-on-load presets (``--quantization``) against pace's dense model of the same
+  dtype (``--dtype``, bf16 by default);
 - with ``--gguf``: the model's original GGUF file run by pace (bf16 and fp32) against
   transformers running the same file de-quantized to fp32 (the zoo's conversion of it);
 - with ``--llama-cpp`` (llama-cpp-python installed, ``make bench-peers``): llama.cpp on the
@@ -95,17 +96,19 @@ def bench_model(args: argparse.Namespace, name: str) -> list[dict[str, Any]]:
     ids = text_ids(tok)[: args.max_tokens]
     chunks = windows(ids, args.window, tok.bos_token_id if args.bos else None)
     rows = []
-    ref, load = _pace(path, torch.bfloat16)
+    dtype = getattr(torch, args.dtype)
+    label = f"pace {args.dtype}"
+    ref, load = _pace(path, dtype)
     mb = round(weight_bytes(ref.model) / 1e6, 1)
     note(args, f"quality: {name}: {len(chunks)} windows of {args.window} tokens ({SOURCE})")
     for preset in args.quantization:
-        test, load = _pace(path, torch.bfloat16, preset)
+        test, load = _pace(path, dtype, preset)
         report = compare(ref.logits, test.logits, chunks)
-        rows.append(_row(name, preset, "pace bf16", "pace bf16 (dense)", report,
+        rows.append(_row(name, preset, label, f"{label} (dense)", report,
                          weight_mb=round(weight_bytes(test.model) / 1e6, 1),
                          load_s=round(load, 1)))  # fmt: skip
         del test
-    rows.append(_row(name, "dense", "pace bf16", "-", compare(ref.logits, ref.logits, chunks),
+    rows.append(_row(name, "dense", label, "-", compare(ref.logits, ref.logits, chunks),
                      weight_mb=mb, load_s=None))  # fmt: skip
     del ref
     if not (args.gguf or args.llama_cpp):
@@ -142,7 +145,8 @@ def bench_model(args: argparse.Namespace, name: str) -> list[dict[str, Any]]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--models", nargs="+", default=["smollm2"])
-    p.add_argument("--quantization", nargs="*", default=["int8", "int8-g32", "int4", "int4-asym"],
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--quantization", nargs="*", default=["int8", "int8-g32", "int4", "int4-sym"],
                    help="pace quantize-on-load presets to measure")  # fmt: skip
     p.add_argument("--gguf", action="store_true", help="also the model's original GGUF file")
     p.add_argument("--llama-cpp", action="store_true", help="also llama.cpp on that GGUF file")

@@ -57,10 +57,15 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="OpenAI-compatible HTTP server with continuous batching",
         description="Serve a model over the OpenAI API (/v1/completions, /v1/chat/completions).",
     )
-    p.add_argument("model", nargs="?", default=None, help="model dir, hub id or zoo name")
+    p.add_argument(
+        "model", nargs="?", default=None, help="model dir, GGUF file, hub id or zoo name"
+    )
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--dtype", default="bfloat16", choices=DTYPE_CHOICES)
+    from pace_core.cli import add_quantization_argument
+
+    add_quantization_argument(p)
     p.add_argument(
         "--kv-cache-type",
         default="paged",
@@ -156,6 +161,7 @@ def build_server(args: argparse.Namespace):
         "max_cache_tokens": args.max_cache_tokens,
         "opconfig": args.opconfig,
         "spec_config": spec_config,
+        "quantization": args.quantization,
     }
     if spec_config is not None and "model_name_or_path" in spec_config:
         # resolve (and pull) the draft before the target loads, and once for all instances

@@ -72,7 +72,7 @@ def test_config_errors_name_the_value_and_the_choices():
         coerce_quantization({"bitz": 4})
     with pytest.raises(ConfigError, match=r"row length 48 is not a multiple of it"):
         quantize(rand(4, 48), CONFIGS["int4-g32"], name="model.layers.0.mlp.up_proj")
-    assert coerce_quantization("INT4") == QuantizationConfig(bits=4, group_size=32)
+    assert coerce_quantization("INT4") == QuantizationConfig(bits=4, group_size=32, symmetric=False)
     assert coerce_quantization("none") is None
 
 
