@@ -45,9 +45,25 @@ def _cmd_models(args: argparse.Namespace) -> int:
         for name in args.names or [zoo.DEFAULT_MODEL]:
             print(zoo.pull(name, force=args.force, quiet=args.quiet))
         return 0
+    if args.action == "quantize":
+        return _quantize_model(args)
     for m in zoo.list_models():
         state = "prepared" if zoo.is_prepared(m.name) else "not prepared"
         print(f"{m.name:14s} {state:13s} {m.description}")
+    return 0
+
+
+def _quantize_model(args: argparse.Namespace) -> int:
+    from pace_core.engine.llm import LLMModel
+    from pace_core.quant.checkpoint import save_quantized
+
+    if len(args.names) != 2 or not args.quantization:
+        print("usage: pace models quantize SOURCE OUT --quantization PRESET", file=sys.stderr)
+        return 2
+    source, out = args.names
+    llm = LLMModel(source, dtype=DTYPES[args.dtype], quantization=args.quantization, quiet=True,
+                   load_tokenizer=False)  # fmt: skip
+    print(save_quantized(llm, out))
     return 0
 
 
@@ -141,11 +157,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--opconfig", default=None, help="e.g. 'linear=avx512,norm=native' or JSON")
     p.set_defaults(func=_cmd_ops)
 
-    p = sub.add_parser("models", help="list or prepare the bundled real models")
-    p.add_argument("action", choices=["list", "pull"], nargs="?", default="list")
-    p.add_argument("names", nargs="*", help="zoo model names (default: the default model)")
+    p = sub.add_parser(
+        "models",
+        help="list or prepare the bundled real models; save a quantized copy of a model",
+        description="pace models [list] | pull [NAME...] | quantize SOURCE OUT --quantization P",
+    )
+    p.add_argument("action", choices=["list", "pull", "quantize"], nargs="?", default="list")
+    p.add_argument("names", nargs="*", help="zoo model names (quantize: SOURCE and OUT)")
     p.add_argument("--force", action="store_true", help="re-convert even if prepared")
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES),
+                   help="quantize: the dtype the weights de-quantize to")  # fmt: skip
+    add_quantization_argument(p)
     p.set_defaults(func=_cmd_models)
 
     p = sub.add_parser("generate", help="generate text (default model: SmolLM2-135M-Instruct)")

@@ -63,6 +63,7 @@ class ModelBuilder:
         self.config, self.weights, self.dtype, self.resolver = config, weights, dtype, resolver
         self.cache_layout = cache_layout
         self.quantization = quantization
+        self.quantized: dict[str, QuantizedWeight] = {}  # checkpoint name -> what it became
         self.plan = OpPlan()
         self.profiler: OpProfiler | None = None
 
@@ -101,7 +102,9 @@ class ModelBuilder:
         q = self.quantization
         if q is None or isinstance(weight, QuantizedWeight) or q.skips(module):
             return weight
-        return quantize(weight, q.for_head() if head else q, name=module)
+        done = quantize(weight, q.for_head() if head else q, name=module)
+        self.quantized[f"{module}.weight"] = done
+        return done
 
     def linear(
         self, name: str, *, bias: bool = False, weight: Matrix | None = None, head: bool = False

@@ -129,6 +129,7 @@ def assemble(
         head_dims=[hd] * num_layers,
         vocab_size=cfg.vocab_size,
         plan=b.plan,
+        quantized=b.quantized,
         **extra,
     )
 

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from pace_core.errors import ModelLoadError
-from pace_core.quant import QuantizedWeight
+from pace_core.quant import QuantizedWeight, checkpoint
 
 Weight = torch.Tensor | QuantizedWeight
 Loader = Callable[[], Weight]
@@ -59,7 +59,13 @@ def _file_loaders(path: Path) -> dict[str, Loader]:
             from safetensors import safe_open
 
             handle = safe_open(str(path), framework="pt")
-            return {name: partial(handle.get_tensor, name) for name in handle.keys()}  # noqa: SIM118
+            names = set(handle.keys())
+            loaders: dict[str, Loader] = {name: partial(handle.get_tensor, name) for name in names}
+            for name, info in checkpoint.unpack(handle.metadata()).items():
+                for part in (f"{name}_scales", f"{name}_mins"):
+                    loaders.pop(part, None)
+                loaders[name] = partial(checkpoint.assemble, handle.get_tensor, name, info, names)
+            return loaders
         tensors = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
         return {name: partial(_identity, tensor) for name, tensor in tensors.items()}
     except Exception as exc:

@@ -86,15 +86,16 @@ class QuantizationConfig:
 
 
 PRESETS: dict[str, QuantizationConfig] = {
-    "int8": QuantizationConfig(bits=8),
-    "int8-g32": QuantizationConfig(bits=8, group_size=32),
+    "int8": QuantizationConfig(bits=8, group_size=32),
+    "int8-channel": QuantizationConfig(bits=8),
     "int4": QuantizationConfig(bits=4, group_size=32, symmetric=False),
     "int4-g64": QuantizationConfig(bits=4, group_size=64, symmetric=False),
     "int4-g128": QuantizationConfig(bits=4, group_size=128, symmetric=False),
     "int4-sym": QuantizationConfig(bits=4, group_size=32),
     "int4-all": QuantizationConfig(bits=4, group_size=32, symmetric=False, head_bits=4),
 }
-"""Names accepted by ``quantization=`` and ``--quantization``. ``int4`` is groups of 32 with
+"""Names accepted by ``quantization=`` and ``--quantization``. ``int8`` is groups of 32 (as
+GGUF's Q8_0; ``int8-channel``, one scale per row, loses more). ``int4`` is groups of 32 with
 mins (as GGUF's Q4_1): on the bundled models it loses far less than the symmetric ``int4-sym``
 (Q4_0-like), see docs/quantization.md. The embeddings and head stay int8-g32 except in
 ``int4-all``."""

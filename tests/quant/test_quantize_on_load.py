@@ -3,6 +3,8 @@ against transformers running the same de-quantized weights (fp32, logits within 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from support.tiny import FACTORIES
@@ -153,3 +155,31 @@ def test_skip_keeps_modules_dense(family_dirs):
     first, second = pace.model.layers[:2]
     assert isinstance(first.attn.o_proj.weight.weight, torch.Tensor)
     assert isinstance(second.attn.o_proj.weight.weight, QuantizedWeight)
+
+
+@pytest.mark.parametrize("family", ["llama", "phi3-longrope", "gemma3"])
+def test_saved_quantized_copy_reloads_without_requantizing(family_dirs, family, tmp_path, capsys):
+    from pace_core.cli import main
+
+    out = tmp_path / "q"
+    assert main(["models", "quantize", str(family_dirs[family]), str(out),
+                 "--quantization", "int4", "--dtype", "float32"]) == 0  # fmt: skip
+    saved = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert saved["quant_method"] == "pace" and saved["bits"] == 4
+    fresh = LLMModel(family_dirs[family], dtype=torch.float32, load_tokenizer=False,
+                     quantization="int4")  # fmt: skip
+    reloaded = LLMModel(out, dtype=torch.float32, load_tokenizer=False)
+    assert reloaded.quantization is None and not reloaded.model.quantized  # nothing re-quantized
+    ids = torch.tensor([[3, 7, 11, 5, 9]])
+    assert torch.equal(fresh.logits(ids), reloaded.logits(ids))
+    size = sum(p.stat().st_size for p in out.glob("*.safetensors"))
+    dense = sum(p.stat().st_size for p in family_dirs[family].glob("*.safetensors"))
+    assert size < dense / 3
+
+
+def test_saving_needs_a_quantized_model(family_dirs, tmp_path):
+    from pace_core.quant.checkpoint import save_quantized
+
+    dense = LLMModel(family_dirs["llama"], dtype=torch.float32, load_tokenizer=False)
+    with pytest.raises(ConfigError, match="was not quantized on load"):
+        save_quantized(dense, tmp_path / "q")

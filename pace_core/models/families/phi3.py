@@ -4,8 +4,6 @@
 
 from __future__ import annotations
 
-import torch
-
 from pace_core.models import common
 from pace_core.models.builder import ModelBuilder
 from pace_core.models.decoder import DecoderLM
@@ -19,7 +17,8 @@ def fused_qkv(b: ModelBuilder, prefix: str, bias: bool) -> Bound:
 
 
 def fused_gated_mlp(b: ModelBuilder, prefix: str) -> Bound:
-    gate, up = torch.chunk(b.tensor(f"{prefix}.gate_up_proj.weight"), 2)
+    fused = b.matrix(b.tensor(f"{prefix}.gate_up_proj.weight"), f"{prefix}.gate_up_proj")
+    gate, up = fused.split([fused.shape[0] // 2] * 2)
     down = b.tensor(f"{prefix}.down_proj.weight")
     return b.gated_mlp(gate, up, down, common.activation(b.config.hidden_act), module=prefix)
 
