@@ -146,8 +146,8 @@ def bench_model(args: argparse.Namespace, name: str) -> list[dict[str, Any]]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--models", nargs="+", default=["smollm2"])
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
-    p.add_argument("--quantization", nargs="*", default=["int8", "int8-channel", "int4", "int4-sym"],
-                   help="pace quantize-on-load presets to measure")  # fmt: skip
+    p.add_argument("--quantization", nargs="*", help="pace quantize-on-load presets to measure",
+                   default=["int8", "int8-channel", "int4", "int4-sym"])  # fmt: skip
     p.add_argument("--gguf", action="store_true", help="also the model's original GGUF file")
     p.add_argument("--llama-cpp", action="store_true", help="also llama.cpp on that GGUF file")
     p.add_argument("--window", type=int, default=512, help="tokens per scored window")

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import torch
+
 from pace_core.errors import ModelLoadError
 from pace_core.models.builder import ModelBuilder
 from pace_core.models.decoder import DecoderLM
@@ -39,24 +41,34 @@ def every_layer_window(cfg: Any, layer: int) -> int | None:
     return int(window) if window else None
 
 
-def embedding(b: ModelBuilder, name: str, *, quantize: bool = True) -> tuple[Bound, Any]:
+def embedding(b: ModelBuilder, name: str, *, quantize: bool = True) -> Bound:
     """A lookup table (quantized like any matrix when the load asks, unless ``quantize`` is
-    off); also returns its weight so a tied LM head shares it."""
+    off); a tied LM head shares its weight (:func:`lm_head`)."""
     weight = b.tensor(name)
     if quantize:
         weight = b.matrix(weight, name.removesuffix(".weight"), head=True)
     k = b.kernel("embedding", vocab=int(weight.shape[0]), weight_format=formats_of([weight]))
-    return Bound(k.fn, weight), weight
+    return Bound(k.fn, weight)
 
 
 def lm_head(
-    b: ModelBuilder, cfg: Any, embed_weight: Any, name: str = "lm_head", *, bias: bool = False
+    b: ModelBuilder, cfg: Any, embed: Bound, name: str = "lm_head", *, bias: bool = False
 ) -> Bound:
-    """The output projection; tied to the embedding when the config says so (or no head)."""
+    """The output projection; tied to the embedding ``embed`` when the config says so (or there
+    is no head). A tied head whose kernel keeps its own copy of the table and can read rows of
+    it (a prepared weight with ``rows(ids)``) serves the lookup too: one copy, not two."""
     tied = getattr(cfg, "tie_word_embeddings", False) or not b.weights.has(f"{name}.weight")
     if tied and b.weights.has(f"{name}.weight"):
         b.weights.discard(f"{name}.weight")  # an explicit copy of the tied weight: harmless
-    return b.linear(name, bias=bias, weight=embed_weight if tied else None, head=True)
+    head = b.linear(name, bias=bias, weight=embed.weight if tied else None, head=True)
+    rows = getattr(head.weight, "rows", None)
+    if tied and rows is not None and head.weight is not embed.weight:
+        embed.fn, embed.weight = _lookup_rows, head.weight
+    return head
+
+
+def _lookup_rows(ids: torch.Tensor, weight: Any) -> torch.Tensor:
+    return weight.rows(ids.reshape(-1)).view(*ids.shape, -1)
 
 
 def activation(name: str) -> str:

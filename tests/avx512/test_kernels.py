@@ -302,3 +302,14 @@ def test_huge_page_arena_copies_and_keeps_chunks_alive(ext):
     assert torch.equal(kept, first) and float(junk[0][0]) == 7.0
     w = packing.prepare_linear(tensor(2, 40, 33, dtype=torch.bfloat16))
     assert torch.equal(w.weight, packing.pack(tensor(2, 40, 33, dtype=torch.bfloat16)))
+
+
+@SETTINGS
+@given(dtype=DTYPES, n=DIMS, k=DIMS, seed=st.integers(0, 2**16))
+def test_packed_rows_are_the_matrix_rows_bit_for_bit(dtype, n, k, seed):
+    """A tied embedding reads its lookups from the head's packed copy: they must be exact."""
+    gen = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=gen).to(dtype)
+    packed = packing.prepare_linear(w)
+    ids = torch.randint(0, n, (7,), generator=gen)
+    assert torch.equal(packed.rows(ids), w[ids])

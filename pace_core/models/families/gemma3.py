@@ -24,7 +24,7 @@ def build(b: ModelBuilder) -> DecoderLM:
         return b.norm(name, eps, offset=1.0)
 
     rotaries = common.rotaries_by_type(cfg, hd)
-    embed, embed_weight = common.embedding(b, "model.embed_tokens.weight")
+    embed = common.embedding(b, "model.embed_tokens.weight")
     layers = []
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}"
@@ -57,7 +57,7 @@ def build(b: ModelBuilder) -> DecoderLM:
         embed=embed,
         layers=layers,
         final_norm=norm("model.norm"),
-        head=common.lm_head(b, cfg, embed_weight),
+        head=common.lm_head(b, cfg, embed),
         rotaries=list(rotaries.values()),
         embed_scale=cfg.hidden_size**0.5,
         logit_softcap=getattr(cfg, "final_logit_softcapping", None),

@@ -20,7 +20,7 @@ def build(b: ModelBuilder) -> DecoderLM:
     _, _, hd = common.heads(cfg)
     eps = cfg.layer_norm_epsilon
     rotary = Rotary(cfg, hd, interleaved=True, rotary_dim=cfg.rotary_dim or hd)
-    embed, _ = common.embedding(b, "transformer.wte.weight")
+    embed = common.embedding(b, "transformer.wte.weight")
     layers = []
     for i in range(cfg.num_hidden_layers):
         p = f"transformer.h.{i}"

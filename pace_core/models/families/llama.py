@@ -50,7 +50,7 @@ def build(
     out_bias = attention_bias if o_bias is None else o_bias
     rotaries = common.rotaries_by_type(cfg, hd)
     rotary = rotaries[None]
-    embed, embed_weight = common.embedding(b, "model.embed_tokens.weight")
+    embed = common.embedding(b, "model.embed_tokens.weight")
     layers, windows = [], [window(cfg, i) for i in range(cfg.num_hidden_layers)]
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}"
@@ -78,7 +78,7 @@ def build(
         embed=embed,
         layers=layers,
         final_norm=b.norm("model.norm", eps),
-        head=common.lm_head(b, cfg, embed_weight),
+        head=common.lm_head(b, cfg, embed),
         rotaries=[rotary],
         windows=windows,
     )

@@ -44,9 +44,9 @@ def build(b: ModelBuilder) -> DecoderLM:
     bias = getattr(cfg, "enable_bias", True)
     # OPTForCausalLM saves ``model.decoder.*``; the original facebook/opt checkpoints ``decoder.*``.
     root = "model.decoder" if b.weights.has("model.decoder.embed_tokens.weight") else "decoder"
-    embed, embed_weight = common.embedding(b, f"{root}.embed_tokens.weight")
+    embed = common.embedding(b, f"{root}.embed_tokens.weight")
     positions = LearnedPositions(
-        common.embedding(b, f"{root}.embed_positions.weight", quantize=False)[0]
+        common.embedding(b, f"{root}.embed_positions.weight", quantize=False)
     )
     projected = cfg.word_embed_proj_dim != cfg.hidden_size
     layers = []
@@ -71,7 +71,7 @@ def build(b: ModelBuilder) -> DecoderLM:
         embed=embed,
         layers=layers,
         final_norm=_layer_norm(b, f"{root}.final_layer_norm") if has_final_norm else None,
-        head=common.lm_head(b, cfg, embed_weight),
+        head=common.lm_head(b, cfg, embed),
         rotaries=[],
         position_embed=positions,
         project_in=b.linear(f"{root}.project_in") if projected else None,
