@@ -54,16 +54,13 @@ def _cmd_models(args: argparse.Namespace) -> int:
 
 
 def _quantize_model(args: argparse.Namespace) -> int:
-    from pace_core.engine.llm import LLMModel
     from pace_core.quant.checkpoint import save_quantized
 
     if len(args.names) != 2 or not args.quantization:
         print("usage: pace models quantize SOURCE OUT --quantization PRESET", file=sys.stderr)
         return 2
     source, out = args.names
-    llm = LLMModel(source, dtype=DTYPES[args.dtype], quantization=args.quantization, quiet=True,
-                   load_tokenizer=False)  # fmt: skip
-    print(save_quantized(llm, out))
+    print(save_quantized(source, out, args.quantization, DTYPES[args.dtype]))
     return 0
 
 

@@ -22,7 +22,8 @@ from types import MappingProxyType, ModuleType
 from typing import Any
 
 BENCHMARKS = (
-    "offline", "decode_vs_peers", "kernels", "attention", "serving", "speculative", "quality"
+    "offline", "decode_vs_peers", "kernels", "attention", "serving", "speculative", "quality",
+    "loading",
 )  # fmt: skip
 RESULTS_ROOT = Path("results")
 

@@ -63,7 +63,8 @@ class ModelBuilder:
         self.config, self.weights, self.dtype, self.resolver = config, weights, dtype, resolver
         self.cache_layout = cache_layout
         self.quantization = quantization
-        self.quantized: dict[str, QuantizedWeight] = {}  # checkpoint name -> what it became
+        # checkpoint name -> what it became, when asked to record it (saving a quantized copy)
+        self.quantized: dict[str, QuantizedWeight] | None = None
         self.plan = OpPlan()
         self.profiler: OpProfiler | None = None
 
@@ -103,7 +104,8 @@ class ModelBuilder:
         if q is None or isinstance(weight, QuantizedWeight) or q.skips(module):
             return weight
         done = quantize(weight, q.for_head() if head else q, name=module)
-        self.quantized[f"{module}.weight"] = done
+        if self.quantized is not None:
+            self.quantized[f"{module}.weight"] = done
         return done
 
     def linear(

@@ -141,7 +141,6 @@ def assemble(
         head_dims=[hd] * num_layers,
         vocab_size=cfg.vocab_size,
         plan=b.plan,
-        quantized=b.quantized,
         **extra,
     )
 

@@ -6,7 +6,7 @@ Building one (reading weights, resolving and binding kernels) is :mod:`pace_core
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -40,7 +40,6 @@ class DecoderLM:
     project_in: Bound | None = None
     project_out: Bound | None = None
     logit_softcap: float | None = None
-    quantized: dict[str, Any] = field(default_factory=dict)  # checkpoint name -> QuantizedWeight
 
     @property
     def reprefill_at(self) -> int | None:

@@ -112,9 +112,11 @@ def build_model(
     cache_layout: str = "contiguous",
     profiler: Any | None = None,
     quantization: QuantizationConfig | None = None,
+    record: dict[str, Any] | None = None,
 ) -> DecoderLM:
     """Read the checkpoint and build the model with the builder registered for its type
-    (quantizing its matrices on the way in when ``quantization`` says so)."""
+    (quantizing its matrices on the way in when ``quantization`` says so; ``record`` collects
+    them by checkpoint name)."""
     model_type = getattr(config, "model_type", None)
     spec = host.models.get(model_type)
     if spec is None:
@@ -123,6 +125,7 @@ def build_model(
     weights = load_weights(path, config)
     builder = ModelBuilder(config, weights, dtype, resolver, cache_layout, quantization)
     builder.profiler = profiler
+    builder.quantized = record
     with torch.no_grad():
         model = spec.builder(builder)
     tolerated = weights.finish(getattr(spec.builder, "harmless_extras", ()), strict=strict)

@@ -56,15 +56,18 @@ def _file_loaders(path: Path) -> dict[str, Loader]:
     """A loader per tensor of one checkpoint file; nothing is read until a loader runs."""
     try:
         if path.suffix == ".safetensors":
-            from safetensors import safe_open
+            header, start = _safetensors_header(path)
+            metadata = header.pop("__metadata__", None)
+            names = set(header)
 
-            handle = safe_open(str(path), framework="pt")
-            names = set(handle.keys())
-            loaders: dict[str, Loader] = {name: partial(handle.get_tensor, name) for name in names}
-            for name, info in checkpoint.unpack(handle.metadata()).items():
+            def get(name: str) -> torch.Tensor:
+                return _read_safetensor(path, start, header[name])
+
+            loaders: dict[str, Loader] = {name: partial(get, name) for name in names}
+            for name, info in checkpoint.unpack(metadata).items():
                 for part in (f"{name}_scales", f"{name}_mins"):
                     loaders.pop(part, None)
-                loaders[name] = partial(checkpoint.assemble, handle.get_tensor, name, info, names)
+                loaders[name] = partial(checkpoint.assemble, get, name, info, names)
             return loaders
         tensors = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
         return {name: partial(_identity, tensor) for name, tensor in tensors.items()}
@@ -73,6 +76,39 @@ def _file_loaders(path: Path) -> dict[str, Loader]:
             f"cannot read weight file {path} ({type(exc).__name__}: {exc}); the file may be "
             "truncated or corrupt — re-download or re-convert it"
         ) from None
+
+
+_SAFETENSORS_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+    "U8": torch.uint8, "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+}  # fmt: skip
+
+
+def _safetensors_header(path: Path) -> tuple[dict[str, Any], int]:
+    """The JSON header of a safetensors file and where its data starts."""
+    with open(path, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        if not 0 < size < 100_000_000:
+            raise ValueError(f"header size {size} is not plausible")
+        return json.loads(f.read(size)), 8 + size
+
+
+def _read_safetensor(path: Path, start: int, info: dict[str, Any]) -> torch.Tensor:
+    """One tensor read with plain file reads into fresh memory: no mapping of the file stays
+    in the process (safetensors' own loader keeps its map, and with it the whole file, in RSS
+    until the load ends)."""
+    begin, end = info["data_offsets"]
+    dtype = _SAFETENSORS_DTYPES.get(info["dtype"])
+    if dtype is None:
+        raise ModelLoadError(f"{path}: tensor dtype {info['dtype']} is not supported")
+    out = torch.empty(end - begin, dtype=torch.uint8)
+    with open(path, "rb") as f:
+        f.seek(start + begin)
+        if f.readinto(memoryview(out.numpy())) != end - begin:
+            raise ModelLoadError(f"{path} is truncated: re-download or re-convert it")
+    return out.view(dtype).reshape(info["shape"])
 
 
 def _identity(tensor: Weight) -> Weight:

@@ -53,24 +53,42 @@ def assemble(get: Any, name: str, info: Mapping[str, Any], names: set[str]) -> Q
                            get(f"{name}_scales"), mins, int(info["group_size"]))  # fmt: skip
 
 
-def save_quantized(llm: Any, out: str | Path) -> Path:
-    """Write the quantized ``llm`` (an :class:`~pace_core.LLMModel` loaded with
-    ``quantization=``) to ``out``: what pace loads later without re-quantizing."""
+def save_quantized(
+    model: str | Path,
+    out: str | Path,
+    quantization: Any,
+    dtype: torch.dtype | str = torch.bfloat16,
+) -> Path:
+    """Quantize the checkpoint ``model`` (a Hugging Face directory or zoo name) and write the
+    copy to ``out``: what pace then loads without re-quantizing (and with ``dtype`` as the
+    compute dtype the weights de-quantize to, unless the load asks otherwise)."""
     from safetensors.torch import save_file
 
+    from pace_core.models.loader import build_model, load_config, parse_dtype, resolve_model_path
     from pace_core.models.weights import WeightStore
+    from pace_core.opconfig import OperatorConfig
+    from pace_core.plugins import get_host
+    from pace_core.quant.config import coerce_quantization
 
-    source, out = Path(llm.path), Path(out)
-    if llm.quantization is None or not llm.model.quantized:
-        raise ConfigError("the model was not quantized on load: pass quantization='int8'|'int4'")
+    q = coerce_quantization(quantization)
+    if q is None:
+        raise ConfigError("save_quantized needs a quantization: 'int8', 'int4', ...")
+    source, out = resolve_model_path(model), Path(out)
     if not source.is_dir():
         raise ConfigError(f"{source} is not a Hugging Face directory (a GGUF file?): not saved")
     config = json.loads((source / "config.json").read_text())
     if "quantization_config" in config:
         raise ConfigError(f"{source} is already a quantized checkpoint; start from the original")
-    tensors, described = pack(llm.model.quantized)
+    host = get_host()
+    recorded: dict[str, Any] = {}
+    hf_config = load_config(source)
+    resolver = host.resolver(OperatorConfig.coerce("default=native"))  # no packed copies
+    build_model(source, hf_config, parse_dtype(dtype), host, resolver, quiet=True,
+                quantization=q, record=recorded)  # fmt: skip
+    tensors, described = pack(recorded)
+    recorded.clear()
     store = WeightStore.from_dir(source)
-    tied = getattr(llm.config, "tie_word_embeddings", False)
+    tied = getattr(hf_config, "tie_word_embeddings", False)
     for name in store.names():
         if name in tensors or (tied and name == "lm_head.weight"):
             continue
@@ -80,6 +98,6 @@ def save_quantized(llm: Any, out: str | Path) -> Path:
         if item.is_file() and not any(item.match(p) for p in WEIGHT_FILES):
             shutil.copy2(item, out / item.name)
     save_file(tensors, str(out / "model.safetensors"), metadata={METADATA_KEY: described})
-    config["quantization_config"] = llm.quantization.to_json()
+    config["quantization_config"] = q.to_json()
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return out

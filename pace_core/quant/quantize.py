@@ -8,6 +8,8 @@ from pace_core.errors import ConfigError
 from pace_core.quant.config import QuantizationConfig
 from pace_core.quant.weight import QuantizedWeight
 
+CHUNK_ELEMENTS = 1 << 21  # rows quantized at a time: bounds the fp32 temporaries (~8 MB each)
+
 
 def quantize(w: torch.Tensor, config: QuantizationConfig, *, name: str = "") -> QuantizedWeight:
     """``w`` ``[N, K]`` (float) in the format of ``config``; de-quantizes to ``w.dtype``.
@@ -27,6 +29,10 @@ def quantize(w: torch.Tensor, config: QuantizationConfig, *, name: str = "") -> 
             f"length {k} is not a multiple of it; choose a group size dividing {k} or skip it "
             f"(QuantizationConfig(skip=[{name.rsplit('.', 1)[0]!r}]))"
         )
+    rows = max(1, CHUNK_ELEMENTS // k)
+    if n > rows:
+        parts = [quantize(w[i : i + rows], config, name=name) for i in range(0, n, rows)]
+        return QuantizedWeight.cat(parts)
     groups = w.detach().float().reshape(n, k // group, group)
     if config.bits == 8:
         scales = _fp16(groups.abs().amax(-1) / 127.0)
