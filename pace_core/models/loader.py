@@ -123,6 +123,8 @@ def build_model(
         known = ", ".join(sorted(host.models)) or "none (is the pace.models plugin disabled?)"
         raise ModelLoadError(f"unsupported model_type {model_type!r} in {path}; supported: {known}")
     weights = load_weights(path, config)
+    if not quiet:
+        weights.show_progress()
     builder = ModelBuilder(config, weights, dtype, resolver, cache_layout, quantization)
     builder.profiler = profiler
     builder.quantized = record

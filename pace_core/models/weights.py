@@ -128,6 +128,14 @@ class WeightStore:
         self._taken: set[str] = set()
         self.source = source
         self.missing: list[str] = []
+        self._progress: Any = None
+
+    def show_progress(self, desc: str = "Loading weights") -> None:
+        """A progress bar over the tensors taken, shown once the load has run 2 s."""
+        from tqdm.auto import tqdm
+
+        self._progress = tqdm(total=len(self._loaders), desc=desc, unit="tensor", delay=2.0,
+                              leave=False)  # fmt: skip
 
     @classmethod
     def from_tensors(cls, tensors: dict[str, Weight], source: str = "") -> WeightStore:
@@ -162,6 +170,8 @@ class WeightStore:
             self.missing.append(name)
             return torch.empty(0)
         self._taken.add(name)
+        if self._progress is not None:
+            self._progress.update()
         tensor = loader()
         if dtype is None:
             return tensor
@@ -206,4 +216,6 @@ class WeightStore:
                 "Pass strict=False to LLMModel to tolerate unexpected tensors."
             )
         self._loaders.clear()
+        if self._progress is not None:
+            self._progress.close()
         return unused
