@@ -69,7 +69,12 @@ def find_gguf(path: Path) -> Path | None:
 
 @functools.lru_cache(maxsize=2)
 def _cached_reader(file: str, mtime_ns: int, size: int) -> Any:
-    from gguf import GGUFReader
+    try:
+        from gguf import GGUFReader
+    except ImportError:
+        raise ModelLoadError(
+            "reading GGUF files needs the gguf package: pip install 'pace-core[models]'"
+        ) from None
 
     try:
         return GGUFReader(file, "c")  # copy-on-write map: writable views, shared pages

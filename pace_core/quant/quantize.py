@@ -46,13 +46,39 @@ def quantize(w: torch.Tensor, config: QuantizationConfig, *, name: str = "") -> 
         codes = (_divide(groups, scales).round() + 8).clamp(0, 15)
         mins = None
     else:
-        lo, hi = groups.amin(-1).clamp(max=0), groups.amax(-1).clamp(min=0)
-        scales = _fp16((hi - lo) / 15.0)
-        mins = _fp16(lo)
-        codes = _divide(groups - mins.float().unsqueeze(-1), scales).round().clamp(0, 15)
+        scales, mins, codes = _affine_int4(groups)
     codes = codes.to(torch.uint8).view(n, k // 2, 2)
     packed = codes[..., 0] | (codes[..., 1] << 4)
     return QuantizedWeight("int4", (n, k), w.dtype, packed, scales, mins, group)
+
+
+SPANS = range(15, 7, -1)  # candidate numbers of steps between a group's min and max
+
+
+def _affine_int4(groups: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Scales, mins and codes of ``w = q * s + m`` per group, the scale chosen among
+    ``(max - min) / j`` for j in :data:`SPANS` by least squared error (the min anchored at the
+    group's min; values beyond ``min + 15 s`` clip). j = 15 is plain min/max rounding; smaller
+    spans trade clipping for finer steps, and recover exactly a group that already lies on a
+    coarser 16-level grid (a checkpoint de-quantized from Q4_K, say) that min/max misses."""
+    lo, hi = groups.amin(-1), groups.amax(-1)
+    mins = _fp16(lo)
+    best = None
+    for span in SPANS:
+        scales = _fp16((hi - lo) / span)
+        codes = _divide(groups - mins.float().unsqueeze(-1), scales).round().clamp(0, 15)
+        error = (codes * scales.float().unsqueeze(-1) + mins.float().unsqueeze(-1) - groups)
+        error = error.square().sum(-1)
+        if best is None:
+            best = (error, scales, codes)
+            continue
+        better = error < best[0]
+        best = (
+            torch.where(better, error, best[0]),
+            torch.where(better, scales, best[1]),
+            torch.where(better.unsqueeze(-1), codes, best[2]),
+        )
+    return best[1], mins, best[2]
 
 
 def _fp16(scales: torch.Tensor) -> torch.Tensor:

@@ -41,13 +41,19 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
     ng = -(-n // columns)
     if weight.dtype == torch.bfloat16:
         kp = k + k % 2
-        w = F.pad(weight, (0, kp - k, 0, ng * columns - n))
+        w = _padded(weight, kp - k, ng * columns - n)
         grouped = w.view(ng, columns, kp // 2, 2).permute(0, 2, 1, 3)
         return grouped.reshape(ng, kp // 2, 2 * columns).contiguous()
     if weight.dtype == torch.float32:
-        w = F.pad(weight, (0, 0, 0, ng * columns - n))
+        w = _padded(weight, 0, ng * columns - n)
         return w.view(ng, columns, k).permute(0, 2, 1).contiguous()
     raise TypeError(f"pace-avx512 kernels take float32 or bfloat16 weights, got {weight.dtype}")
+
+
+def _padded(weight: torch.Tensor, cols: int, rows: int) -> torch.Tensor:
+    """``weight`` zero-padded by ``cols`` columns and ``rows`` rows (itself when neither: a
+    large table is not copied once more than packing needs)."""
+    return F.pad(weight, (0, cols, 0, rows)) if cols or rows else weight
 
 
 def resident(packed: torch.Tensor) -> torch.Tensor:
