@@ -34,6 +34,12 @@ def layout() -> tuple[int, int]:
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
     """``[N, K]`` -> the grouped layout of its dtype (bf16 VNNI pairs or fp32)."""
+    grouped, shape = _grouped(weight)
+    return grouped.contiguous().view(shape)
+
+
+def _grouped(weight: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...]]:
+    """A view of ``weight`` in packed element order and the packed shape it is stored as."""
     if weight.dim() != 2:
         raise ValueError(f"pace-avx512 packs 2-D weights, got shape {tuple(weight.shape)}")
     n, k = weight.shape
@@ -43,10 +49,10 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
         kp = k + k % 2
         w = _padded(weight, kp - k, ng * columns - n)
         grouped = w.view(ng, columns, kp // 2, 2).permute(0, 2, 1, 3)
-        return grouped.reshape(ng, kp // 2, 2 * columns).contiguous()
+        return grouped, (ng, kp // 2, 2 * columns)
     if weight.dtype == torch.float32:
         w = _padded(weight, 0, ng * columns - n)
-        return w.view(ng, columns, k).permute(0, 2, 1).contiguous()
+        return w.view(ng, columns, k).permute(0, 2, 1), (ng, k, columns)
     raise TypeError(f"pace-avx512 kernels take float32 or bfloat16 weights, got {weight.dtype}")
 
 
@@ -56,10 +62,11 @@ def _padded(weight: torch.Tensor, cols: int, rows: int) -> torch.Tensor:
     return F.pad(weight, (0, cols, 0, rows)) if cols or rows else weight
 
 
-def resident(packed: torch.Tensor) -> torch.Tensor:
-    """The packed weight moved into huge-page backed memory (see ``huge_page_copy`` in
-    ``csrc/bindings.cpp``)."""
-    return build.load_extension().huge_page_copy(packed)
+def resident(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` packed straight into huge-page backed memory (see ``huge_page_copy`` in
+    ``csrc/bindings.cpp``): one copy, no packed intermediate."""
+    grouped, shape = _grouped(weight)
+    return build.load_extension().huge_page_copy(grouped, list(shape))
 
 
 def pack_bias(bias: torch.Tensor | None, n: int) -> torch.Tensor | None:
@@ -120,7 +127,7 @@ class PackedGatedMLP:
 
 def prepare_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> PackedLinear:
     n, k = weight.shape
-    return PackedLinear(resident(pack(weight)), pack_bias(bias, n), int(n), int(k))
+    return PackedLinear(resident(weight), pack_bias(bias, n), int(n), int(k))
 
 
 def prepare_qkv(
@@ -141,8 +148,8 @@ def prepare_gated_mlp(
             f"gated MLP shapes disagree: gate {tuple(gate.shape)}, up {tuple(up.shape)}, "
             f"down {tuple(down.shape)}"
         )
-    gate_up = resident(pack(interleave_blocks(gate, up)))
+    gate_up = resident(interleave_blocks(gate, up))
     inter, hidden = gate.shape
-    down_packed = resident(pack(down))
+    down_packed = resident(down)
     code = build.load_extension().ACTIVATIONS.index(activation)
     return PackedGatedMLP(gate_up, down_packed, code, int(inter), int(hidden))

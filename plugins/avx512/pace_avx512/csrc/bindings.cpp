@@ -274,11 +274,16 @@ struct Chunk {
   ~Chunk() { std::free(base); }
 };
 
-Tensor huge_page_copy(const Tensor& t) {
+// The copy is made straight from `t` (any strides: a permuted view is packed as it is copied,
+// with no contiguous intermediate) and returned with `shape` (t's own when empty).
+Tensor huge_page_copy(const Tensor& t, c10::IntArrayRef shape) {
   static std::mutex lock;
   static std::shared_ptr<Chunk> current;
   constexpr size_t kAlign = size_t(2) << 20, kChunk = size_t(64) << 20;
-  const Tensor src = t.contiguous();
+  const Tensor& src = t;
+  const std::vector<int64_t> sizes = shape.empty() ? t.sizes().vec() : shape.vec();
+  TORCH_CHECK(c10::multiply_integers(sizes) == t.numel(), "huge_page_copy: shape ", sizes,
+              " does not hold the ", t.numel(), " elements of the tensor");
   const size_t bytes = src.numel() * src.element_size(), need = (bytes + 63) / 64 * 64;
   std::shared_ptr<Chunk> chunk;
   char* p = nullptr;
@@ -288,7 +293,7 @@ Tensor huge_page_copy(const Tensor& t) {
       auto fresh = std::make_shared<Chunk>();
       fresh->size = std::max(kChunk, (need + kAlign - 1) / kAlign * kAlign);
       fresh->base = static_cast<char*>(std::aligned_alloc(kAlign, fresh->size));
-      if (fresh->base == nullptr) return src.clone();  // no memory for a chunk: plain copy
+      if (fresh->base == nullptr) return src.contiguous().reshape(sizes).clone();  // plain copy
       madvise(fresh->base, fresh->size, MADV_HUGEPAGE);  // advice only: ignored if THP is off
       current = fresh;
     }
@@ -296,8 +301,10 @@ Tensor huge_page_copy(const Tensor& t) {
     p = chunk->base + chunk->used;
     chunk->used += need;
   }
-  std::memcpy(p, src.data_ptr(), bytes);
-  return at::from_blob(p, src.sizes(), [chunk](void*) mutable { chunk.reset(); }, src.options());
+  Tensor out = at::from_blob(p, sizes, [chunk](void*) mutable { chunk.reset(); }, src.options());
+  if (src.is_contiguous()) std::memcpy(p, src.data_ptr(), bytes);
+  else out.view(src.sizes()).copy_(src);
+  return out;
 }
 
 }  // namespace pace_avx512
@@ -328,7 +335,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("has_bf16") = false;
 #endif
   register_decoder_stack(m);
-  m.def("huge_page_copy", &huge_page_copy,
+  m.def("huge_page_copy", &huge_page_copy, py::arg("t"), py::arg("shape") = std::vector<int64_t>{},
         "copy a tensor into an arena of transparent huge pages (packed weights)");
   m.def("stream_read", [](const Tensor& t) {
     TORCH_CHECK(t.is_contiguous(), "stream_read needs a contiguous tensor");
