@@ -13,6 +13,7 @@ import torch
 
 from pace_avx512 import build
 from pace_avx512.packing import PackedGatedMLP, PackedLinear, PackedQKV
+from pace_avx512.qpacking import QPackedGatedMLP, QPackedLinear, QPackedQKV
 
 _E: ModuleType | None = None  # the loaded extension: `(_E or _ext())` costs one global lookup
 
@@ -23,20 +24,20 @@ def _ext() -> ModuleType:
     return _E
 
 
-def linear(x: torch.Tensor, w: PackedLinear) -> torch.Tensor:
+def linear(x: torch.Tensor, w: PackedLinear | QPackedLinear) -> torch.Tensor:
+    if w.__class__ is QPackedLinear:  # quantized weights: the VNNI kernel
+        return (_E or _ext()).qlinear(x, w.weight, w.bias, w.out_features, w.int8)
     return (_E or _ext()).linear(x, w.weight, w.bias, w.out_features)
 
 
-def qkv_proj(x: torch.Tensor, w: PackedQKV) -> tuple[torch.Tensor, ...]:
-    lin = w.linear
-    return (
-        (_E or _ext())
-        .linear(x, lin.weight, lin.bias, lin.out_features)
-        .split_with_sizes(w.sizes, -1)
-    )
+def qkv_proj(x: torch.Tensor, w: PackedQKV | QPackedQKV) -> tuple[torch.Tensor, ...]:
+    return linear(x, w.linear).split_with_sizes(w.sizes, -1)
 
 
-def gated_mlp(x: torch.Tensor, w: PackedGatedMLP) -> torch.Tensor:
+def gated_mlp(x: torch.Tensor, w: PackedGatedMLP | QPackedGatedMLP) -> torch.Tensor:
+    if w.__class__ is QPackedGatedMLP:
+        gate, up = linear(x, w.gate_up).split_with_sizes((w.intermediate, w.intermediate), -1)
+        return linear(w.activation(gate) * up, w.down)
     return (_E or _ext()).gated_mlp(x, w.gate_up, w.down, w.intermediate, w.hidden, w.activation)
 
 

@@ -22,8 +22,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from pace_avx512 import build
+from pace_avx512 import build, qpacking
+from pace_avx512.qpacking import QPackedGatedMLP, QPackedLinear, QPackedQKV
 from pace_core.ops import ACTIVATIONS
+from pace_core.quant import QuantizedWeight
 
 
 def layout() -> tuple[int, int]:
@@ -125,14 +127,18 @@ class PackedGatedMLP:
     hidden: int
 
 
-def prepare_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> PackedLinear:
+def prepare_linear(weight, bias: torch.Tensor | None = None) -> PackedLinear | QPackedLinear:
+    if isinstance(weight, QuantizedWeight):
+        return qpacking.prepare_linear(weight, bias)
     n, k = weight.shape
     return PackedLinear(resident(weight), pack_bias(bias, n), int(n), int(k))
 
 
 def prepare_qkv(
     weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor] | None = None
-) -> PackedQKV:
+) -> PackedQKV | QPackedQKV:
+    if isinstance(weights[0], QuantizedWeight):
+        return qpacking.prepare_qkv(weights, biases)  # type: ignore[arg-type]
     sizes = tuple(int(w.shape[0]) for w in weights)
     bias = torch.cat([b.reshape(-1) for b in biases]) if biases is not None else None
     return PackedQKV(prepare_linear(torch.cat(list(weights)), bias), sizes)  # type: ignore[arg-type]
@@ -140,9 +146,11 @@ def prepare_qkv(
 
 def prepare_gated_mlp(
     gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, activation: str
-) -> PackedGatedMLP:
+) -> PackedGatedMLP | QPackedGatedMLP:
     if activation not in ACTIVATIONS:
         raise ValueError(f"unknown activation {activation!r}; known: {', '.join(ACTIVATIONS)}")
+    if isinstance(gate, QuantizedWeight):
+        return qpacking.prepare_gated_mlp(gate, up, down, activation)  # type: ignore[arg-type]
     if gate.shape != up.shape or down.shape != gate.shape[::-1]:
         raise ValueError(
             f"gated MLP shapes disagree: gate {tuple(gate.shape)}, up {tuple(up.shape)}, "

@@ -27,7 +27,7 @@ import os
 
 import torch
 
-from pace_avx512 import build, kernels, packing, stack
+from pace_avx512 import build, kernels, packing, qpacking, stack
 from pace_core import hookimpl
 from pace_core.cpu import detect_cpu
 from pace_core.registry import BuildNotApplicable, OpContext, Registrations
@@ -42,14 +42,33 @@ BASE = build.BASE_FEATURES
 # ... and the bf16 dot-product kernels (vdpbf16ps) on top of it, checked per dtype below
 # because one registration serves both dtypes and fp32 runs without it.
 BF16_DOT = "avx512_bf16"
+# ... and the quantized-weight kernels (vpdpbusd), checked per weight format.
+INT8_DOT = "avx512_vnni"
+MATRIX_FORMATS = ("dense", *qpacking.FORMATS)
 CACHE_LAYOUTS = ("contiguous", "paged", "slab")
 # Layouts whose caches the C++ stack writes itself: direct_buffers() / block_buffers().
 STACK_LAYOUTS = CACHE_LAYOUTS
 
 
+def _quantized_problem(ctx: OpContext, fmt: str) -> str | None:
+    """Why the VNNI kernels cannot take this op's quantized weights, or None."""
+    if not detect_cpu().has(INT8_DOT):
+        return f"missing CPU features: {INT8_DOT} (quantized kernels use vpdpbusd)"
+    rows = {"gated_mlp": ("hidden", "intermediate")}.get(ctx.op, ("in_features",))
+    for attr in rows:
+        k = getattr(ctx, attr, None)  # absent when `pace ops` asks generally
+        if k is not None and (why := qpacking.problem(fmt, int(k))) is not None:
+            return why
+    return None
+
+
 def _supports(*, bf16_dot: bool):
     def supports(ctx: OpContext) -> bool | str:
-        if bf16_dot and ctx.dtype == torch.bfloat16 and not detect_cpu().has(BF16_DOT):
+        fmt = ctx.attrs.get("weight_format") or "dense"
+        if fmt != "dense":
+            if (why := _quantized_problem(ctx, fmt)) is not None:
+                return why
+        elif bf16_dot and ctx.dtype == torch.bfloat16 and not detect_cpu().has(BF16_DOT):
             return f"missing CPU features: {BF16_DOT} (bf16 kernels use vdpbf16ps)"
         if ctx.op == "gated_mlp":
             act = getattr(ctx, "activation", None)  # absent when `pace ops` asks generally
@@ -107,11 +126,13 @@ def pace_register_ops(registry: Registrations) -> None:
             **extra,
         )  # fmt: skip
 
-    add("linear", kernels.linear, prepare=packing.prepare_linear,
-        description="GEMV/GEMM over packed weights (bf16: vdpbf16ps, fp32: FMA)")  # fmt: skip
-    add("qkv_proj", kernels.qkv_proj, prepare=packing.prepare_qkv,
+    add("linear", kernels.linear, prepare=packing.prepare_linear, weight_formats=MATRIX_FORMATS,
+        description="GEMV/GEMM over packed weights (bf16: vdpbf16ps, fp32: FMA, int8/int4 "
+        "and GGUF q8_0/q4_0/q4_1/q4_k: vpdpbusd)")  # fmt: skip
+    add("qkv_proj", kernels.qkv_proj, prepare=packing.prepare_qkv, weight_formats=MATRIX_FORMATS,
         description="one GEMV/GEMM over the packed [wq; wk; wv]")  # fmt: skip
     add("gated_mlp", kernels.gated_mlp, prepare=packing.prepare_gated_mlp,
+        weight_formats=MATRIX_FORMATS,
         description="gate/up in one pass with the activation fused, then down")  # fmt: skip
     add("rms_norm", kernels.rms_norm, bf16_dot=False,
         description="RMSNorm with fused residual add (fp32 math)")  # fmt: skip

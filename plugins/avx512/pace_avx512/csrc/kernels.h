@@ -34,6 +34,15 @@ void gated_bf16(const bf16_t* x, int64_t ldx, int64_t M, int64_t K, const bf16_t
 void gated_fp32(const float* x, int64_t ldx, int64_t M, int64_t K, const float* w,
                 int64_t I, int act, float* h, int64_t ldh, int nthreads);
 
+// y[M, N] = x[M, K] @ W^T + bias over a quantized weight packed as qlinear.cpp describes
+// (int8: 8-bit codes; else 4-bit codes with mins), K a multiple of 32. Needs AVX512-VNNI.
+void qlinear_bf16(const bf16_t* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* w,
+                  int64_t block_stride, bool int8, const float* bias, int64_t N, bf16_t* y,
+                  int64_t ldy, int nthreads);
+void qlinear_fp32(const float* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* w,
+                  int64_t block_stride, bool int8, const float* bias, int64_t N, float* y,
+                  int64_t ldy, int nthreads);
+
 // RMSNorm over rows of H: s = x + res (rounded to the activation dtype), written to `sum`
 // when res is given; y = s * rsqrt(mean(s^2) + eps) * w (fp32 math, one final rounding).
 void rms_norm_bf16(const bf16_t* x, const bf16_t* res, const float* w, float eps, int64_t rows,

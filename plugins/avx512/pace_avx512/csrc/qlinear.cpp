@@ -1,0 +1,211 @@
+// Linear over quantized weights with AVX512-VNNI (vpdpbusd): y = x @ W^T + bias, W in groups
+// of 32 along K with a scale (and, for 4-bit, a min) per row and group.
+//
+// The activation rows are quantized once per call to int8 per group of 32 (scale amax/127,
+// round to nearest), with the sum of their codes. Each vpdpbusd multiplies 64 unsigned weight
+// bytes (16 rows x a quad of k) by one signed activation quad broadcast to all lanes, so one
+// instruction does 16 rows x 4 k, accumulated in int32 over the group, then scaled in fp32:
+//   int8:  w = q * s,      stored u8 = q + 128:  sum w x = s xs (sum (q+128) xq - 128 sum xq)
+//   4-bit: w = q * s + m,  stored q in 0..15:    sum w x = s xs sum q xq + m xs sum xq
+//
+// Packed layout (pace_avx512/qpacking.py), per block of 16 rows, one contiguous run of
+// `block_stride` bytes: codes of every group (int8: 8 x 64 bytes, line v = quad v of k;
+// 4-bit: 4 x 64 bytes, low nibbles quad v, high nibbles quad v + 4; byte 4j + p of a line is
+// row j, k = 4 quad + p), then fp16 scales [G][16], then (4-bit) fp16 mins [G][16].
+// Threads take contiguous ranges of row blocks, so each streams one sequential run.
+#include <omp.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "kernels.h"
+#include "simd.h"
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")
+
+namespace pace_avx512 {
+
+namespace {
+
+#define PACE_UNROLL _Pragma("GCC unroll 16")
+
+constexpr int64_t QGROUP = 32;  // k per quantization group
+
+// Activation rows quantized per group of 32.
+struct QuantizedRows {
+  std::vector<int8_t> codes;  // [M][K]
+  std::vector<float> scales;  // [M][G]
+  std::vector<float> sums;    // [M][G]: scale * sum of codes (the row's group sum as seen)
+  std::vector<int32_t> comp;  // [M][G]: -128 * sum of codes (int8 weights' offset)
+};
+
+template <typename T>
+void quantize_rows(const T* x, int64_t ldx, int64_t M, int64_t K, QuantizedRows& q) {
+  const int64_t G = K / QGROUP;
+  q.codes.resize(M * K);
+  q.scales.resize(M * G);
+  q.sums.resize(M * G);
+  q.comp.resize(M * G);
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t g = 0; g < G; ++g) {
+      const T* src = x + m * ldx + g * QGROUP;
+      const __m512 a = load(src, 0xFFFF), b = load(src + 16, 0xFFFF);
+      const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+      const float scale = amax / 127.0f, inv = amax > 0 ? 127.0f / amax : 0.0f;
+      const __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, _mm512_set1_ps(inv)));
+      const __m512i qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, _mm512_set1_ps(inv)));
+      int8_t* dst = q.codes.data() + m * K + g * QGROUP;
+      _mm_storeu_si128((__m128i*)dst, _mm512_cvtsepi32_epi8(qa));
+      _mm_storeu_si128((__m128i*)(dst + 16), _mm512_cvtsepi32_epi8(qb));
+      const int32_t sum = _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
+      q.scales[m * G + g] = scale;
+      q.sums[m * G + g] = scale * (float)sum;
+      q.comp[m * G + g] = -128 * sum;
+    }
+  }
+}
+
+struct QArgs {
+  const uint8_t* w;
+  int64_t block_stride;  // bytes per block of 16 rows
+  int64_t G;             // groups per row
+  const QuantizedRows* x;
+  int64_t K;
+};
+
+// acc[MT] (16 rows of block `b`) for activation rows [m0, m0 + MT).
+template <bool INT8, int MT>
+inline void qtile(const QArgs& a, int64_t b, int64_t m0, __m512 (&total)[MT]) {
+  const int64_t code_bytes = INT8 ? 512 : 256;
+  const uint8_t* codes = a.w + b * a.block_stride;
+  const uint16_t* scales = (const uint16_t*)(codes + a.G * code_bytes);
+  const uint16_t* mins = scales + a.G * 16;
+  const int32_t* xq[MT];
+  PACE_UNROLL for (int m = 0; m < MT; ++m) {
+    total[m] = _mm512_setzero_ps();
+    xq[m] = (const int32_t*)(a.x->codes.data() + (m0 + m) * a.K);
+  }
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  for (int64_t g = 0; g < a.G; ++g) {
+    __m512i acc[MT];
+    const uint8_t* cg = codes + g * code_bytes;
+    PACE_UNROLL for (int m = 0; m < MT; ++m)
+      acc[m] = INT8 ? _mm512_set1_epi32(a.x->comp[(m0 + m) * a.G + g]) : _mm512_setzero_si512();
+    if constexpr (INT8) {
+      PACE_UNROLL for (int v = 0; v < 8; ++v) {
+        const __m512i w = _mm512_loadu_si512(cg + 64 * v);
+        PACE_UNROLL for (int m = 0; m < MT; ++m)
+          acc[m] = _mm512_dpbusd_epi32(acc[m], w, _mm512_set1_epi32(xq[m][g * 8 + v]));
+      }
+    } else {
+      PACE_UNROLL for (int v = 0; v < 4; ++v) {
+        const __m512i raw = _mm512_loadu_si512(cg + 64 * v);
+        const __m512i lo = _mm512_and_si512(raw, low);
+        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low);
+        PACE_UNROLL for (int m = 0; m < MT; ++m) {
+          acc[m] = _mm512_dpbusd_epi32(acc[m], lo, _mm512_set1_epi32(xq[m][g * 8 + v]));
+          acc[m] = _mm512_dpbusd_epi32(acc[m], hi, _mm512_set1_epi32(xq[m][g * 8 + v + 4]));
+        }
+      }
+    }
+    const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(scales + g * 16)));
+    PACE_UNROLL for (int m = 0; m < MT; ++m) {
+      const int64_t i = (m0 + m) * a.G + g;
+      const __m512 sx = _mm512_mul_ps(s, _mm512_set1_ps(a.x->scales[i]));
+      total[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[m]), sx, total[m]);
+    }
+    if constexpr (!INT8) {
+      const __m512 mn = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(mins + g * 16)));
+      PACE_UNROLL for (int m = 0; m < MT; ++m)
+        total[m] = _mm512_fmadd_ps(mn, _mm512_set1_ps(a.x->sums[(m0 + m) * a.G + g]), total[m]);
+    }
+  }
+}
+
+template <typename T>
+struct QStore {
+  T* y;
+  int64_t ldy;
+  const float* bias;
+  int64_t n;
+
+  template <int MT>
+  inline void operator()(__m512 (&total)[MT], int64_t b, int64_t m0) const {
+    const int64_t col = b * 16;
+    const __mmask16 mask = lane_mask(n - col);
+    const __m512 bv = bias ? _mm512_maskz_loadu_ps(mask, bias + col) : _mm512_setzero_ps();
+    PACE_UNROLL for (int m = 0; m < MT; ++m)
+      store(y + (m0 + m) * ldy + col, _mm512_add_ps(total[m], bv), mask);
+  }
+};
+
+template <bool INT8, int MT, typename Store>
+inline void rows_tail(const QArgs& a, const Store& st, int64_t b, int64_t m0, int64_t mt) {
+  if constexpr (MT > 0) {
+    if (mt == MT) {
+      __m512 total[MT];
+      qtile<INT8, MT>(a, b, m0, total);
+      st.template operator()<MT>(total, b, m0);
+    } else {
+      rows_tail<INT8, MT - 1>(a, st, b, m0, mt);
+    }
+  }
+}
+
+template <bool INT8, typename Store>
+void qdrive(const QArgs& a, const Store& st, int64_t M, int64_t blocks, int nthreads) {
+  constexpr int MT = 4;
+#pragma omp parallel num_threads(nthreads) if (nthreads > 1)
+  {
+    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+    const int64_t end = blocks * (t + 1) / nt;
+    for (int64_t b = blocks * t / nt; b < end; ++b) {
+      int64_t m0 = 0;
+      for (; m0 + MT <= M; m0 += MT) {
+        __m512 total[MT];
+        qtile<INT8, MT>(a, b, m0, total);
+        st.template operator()<MT>(total, b, m0);
+      }
+      if (m0 < M) rows_tail<INT8, MT - 1>(a, st, b, m0, M - m0);
+    }
+  }
+}
+
+int qthreads(int nthreads, int64_t weight_bytes, int64_t M, int64_t blocks) {
+  const int64_t work = weight_bytes * (1 + M / 4);
+  const int64_t n = std::max<int64_t>(1, work / tuning().min_work_per_thread);
+  return (int)std::max<int64_t>(1, std::min<int64_t>({(int64_t)nthreads, n, blocks}));
+}
+
+template <typename T>
+void qlinear(const T* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* w,
+             int64_t block_stride, bool int8, const float* bias, int64_t N, T* y, int64_t ldy,
+             int nthreads) {
+  thread_local QuantizedRows rows;  // reused across calls: no allocation per decode step
+  quantize_rows(x, ldx, M, K, rows);
+  const int64_t blocks = (N + 15) / 16;
+  const QArgs a{w, block_stride, K / QGROUP, &rows, K};
+  const QStore<T> st{y, ldy, bias, N};
+  const int nt = qthreads(nthreads, blocks * block_stride, M, blocks);
+  if (int8) qdrive<true>(a, st, M, blocks, nt);
+  else qdrive<false>(a, st, M, blocks, nt);
+}
+
+}  // namespace
+
+void qlinear_bf16(const bf16_t* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* w,
+                  int64_t block_stride, bool int8, const float* bias, int64_t N, bf16_t* y,
+                  int64_t ldy, int nthreads) {
+  qlinear(x, ldx, M, K, w, block_stride, int8, bias, N, y, ldy, nthreads);
+}
+
+void qlinear_fp32(const float* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* w,
+                  int64_t block_stride, bool int8, const float* bias, int64_t N, float* y,
+                  int64_t ldy, int nthreads) {
+  qlinear(x, ldx, M, K, w, block_stride, int8, bias, N, y, ldy, nthreads);
+}
+
+}  // namespace pace_avx512
+
+#pragma GCC pop_options

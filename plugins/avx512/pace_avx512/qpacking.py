@@ -1,0 +1,202 @@
+"""Quantized weights (``pace_core.quant.QuantizedWeight``) in the layout of ``csrc/qlinear.cpp``.
+
+Every accepted format becomes one of two kernel formats with groups of 32 along K: 8-bit codes
+with an fp16 scale per row and group (``int8`` of any group size, GGUF ``q8_0``), or 4-bit
+codes with an fp16 scale and min per row and group (``int4`` with or without mins, ``q4_0``,
+``q4_1``, ``q4_k``). Scales of a coarser group repeat per 32; symmetric 4-bit stores its offset
+as the min ``-8 s`` (exact in fp16). Only ``q4_k`` is not bit-exact: its 6-bit sub-block scales
+times the fp16 super-block scale are rounded to fp16 (relative error <= 2^-11).
+
+Per block of 16 rows, one contiguous run: the codes of every group (int8: u8 = q + 128 in 8
+lines of 64 bytes; 4-bit: 4 lines, low nibbles k-quad v, high nibbles k-quad v + 4; byte
+``4j + p`` of a line is row j, k = 4 quad + p), then fp16 scales ``[G][16]``, then (4-bit)
+fp16 mins ``[G][16]``, padded to 64 bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from pace_avx512 import build
+from pace_core.quant import QuantizedWeight
+from pace_core.quant.gguf_blocks import _scale_min_k4
+
+GROUP = 32  # k per quantization group of the kernel
+ROWS = 16  # rows per packed block
+FORMATS = ("int8", "int4", "q8_0", "q4_0", "q4_1", "q4_k")
+CHUNK_ROWS = 1024  # rows converted at a time (bounds the temporaries)
+
+
+@dataclass(frozen=True)
+class QPackedLinear:
+    weight: torch.Tensor  # uint8 [blocks, block_stride]
+    bias: torch.Tensor | None  # fp32 [N]
+    int8: bool
+    out_features: int
+    in_features: int
+    dtype: torch.dtype  # what rows() de-quantizes to
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows ``ids`` of the de-quantized ``[N, K]`` matrix (a tied embedding's lookup)."""
+        g = self.in_features // GROUP
+        code_bytes = 512 if self.int8 else 256
+        blocks, lane = self.weight[ids // ROWS], (ids % ROWS).view(-1, 1, 1, 1)
+        codes = blocks[:, : g * code_bytes].view(-1, g, code_bytes // 64, ROWS, 4)
+        codes = codes.gather(3, lane.unsqueeze(-1).expand(-1, g, code_bytes // 64, 1, 4))
+        codes = codes.squeeze(3)  # [n, G, lines, 4]
+        if self.int8:
+            q = codes.reshape(-1, g, GROUP).float() - 128.0
+        else:
+            q = torch.cat([codes & 0x0F, codes >> 4], dim=2).reshape(-1, g, GROUP).float()
+        meta = blocks[:, g * code_bytes :]
+        scales = _lane(meta, 0, g, lane)
+        out = q * scales.unsqueeze(-1)
+        if not self.int8:
+            out = out + _lane(meta, g * ROWS * 2, g, lane).unsqueeze(-1)
+        return out.reshape(ids.numel(), self.in_features).to(self.dtype)
+
+
+def _lane(meta: torch.Tensor, offset: int, g: int, lane: torch.Tensor) -> torch.Tensor:
+    """The fp16 ``[G][16]`` table at byte ``offset`` of each block, at each row's lane."""
+    table = meta[:, offset : offset + g * ROWS * 2].contiguous().view(torch.float16)
+    index = lane.view(-1, 1, 1).expand(-1, g, 1)
+    return table.view(-1, g, ROWS).gather(2, index).squeeze(2).float()
+
+
+def problem(format_: str, k: int) -> str | None:
+    """Why a weight of ``format_`` with rows of ``k`` cannot be packed, or None."""
+    if format_ not in FORMATS:
+        return f"weight format {format_} not implemented (have {', '.join(FORMATS)})"
+    if k % GROUP:
+        return f"row length {k} is not a multiple of {GROUP}"
+    return None
+
+
+def _codes_scales_mins(w: QuantizedWeight, rows: slice):
+    """``(codes [n, K] uint8 as stored, scales [n, G] fp16, mins [n, G] fp16 | None)``."""
+    n = len(range(*rows.indices(w.shape[0])))
+    k = w.shape[1]
+    data = w.data[rows]
+    fmt = w.format
+    if fmt in ("int8", "int4"):
+        repeat = (k // w.scales.shape[1]) // GROUP
+        scales = w.scales[rows].repeat_interleave(repeat, dim=1)
+        if fmt == "int8":
+            return (data.to(torch.int16) + 128).to(torch.uint8), scales, None
+        codes = torch.stack([data & 0x0F, data >> 4], dim=-1).reshape(n, k)
+        if w.mins is None:
+            return codes, scales, (scales.float() * -8.0).half()
+        return codes, scales, w.mins[rows].repeat_interleave(repeat, dim=1)
+    if fmt == "q4_k":
+        b = data.reshape(n, k // 256, 144)
+        d, dmin = _f16(b, 0), _f16(b, 2)
+        sc, mn = _scale_min_k4(b[..., 4:16].reshape(-1, 12))
+        scales = (d.unsqueeze(-1) * sc.view(n, -1, 8).float()).reshape(n, -1).half()
+        mins = (-dmin.unsqueeze(-1) * mn.view(n, -1, 8).float()).reshape(n, -1).half()
+        qs = b[..., 16:].reshape(n, k // 64, 1, 32)
+        codes = torch.cat([qs & 0x0F, qs >> 4], dim=2).reshape(n, k)
+        return codes, scales, mins
+    size = {"q8_0": 34, "q4_0": 18, "q4_1": 20}[fmt]
+    b = data.reshape(n, k // GROUP, size)
+    scales = _f16(b, 0).half()
+    if fmt == "q8_0":
+        codes = (b[..., 2:].contiguous().view(torch.int8).to(torch.int16) + 128).to(torch.uint8)
+        return codes.reshape(n, k), scales, None
+    start = 2 if fmt == "q4_0" else 4
+    qs = b[..., start:].unsqueeze(2)  # [n, G, 1, 16]: low nibbles k 0..15, high 16..31
+    codes = torch.cat([qs & 0x0F, qs >> 4], dim=2).reshape(n, k)
+    mins = (scales.float() * -8.0).half() if fmt == "q4_0" else _f16(b, 2).half()
+    return codes, scales, mins
+
+
+def _f16(blocks: torch.Tensor, offset: int) -> torch.Tensor:
+    """The fp16 field at byte ``offset`` of every block ``[n, G, bytes]`` as fp32 ``[n, G]``."""
+    return blocks[..., offset : offset + 2].contiguous().view(torch.float16).squeeze(-1).float()
+
+
+def _block_bytes(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None):
+    """One chunk (rows a multiple of 16) as ``[blocks, block_stride]`` bytes."""
+    n, k = codes.shape
+    nb, g = n // ROWS, k // GROUP
+    c = codes.view(nb, ROWS, g, GROUP)
+    if mins is None:  # 8 lines of quads
+        lines = c.view(nb, ROWS, g, 8, 4).permute(0, 2, 3, 1, 4)
+    else:
+        lo, hi = c[..., :16], c[..., 16:]
+        lines = (lo | (hi << 4)).view(nb, ROWS, g, 4, 4).permute(0, 2, 3, 1, 4)
+    parts = [lines.reshape(nb, -1)]
+    for table in (scales, mins):
+        if table is not None:
+            parts.append(table.view(nb, ROWS, g).permute(0, 2, 1).contiguous().view(torch.uint8)
+                         .reshape(nb, -1))  # fmt: skip
+    out = torch.cat(parts, dim=1)
+    pad = -out.shape[1] % 64
+    return F.pad(out, (0, pad)) if pad else out
+
+
+def pack(w: QuantizedWeight) -> tuple[torch.Tensor, bool]:
+    """``(packed uint8 [blocks, block_stride], int8)`` of ``w``, converted in row chunks."""
+    n, k = w.shape
+    if (why := problem(w.format, k)) is not None:
+        raise ValueError(f"pace-avx512 cannot pack this weight: {why}")
+    int8 = w.format in ("int8", "q8_0")
+    chunks = []
+    for start in range(0, n, CHUNK_ROWS):
+        rows = slice(start, min(n, start + CHUNK_ROWS))
+        codes, scales, mins = _codes_scales_mins(w, rows)
+        pad = -codes.shape[0] % ROWS
+        if pad:
+            codes = F.pad(codes, (0, 0, 0, pad))
+            scales = F.pad(scales, (0, 0, 0, pad))
+            mins = None if mins is None else F.pad(mins, (0, 0, 0, pad))
+        chunks.append(_block_bytes(codes, scales, mins))
+    packed = chunks[0] if len(chunks) == 1 else torch.cat(chunks)
+    return build.load_extension().huge_page_copy(packed), int8
+
+
+def prepare_linear(w: QuantizedWeight, bias: torch.Tensor | None = None) -> QPackedLinear:
+    packed, int8 = pack(w)
+    n, k = w.shape
+    b = None if bias is None else bias.reshape(-1).float().contiguous()
+    return QPackedLinear(packed, b, int8, int(n), int(k), w.dtype)
+
+
+@dataclass(frozen=True)
+class QPackedQKV:
+    linear: QPackedLinear  # [wq; wk; wv] as one matrix
+    sizes: tuple[int, int, int]
+
+
+@dataclass(frozen=True)
+class QPackedGatedMLP:
+    gate_up: QPackedLinear  # [gate; up] as one matrix
+    down: QPackedLinear
+    activation: Callable[[torch.Tensor], torch.Tensor]
+    intermediate: int
+
+
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "silu": F.silu,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "relu": F.relu,
+}
+
+
+def prepare_qkv(
+    weights: Sequence[QuantizedWeight], biases: Sequence[torch.Tensor] | None = None
+) -> QPackedQKV:
+    sizes = tuple(int(w.shape[0]) for w in weights)
+    bias = torch.cat([b.reshape(-1) for b in biases]) if biases is not None else None
+    return QPackedQKV(prepare_linear(QuantizedWeight.cat(weights), bias), sizes)  # type: ignore[arg-type]
+
+
+def prepare_gated_mlp(
+    gate: QuantizedWeight, up: QuantizedWeight, down: QuantizedWeight, activation: str
+) -> QPackedGatedMLP:
+    gate_up = prepare_linear(QuantizedWeight.cat([gate, up]))
+    return QPackedGatedMLP(gate_up, prepare_linear(down), ACTIVATIONS[activation], gate.shape[0])
