@@ -42,7 +42,7 @@ BASE = build.BASE_FEATURES
 # ... and the bf16 dot-product kernels (vdpbf16ps) on top of it, checked per dtype below
 # because one registration serves both dtypes and fp32 runs without it.
 BF16_DOT = "avx512_bf16"
-# ... and the quantized-weight kernels (vpdpbusd), checked per weight format.
+# ... and the quantized-weight kernels (vpdpwssd), checked per weight format.
 INT8_DOT = "avx512_vnni"
 MATRIX_FORMATS = ("dense", *qpacking.FORMATS)
 CACHE_LAYOUTS = ("contiguous", "paged", "slab")
@@ -53,7 +53,7 @@ STACK_LAYOUTS = CACHE_LAYOUTS
 def _quantized_problem(ctx: OpContext, fmt: str) -> str | None:
     """Why the VNNI kernels cannot take this op's quantized weights, or None."""
     if not detect_cpu().has(INT8_DOT):
-        return f"missing CPU features: {INT8_DOT} (quantized kernels use vpdpbusd)"
+        return f"missing CPU features: {INT8_DOT} (quantized kernels use vpdpwssd)"
     rows = {"gated_mlp": ("hidden", "intermediate")}.get(ctx.op, ("in_features",))
     for attr in rows:
         k = getattr(ctx, attr, None)  # absent when `pace ops` asks generally
@@ -128,7 +128,7 @@ def pace_register_ops(registry: Registrations) -> None:
 
     add("linear", kernels.linear, prepare=packing.prepare_linear, weight_formats=MATRIX_FORMATS,
         description="GEMV/GEMM over packed weights (bf16: vdpbf16ps, fp32: FMA, int8/int4 "
-        "and GGUF q8_0/q4_0/q4_1/q4_k: vpdpbusd)")  # fmt: skip
+        "and GGUF q8_0/q4_0/q4_1/q4_k: vpdpwssd)")  # fmt: skip
     add("qkv_proj", kernels.qkv_proj, prepare=packing.prepare_qkv, weight_formats=MATRIX_FORMATS,
         description="one GEMV/GEMM over the packed [wq; wk; wv]")  # fmt: skip
     add("gated_mlp", kernels.gated_mlp, prepare=packing.prepare_gated_mlp,

@@ -7,10 +7,11 @@ codes with an fp16 scale and min per row and group (``int4`` with or without min
 as the min ``-8 s`` (exact in fp16). Only ``q4_k`` is not bit-exact: its 6-bit sub-block scales
 times the fp16 super-block scale are rounded to fp16 (relative error <= 2^-11).
 
-Per block of 16 rows, one contiguous run: the codes of every group (int8: u8 = q + 128 in 8
-lines of 64 bytes; 4-bit: 4 lines, low nibbles k-quad v, high nibbles k-quad v + 4; byte
-``4j + p`` of a line is row j, k = 4 quad + p), then fp16 scales ``[G][16]``, then (4-bit)
-fp16 mins ``[G][16]``, padded to 64 bytes.
+Per block of 16 rows, one contiguous run: the codes of every group, then fp16 scales
+``[G][16]``, then (4-bit) fp16 mins ``[G][16]``, padded to 64 bytes. A k-pair p of a group is
+32 codes, code ``2j + e`` = row j, k = 2p + e: int8 stores the 16 pairs as 32 signed bytes
+each; 4-bit packs pairs (4v, 4v+1) in the low nibbles and (4v+2, 4v+3) in the high nibbles
+of the 64-byte line v.
 """
 
 from __future__ import annotations
@@ -44,17 +45,17 @@ class QPackedLinear:
         """Rows ``ids`` of the de-quantized ``[N, K]`` matrix (a tied embedding's lookup)."""
         g = self.in_features // GROUP
         code_bytes = 512 if self.int8 else 256
-        blocks, lane = self.weight[ids // ROWS], (ids % ROWS).view(-1, 1, 1, 1)
-        codes = blocks[:, : g * code_bytes].view(-1, g, code_bytes // 64, ROWS, 4)
-        codes = codes.gather(3, lane.unsqueeze(-1).expand(-1, g, code_bytes // 64, 1, 4))
-        codes = codes.squeeze(3)  # [n, G, lines, 4]
+        blocks, lane = self.weight[ids // ROWS], ids % ROWS
+        codes = blocks[:, : g * code_bytes].reshape(-1, g, code_bytes)
         if self.int8:
-            q = codes.reshape(-1, g, GROUP).float() - 128.0
-        else:
-            q = torch.cat([codes & 0x0F, codes >> 4], dim=2).reshape(-1, g, GROUP).float()
+            pairs = codes.view(torch.int8).view(-1, g, 16, ROWS, 2)
+        else:  # line v: [pair 4v | pair 4v+1] low nibbles, [4v+2 | 4v+3] high
+            lines = codes.view(-1, g, 4, 1, 64)
+            pairs = torch.cat([lines & 0x0F, lines >> 4], dim=3).view(-1, g, 16, ROWS, 2)
+        index = lane.view(-1, 1, 1, 1, 1).expand(-1, g, 16, 1, 2)
+        q = pairs.gather(3, index).reshape(-1, g, GROUP).float()  # [n, G, 32]
         meta = blocks[:, g * code_bytes :]
-        scales = _lane(meta, 0, g, lane)
-        out = q * scales.unsqueeze(-1)
+        out = q * _lane(meta, 0, g, lane).unsqueeze(-1)
         if not self.int8:
             out = out + _lane(meta, g * ROWS * 2, g, lane).unsqueeze(-1)
         return out.reshape(ids.numel(), self.in_features).to(self.dtype)
@@ -77,7 +78,7 @@ def problem(format_: str, k: int) -> str | None:
 
 
 def _codes_scales_mins(w: QuantizedWeight, rows: slice):
-    """``(codes [n, K] uint8 as stored, scales [n, G] fp16, mins [n, G] fp16 | None)``."""
+    """``(codes [n, K] (int8, or uint8 0..15), scales [n, G] fp16, mins [n, G] fp16 | None)``."""
     n = len(range(*rows.indices(w.shape[0])))
     k = w.shape[1]
     data = w.data[rows]
@@ -86,7 +87,7 @@ def _codes_scales_mins(w: QuantizedWeight, rows: slice):
         repeat = (k // w.scales.shape[1]) // GROUP
         scales = w.scales[rows].repeat_interleave(repeat, dim=1)
         if fmt == "int8":
-            return (data.to(torch.int16) + 128).to(torch.uint8), scales, None
+            return data, scales, None
         codes = torch.stack([data & 0x0F, data >> 4], dim=-1).reshape(n, k)
         if w.mins is None:
             return codes, scales, (scales.float() * -8.0).half()
@@ -104,8 +105,7 @@ def _codes_scales_mins(w: QuantizedWeight, rows: slice):
     b = data.reshape(n, k // GROUP, size)
     scales = _f16(b, 0).half()
     if fmt == "q8_0":
-        codes = (b[..., 2:].contiguous().view(torch.int8).to(torch.int16) + 128).to(torch.uint8)
-        return codes.reshape(n, k), scales, None
+        return b[..., 2:].contiguous().view(torch.int8).reshape(n, k), scales, None
     start = 2 if fmt == "q4_0" else 4
     qs = b[..., start:].unsqueeze(2)  # [n, G, 1, 16]: low nibbles k 0..15, high 16..31
     codes = torch.cat([qs & 0x0F, qs >> 4], dim=2).reshape(n, k)
@@ -122,12 +122,12 @@ def _block_bytes(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor |
     """One chunk (rows a multiple of 16) as ``[blocks, block_stride]`` bytes."""
     n, k = codes.shape
     nb, g = n // ROWS, k // GROUP
-    c = codes.view(nb, ROWS, g, GROUP)
-    if mins is None:  # 8 lines of quads
-        lines = c.view(nb, ROWS, g, 8, 4).permute(0, 2, 3, 1, 4)
+    pairs = codes.view(nb, ROWS, g, 16, 2).permute(0, 2, 3, 1, 4)  # [nb, G, pair, row, 2]
+    if mins is None:
+        lines = pairs.contiguous().view(torch.uint8)
     else:
-        lo, hi = c[..., :16], c[..., 16:]
-        lines = (lo | (hi << 4)).view(nb, ROWS, g, 4, 4).permute(0, 2, 3, 1, 4)
+        quads = pairs.reshape(nb, g, 4, 2, 64)  # line v: pairs (4v, 4v+1) | (4v+2, 4v+3)
+        lines = quads[:, :, :, 0] | (quads[:, :, :, 1] << 4)
     parts = [lines.reshape(nb, -1)]
     for table in (scales, mins):
         if table is not None:

@@ -1,17 +1,22 @@
-// Linear over quantized weights with AVX512-VNNI (vpdpbusd): y = x @ W^T + bias, W in groups
+// Linear over quantized weights with AVX512-VNNI (vpdpwssd): y = x @ W^T + bias, W in groups
 // of 32 along K with a scale (and, for 4-bit, a min) per row and group.
 //
-// The activation rows are quantized once per call to int8 per group of 32 (scale amax/127,
-// round to nearest), with the sum of their codes. Each vpdpbusd multiplies 64 unsigned weight
-// bytes (16 rows x a quad of k) by one signed activation quad broadcast to all lanes, so one
-// instruction does 16 rows x 4 k, accumulated in int32 over the group, then scaled in fp32:
-//   int8:  w = q * s,      stored u8 = q + 128:  sum w x = s xs (sum (q+128) xq - 128 sum xq)
-//   4-bit: w = q * s + m,  stored q in 0..15:    sum w x = s xs sum q xq + m xs sum xq
+// The activation rows are quantized once per call to int16 per group of 32 (scale
+// amax / 32767, round to nearest even; error ~1e-5 relative, far below the weights' own), with
+// the sum of their codes. The weight codes are widened to int16 in registers and each
+// vpdpwssd multiplies 16 rows x a k-pair by the activation pair broadcast to all lanes, summed
+// exactly in int32 over the group, then scaled in fp32:
+//   int8:  w = q * s       sum w x = s xs sum q xq
+//   4-bit: w = q * s + m   sum w x = s xs sum q xq + m xs sum xq      (q in 0..15)
+// (int8 activations with vpdpbusd, as llama.cpp does, run 2x the MACs per instruction but add
+// an error as large as the int8 weights' own; decode is bound by reading the weights either way.)
 //
 // Packed layout (pace_avx512/qpacking.py), per block of 16 rows, one contiguous run of
-// `block_stride` bytes: codes of every group (int8: 8 x 64 bytes, line v = quad v of k;
-// 4-bit: 4 x 64 bytes, low nibbles quad v, high nibbles quad v + 4; byte 4j + p of a line is
-// row j, k = 4 quad + p), then fp16 scales [G][16], then (4-bit) fp16 mins [G][16].
+// `block_stride` bytes: codes of every group, then fp16 scales [G][16], then (4-bit) fp16
+// mins [G][16]. A k-pair p of a group is 32 codes, code 2j + e = row j, k = 2p + e:
+//   int8:  16 runs of 32 signed bytes, pair p at byte 32 p;
+//   4-bit: 4 lines of 64 bytes, line v = pairs 4v, 4v+1 in the low nibbles (first, second
+//          32 bytes) and 4v+2, 4v+3 in the high nibbles.
 // Threads take contiguous ranges of row blocks, so each streams one sequential run.
 #include <omp.h>
 
@@ -34,10 +39,9 @@ constexpr int64_t QGROUP = 32;  // k per quantization group
 
 // Activation rows quantized per group of 32.
 struct QuantizedRows {
-  std::vector<int8_t> codes;  // [M][K]
-  std::vector<float> scales;  // [M][G]
-  std::vector<float> sums;    // [M][G]: scale * sum of codes (the row's group sum as seen)
-  std::vector<int32_t> comp;  // [M][G]: -128 * sum of codes (int8 weights' offset)
+  std::vector<int16_t> codes;  // [M][K]
+  std::vector<float> scales;   // [M][G]
+  std::vector<float> sums;     // [M][G]: scale * sum of codes (the row's group sum as seen)
 };
 
 template <typename T>
@@ -46,22 +50,20 @@ void quantize_rows(const T* x, int64_t ldx, int64_t M, int64_t K, QuantizedRows&
   q.codes.resize(M * K);
   q.scales.resize(M * G);
   q.sums.resize(M * G);
-  q.comp.resize(M * G);
   for (int64_t m = 0; m < M; ++m) {
     for (int64_t g = 0; g < G; ++g) {
       const T* src = x + m * ldx + g * QGROUP;
       const __m512 a = load(src, 0xFFFF), b = load(src + 16, 0xFFFF);
       const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
-      const float scale = amax / 127.0f, inv = amax > 0 ? 127.0f / amax : 0.0f;
+      const float scale = amax / 32767.0f, inv = amax > 0 ? 32767.0f / amax : 0.0f;
       const __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, _mm512_set1_ps(inv)));
       const __m512i qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, _mm512_set1_ps(inv)));
-      int8_t* dst = q.codes.data() + m * K + g * QGROUP;
-      _mm_storeu_si128((__m128i*)dst, _mm512_cvtsepi32_epi8(qa));
-      _mm_storeu_si128((__m128i*)(dst + 16), _mm512_cvtsepi32_epi8(qb));
+      int16_t* dst = q.codes.data() + m * K + g * QGROUP;
+      _mm256_storeu_si256((__m256i*)dst, _mm512_cvtsepi32_epi16(qa));
+      _mm256_storeu_si256((__m256i*)(dst + 16), _mm512_cvtsepi32_epi16(qb));
       const int32_t sum = _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
       q.scales[m * G + g] = scale;
       q.sums[m * G + g] = scale * (float)sum;
-      q.comp[m * G + g] = -128 * sum;
     }
   }
 }
@@ -90,23 +92,24 @@ inline void qtile(const QArgs& a, int64_t b, int64_t m0, __m512 (&total)[MT]) {
   for (int64_t g = 0; g < a.G; ++g) {
     __m512i acc[MT];
     const uint8_t* cg = codes + g * code_bytes;
-    PACE_UNROLL for (int m = 0; m < MT; ++m)
-      acc[m] = INT8 ? _mm512_set1_epi32(a.x->comp[(m0 + m) * a.G + g]) : _mm512_setzero_si512();
+    PACE_UNROLL for (int m = 0; m < MT; ++m) acc[m] = _mm512_setzero_si512();
+    // acc[m] += 16 rows x pair p (int16 words w) . the pair of row m broadcast
+    auto dot = [&](const __m512i w, int64_t p) {
+      PACE_UNROLL for (int m = 0; m < MT; ++m)
+        acc[m] = _mm512_dpwssd_epi32(acc[m], w, _mm512_set1_epi32(xq[m][g * 16 + p]));
+    };
     if constexpr (INT8) {
-      PACE_UNROLL for (int v = 0; v < 8; ++v) {
-        const __m512i w = _mm512_loadu_si512(cg + 64 * v);
-        PACE_UNROLL for (int m = 0; m < MT; ++m)
-          acc[m] = _mm512_dpbusd_epi32(acc[m], w, _mm512_set1_epi32(xq[m][g * 8 + v]));
-      }
+      PACE_UNROLL for (int p = 0; p < 16; ++p)
+        dot(_mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)(cg + 32 * p))), p);
     } else {
       PACE_UNROLL for (int v = 0; v < 4; ++v) {
         const __m512i raw = _mm512_loadu_si512(cg + 64 * v);
         const __m512i lo = _mm512_and_si512(raw, low);
         const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low);
-        PACE_UNROLL for (int m = 0; m < MT; ++m) {
-          acc[m] = _mm512_dpbusd_epi32(acc[m], lo, _mm512_set1_epi32(xq[m][g * 8 + v]));
-          acc[m] = _mm512_dpbusd_epi32(acc[m], hi, _mm512_set1_epi32(xq[m][g * 8 + v + 4]));
-        }
+        dot(_mm512_cvtepu8_epi16(_mm512_castsi512_si256(lo)), 4 * v);
+        dot(_mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(lo, 1)), 4 * v + 1);
+        dot(_mm512_cvtepu8_epi16(_mm512_castsi512_si256(hi)), 4 * v + 2);
+        dot(_mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(hi, 1)), 4 * v + 3);
       }
     }
     const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(scales + g * 16)));
