@@ -23,7 +23,7 @@ from typing import Any
 
 BENCHMARKS = (
     "offline", "decode_vs_peers", "kernels", "attention", "serving", "speculative", "quality",
-    "loading",
+    "loading", "quantized",
 )  # fmt: skip
 RESULTS_ROOT = Path("results")
 

@@ -135,6 +135,38 @@ def gguf_for(model_dir: str | Path, dtype: str = "bf16", *, quiet: bool = True) 
     return out
 
 
+# llama.cpp's own quantizer (llama_model_quantize): ftype codes of llama.h's llama_ftype
+LLAMA_FTYPES = {"q8_0": 7, "q4_0": 2, "q4_1": 3, "q4_k_m": 15, "q5_k_m": 17, "q6_k": 18}
+
+
+def quantized_gguf(model_dir: str | Path, ftype: str, *, quiet: bool = True) -> Path:
+    """The model quantized to ``ftype`` by llama.cpp's own quantizer from its BF16 GGUF (what
+    ``llama-quantize model.bf16.gguf out.gguf Q4_0`` makes), made on first use."""
+    if ftype not in LLAMA_FTYPES:
+        known = ", ".join(LLAMA_FTYPES)
+        raise PeerUnavailable(f"llama.cpp ftype {ftype!r} unknown (choose from {known})")
+    llama_cpp = find_llama_cpp()
+    if llama_cpp is None:
+        raise PeerUnavailable("llama-cpp-python is not installed: run `make bench-peers`")
+    source = gguf_for(model_dir, "bf16", quiet=quiet)
+    out = source.with_name(source.name.replace(".bf16.gguf", f".{ftype}.gguf"))
+    if out.is_file() and out.stat().st_mtime >= source.stat().st_mtime:
+        return out
+    import ctypes
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = LLAMA_FTYPES[ftype]
+    params.nthread = os.cpu_count() or 1
+    tmp = out.with_suffix(".tmp")
+    code = llama_cpp.llama_model_quantize(str(source).encode(), str(tmp).encode(),
+                                          ctypes.byref(params))  # fmt: skip
+    if code != 0:
+        tmp.unlink(missing_ok=True)
+        raise PeerUnavailable(f"llama.cpp could not quantize {source} to {ftype} (code {code})")
+    tmp.replace(out)
+    return out
+
+
 class LlamaCppRunner:
     """A GGUF model in llama.cpp with ``n_threads``: timed prefill and greedy decode.
 

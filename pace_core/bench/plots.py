@@ -229,6 +229,37 @@ def plot_serving(payload: Mapping[str, Any], out: Path) -> list[Path]:
     return [_save(fig, out / "serving.png")]
 
 
+# -- quantized ------------------------------------------------------------------------------
+def plot_quantized(payload: Mapping[str, Any], out: Path) -> list[Path]:
+    """Per model: decode (top) and prefill (bottom) tok/s per format, pace and llama.cpp bars
+    side by side, one column per thread count (the first prompt length)."""
+    plt, rows, written = _pyplot(), payload["results"], []
+    for model in _unique(rows, "model"):
+        sub = [r for r in rows if r["model"] == model]
+        prompt = _unique(sub, "prompt_len")[0]
+        threads = _unique(sub, "threads")
+        fig, axes = plt.subplots(2, len(threads), figsize=(6 * len(threads), 8), squeeze=False)
+        formats = _unique(sub, "format")
+        for col, t in enumerate(threads):
+            points = [r for r in sub if r["threads"] == t and r["prompt_len"] == prompt]
+            for i, engine in enumerate(_unique(points, "engine")):
+                mine = {r["format"]: r for r in points if r["engine"] == engine}
+                xs = [j + 0.4 * i for j, f in enumerate(formats) if f in mine]
+                for row, key in enumerate(("decode_tok_s", "prefill_tok_s")):
+                    values = [mine[f][key] for f in formats if f in mine]
+                    axes[row][col].bar(xs, values, width=0.4, label=engine)
+            for row, what in enumerate(("decode tok/s", "prefill tok/s")):
+                ax = axes[row][col]
+                ax.set_xticks([j + 0.2 for j in range(len(formats))], formats, fontsize=8)
+                ax.set_ylabel(what)
+                ax.set_title(f"{what}, {t} thread(s), prompt {prompt}")
+                ax.grid(True, axis="y", alpha=0.3)
+                ax.legend(fontsize=8)
+        fig.suptitle(f"quantized {model} ({_title(payload)})", fontsize=10)
+        written.append(_save(fig, out / f"quantized-{_slug(Path(str(model)).name)}.png"))
+    return written
+
+
 def _slug(text: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in str(text))
 
@@ -238,6 +269,7 @@ PLOTTERS: dict[str, Callable[[Mapping[str, Any], Path], list[Path]]] = {
     "kernels": plot_kernels,
     "attention": plot_attention,
     "serving": plot_serving,
+    "quantized": plot_quantized,
 }
 
 

@@ -1,0 +1,162 @@
+"""Quantized weights: pace and llama.cpp on the same GGUF files, plus pace's quantize-on-load.
+
+For each model, every format runs as the engines that can run it, all timed round-robin per
+(threads, prompt length) point (medians), batch 1, greedy:
+
+- ``bf16``: pace on the checkpoint; llama.cpp on its BF16 GGUF (converted from the checkpoint);
+- ``q8_0``, ``q4_0``, ``q4_k_m``: the BF16 GGUF quantized by llama.cpp's own quantizer, run by
+  both engines (pace reads the file as it is);
+- ``original``: the GGUF the model ships as (SmolLM2 Q4_1 + Q8_0, Gemma-3 Q4_K_M), both engines;
+- ``int8``, ``int4``: pace's quantize-on-load of the checkpoint.
+
+Ratios: ``decode_vs_llama`` / ``prefill_vs_llama`` (pace over llama.cpp on the same file) and
+``decode_vs_bf16`` / ``prefill_vs_bf16`` (over pace bf16 in the same run). The summary states
+the targets of the quantized-kernels issue as met or not.
+
+    pace bench quantized --models smollm2 gemma3-270m --threads 1 2 --prompt-lens 128 512
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pace_core.bench.common import emit, model_path, note, progress, random_prompts, vocab_size
+from pace_core.bench.offline import _LlamaCpp, _pace, measure_point
+
+FORMATS = ("bf16", "q8_0", "q4_0", "q4_k_m", "original", "int8", "int4")
+LLAMA_MADE = ("q8_0", "q4_0", "q4_k_m")  # quantized by llama.cpp from the BF16 GGUF
+PACE_ONLY = ("int8", "int4")  # quantize-on-load presets
+TARGETS = (  # (ratio column, formats, minimum)
+    ("decode_vs_llama", ("q8_0", "q4_0", "q4_k_m"), 1.2),
+    ("decode_vs_bf16", ("int4",), 1.8),
+    ("prefill_vs_bf16", ("q8_0", "q4_0", "q4_k_m", "original", "int8", "int4"), 1.0),
+    ("prefill_vs_llama", ("q8_0", "q4_0", "q4_k_m", "original"), 1.5),
+)
+COLUMNS = [
+    "model", "format", "engine", "threads", "prompt_len", "prefill_tok_s", "decode_tok_s",
+    "decode_vs_llama", "prefill_vs_llama", "decode_vs_bf16", "prefill_vs_bf16", "weights_mb",
+]  # fmt: skip
+QUICK = {"models": ["smollm2"], "threads": [1], "prompt_lens": [128], "new_tokens": 16,
+         "repeats": 2, "formats": ["bf16", "q8_0", "int4"]}  # fmt: skip
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--models", nargs="+", default=["smollm2", "gemma3-270m"])
+    p.add_argument("--formats", nargs="+", default=list(FORMATS), choices=FORMATS)
+    p.add_argument("--engines", nargs="+", default=["pace", "llama.cpp"],
+                   choices=["pace", "llama.cpp"])  # fmt: skip
+    p.add_argument("--threads", nargs="+", type=int, default=[1, 2])
+    p.add_argument("--prompt-lens", nargs="+", type=int, default=[128, 512])
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=5)
+
+
+def _files(name: str, fmt: str) -> tuple[Path, Path | None]:
+    """(what pace loads, the GGUF llama.cpp runs or None) for one format."""
+    from pace_core.bench import peers
+    from pace_core.bench.quality import gguf_file
+
+    path = model_path(name)
+    if fmt == "original":
+        gguf = gguf_file(name)
+        return gguf, gguf
+    if fmt in PACE_ONLY:
+        return path, None
+    if fmt == "bf16":
+        return path, peers.gguf_for(path, "bf16") if peers.find_llama_cpp() else None
+    gguf = peers.quantized_gguf(path, fmt)
+    return gguf, gguf
+
+
+def load_engines(name: str, args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, float]]:
+    """(``"<engine> <format>"`` -> make(ids, n) -> fn, weights MB per pace engine)."""
+    from pace_core import LLMModel
+    from pace_core.bench import peers
+    from pace_core.quant.memory import weight_bytes
+
+    engines: dict[str, Any] = {}
+    sizes: dict[str, float] = {}
+    n_ctx = max(args.prompt_lens) + args.new_tokens + 8
+    for fmt in args.formats:
+        try:
+            source, gguf = _files(name, fmt)
+        except peers.PeerUnavailable as exc:
+            note(args, f"quantized: {name} {fmt} skipped: {exc}")
+            continue
+        if "pace" in args.engines:
+            quant = fmt if fmt in PACE_ONLY else None
+            model = LLMModel(source, dtype=torch.bfloat16, quantization=quant, quiet=True,
+                             load_tokenizer=False)  # fmt: skip
+            engines[f"pace {fmt}"] = lambda ids, n, m=model: _pace(m, ids, n)
+            sizes[f"pace {fmt}"] = weight_bytes(model) / 1e6
+        if "llama.cpp" in args.engines and gguf is not None and peers.find_llama_cpp():
+            engines[f"llama.cpp {fmt}"] = _LlamaCpp(gguf, n_ctx)
+    if "llama.cpp" in args.engines and not peers.find_llama_cpp():
+        note(args, "quantized: llama.cpp skipped: llama-cpp-python is not installed "
+             "(make bench-peers)")  # fmt: skip
+    return engines, sizes
+
+
+def with_ratios(measured: dict[str, dict[str, float]]) -> None:
+    """Add the pace/llama.cpp (same file) and pace/pace-bf16 ratios in place."""
+    bf16 = measured.get("pace bf16")
+    for label, r in measured.items():
+        engine, fmt = label.split(" ", 1)
+        if engine != "pace":
+            continue
+        llama = measured.get(f"llama.cpp {fmt}")
+        for ref, suffix in ((llama, "llama"), (bf16, "bf16")):
+            if ref is not None:
+                r[f"decode_vs_{suffix}"] = r["decode_tok_s"] / ref["decode_tok_s"]
+                r[f"prefill_vs_{suffix}"] = r["prefill_tok_s"] / ref["prefill_tok_s"]
+
+
+def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per target and format: the worst ratio over models/threads/prompts."""
+    out = []
+    for column, formats, minimum in TARGETS:
+        for fmt in formats:
+            values = [r[column] for r in rows
+                      if r["engine"] == "pace" and r["format"] == fmt and column in r]  # fmt: skip
+            if values:
+                out.append({"target": f"pace {fmt} {column} >= {minimum}", "worst": min(values),
+                            "best": max(values), "met": min(values) >= minimum})  # fmt: skip
+    return out
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    args.new_tokens = max(args.new_tokens, 2)
+    rows = []
+    points = [(t, p) for t in args.threads for p in args.prompt_lens]
+    for name in args.models:
+        engines, sizes = load_engines(name, args)
+        vocab = vocab_size(model_path(name))
+        gen = torch.Generator().manual_seed(0)
+        for threads, prompt_len in progress(points, f"quantized {name}", args.quiet):
+            torch.set_num_threads(threads)
+            ids = random_prompts(vocab, 1, prompt_len, gen)
+            measured = measure_point(engines, ids, args)
+            with_ratios(measured)
+            for label, r in measured.items():
+                engine, fmt = label.split(" ", 1)
+                rows.append({"model": name, "format": fmt, "engine": engine, "threads": threads,
+                             "prompt_len": prompt_len, "weights_mb": sizes.get(label),
+                             **r})  # fmt: skip
+    payload = emit("quantized", rows, COLUMNS, args)
+    payload["summary"] = summary(rows)
+    if not args.quiet:
+        for s in payload["summary"]:
+            verdict = "met" if s["met"] else "NOT met"
+            print(f"{s['target']}: worst {s['worst']:.2f}, best {s['best']:.2f} -> {verdict}")
+    return payload
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """``pace bench quantized [argv]``."""
+    from pace_core.bench.cli import main_for
+
+    return main_for("quantized", argv)
