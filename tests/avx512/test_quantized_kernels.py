@@ -36,7 +36,7 @@ PACE = {
     "int4-mins-g32": QuantizationConfig(bits=4, group_size=32, symmetric=False),
     "int4-sym-g128": QuantizationConfig(bits=4, group_size=128, symmetric=True),
 }
-GGUF = ("q8_0", "q4_0", "q4_1", "q4_k")
+GGUF = ("q8_0", "q5_0", "q4_0", "q4_1", "q4_k", "q6_k")
 
 
 def weight(kind: str, n: int, k: int) -> QuantizedWeight:
@@ -68,7 +68,7 @@ def test_qlinear_matches_its_model(ext, kind, dtype):
     for m in (1, 3, 4, 9):  # GEMV, tail tiles of 3 and 1, full tiles of 4
         x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(dtype)
         x[0, :32] = 0.0  # an all-zero activation group
-        got = ext.qlinear(x, packed.weight, packed.bias, n, packed.int8)
+        got = ext.qlinear(x, packed.weight, packed.bias, n, packed.kind)
         want = reference(x, w) + packed.bias
         assert got.dtype == dtype and got.shape == (m, n)
         tol = 1e-5 if dtype == torch.float32 else 2**-8  # one bf16 rounding at the end
@@ -77,19 +77,19 @@ def test_qlinear_matches_its_model(ext, kind, dtype):
 
 @pytest.mark.parametrize("kind", [*PACE, *GGUF])
 def test_packed_rows_are_the_weight(kind):
-    q = weight(kind, 37, 256)
+    q = weight(kind, 37, 512)
     packed = qpacking.prepare_linear(q)
     ids = torch.tensor([0, 1, 15, 16, 36])
     want = q.dequantize(ids, torch.float32)
     got = packed.rows(ids)
-    if kind == "q4_k":  # 6-bit sub-block scales x fp16 super scale, rounded to fp16
+    if kind in ("q4_k", "q6_k"):  # integer sub-block scales x fp16 super scale, to fp16
         torch.testing.assert_close(got, want, rtol=2**-10, atol=2**-10 * want.abs().max())
     else:
         assert torch.equal(got, want)
 
 
 def test_problems_are_named():
-    assert "q6_k not implemented" in qpacking.problem("q6_k", 256)
+    assert "q5_k not implemented" in qpacking.problem("q5_k", 256)
     assert "not a multiple of 32" in qpacking.problem("int8", 48)
     assert qpacking.problem("q4_0", 64) is None
     with pytest.raises(ValueError, match="not a multiple of 32"):

@@ -26,17 +26,22 @@ def _ext() -> ModuleType:
 
 def linear(x: torch.Tensor, w: PackedLinear | QPackedLinear) -> torch.Tensor:
     if w.__class__ is QPackedLinear:  # quantized weights: the VNNI kernel
-        return (_E or _ext()).qlinear(x, w.weight, w.bias, w.out_features, w.int8)
+        return (_E or _ext()).qlinear(x, w.weight, w.bias, w.out_features, w.kind)
     return (_E or _ext()).linear(x, w.weight, w.bias, w.out_features)
 
 
 def qkv_proj(x: torch.Tensor, w: PackedQKV | QPackedQKV) -> tuple[torch.Tensor, ...]:
-    return linear(x, w.linear).split_with_sizes(w.sizes, -1)
+    if w.linear.__class__ is tuple:  # quantized parts in different formats
+        return tuple(linear(x, part) for part in w.linear)  # type: ignore[union-attr]
+    return linear(x, w.linear).split_with_sizes(w.sizes, -1)  # type: ignore[arg-type]
 
 
 def gated_mlp(x: torch.Tensor, w: PackedGatedMLP | QPackedGatedMLP) -> torch.Tensor:
     if w.__class__ is QPackedGatedMLP:
-        gate, up = linear(x, w.gate_up).split_with_sizes((w.intermediate, w.intermediate), -1)
+        if w.gate_up.__class__ is tuple:  # gate and up in different formats
+            gate, up = (linear(x, part) for part in w.gate_up)
+        else:
+            gate, up = linear(x, w.gate_up).split_with_sizes((w.intermediate,) * 2, -1)
         return linear(w.activation(gate) * up, w.down)
     return (_E or _ext()).gated_mlp(x, w.gate_up, w.down, w.intermediate, w.hidden, w.activation)
 

@@ -1,11 +1,13 @@
 """Quantized weights (``pace_core.quant.QuantizedWeight``) in the layout of ``csrc/qlinear.cpp``.
 
-Every accepted format becomes one of two kernel formats with groups of 32 along K: 8-bit codes
-with an fp16 scale per row and group (``int8`` of any group size, GGUF ``q8_0``), or 4-bit
-codes with an fp16 scale and min per row and group (``int4`` with or without mins, ``q4_0``,
-``q4_1``, ``q4_k``). Scales of a coarser group repeat per 32; symmetric 4-bit stores its offset
-as the min ``-8 s`` (exact in fp16). Only ``q4_k`` is not bit-exact: its 6-bit sub-block scales
-times the fp16 super-block scale are rounded to fp16 (relative error <= 2^-11).
+Every accepted format becomes one of three kernel kinds (:data:`KINDS`) with groups of 32
+along K: 8-bit codes with an fp16 scale per row and group (``int8`` of any group size, GGUF
+``q8_0``, and ``q5_0`` as codes ``q - 16``) or per 16 k (GGUF ``q6_k``: its 6-bit codes
+minus 32), or 4-bit codes with an fp16 scale and min per row and group (``int4`` with or
+without mins, ``q4_0``, ``q4_1``, ``q4_k``). Scales of a coarser group repeat per 32;
+symmetric 4-bit stores its offset as the min ``-8 s`` (exact in fp16). ``q4_k`` and ``q6_k``
+are not bit-exact: their integer sub-block scales times the fp16 super-block scale are
+rounded to fp16 (relative <= 2^-11).
 
 Per block of 16 rows, one contiguous run: the codes of every group, then fp16 scales
 ``[G][16]``, then (4-bit) fp16 mins ``[G][16]``, padded to 64 bytes. A k-pair p of a group is
@@ -24,11 +26,12 @@ import torch.nn.functional as F
 
 from pace_avx512 import build
 from pace_core.quant import QuantizedWeight
-from pace_core.quant.gguf_blocks import _scale_min_k4
+from pace_core.quant.gguf_blocks import _nibbles, _q5, _scale_min_k4, _unpack
 
 GROUP = 32  # k per quantization group of the kernel
 ROWS = 16  # rows per packed block
-FORMATS = ("int8", "int4", "q8_0", "q4_0", "q4_1", "q4_k")
+FORMATS = ("int8", "int4", "q8_0", "q5_0", "q4_0", "q4_1", "q4_k", "q6_k")
+KINDS = {"int4": 0, "int8": 1, "int8-g16": 2}  # csrc/qlinear.cpp Kind
 CHUNK_ROWS = 1024  # rows converted at a time (bounds the temporaries)
 
 
@@ -36,7 +39,7 @@ CHUNK_ROWS = 1024  # rows converted at a time (bounds the temporaries)
 class QPackedLinear:
     weight: torch.Tensor  # uint8 [blocks, block_stride]
     bias: torch.Tensor | None  # fp32 [N]
-    int8: bool
+    kind: int  # KINDS
     out_features: int
     in_features: int
     dtype: torch.dtype  # what rows() de-quantizes to
@@ -44,19 +47,20 @@ class QPackedLinear:
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows ``ids`` of the de-quantized ``[N, K]`` matrix (a tied embedding's lookup)."""
         g = self.in_features // GROUP
-        code_bytes = 512 if self.int8 else 256
+        int8, sub = self.kind != KINDS["int4"], 2 if self.kind == KINDS["int8-g16"] else 1
+        code_bytes = 512 if int8 else 256
         blocks, lane = self.weight[ids // ROWS], ids % ROWS
         codes = blocks[:, : g * code_bytes].reshape(-1, g, code_bytes)
-        if self.int8:
+        if int8:
             pairs = codes.view(torch.int8).view(-1, g, 16, ROWS, 2)
         else:  # line v: [pair 4v | pair 4v+1] low nibbles, [4v+2 | 4v+3] high
             lines = codes.view(-1, g, 4, 1, 64)
             pairs = torch.cat([lines & 0x0F, lines >> 4], dim=3).view(-1, g, 16, ROWS, 2)
         index = lane.view(-1, 1, 1, 1, 1).expand(-1, g, 16, 1, 2)
-        q = pairs.gather(3, index).reshape(-1, g, GROUP).float()  # [n, G, 32]
+        q = pairs.gather(3, index).reshape(-1, g * sub, GROUP // sub).float()
         meta = blocks[:, g * code_bytes :]
-        out = q * _lane(meta, 0, g, lane).unsqueeze(-1)
-        if not self.int8:
+        out = q * _lane(meta, 0, g * sub, lane).unsqueeze(-1)
+        if not int8:
             out = out + _lane(meta, g * ROWS * 2, g, lane).unsqueeze(-1)
         return out.reshape(ids.numel(), self.in_features).to(self.dtype)
 
@@ -69,9 +73,11 @@ def _lane(meta: torch.Tensor, offset: int, g: int, lane: torch.Tensor) -> torch.
 
 
 def problem(format_: str, k: int) -> str | None:
-    """Why a weight of ``format_`` with rows of ``k`` cannot be packed, or None."""
-    if format_ not in FORMATS:
-        return f"weight format {format_} not implemented (have {', '.join(FORMATS)})"
+    """Why weights of ``format_`` (formats joined by ``+`` for an op whose matrices differ)
+    with rows of ``k`` cannot be packed, or None."""
+    missing = [f for f in format_.split("+") if f not in FORMATS]
+    if missing:
+        return f"weight format {'+'.join(missing)} not implemented (have {', '.join(FORMATS)})"
     if k % GROUP:
         return f"row length {k} is not a multiple of {GROUP}"
     return None
@@ -92,6 +98,14 @@ def _codes_scales_mins(w: QuantizedWeight, rows: slice):
         if w.mins is None:
             return codes, scales, (scales.float() * -8.0).half()
         return codes, scales, w.mins[rows].repeat_interleave(repeat, dim=1)
+    if fmt == "q6_k":
+        b = data.reshape(-1, 210)
+        ql = _nibbles(b[:, :128], 64)
+        qh = _unpack(b[:, 128:192].reshape(-1, 2, 32), (0, 2, 4, 6), 3).reshape(-1, 256)
+        codes = ((ql | (qh << 4)).to(torch.int16) - 32).to(torch.int8).reshape(n, k)
+        sc = b[:, 192:208].contiguous().view(torch.int8).float()
+        d = b[:, 208:210].contiguous().view(torch.float16).float()
+        return codes, (d * sc).reshape(n, k // 16).half(), None
     if fmt == "q4_k":
         b = data.reshape(n, k // 256, 144)
         d, dmin = _f16(b, 0), _f16(b, 2)
@@ -101,9 +115,12 @@ def _codes_scales_mins(w: QuantizedWeight, rows: slice):
         qs = b[..., 16:].reshape(n, k // 64, 1, 32)
         codes = torch.cat([qs & 0x0F, qs >> 4], dim=2).reshape(n, k)
         return codes, scales, mins
-    size = {"q8_0": 34, "q4_0": 18, "q4_1": 20}[fmt]
+    size = {"q8_0": 34, "q5_0": 22, "q4_0": 18, "q4_1": 20}[fmt]
     b = data.reshape(n, k // GROUP, size)
     scales = _f16(b, 0).half()
+    if fmt == "q5_0":  # (q - 16) * d with q of 5 bits: int8 codes
+        q = _q5(b.reshape(-1, size), 2).to(torch.int16) - 16
+        return q.to(torch.int8).reshape(n, k), scales, None
     if fmt == "q8_0":
         return b[..., 2:].contiguous().view(torch.int8).reshape(n, k), scales, None
     start = 2 if fmt == "q4_0" else 4
@@ -131,19 +148,21 @@ def _block_bytes(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor |
     parts = [lines.reshape(nb, -1)]
     for table in (scales, mins):
         if table is not None:
-            parts.append(table.view(nb, ROWS, g).permute(0, 2, 1).contiguous().view(torch.uint8)
-                         .reshape(nb, -1))  # fmt: skip
+            per_row = table.shape[1]  # G, or 2G with scales per 16 k
+            parts.append(table.view(nb, ROWS, per_row).permute(0, 2, 1).contiguous()
+                         .view(torch.uint8).reshape(nb, -1))  # fmt: skip
     out = torch.cat(parts, dim=1)
     pad = -out.shape[1] % 64
     return F.pad(out, (0, pad)) if pad else out
 
 
-def pack(w: QuantizedWeight) -> tuple[torch.Tensor, bool]:
-    """``(packed uint8 [blocks, block_stride], int8)`` of ``w``, converted in row chunks."""
+def pack(w: QuantizedWeight) -> tuple[torch.Tensor, int]:
+    """``(packed uint8 [blocks, block_stride], kind)`` of ``w``, converted in row chunks."""
     n, k = w.shape
     if (why := problem(w.format, k)) is not None:
         raise ValueError(f"pace-avx512 cannot pack this weight: {why}")
-    int8 = w.format in ("int8", "q8_0")
+    int8 = {"int8": "int8", "q8_0": "int8", "q5_0": "int8", "q6_k": "int8-g16"}
+    kind = KINDS[int8.get(w.format, "int4")]
     chunks = []
     for start in range(0, n, CHUNK_ROWS):
         rows = slice(start, min(n, start + CHUNK_ROWS))
@@ -155,25 +174,25 @@ def pack(w: QuantizedWeight) -> tuple[torch.Tensor, bool]:
             mins = None if mins is None else F.pad(mins, (0, 0, 0, pad))
         chunks.append(_block_bytes(codes, scales, mins))
     packed = chunks[0] if len(chunks) == 1 else torch.cat(chunks)
-    return build.load_extension().huge_page_copy(packed), int8
+    return build.load_extension().huge_page_copy(packed), kind
 
 
 def prepare_linear(w: QuantizedWeight, bias: torch.Tensor | None = None) -> QPackedLinear:
-    packed, int8 = pack(w)
+    packed, kind = pack(w)
     n, k = w.shape
     b = None if bias is None else bias.reshape(-1).float().contiguous()
-    return QPackedLinear(packed, b, int8, int(n), int(k), w.dtype)
+    return QPackedLinear(packed, b, kind, int(n), int(k), w.dtype)
 
 
 @dataclass(frozen=True)
 class QPackedQKV:
-    linear: QPackedLinear  # [wq; wk; wv] as one matrix
+    linear: QPackedLinear | tuple[QPackedLinear, ...]  # [wq; wk; wv], or one per format
     sizes: tuple[int, int, int]
 
 
 @dataclass(frozen=True)
 class QPackedGatedMLP:
-    gate_up: QPackedLinear  # [gate; up] as one matrix
+    gate_up: QPackedLinear | tuple[QPackedLinear, ...]  # [gate; up], or (gate, up)
     down: QPackedLinear
     activation: Callable[[torch.Tensor], torch.Tensor]
     intermediate: int
@@ -191,6 +210,10 @@ def prepare_qkv(
     weights: Sequence[QuantizedWeight], biases: Sequence[torch.Tensor] | None = None
 ) -> QPackedQKV:
     sizes = tuple(int(w.shape[0]) for w in weights)
+    if not _same_format(weights):  # GGUF's Q4_K_M keeps some V rows in q6_k
+        parts = biases if biases is not None else [None] * len(weights)
+        packed = tuple(prepare_linear(w, b) for w, b in zip(weights, parts, strict=True))
+        return QPackedQKV(packed, sizes)  # type: ignore[arg-type]
     bias = torch.cat([b.reshape(-1) for b in biases]) if biases is not None else None
     return QPackedQKV(prepare_linear(QuantizedWeight.cat(weights), bias), sizes)  # type: ignore[arg-type]
 
@@ -198,5 +221,16 @@ def prepare_qkv(
 def prepare_gated_mlp(
     gate: QuantizedWeight, up: QuantizedWeight, down: QuantizedWeight, activation: str
 ) -> QPackedGatedMLP:
-    gate_up = prepare_linear(QuantizedWeight.cat([gate, up]))
+    if _same_format([gate, up]):
+        gate_up: QPackedLinear | tuple = prepare_linear(QuantizedWeight.cat([gate, up]))
+    else:
+        gate_up = (prepare_linear(gate), prepare_linear(up))
     return QPackedGatedMLP(gate_up, prepare_linear(down), ACTIVATIONS[activation], gate.shape[0])
+
+
+def _same_format(weights: Sequence[QuantizedWeight]) -> bool:
+    """Whether the matrices stack into one (one format, group size and dtype)."""
+    first = weights[0]
+    return all((w.format, w.group_size, w.dtype, w.mins is None)
+               == (first.format, first.group_size, first.dtype, first.mins is None)
+               for w in weights)  # fmt: skip

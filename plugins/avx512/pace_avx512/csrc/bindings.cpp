@@ -99,13 +99,14 @@ Tensor linear(const Tensor& x, const Tensor& w, const OptTensor& bias, int64_t n
 
 // y[..., N] = x[..., K] @ W^T + bias over a quantized W packed by pace_avx512/qpacking.py:
 // uint8 [blocks of 16 rows, block_stride bytes] (layout in qlinear.cpp).
-Tensor qlinear(const Tensor& x, const Tensor& w, const OptTensor& bias, int64_t n, bool int8) {
+Tensor qlinear(const Tensor& x, const Tensor& w, const OptTensor& bias, int64_t n, int64_t kind) {
   const int64_t K = x.size(-1);
   const bool bf = is_bf16(x);
   TORCH_CHECK(K % 32 == 0, "pace_avx512: quantized linear needs K a multiple of 32, got ", K);
   const int64_t G = K / 32, blocks = (n + 15) / 16;
   TORCH_CHECK(w.scalar_type() == at::kByte && w.dim() == 2 && w.is_contiguous() &&
-                  w.size(0) == blocks && w.size(1) >= G * (int8 ? 544 : 320),
+                  kind >= 0 && kind <= 2 && w.size(0) == blocks &&
+                  w.size(1) >= G * (kind == 0 ? 320 : kind == 1 ? 544 : 576),
               "pace_avx512: quantized weight ", w.sizes(), " does not match N=", n, " K=", K);
   auto sizes = x.sizes().vec();
   sizes.back() = n;
@@ -121,9 +122,9 @@ Tensor qlinear(const Tensor& x, const Tensor& w, const OptTensor& bias, int64_t 
   const Tensor xc = x.contiguous();
   const uint8_t* wp = w.data_ptr<uint8_t>();
   if (bf)
-    qlinear_bf16(ptr<bf16_t>(xc), K, M, K, wp, w.size(1), int8, b, n, ptr<bf16_t>(y), n, threads());
+    qlinear_bf16(ptr<bf16_t>(xc), K, M, K, wp, w.size(1), (int)kind, b, n, ptr<bf16_t>(y), n, threads());
   else
-    qlinear_fp32(ptr<float>(xc), K, M, K, wp, w.size(1), int8, b, n, ptr<float>(y), n, threads());
+    qlinear_fp32(ptr<float>(xc), K, M, K, wp, w.size(1), (int)kind, b, n, ptr<float>(y), n, threads());
   return y;
 }
 
@@ -366,7 +367,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 #endif
   register_decoder_stack(m);
   m.def("qlinear", &qlinear, py::arg("x"), py::arg("w"), py::arg("bias"), py::arg("n"),
-        py::arg("int8"), "y = x @ W^T + bias over a quantized packed W (AVX512-VNNI)");
+        py::arg("kind"), "y = x @ W^T + bias over a quantized packed W (AVX512-VNNI)");
   m.def("huge_page_copy", &huge_page_copy, py::arg("t"), py::arg("shape") = std::vector<int64_t>{},
         "copy a tensor into an arena of transparent huge pages (packed weights)");
   m.def("stream_read", [](const Tensor& t) {

@@ -6,14 +6,14 @@
 // the sum of their codes. The weight codes are widened to int16 in registers and each
 // vpdpwssd multiplies 16 rows x a k-pair by the activation pair broadcast to all lanes, summed
 // exactly in int32 over the group, then scaled in fp32:
-//   int8:  w = q * s       sum w x = s xs sum q xq
+//   int8:  w = q * s       sum w x = s xs sum q xq   (s per 32 k, or per 16 k: GGUF q6_k)
 //   4-bit: w = q * s + m   sum w x = s xs sum q xq + m xs sum xq      (q in 0..15)
 // (int8 activations with vpdpbusd, as llama.cpp does, run 2x the MACs per instruction but add
 // an error as large as the int8 weights' own; decode is bound by reading the weights either way.)
 //
 // Packed layout (pace_avx512/qpacking.py), per block of 16 rows, one contiguous run of
-// `block_stride` bytes: codes of every group, then fp16 scales [G][16], then (4-bit) fp16
-// mins [G][16]. A k-pair p of a group is 32 codes, code 2j + e = row j, k = 2p + e:
+// `block_stride` bytes: codes of every group, then fp16 scales [G * SUB][16] (SUB = 2 for
+// scales per 16 k), then (4-bit) fp16 mins [G][16]. A k-pair p of a group is 32 codes, code 2j + e = row j, k = 2p + e:
 //   int8:  16 runs of 32 signed bytes, pair p at byte 32 p;
 //   4-bit: 4 lines of 64 bytes, line v = pairs 4v, 4v+1 in the low nibbles (first, second
 //          32 bytes) and 4v+2, 4v+3 in the high nibbles.
@@ -76,9 +76,15 @@ struct QArgs {
   int64_t K;
 };
 
+// Weight kinds (pace_avx512/qpacking.py KINDS): 4-bit with mins, int8 with a scale per 32 k,
+// int8 with a scale per 16 k.
+enum Kind : int { KIND_INT4 = 0, KIND_INT8 = 1, KIND_INT8_G16 = 2 };
+
 // acc[MT] (16 rows of block `b`) for activation rows [m0, m0 + MT).
-template <bool INT8, int MT>
+template <int KIND, int MT>
 inline void qtile(const QArgs& a, int64_t b, int64_t m0, __m512 (&total)[MT]) {
+  constexpr bool INT8 = KIND != KIND_INT4;
+  constexpr int SUB = KIND == KIND_INT8_G16 ? 2 : 1;  // scales per group of 32
   const int64_t code_bytes = INT8 ? 512 : 256;
   const uint8_t* codes = a.w + b * a.block_stride;
   const uint16_t* scales = (const uint16_t*)(codes + a.G * code_bytes);
@@ -98,9 +104,21 @@ inline void qtile(const QArgs& a, int64_t b, int64_t m0, __m512 (&total)[MT]) {
       PACE_UNROLL for (int m = 0; m < MT; ++m)
         acc[m] = _mm512_dpwssd_epi32(acc[m], w, _mm512_set1_epi32(xq[m][g * 16 + p]));
     };
+    // total[m] += acc[m] * the 16 rows' scale `si` * row m's activation scale; acc = 0
+    auto flush = [&](int64_t si) {
+      const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(scales + si * 16)));
+      PACE_UNROLL for (int m = 0; m < MT; ++m) {
+        const __m512 sx = _mm512_mul_ps(s, _mm512_set1_ps(a.x->scales[(m0 + m) * a.G + g]));
+        total[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[m]), sx, total[m]);
+        acc[m] = _mm512_setzero_si512();
+      }
+    };
     if constexpr (INT8) {
-      PACE_UNROLL for (int p = 0; p < 16; ++p)
-        dot(_mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)(cg + 32 * p))), p);
+      PACE_UNROLL for (int sub = 0; sub < SUB; ++sub) {
+        PACE_UNROLL for (int p = sub * 16 / SUB; p < (sub + 1) * 16 / SUB; ++p)
+          dot(_mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)(cg + 32 * p))), p);
+        flush(g * SUB + sub);
+      }
     } else {
       PACE_UNROLL for (int v = 0; v < 4; ++v) {
         const __m512i raw = _mm512_loadu_si512(cg + 64 * v);
@@ -111,14 +129,7 @@ inline void qtile(const QArgs& a, int64_t b, int64_t m0, __m512 (&total)[MT]) {
         dot(_mm512_cvtepu8_epi16(_mm512_castsi512_si256(hi)), 4 * v + 2);
         dot(_mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(hi, 1)), 4 * v + 3);
       }
-    }
-    const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(scales + g * 16)));
-    PACE_UNROLL for (int m = 0; m < MT; ++m) {
-      const int64_t i = (m0 + m) * a.G + g;
-      const __m512 sx = _mm512_mul_ps(s, _mm512_set1_ps(a.x->scales[i]));
-      total[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[m]), sx, total[m]);
-    }
-    if constexpr (!INT8) {
+      flush(g);
       const __m512 mn = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(mins + g * 16)));
       PACE_UNROLL for (int m = 0; m < MT; ++m)
         total[m] = _mm512_fmadd_ps(mn, _mm512_set1_ps(a.x->sums[(m0 + m) * a.G + g]), total[m]);
@@ -143,20 +154,20 @@ struct QStore {
   }
 };
 
-template <bool INT8, int MT, typename Store>
+template <int KIND, int MT, typename Store>
 inline void rows_tail(const QArgs& a, const Store& st, int64_t b, int64_t m0, int64_t mt) {
   if constexpr (MT > 0) {
     if (mt == MT) {
       __m512 total[MT];
-      qtile<INT8, MT>(a, b, m0, total);
+      qtile<KIND, MT>(a, b, m0, total);
       st.template operator()<MT>(total, b, m0);
     } else {
-      rows_tail<INT8, MT - 1>(a, st, b, m0, mt);
+      rows_tail<KIND, MT - 1>(a, st, b, m0, mt);
     }
   }
 }
 
-template <bool INT8, typename Store>
+template <int KIND, typename Store>
 void qdrive(const QArgs& a, const Store& st, int64_t M, int64_t blocks, int nthreads) {
   constexpr int MT = 4;
 #pragma omp parallel num_threads(nthreads) if (nthreads > 1)
@@ -167,10 +178,10 @@ void qdrive(const QArgs& a, const Store& st, int64_t M, int64_t blocks, int nthr
       int64_t m0 = 0;
       for (; m0 + MT <= M; m0 += MT) {
         __m512 total[MT];
-        qtile<INT8, MT>(a, b, m0, total);
+        qtile<KIND, MT>(a, b, m0, total);
         st.template operator()<MT>(total, b, m0);
       }
-      if (m0 < M) rows_tail<INT8, MT - 1>(a, st, b, m0, M - m0);
+      if (m0 < M) rows_tail<KIND, MT - 1>(a, st, b, m0, M - m0);
     }
   }
 }
@@ -183,7 +194,7 @@ int qthreads(int nthreads, int64_t weight_bytes, int64_t M, int64_t blocks) {
 
 template <typename T>
 void qlinear(const T* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* w,
-             int64_t block_stride, bool int8, const float* bias, int64_t N, T* y, int64_t ldy,
+             int64_t block_stride, int kind, const float* bias, int64_t N, T* y, int64_t ldy,
              int nthreads) {
   thread_local QuantizedRows rows;  // reused across calls: no allocation per decode step
   quantize_rows(x, ldx, M, K, rows);
@@ -191,22 +202,23 @@ void qlinear(const T* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* w,
   const QArgs a{w, block_stride, K / QGROUP, &rows, K};
   const QStore<T> st{y, ldy, bias, N};
   const int nt = qthreads(nthreads, blocks * block_stride, M, blocks);
-  if (int8) qdrive<true>(a, st, M, blocks, nt);
-  else qdrive<false>(a, st, M, blocks, nt);
+  if (kind == KIND_INT8) qdrive<KIND_INT8>(a, st, M, blocks, nt);
+  else if (kind == KIND_INT8_G16) qdrive<KIND_INT8_G16>(a, st, M, blocks, nt);
+  else qdrive<KIND_INT4>(a, st, M, blocks, nt);
 }
 
 }  // namespace
 
 void qlinear_bf16(const bf16_t* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* w,
-                  int64_t block_stride, bool int8, const float* bias, int64_t N, bf16_t* y,
+                  int64_t block_stride, int kind, const float* bias, int64_t N, bf16_t* y,
                   int64_t ldy, int nthreads) {
-  qlinear(x, ldx, M, K, w, block_stride, int8, bias, N, y, ldy, nthreads);
+  qlinear(x, ldx, M, K, w, block_stride, kind, bias, N, y, ldy, nthreads);
 }
 
 void qlinear_fp32(const float* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* w,
-                  int64_t block_stride, bool int8, const float* bias, int64_t N, float* y,
+                  int64_t block_stride, int kind, const float* bias, int64_t N, float* y,
                   int64_t ldy, int nthreads) {
-  qlinear(x, ldx, M, K, w, block_stride, int8, bias, N, y, ldy, nthreads);
+  qlinear(x, ldx, M, K, w, block_stride, kind, bias, N, y, ldy, nthreads);
 }
 
 }  // namespace pace_avx512
