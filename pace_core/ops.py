@@ -150,7 +150,7 @@ OPS: dict[str, OpSpec] = {
             ("x[B,T,H]", "residual|None", "step", "w"),
             "(x, residual)",
             "run the decoder blocks in order (a backend may fuse the whole loop)",
-            context=("blocks", "layer_backends", "cache_layout", "profiling"),
+            context=("blocks", "layer_backends", "cache_layout", "profiling", "weight_format"),
             prepare=("layers",),
             container=True,
         ),

@@ -92,7 +92,7 @@ def load_engines(name: str, args: argparse.Namespace) -> tuple[dict[str, Any], d
             model = LLMModel(source, dtype=torch.bfloat16, quantization=quant, quiet=True,
                              load_tokenizer=False)  # fmt: skip
             engines[f"pace {fmt}"] = lambda ids, n, m=model: _pace(m, ids, n)
-            sizes[f"pace {fmt}"] = weight_bytes(model) / 1e6
+            sizes[f"pace {fmt}"] = weight_bytes(model.model) / 1e6
         if "llama.cpp" in args.engines and gguf is not None and peers.find_llama_cpp():
             engines[f"llama.cpp {fmt}"] = _LlamaCpp(gguf, n_ctx)
     if "llama.cpp" in args.engines and not peers.find_llama_cpp():

@@ -16,7 +16,7 @@ from pace_core.models.rope import Rotary
 from pace_core.models.weights import WeightStore
 from pace_core.opconfig import OpResolver, Resolution
 from pace_core.profiling import OpProfiler
-from pace_core.quant import QuantizationConfig, QuantizedWeight, formats_of, quantize
+from pace_core.quant import DENSE, QuantizationConfig, QuantizedWeight, formats_of, quantize
 from pace_core.registry import OpContext
 
 Matrix = torch.Tensor | QuantizedWeight
@@ -66,6 +66,7 @@ class ModelBuilder:
         # checkpoint name -> what it became, when asked to record it (saving a quantized copy)
         self.quantized: dict[str, QuantizedWeight] | None = None
         self.plan = OpPlan()
+        self.matrix_formats: set[str] = set()  # weight formats of the matrix ops bound so far
         self.profiler: OpProfiler | None = None
 
     def kernel(self, op: str, **attrs: Any):
@@ -81,6 +82,8 @@ class ModelBuilder:
         A backend whose prepare step fails (say, its JIT build breaks) is disabled with the
         error as the reason and the next candidate is used; native failures propagate.
         """
+        if fmt := attrs.get("weight_format"):
+            self.matrix_formats.update(fmt.split("+"))
         while True:
             k = self.kernel(op, **attrs)
             try:
@@ -169,6 +172,7 @@ class ModelBuilder:
             ),
             "cache_layout": self.cache_layout,
             "profiling": self.profiler is not None,
+            "weight_format": "+".join(sorted(self.matrix_formats)) or DENSE,
         }
         return self.bind("decoder_stack", attrs, layers)
 

@@ -118,3 +118,12 @@ def test_quantized_model_on_avx512_matches_native(tiny_llama_dir, clean_env, pre
     assert float(kld.mean()) < 1e-5
     cfg = SamplingConfig(max_new_tokens=8, ignore_eos=True)
     assert len(ours.generate(ids, cfg).sequences[0].token_ids) == 8
+
+
+def test_fused_stack_declines_quantized_layers_with_the_reason(tiny_llama_dir, clean_env):
+    model = LLMModel(tiny_llama_dir, dtype=torch.float32, quantization="int8",
+                     load_tokenizer=False)  # fmt: skip
+    plan = model.op_plan
+    assert plan.backends()["linear"] == {"avx512"}
+    assert plan.backends()["decoder_stack"] == {"native"}
+    assert "weight format int8 unsupported" in str(plan), str(plan)

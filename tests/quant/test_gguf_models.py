@@ -83,7 +83,8 @@ def models(request, hf_dirs, tmp_path_factory):
     hf = AutoModelForCausalLM.from_pretrained(str(out.parent), gguf_file=out.name,
                                               dtype=torch.float32).eval()  # fmt: skip
     source = out.parent if family in THROUGH_DIR else out
-    pace = LLMModel(source, dtype=torch.float32, load_tokenizer=False)
+    # pace-native: the reference of every quantized kernel (avx512's are tested against it)
+    pace = LLMModel(source, dtype=torch.float32, load_tokenizer=False, opconfig=NATIVE)
     return family, hf, pace
 
 
@@ -170,8 +171,8 @@ def test_matrices_stay_quantized(models):
         assert head is embed  # tied: one copy serves both roles
     down = pace.model.layers[-1].mlp.weight.down
     assert _format(down) == dense.get(types.get("ffn_down"), types.get("ffn_down"))
-    assert pace.model.plan.backends()["linear"] == {"native"}  # the one with GGUF kernels
-    qkv = pace.model.layers[0].attn.qkv.weight  # native's QKVWeight (gemma3's bf16: avx512's)
+    assert pace.model.plan.backends()["linear"] == {"native"}
+    qkv = pace.model.layers[0].attn.qkv.weight  # native's QKVWeight
     if family == "qwen2":  # one format: stacked into one [q + k + v, hidden] matrix
         assert isinstance(qkv.weight, QuantizedWeight)
         assert (qkv.weight.format, qkv.weight.shape) == ("q8_0", (512, 256))
@@ -187,6 +188,9 @@ def llama_gguf(hf_dirs, tmp_path_factory):
 
 def load(path: Path, **kwargs) -> LLMModel:
     return LLMModel(path, dtype=torch.float32, load_tokenizer=False, **kwargs)
+
+
+NATIVE = {"default": "native"}
 
 
 def test_unsupported_architecture(hf_dirs, tmp_path):
@@ -249,7 +253,7 @@ def _smollm2_gguf() -> Path:
 
 def test_real_smollm2_gguf_matches_its_fp32_conversion(smollm2_dir):
     """The Q4_1 + Q8_0 file run quantized vs transformers' fp32 de-quantization of it."""
-    quantized = load(_smollm2_gguf())
+    quantized = load(_smollm2_gguf(), opconfig=NATIVE)
     formats = {
         w.format
         for layer in quantized.model.layers

@@ -42,4 +42,5 @@ def pace_register_ops(registry: Registrations) -> None:
         kernels.decoder_stack,
         prepare=kernels.prepare_decoder_stack,
         dtypes=DTYPES,
+        weight_formats=FORMATS,
     )
