@@ -11,6 +11,8 @@ from collections.abc import Sequence
 
 import torch
 
+from pace_core.quant.config import add_quantization_argument
+
 DTYPES = {
     "float32": torch.float32,
     "fp32": torch.float32,
@@ -54,7 +56,7 @@ def _cmd_models(args: argparse.Namespace) -> int:
 
 
 def _quantize_model(args: argparse.Namespace) -> int:
-    from pace_core.quant.checkpoint import save_quantized
+    from pace_core.models.quantized_copy import save_quantized
 
     if len(args.names) != 2 or not args.quantization:
         print("usage: pace models quantize SOURCE OUT --quantization PRESET", file=sys.stderr)
@@ -124,17 +126,6 @@ def _cmd_build_kernels(args: argparse.Namespace) -> int:
     outcomes = run_builds(get_host(), args.backends or None)
     print(outcomes_table(outcomes))
     return 1 if any(o.status == "failed" for o in outcomes) else 0
-
-
-def add_quantization_argument(p: argparse.ArgumentParser) -> None:
-    from pace_core.quant import PRESETS
-
-    p.add_argument(
-        "--quantization",
-        default=None,
-        choices=list(PRESETS),
-        help="quantize the matrices while loading (a GGUF file keeps its own formats)",
-    )
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -107,7 +107,10 @@ def _read_safetensor(path: Path, start: int, info: dict[str, Any]) -> torch.Tens
     with open(path, "rb") as f:
         f.seek(start + begin)
         if f.readinto(memoryview(out.numpy())) != end - begin:
-            raise ModelLoadError(f"{path} is truncated: re-download or re-convert it")
+            raise ModelLoadError(
+                f"{path} is truncated or corrupt (its tensor data ends early): re-download or "
+                "re-convert it"
+            )
     return out.view(dtype).reshape(info["shape"])
 
 

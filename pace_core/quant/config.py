@@ -129,3 +129,13 @@ def skip_list(value: Sequence[str] | str) -> tuple[str, ...]:
     """``"lm_head,embed_tokens"`` or a list -> a tuple of module-name substrings."""
     parts = value.split(",") if isinstance(value, str) else list(value)
     return tuple(p.strip() for p in parts if p.strip())
+
+
+def add_quantization_argument(parser: Any) -> None:
+    """``--quantization PRESET`` on a command that loads a model (generate, check, serve, ...)."""
+    parser.add_argument(
+        "--quantization",
+        default=None,
+        choices=list(PRESETS),
+        help="quantize the matrices while loading (a GGUF file keeps its own formats)",
+    )

@@ -63,7 +63,7 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--dtype", default="bfloat16", choices=DTYPE_CHOICES)
-    from pace_core.cli import add_quantization_argument
+    from pace_core.quant.config import add_quantization_argument
 
     add_quantization_argument(p)
     p.add_argument(

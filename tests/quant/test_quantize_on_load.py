@@ -183,7 +183,7 @@ def test_saved_quantized_copy_reloads_without_requantizing(family_dirs, family, 
 
 
 def test_saving_needs_a_quantization_and_an_original(family_dirs, tmp_path):
-    from pace_core.quant.checkpoint import save_quantized
+    from pace_core.models.quantized_copy import save_quantized
 
     with pytest.raises(ConfigError, match="needs a quantization"):
         save_quantized(family_dirs["llama"], tmp_path / "q", None)
