@@ -120,10 +120,35 @@ def test_quantized_model_on_avx512_matches_native(tiny_llama_dir, clean_env, pre
     assert len(ours.generate(ids, cfg).sequences[0].token_ids) == 8
 
 
-def test_fused_stack_declines_quantized_layers_with_the_reason(tiny_llama_dir, clean_env):
-    model = LLMModel(tiny_llama_dir, dtype=torch.float32, quantization="int8",
-                     load_tokenizer=False)  # fmt: skip
-    plan = model.op_plan
-    assert plan.backends()["linear"] == {"avx512"}
-    assert plan.backends()["decoder_stack"] == {"native"}
-    assert "weight format int8 unsupported" in str(plan), str(plan)
+@pytest.mark.parametrize("preset", ["int8", "int4"])
+def test_fused_stack_runs_quantized_layers(tiny_llama_dir, clean_env, preset):
+    """The C++ decoder stack runs the quantized layers: same logits and tokens as the
+    per-layer calls of the same kernels (prefill M = 24, then decode M = 1)."""
+    def load(stack):
+        return LLMModel(tiny_llama_dir, dtype=torch.float32, quantization=preset,
+                        opconfig={"decoder_stack": stack}, load_tokenizer=False)  # fmt: skip
+
+    fused, per_layer = load("avx512"), load("native")
+    assert fused.op_plan.backends()["decoder_stack"] == {"avx512"}, str(fused.op_plan)
+    assert per_layer.op_plan.backends()["linear"] == {"avx512"}
+    ids = torch.randint(3, 120, (2, 24), generator=torch.Generator().manual_seed(2))
+    torch.testing.assert_close(fused.logits(ids), per_layer.logits(ids), rtol=0, atol=1e-5)
+    cfg = SamplingConfig(max_new_tokens=10, ignore_eos=True)
+    assert fused.generate(ids, cfg).generated_token_ids == per_layer.generate(
+        ids, cfg
+    ).generated_token_ids
+
+
+def test_mixed_format_ops_fuse_too(tmp_path, tiny_llama_dir, clean_env):
+    """A GGUF whose QKV and gate/up mix formats (as Q4_K_M does) runs in the fused stack."""
+    from support.tiny_gguf import write_gguf
+
+    out = write_gguf(tiny_llama_dir, tmp_path / "mixed.gguf",
+                     {"attn_v": "q8_0", "ffn_up": "q8_0", "": "q4_0"})  # fmt: skip
+    fused = LLMModel(out, dtype=torch.float32, load_tokenizer=False)
+    native = LLMModel(out, dtype=torch.float32, load_tokenizer=False,
+                      opconfig={"default": "native"})  # fmt: skip
+    assert fused.op_plan.backends()["decoder_stack"] == {"avx512"}, str(fused.op_plan)
+    ids = torch.randint(3, 120, (1, 20), generator=torch.Generator().manual_seed(3))
+    a, b = fused.logits(ids).float(), native.logits(ids).float()
+    assert float((a - b).norm() / b.norm()) < 1e-3

@@ -143,6 +143,7 @@ def pace_register_ops(registry: Registrations) -> None:
     registry.add_kernel(
         "decoder_stack", BACKEND, stack.decoder_stack, dtypes=DTYPES, cpu_features=BASE,
         prepare=stack.prepare, supports=_stack_supports, priority=PRIORITY,
+        weight_formats=MATRIX_FORMATS,
         description="all pre-norm/sandwich blocks of a step in one C++ call (contiguous, "
         "paged and slab caches, ragged rows)",
     )  # fmt: skip

@@ -1,19 +1,19 @@
 """Quantized weights (``pace_core.quant.QuantizedWeight``) in the layout of ``csrc/qlinear.cpp``.
 
-Every accepted format becomes one of three kernel kinds (:data:`KINDS`) with groups of 32
+Every accepted format becomes one of four kernel kinds (:data:`KINDS`) with groups of 32
 along K: 8-bit codes with an fp16 scale per row and group (``int8`` of any group size, GGUF
 ``q8_0``, and ``q5_0`` as codes ``q - 16``) or per 16 k (GGUF ``q6_k``: its 6-bit codes
-minus 32), or 4-bit codes with an fp16 scale and min per row and group (``int4`` with or
-without mins, ``q4_0``, ``q4_1``, ``q4_k``). Scales of a coarser group repeat per 32;
-symmetric 4-bit stores its offset as the min ``-8 s`` (exact in fp16). ``q4_k`` and ``q6_k``
-are not bit-exact: their integer sub-block scales times the fp16 super-block scale are
-rounded to fp16 (relative <= 2^-11).
+minus 32); 4-bit codes with an fp16 scale and min per row and group (``int4`` with mins,
+``q4_1``, ``q4_k``), or with a scale only (symmetric ``int4``, ``q4_0``: the kernel uses the
+min ``-8 s``). Scales of a coarser group repeat per 32. ``q4_k`` and ``q6_k`` are not
+bit-exact: their integer sub-block scales times the fp16 super-block scale are rounded to
+fp16 (relative <= 2^-11).
 
 Per block of 16 rows, one contiguous run: the codes of every group, then fp16 scales
-``[G][16]``, then (4-bit) fp16 mins ``[G][16]``, padded to 64 bytes. A k-pair p of a group is
-32 codes, code ``2j + e`` = row j, k = 2p + e: int8 stores the 16 pairs as 32 signed bytes
-each; 4-bit packs pairs (4v, 4v+1) in the low nibbles and (4v+2, 4v+3) in the high nibbles
-of the 64-byte line v.
+``[G][16]`` (``[2G][16]`` for q6_k), then (4-bit with mins) fp16 mins ``[G][16]``, padded to
+64 bytes. A k-pair p of a group is 32 codes, code ``2j + e`` = row j, k = 2p + e: int8 stores
+the 16 pairs as 32 signed bytes each; 4-bit packs pairs (4v, 4v+1) in the low nibbles and
+(4v+2, 4v+3) in the high nibbles of the 64-byte line v.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ from pace_core.quant.gguf_blocks import _nibbles, _q5, _scale_min_k4, _unpack
 GROUP = 32  # k per quantization group of the kernel
 ROWS = 16  # rows per packed block
 FORMATS = ("int8", "int4", "q8_0", "q5_0", "q4_0", "q4_1", "q4_k", "q6_k")
-KINDS = {"int4": 0, "int8": 1, "int8-g16": 2}  # csrc/qlinear.cpp Kind
+KINDS = {"int4": 0, "int8": 1, "int8-g16": 2, "int4-sym": 3}  # csrc/qlinear.cpp Kind
+_INT8_KINDS = (KINDS["int8"], KINDS["int8-g16"])
 CHUNK_ROWS = 1024  # rows converted at a time (bounds the temporaries)
 
 
@@ -47,7 +48,7 @@ class QPackedLinear:
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows ``ids`` of the de-quantized ``[N, K]`` matrix (a tied embedding's lookup)."""
         g = self.in_features // GROUP
-        int8, sub = self.kind != KINDS["int4"], 2 if self.kind == KINDS["int8-g16"] else 1
+        int8, sub = self.kind in _INT8_KINDS, 2 if self.kind == KINDS["int8-g16"] else 1
         code_bytes = 512 if int8 else 256
         blocks, lane = self.weight[ids // ROWS], ids % ROWS
         codes = blocks[:, : g * code_bytes].reshape(-1, g, code_bytes)
@@ -60,8 +61,10 @@ class QPackedLinear:
         q = pairs.gather(3, index).reshape(-1, g * sub, GROUP // sub).float()
         meta = blocks[:, g * code_bytes :]
         out = q * _lane(meta, 0, g * sub, lane).unsqueeze(-1)
-        if not int8:
+        if self.kind == KINDS["int4"]:
             out = out + _lane(meta, g * ROWS * 2, g, lane).unsqueeze(-1)
+        elif self.kind == KINDS["int4-sym"]:  # (q - 8) s
+            out = out - 8.0 * _lane(meta, 0, g, lane).unsqueeze(-1)
         return out.reshape(ids.numel(), self.in_features).to(self.dtype)
 
 
@@ -95,8 +98,8 @@ def _codes_scales_mins(w: QuantizedWeight, rows: slice):
         if fmt == "int8":
             return data, scales, None
         codes = torch.stack([data & 0x0F, data >> 4], dim=-1).reshape(n, k)
-        if w.mins is None:
-            return codes, scales, (scales.float() * -8.0).half()
+        if w.mins is None:  # symmetric: (q - 8) s, the kernel's min -8 s
+            return codes, scales, None
         return codes, scales, w.mins[rows].repeat_interleave(repeat, dim=1)
     if fmt == "q6_k":
         b = data.reshape(-1, 210)
@@ -126,8 +129,7 @@ def _codes_scales_mins(w: QuantizedWeight, rows: slice):
     start = 2 if fmt == "q4_0" else 4
     qs = b[..., start:].unsqueeze(2)  # [n, G, 1, 16]: low nibbles k 0..15, high 16..31
     codes = torch.cat([qs & 0x0F, qs >> 4], dim=2).reshape(n, k)
-    mins = (scales.float() * -8.0).half() if fmt == "q4_0" else _f16(b, 2).half()
-    return codes, scales, mins
+    return codes, scales, None if fmt == "q4_0" else _f16(b, 2).half()
 
 
 def _f16(blocks: torch.Tensor, offset: int) -> torch.Tensor:
@@ -135,12 +137,13 @@ def _f16(blocks: torch.Tensor, offset: int) -> torch.Tensor:
     return blocks[..., offset : offset + 2].contiguous().view(torch.float16).squeeze(-1).float()
 
 
-def _block_bytes(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None):
+def _block_bytes(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None,
+                 int8: bool) -> torch.Tensor:
     """One chunk (rows a multiple of 16) as ``[blocks, block_stride]`` bytes."""
     n, k = codes.shape
     nb, g = n // ROWS, k // GROUP
     pairs = codes.view(nb, ROWS, g, 16, 2).permute(0, 2, 3, 1, 4)  # [nb, G, pair, row, 2]
-    if mins is None:
+    if int8:
         lines = pairs.contiguous().view(torch.uint8)
     else:
         quads = pairs.reshape(nb, g, 4, 2, 64)  # line v: pairs (4v, 4v+1) | (4v+2, 4v+3)
@@ -161,8 +164,9 @@ def pack(w: QuantizedWeight) -> tuple[torch.Tensor, int]:
     n, k = w.shape
     if (why := problem(w.format, k)) is not None:
         raise ValueError(f"pace-avx512 cannot pack this weight: {why}")
+    symmetric = w.format == "q4_0" or (w.format == "int4" and w.mins is None)
     int8 = {"int8": "int8", "q8_0": "int8", "q5_0": "int8", "q6_k": "int8-g16"}
-    kind = KINDS[int8.get(w.format, "int4")]
+    kind = KINDS[int8.get(w.format, "int4-sym" if symmetric else "int4")]
     chunks = []
     for start in range(0, n, CHUNK_ROWS):
         rows = slice(start, min(n, start + CHUNK_ROWS))
@@ -172,7 +176,7 @@ def pack(w: QuantizedWeight) -> tuple[torch.Tensor, int]:
             codes = F.pad(codes, (0, 0, 0, pad))
             scales = F.pad(scales, (0, 0, 0, pad))
             mins = None if mins is None else F.pad(mins, (0, 0, 0, pad))
-        chunks.append(_block_bytes(codes, scales, mins))
+        chunks.append(_block_bytes(codes, scales, mins, kind in _INT8_KINDS))
     packed = chunks[0] if len(chunks) == 1 else torch.cat(chunks)
     return build.load_extension().huge_page_copy(packed), kind
 
@@ -194,8 +198,10 @@ class QPackedQKV:
 class QPackedGatedMLP:
     gate_up: QPackedLinear | tuple[QPackedLinear, ...]  # [gate; up], or (gate, up)
     down: QPackedLinear
-    activation: Callable[[torch.Tensor], torch.Tensor]
+    activation: int  # code: its index in pace_core.ops.ACTIVATIONS (as PackedGatedMLP's)
+    act_fn: Callable[[torch.Tensor], torch.Tensor]  # the same, in torch (per-layer path)
     intermediate: int
+    hidden: int
 
 
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
@@ -225,7 +231,9 @@ def prepare_gated_mlp(
         gate_up: QPackedLinear | tuple = prepare_linear(QuantizedWeight.cat([gate, up]))
     else:
         gate_up = (prepare_linear(gate), prepare_linear(up))
-    return QPackedGatedMLP(gate_up, prepare_linear(down), ACTIVATIONS[activation], gate.shape[0])
+    code = list(ACTIVATIONS).index(activation)
+    return QPackedGatedMLP(gate_up, prepare_linear(down), code, ACTIVATIONS[activation],
+                           int(gate.shape[0]), int(gate.shape[1]))  # fmt: skip
 
 
 def _same_format(weights: Sequence[QuantizedWeight]) -> bool:

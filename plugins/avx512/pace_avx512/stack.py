@@ -23,6 +23,7 @@ import torch
 
 from pace_avx512 import build, kernels
 from pace_avx512.packing import PackedGatedMLP, PackedLinear, PackedQKV
+from pace_avx512.qpacking import QPackedGatedMLP, QPackedLinear, QPackedQKV
 from pace_core.stack_spec import AttentionSpec, BlockSpec, BoundKernel, GatedMLPSpec, NormSpec
 
 FUSABLE_BLOCKS = frozenset({"pre_norm", "sandwich"})  # stack_spec.BlockSpec kinds
@@ -42,7 +43,7 @@ class FusedStack:
     windows: tuple[int | None, ...]  # the step's masks, in order
 
 
-def _own(bound: BoundKernel, kernel: Callable, packed: type, what: str) -> None:
+def _own(bound: BoundKernel, kernel: Callable, packed: tuple[type, ...], what: str) -> None:
     if bound.fn is not kernel or not isinstance(bound.weight, packed):
         raise NotFusable(f"{what} is not on pace-avx512's {kernel.__name__}")
 
@@ -53,8 +54,8 @@ def _check_norm(norm: NormSpec | None) -> None:
 
 
 def _check_attention(attn: AttentionSpec) -> None:
-    _own(attn.qkv, kernels.qkv_proj, PackedQKV, "the QKV projection")
-    _own(attn.o_proj, kernels.linear, PackedLinear, "the output projection")
+    _own(attn.qkv, kernels.qkv_proj, (PackedQKV, QPackedQKV), "the QKV projection")
+    _own(attn.o_proj, kernels.linear, (PackedLinear, QPackedLinear), "the output projection")
     if attn.attend is not kernels.attention:
         raise NotFusable("attention is not pace-avx512's")
     if attn.rope is not None and attn.rope.fn is not kernels.rope:
@@ -72,7 +73,7 @@ def check(block: BlockSpec) -> None:
     _check_attention(block.attention)
     if not isinstance(block.mlp, GatedMLPSpec):
         raise NotFusable(f"MLP {type(block.mlp).__name__} is not a gated MLP")
-    _own(block.mlp.kernel, kernels.gated_mlp, PackedGatedMLP, "the gated MLP")
+    _own(block.mlp.kernel, kernels.gated_mlp, (PackedGatedMLP, QPackedGatedMLP), "the gated MLP")
 
 
 def _slot(table: dict, key: Any, value: Any) -> int:

@@ -105,8 +105,8 @@ Tensor qlinear(const Tensor& x, const Tensor& w, const OptTensor& bias, int64_t 
   TORCH_CHECK(K % 32 == 0, "pace_avx512: quantized linear needs K a multiple of 32, got ", K);
   const int64_t G = K / 32, blocks = (n + 15) / 16;
   TORCH_CHECK(w.scalar_type() == at::kByte && w.dim() == 2 && w.is_contiguous() &&
-                  kind >= 0 && kind <= 2 && w.size(0) == blocks &&
-                  w.size(1) >= G * (kind == 0 ? 320 : kind == 1 ? 544 : 576),
+                  kind >= 0 && kind <= 3 && w.size(0) == blocks &&
+                  w.size(1) >= G * (kind == 0 ? 320 : kind == 1 ? 544 : kind == 2 ? 576 : 288),
               "pace_avx512: quantized weight ", w.sizes(), " does not match N=", n, " K=", K);
   auto sizes = x.sizes().vec();
   sizes.back() = n;

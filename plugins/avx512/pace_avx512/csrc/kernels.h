@@ -35,7 +35,8 @@ void gated_fp32(const float* x, int64_t ldx, int64_t M, int64_t K, const float* 
                 int64_t I, int act, float* h, int64_t ldh, int nthreads);
 
 // y[M, N] = x[M, K] @ W^T + bias over a quantized weight packed as qlinear.cpp describes
-// (kind 0: 4-bit codes with mins; 1: int8, a scale per 32 k; 2: int8, a scale per 16 k),
+// (kind 0: 4-bit codes with mins; 1: int8, a scale per 32 k; 2: int8, a scale per 16 k;
+// 3: 4-bit symmetric),
 // K a multiple of 32. Needs AVX512-VNNI.
 void qlinear_bf16(const bf16_t* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* w,
                   int64_t block_stride, int kind, const float* bias, int64_t N, bf16_t* y,

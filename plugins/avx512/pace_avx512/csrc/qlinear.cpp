@@ -13,7 +13,7 @@
 //
 // Packed layout (pace_avx512/qpacking.py), per block of 16 rows, one contiguous run of
 // `block_stride` bytes: codes of every group, then fp16 scales [G * SUB][16] (SUB = 2 for
-// scales per 16 k), then (4-bit) fp16 mins [G][16]. A k-pair p of a group is 32 codes, code 2j + e = row j, k = 2p + e:
+// scales per 16 k), then (4-bit with mins) fp16 mins [G][16]. A k-pair p of a group is 32 codes, code 2j + e = row j, k = 2p + e:
 //   int8:  16 runs of 32 signed bytes, pair p at byte 32 p;
 //   4-bit: 4 lines of 64 bytes, line v = pairs 4v, 4v+1 in the low nibbles (first, second
 //          32 bytes) and 4v+2, 4v+3 in the high nibbles.
@@ -77,13 +77,13 @@ struct QArgs {
 };
 
 // Weight kinds (pace_avx512/qpacking.py KINDS): 4-bit with mins, int8 with a scale per 32 k,
-// int8 with a scale per 16 k.
-enum Kind : int { KIND_INT4 = 0, KIND_INT8 = 1, KIND_INT8_G16 = 2 };
+// int8 with a scale per 16 k, 4-bit symmetric ((q - 8) s: the min -8 s is not stored).
+enum Kind : int { KIND_INT4 = 0, KIND_INT8 = 1, KIND_INT8_G16 = 2, KIND_INT4_SYM = 3 };
 
 // acc[MT] (16 rows of block `b`) for activation rows [m0, m0 + MT).
 template <int KIND, int MT>
 inline void qtile(const QArgs& a, int64_t b, int64_t m0, __m512 (&total)[MT]) {
-  constexpr bool INT8 = KIND != KIND_INT4;
+  constexpr bool INT8 = KIND == KIND_INT8 || KIND == KIND_INT8_G16;
   constexpr int SUB = KIND == KIND_INT8_G16 ? 2 : 1;  // scales per group of 32
   const int64_t code_bytes = INT8 ? 512 : 256;
   const uint8_t* codes = a.w + b * a.block_stride;
@@ -130,7 +130,11 @@ inline void qtile(const QArgs& a, int64_t b, int64_t m0, __m512 (&total)[MT]) {
         dot(_mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(hi, 1)), 4 * v + 3);
       }
       flush(g);
-      const __m512 mn = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(mins + g * 16)));
+      const __m512 mn =
+          KIND == KIND_INT4_SYM
+              ? _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(scales + g * 16))),
+                              _mm512_set1_ps(-8.0f))
+              : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(mins + g * 16)));
       PACE_UNROLL for (int m = 0; m < MT; ++m)
         total[m] = _mm512_fmadd_ps(mn, _mm512_set1_ps(a.x->sums[(m0 + m) * a.G + g]), total[m]);
     }
@@ -204,6 +208,7 @@ void qlinear(const T* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* w,
   const int nt = qthreads(nthreads, blocks * block_stride, M, blocks);
   if (kind == KIND_INT8) qdrive<KIND_INT8>(a, st, M, blocks, nt);
   else if (kind == KIND_INT8_G16) qdrive<KIND_INT8_G16>(a, st, M, blocks, nt);
+  else if (kind == KIND_INT4_SYM) qdrive<KIND_INT4_SYM>(a, st, M, blocks, nt);
   else qdrive<KIND_INT4>(a, st, M, blocks, nt);
 }
 

@@ -10,13 +10,18 @@
 // block table: block_buffers() of paged / slab caches), written and read through the table.
 // Ragged rows (left-padded batches, prefill chunks and decodes in one step) write each row's
 // real tokens only, like the cache's own update().
+#include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/gelu.h>
+#include <ATen/ops/relu.h>
+#include <ATen/ops/silu.h>
 
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "simd.h"
 #include "tensor_ops.h"
 
 namespace pace_avx512 {
@@ -40,17 +45,37 @@ struct LinearSpec {
   Tensor weight;
   OptTensor bias;
   int64_t n = 0;
+  int64_t kind = -1;  // -1: dense packed (packing.PackedLinear); else a qpacking.KINDS value
 
-  Tensor operator()(const Tensor& x) const { return linear(x, weight, bias, n); }
+  Tensor operator()(const Tensor& x) const {
+    return kind < 0 ? linear(x, weight, bias, n) : qlinear(x, weight, bias, n, kind);
+  }
+};
+
+// A projection held as one matrix, or (quantized, formats differing) one per part whose
+// outputs are concatenated: QKV as (q, k, v), gate/up as (gate, up).
+struct Projection {
+  std::vector<LinearSpec> parts;
+
+  Tensor operator()(const Tensor& x) const {
+    if (parts.size() == 1) return parts[0](x);
+    std::vector<Tensor> outs;
+    for (const auto& p : parts) outs.push_back(p(x));
+    return at::cat(outs, -1);
+  }
 };
 
 struct LayerSpec {
   bool sandwich = false;
   std::vector<NormSpec> norms;  // pre-norm: norm1, norm2; sandwich: pre/post attn, pre/post mlp
-  LinearSpec qkv, o;
+  Projection qkv;
+  LinearSpec o;
   int64_t nq = 0, nk = 0, nv = 0;  // columns of q, k, v in the qkv output
   NormSpec q_norm, k_norm;
-  Tensor gate_up, down;
+  Tensor gate_up, down;  // dense: the packed interleaved gate/up and down
+  Projection q_gate_up;  // quantized: [gate; up] (or gate, up) and down, activation in between
+  LinearSpec q_down;
+  bool quantized_mlp = false;
   int64_t inter = 0, hidden = 0, act = 0;
   int64_t layer = 0, hq = 0, hk = 0, d = 0;
   double scale = 1.0;
@@ -86,9 +111,21 @@ NormSpec norm_spec(const py::handle& spec) {  // a stack_spec.NormSpec or None
   return s;
 }
 
-LinearSpec linear_spec(const py::handle& packed) {  // a packing.PackedLinear
+// A packing.PackedLinear, or a qpacking.QPackedLinear (which has a `kind`).
+LinearSpec linear_spec(const py::handle& packed) {
+  const bool quantized = py::hasattr(packed, "kind");
   return {field<Tensor>(packed, "weight"), optional_tensor(packed, "bias"),
-          field<int64_t>(packed, "out_features")};
+          field<int64_t>(packed, "out_features"), quantized ? field<int64_t>(packed, "kind") : -1};
+}
+
+// One packed linear, or a tuple of them (quantized parts in different formats).
+Projection projection(const py::handle& packed) {
+  Projection p;
+  if (py::isinstance<py::tuple>(packed))
+    for (const auto& part : packed) p.parts.push_back(linear_spec(part));
+  else
+    p.parts.push_back(linear_spec(packed));
+  return p;
 }
 
 // A stack_spec.BlockSpec; `rope` and `mask` index the step's rope tables and masks.
@@ -115,17 +152,24 @@ LayerSpec layer_spec(const py::handle& block, int64_t rope, int64_t mask) {
   L.interleaved = !rotary.is_none() && field<bool>(rotary, "interleaved");
   L.mask = mask;
   const py::object qkv = attn.attr("qkv").attr("weight");  // a packing.PackedQKV
-  L.qkv = linear_spec(qkv.attr("linear"));
+  L.qkv = projection(qkv.attr("linear"));
   L.nq = L.hq * L.d, L.nk = L.nv = L.hk * L.d;
   TORCH_CHECK(field<std::vector<int64_t>>(qkv, "sizes") == std::vector<int64_t>({L.nq, L.nk, L.nv}),
               "pace_avx512: decoder stack QKV sizes differ from the heads");
   L.o = linear_spec(attn.attr("o_proj").attr("weight"));
-  const py::object mlp = block.attr("mlp").attr("kernel").attr("weight");  // a PackedGatedMLP
-  L.gate_up = field<Tensor>(mlp, "gate_up");
-  L.down = field<Tensor>(mlp, "down");
+  // a packing.PackedGatedMLP, or a qpacking.QPackedGatedMLP (gate_up/down packed linears)
+  const py::object mlp = block.attr("mlp").attr("kernel").attr("weight");
   L.inter = field<int64_t>(mlp, "intermediate");
   L.hidden = field<int64_t>(mlp, "hidden");
   L.act = field<int64_t>(mlp, "activation");
+  L.quantized_mlp = !py::isinstance<Tensor>(mlp.attr("down"));
+  if (L.quantized_mlp) {
+    L.q_gate_up = projection(mlp.attr("gate_up"));
+    L.q_down = linear_spec(mlp.attr("down"));
+  } else {
+    L.gate_up = field<Tensor>(mlp, "gate_up");
+    L.down = field<Tensor>(mlp, "down");
+  }
   return L;
 }
 
@@ -221,8 +265,21 @@ void check_caches(const std::vector<Tensor>& keys, const std::vector<Tensor>& va
     }
 }
 
+// act(gate) * up for the activation codes of simd.h (ACT_NAMES)
+Tensor activate_gate(const Tensor& gate, int64_t act) {
+  switch (act) {
+    case ACT_SILU: return at::silu(gate);
+    case ACT_GELU: return at::gelu(gate);
+    case ACT_GELU_TANH: return at::gelu(gate, "tanh");
+    default: return at::relu(gate);
+  }
+}
+
 Tensor mlp(const LayerSpec& L, const Tensor& h) {
-  return gated_mlp(h, L.gate_up, L.down, L.inter, L.hidden, L.act);
+  if (!L.quantized_mlp) return gated_mlp(h, L.gate_up, L.down, L.inter, L.hidden, L.act);
+  const Tensor gu = L.q_gate_up(h);
+  const Tensor gate = gu.narrow(-1, 0, L.inter), up = gu.narrow(-1, L.inter, L.inter);
+  return L.q_down(activate_gate(gate, L.act).mul_(up));
 }
 
 class DecoderStack {
