@@ -9,7 +9,11 @@ permutation of ``llama`` and the ``+ 1`` folded into Gemma norm weights.
 from __future__ import annotations
 
 import functools
+import hashlib
+import mmap
+import os
 import re
+import shutil
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -91,6 +95,18 @@ def _reader(file: Path) -> Any:
     return _cached_reader(str(file), stat.st_mtime_ns, stat.st_size)
 
 
+def release_pages(file: Path) -> None:
+    """Drop the file's pages from this process's resident memory once the model is built.
+
+    Kernels that repacked a tensor never read its pages again; tensors still used as views
+    of the map (pace-native's) fault their pages back in when read. The map is private and
+    never written, so nothing is lost (``MADV_DONTNEED`` on clean pages)."""
+    mapped = getattr(_reader(file).data, "_mmap", None)
+    if mapped is not None and hasattr(mapped, "madvise"):
+        mapped.madvise(mmap.MADV_DONTNEED)
+    _cached_reader.cache_clear()  # its parsed metadata (the vocabulary's fields) too
+
+
 def architecture(reader: Any) -> str:
     field = reader.fields.get("general.architecture")
     if field is None:
@@ -105,20 +121,56 @@ def architecture(reader: Any) -> str:
 
 
 def load_config(file: Path) -> Any:
-    """The model config from GGUF metadata, as transformers reads it."""
+    """The model config from GGUF metadata, as transformers reads it (see :func:`_converted`)."""
     from transformers import AutoConfig
 
     architecture(_reader(file))
     try:
-        return AutoConfig.from_pretrained(str(file.parent), gguf_file=file.name)
+        return _converted(file, "config", AutoConfig)
     except Exception as exc:
         raise ModelLoadError(f"cannot read the config of GGUF file {file}: {exc}") from None
 
 
 def load_tokenizer(file: Path) -> Any:
+    """The tokenizer from GGUF metadata, as transformers converts it (see :func:`_converted`)."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(file.parent), gguf_file=file.name)
+    return _converted(file, "tokenizer", AutoTokenizer)
+
+
+def _converted(file: Path, what: str, auto: Any) -> Any:
+    """``auto.from_pretrained`` of ``file``'s metadata, converted once per file and saved under
+    ``$PACE_CACHE_DIR/gguf-meta/`` (transformers parses every metadata field, the whole
+    vocabulary included, for either: seconds and a few hundred MB of transient memory that
+    loading the saved copy does not cost)."""
+    saved = _meta_cache(file) / what
+    if saved.is_dir():
+        try:
+            obj = auto.from_pretrained(str(saved))
+        except (OSError, ValueError):  # a damaged cache entry: convert again
+            shutil.rmtree(saved, ignore_errors=True)
+        else:
+            if hasattr(obj, "_name_or_path"):  # as the conversion names it: the file's folder
+                obj._name_or_path = str(file.parent)
+            return obj
+    obj = auto.from_pretrained(str(file.parent), gguf_file=file.name)
+    staging = saved.with_name(f"{what}.{os.getpid()}.partial")
+    try:
+        obj.save_pretrained(str(staging))
+        staging.rename(saved)
+    except OSError:  # a read-only cache, or another process saved it first: fine either way
+        shutil.rmtree(staging, ignore_errors=True)
+    return obj
+
+
+def _meta_cache(file: Path) -> Path:
+    from pace_core.paths import cache_root
+
+    path = file.resolve()
+    stat = path.stat()
+    key = f"{path}:{stat.st_size}:{stat.st_mtime_ns}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:20]
+    return cache_root() / "gguf-meta" / f"{file.stem}-{digest}"
 
 
 def _hf_name(gguf_name: str, table: dict[str, str]) -> str | None:

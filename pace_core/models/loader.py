@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import logging
 import os
 from pathlib import Path
@@ -131,6 +133,9 @@ def build_model(
     with torch.no_grad():
         model = spec.builder(builder)
     tolerated = weights.finish(getattr(spec.builder, "harmless_extras", ()), strict=strict)
+    if path.suffix == gguf_source.SUFFIX:
+        gguf_source.release_pages(path)
+    _return_freed_memory()
     if tolerated:
         log.warning(
             "ignored %d unexpected tensors (strict=False): %s",
@@ -138,3 +143,14 @@ def build_model(
             ", ".join(tolerated[:5]),
         )
     return model
+
+
+def _return_freed_memory() -> None:
+    """Hand the heap the load freed back to the OS (glibc ``malloc_trim``): the converted and
+    packed tensors of a load are transients of up to tens of MB, which glibc otherwise keeps
+    mapped after they are freed (its mmap threshold grows with them), so they would stay in
+    the process's RSS. A no-op where the C library has no ``malloc_trim``."""
+    name = ctypes.util.find_library("c")
+    trim = getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
+    if trim is not None:
+        trim(0)
