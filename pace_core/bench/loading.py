@@ -34,7 +34,10 @@ llm = LLMModel(source, dtype=dtype, quantization=quantization, quiet=True)
 seconds = time.perf_counter() - start
 with open("/proc/self/statm") as f:
     rss = int(f.read().split()[1]) * resource.getpagesize()
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+# VmHWM: the peak of this address space (ru_maxrss would also count the parent's RSS at
+# fork, which Linux keeps across exec)
+with open("/proc/self/status") as f:
+    peak = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
 print(json.dumps({"weights": weight_bytes(llm.model), "rss": rss, "peak": peak,
                   "seconds": seconds}))
 """

@@ -152,3 +152,16 @@ def test_mixed_format_ops_fuse_too(tmp_path, tiny_llama_dir, clean_env):
     ids = torch.randint(3, 120, (1, 20), generator=torch.Generator().manual_seed(3))
     a, b = fused.logits(ids).float(), native.logits(ids).float()
     assert float((a - b).norm() / b.norm()) < 1e-3
+
+
+def test_fused_stack_still_runs_dense_fp32_layers(tiny_llama_dir, clean_env):
+    """Dense and quantized layers share the stack's code paths (the MLP kind is read from the
+    packed weights): fp32 dense runs here on any AVX-512 CPU (no AVX512-BF16 needed)."""
+    def load(stack):
+        return LLMModel(tiny_llama_dir, dtype=torch.float32, opconfig={"decoder_stack": stack},
+                        load_tokenizer=False)  # fmt: skip
+
+    fused, per_layer = load("avx512"), load("native")
+    assert fused.op_plan.backends()["decoder_stack"] == {"avx512"}, str(fused.op_plan)
+    ids = torch.randint(3, 120, (2, 24), generator=torch.Generator().manual_seed(4))
+    torch.testing.assert_close(fused.logits(ids), per_layer.logits(ids), rtol=0, atol=1e-5)

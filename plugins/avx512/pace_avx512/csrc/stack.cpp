@@ -162,7 +162,7 @@ LayerSpec layer_spec(const py::handle& block, int64_t rope, int64_t mask) {
   L.inter = field<int64_t>(mlp, "intermediate");
   L.hidden = field<int64_t>(mlp, "hidden");
   L.act = field<int64_t>(mlp, "activation");
-  L.quantized_mlp = !py::isinstance<Tensor>(mlp.attr("down"));
+  L.quantized_mlp = py::hasattr(mlp.attr("down"), "kind");  // a qpacking.QPackedLinear
   if (L.quantized_mlp) {
     L.q_gate_up = projection(mlp.attr("gate_up"));
     L.q_down = linear_spec(mlp.attr("down"));
