@@ -15,12 +15,14 @@ bench-peers``; ``python -m pace_core.bench.peers status`` shows what is found.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import os
 import subprocess
 import sys
 import tarfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -158,13 +160,31 @@ def quantized_gguf(model_dir: str | Path, ftype: str, *, quiet: bool = True) -> 
     params.ftype = LLAMA_FTYPES[ftype]
     params.nthread = os.cpu_count() or 1
     tmp = out.with_suffix(".tmp")
-    code = llama_cpp.llama_model_quantize(str(source).encode(), str(tmp).encode(),
-                                          ctypes.byref(params))  # fmt: skip
+    with _c_stdout_silenced(quiet):  # the quantizer prints a line per tensor from C
+        code = llama_cpp.llama_model_quantize(str(source).encode(), str(tmp).encode(),
+                                              ctypes.byref(params))  # fmt: skip
     if code != 0:
         tmp.unlink(missing_ok=True)
         raise PeerUnavailable(f"llama.cpp could not quantize {source} to {ftype} (code {code})")
     tmp.replace(out)
     return out
+
+
+@contextlib.contextmanager
+def _c_stdout_silenced(quiet: bool) -> Iterator[None]:
+    """File descriptor 1 sent to /dev/null while the block runs (C code's prints too)."""
+    if not quiet:
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "w") as sink:
+            os.dup2(sink.fileno(), 1)
+            yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 class LlamaCppRunner:
