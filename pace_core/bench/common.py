@@ -260,3 +260,22 @@ def read_results(folder: Path) -> list[dict[str, Any]]:
         if isinstance(data, dict) and "benchmark" in data and "results" in data:
             payloads.append(data)
     return payloads
+
+
+def target_row(target: str, values: Sequence[float], minimum: float) -> dict[str, Any]:
+    """One target of a benchmark's summary: the worst and best ratio measured, and whether
+    the worst meets ``minimum``."""
+    return {"target": f"{target} >= {minimum}", "worst": min(values), "best": max(values),
+            "met": min(values) >= minimum}  # fmt: skip
+
+
+def with_targets(
+    payload: dict[str, Any], summary: list[dict[str, Any]], quiet: bool
+) -> dict[str, Any]:
+    """``payload`` with its ``summary`` of :func:`target_row` rows, printed unless ``quiet``."""
+    payload["summary"] = summary
+    if not quiet:
+        for s in summary:
+            verdict = "met" if s["met"] else "NOT met"
+            print(f"{s['target']}: worst {s['worst']:.2f}, best {s['best']:.2f} -> {verdict}")
+    return payload

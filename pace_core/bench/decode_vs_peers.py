@@ -17,7 +17,16 @@ from typing import Any
 
 import torch
 
-from pace_core.bench.common import emit, model_path, note, progress, random_prompts, vocab_size
+from pace_core.bench.common import (
+    emit,
+    model_path,
+    note,
+    progress,
+    random_prompts,
+    target_row,
+    vocab_size,
+    with_targets,
+)
 from pace_core.bench.offline import _LlamaCpp, _pace, _transformers, measure_point
 
 ENGINES = ("pace", "pace-native", "transformers", "llama.cpp")
@@ -96,9 +105,7 @@ def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for column, engine, minimum in TARGETS:
         values = [r[column] for r in rows if r["engine"] == engine and column in r]
         if values:
-            worst = min(values)
-            out.append({"target": f"{engine} {column} >= {minimum}", "worst": worst,
-                        "best": max(values), "met": worst >= minimum})  # fmt: skip
+            out.append(target_row(f"{engine} {column}", values, minimum))
     return out
 
 
@@ -116,13 +123,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for engine, r in with_ratios(measure_point(engines, ids, args)).items():
                 rows.append({"model": name, "engine": engine, "threads": threads,
                              "prompt_len": prompt_len, **r})  # fmt: skip
-    payload = emit("decode_vs_peers", rows, COLUMNS, args)
-    payload["summary"] = summary(rows)
-    if not args.quiet:
-        for s in payload["summary"]:
-            verdict = "met" if s["met"] else "NOT met"
-            print(f"{s['target']}: worst {s['worst']:.2f}, best {s['best']:.2f} -> {verdict}")
-    return payload
+    return with_targets(emit("decode_vs_peers", rows, COLUMNS, args), summary(rows), args.quiet)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

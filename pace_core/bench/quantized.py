@@ -24,7 +24,16 @@ from typing import Any
 
 import torch
 
-from pace_core.bench.common import emit, model_path, note, progress, random_prompts, vocab_size
+from pace_core.bench.common import (
+    emit,
+    model_path,
+    note,
+    progress,
+    random_prompts,
+    target_row,
+    vocab_size,
+    with_targets,
+)
 from pace_core.bench.offline import _LlamaCpp, _pace, measure_point
 
 FORMATS = ("bf16", "q8_0", "q4_0", "q4_k_m", "original", "int8", "int4")
@@ -123,8 +132,7 @@ def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             values = [r[column] for r in rows
                       if r["engine"] == "pace" and r["format"] == fmt and column in r]  # fmt: skip
             if values:
-                out.append({"target": f"pace {fmt} {column} >= {minimum}", "worst": min(values),
-                            "best": max(values), "met": min(values) >= minimum})  # fmt: skip
+                out.append(target_row(f"pace {fmt} {column}", values, minimum))
     return out
 
 
@@ -146,13 +154,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 rows.append({"model": name, "format": fmt, "engine": engine, "threads": threads,
                              "prompt_len": prompt_len, "weights_mb": sizes.get(label),
                              **r})  # fmt: skip
-    payload = emit("quantized", rows, COLUMNS, args)
-    payload["summary"] = summary(rows)
-    if not args.quiet:
-        for s in payload["summary"]:
-            verdict = "met" if s["met"] else "NOT met"
-            print(f"{s['target']}: worst {s['worst']:.2f}, best {s['best']:.2f} -> {verdict}")
-    return payload
+    return with_targets(emit("quantized", rows, COLUMNS, args), summary(rows), args.quiet)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

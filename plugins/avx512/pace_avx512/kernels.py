@@ -42,7 +42,7 @@ def gated_mlp(x: torch.Tensor, w: PackedGatedMLP | QPackedGatedMLP) -> torch.Ten
             gate, up = (linear(x, part) for part in w.gate_up)
         else:
             gate, up = linear(x, w.gate_up).split_with_sizes((w.intermediate,) * 2, -1)
-        return linear(w.act_fn(gate) * up, w.down)
+        return linear((_E or _ext()).gated_activation(gate, up, w.activation), w.down)
     return (_E or _ext()).gated_mlp(x, w.gate_up, w.down, w.intermediate, w.hidden, w.activation)
 
 

@@ -18,7 +18,7 @@ the 16 pairs as 32 signed bytes each; 4-bit packs pairs (4v, 4v+1) in the low ni
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -198,18 +198,9 @@ class QPackedQKV:
 class QPackedGatedMLP:
     gate_up: QPackedLinear | tuple[QPackedLinear, ...]  # [gate; up], or (gate, up)
     down: QPackedLinear
-    activation: int  # code: its index in pace_core.ops.ACTIVATIONS (as PackedGatedMLP's)
-    act_fn: Callable[[torch.Tensor], torch.Tensor]  # the same, in torch (per-layer path)
+    activation: int  # code: its index in the extension's ACTIVATIONS (as PackedGatedMLP's)
     intermediate: int
     hidden: int
-
-
-ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "silu": F.silu,
-    "gelu": F.gelu,
-    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
-    "relu": F.relu,
-}
 
 
 def prepare_qkv(
@@ -231,9 +222,9 @@ def prepare_gated_mlp(
         gate_up: QPackedLinear | tuple = prepare_linear(QuantizedWeight.cat([gate, up]))
     else:
         gate_up = (prepare_linear(gate), prepare_linear(up))
-    code = list(ACTIVATIONS).index(activation)
-    return QPackedGatedMLP(gate_up, prepare_linear(down), code, ACTIVATIONS[activation],
-                           int(gate.shape[0]), int(gate.shape[1]))  # fmt: skip
+    code = build.load_extension().ACTIVATIONS.index(activation)
+    return QPackedGatedMLP(gate_up, prepare_linear(down), code, int(gate.shape[0]),
+                           int(gate.shape[1]))  # fmt: skip
 
 
 def _same_format(weights: Sequence[QuantizedWeight]) -> bool:

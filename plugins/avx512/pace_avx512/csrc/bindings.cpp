@@ -6,6 +6,9 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/from_blob.h>
+#include <ATen/ops/gelu.h>
+#include <ATen/ops/relu.h>
+#include <ATen/ops/silu.h>
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -64,6 +67,22 @@ int64_t check_packed(const Tensor& x, const Tensor& w, int64_t k) {
   return width;
 }
 
+// y [..., n] for x [..., K], uninitialized.
+Tensor rows_out(const Tensor& x, int64_t n) {
+  auto sizes = x.sizes().vec();
+  sizes.back() = n;
+  return at::empty(sizes, x.options());
+}
+
+// The fp32 bias's data (null without one); it must hold at least `numel` values.
+const float* bias_ptr(const OptTensor& bias, int64_t numel, const char* what) {
+  if (!bias) return nullptr;
+  TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() &&
+                  bias->numel() >= numel,
+              "pace_avx512: bias must be fp32 ", what);
+  return bias->data_ptr<float>();
+}
+
 void run_linear(const Tensor& xr, int64_t width, int64_t M, int64_t K, const Tensor& w,
                 const float* bias, int64_t N, Tensor& y) {
   if (is_bf16(xr))
@@ -81,20 +100,24 @@ Tensor linear(const Tensor& x, const Tensor& w, const OptTensor& bias, int64_t n
   const int64_t K = x.size(-1);
   const int64_t width = check_packed(x, w, K);
   TORCH_CHECK(w.size(0) * COLUMNS >= n, "pace_avx512: packed weight has fewer than N columns");
-  auto sizes = x.sizes().vec();
-  sizes.back() = n;
-  Tensor y = at::empty(sizes, x.options());
+  Tensor y = rows_out(x, n);
   const int64_t M = K ? x.numel() / K : 0;
   if (M == 0 || n == 0) return y;
-  const float* b = nullptr;
-  if (bias) {
-    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() &&
-                    bias->numel() >= w.size(0) * COLUMNS,
-                "pace_avx512: bias must be fp32 padded to the packed width");
-    b = bias->data_ptr<float>();
-  }
+  const float* b = bias_ptr(bias, w.size(0) * COLUMNS, "padded to the packed width");
   run_linear(as_rows(x, width), width, M, K, w, b, n, y);
   return y;
+}
+
+// act(gate) * up, the activation by its code (simd.h ACT_NAMES): the middle of a gated MLP
+// whose halves come from separate matmuls (quantized weights).
+Tensor gated_activation(const Tensor& gate, const Tensor& up, int64_t act) {
+  switch (act) {
+    case ACT_SILU: return at::silu(gate).mul_(up);
+    case ACT_GELU: return at::gelu(gate).mul_(up);
+    case ACT_GELU_TANH: return at::gelu(gate, "tanh").mul_(up);
+    case ACT_RELU: return at::relu(gate).mul_(up);
+    default: TORCH_CHECK(false, "pace_avx512: unknown activation code ", act);
+  }
 }
 
 // y[..., N] = x[..., K] @ W^T + bias over a quantized W packed by pace_avx512/qpacking.py:
@@ -108,17 +131,10 @@ Tensor qlinear(const Tensor& x, const Tensor& w, const OptTensor& bias, int64_t 
                   kind >= 0 && kind <= 3 && w.size(0) == blocks &&
                   w.size(1) >= G * (kind == 0 ? 320 : kind == 1 ? 544 : kind == 2 ? 576 : 288),
               "pace_avx512: quantized weight ", w.sizes(), " does not match N=", n, " K=", K);
-  auto sizes = x.sizes().vec();
-  sizes.back() = n;
-  Tensor y = at::empty(sizes, x.options());
+  Tensor y = rows_out(x, n);
   const int64_t M = K ? x.numel() / K : 0;
   if (M == 0 || n == 0) return y;
-  const float* b = nullptr;
-  if (bias) {
-    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() >= n,
-                "pace_avx512: bias must be fp32 with N values");
-    b = bias->data_ptr<float>();
-  }
+  const float* b = bias_ptr(bias, n, "with N values");
   const Tensor xc = x.contiguous();
   const uint8_t* wp = w.data_ptr<uint8_t>();
   if (bf)
@@ -366,6 +382,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("has_bf16") = false;
 #endif
   register_decoder_stack(m);
+  m.def("gated_activation", &gated_activation, py::arg("gate"), py::arg("up"), py::arg("act"),
+        "act(gate) * up by activation code");
   m.def("qlinear", &qlinear, py::arg("x"), py::arg("w"), py::arg("bias"), py::arg("n"),
         py::arg("kind"), "y = x @ W^T + bias over a quantized packed W (AVX512-VNNI)");
   m.def("huge_page_copy", &huge_page_copy, py::arg("t"), py::arg("shape") = std::vector<int64_t>{},

@@ -95,6 +95,10 @@ int64_t stream_read(const void* data, int64_t bytes, int nthreads);
 // Threads an OpenMP region of this library gets when asking for `nthreads`.
 int parallel_width(int nthreads);
 
+// Threads worth using for a matmul over `weight_bytes` with M rows split into `units`
+// (about `tuning().min_work_per_thread` weight-byte equivalents each, at most nthreads).
+int pick_threads(int nthreads, int64_t weight_bytes, int64_t M, int64_t units);
+
 // Tuning knobs for benchmarks/experiments (defaults are the measured best).
 struct Tuning {
   int64_t min_work_per_thread = 1 << 17;  // bytes-equivalent below which a thread is not worth it

@@ -174,13 +174,6 @@ struct Args {
   int64_t steps;    // k-pairs (bf16) or k (fp32)
 };
 
-// Threads worth using: about `min_work_per_thread` weight-byte equivalents each.
-int pick_threads(int nthreads, int64_t weight_bytes, int64_t M, int64_t units) {
-  const int64_t work = weight_bytes * (1 + M / 4);
-  const int64_t n = std::max<int64_t>(1, work / tuning().min_work_per_thread);
-  return (int)std::max<int64_t>(1, std::min<int64_t>({(int64_t)nthreads, n, units}));
-}
-
 // Tile heights: decode streams one group (4 independent accumulator chains per row);
 // prefill uses 6 x 4 = 24 accumulators (+ 4 weight registers).
 template <template <int, int> class Kernel, class A, class Epi>
@@ -190,6 +183,13 @@ void dispatch(const A& a, const Epi& e, int64_t M, int64_t groups, int nt) {
 }
 
 }  // namespace
+
+// Threads worth using: about `min_work_per_thread` weight-byte equivalents each.
+int pick_threads(int nthreads, int64_t weight_bytes, int64_t M, int64_t units) {
+  const int64_t work = weight_bytes * (1 + M / 4);
+  const int64_t n = std::max<int64_t>(1, work / tuning().min_work_per_thread);
+  return (int)std::max<int64_t>(1, std::min<int64_t>({(int64_t)nthreads, n, units}));
+}
 
 void linear_bf16(const bf16_t* x, int64_t ldx, int64_t M, int64_t K, const bf16_t* w,
                  const float* bias, int64_t N, bf16_t* y, int64_t ldy, int nthreads) {

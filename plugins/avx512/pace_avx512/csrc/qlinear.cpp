@@ -190,12 +190,6 @@ void qdrive(const QArgs& a, const Store& st, int64_t M, int64_t blocks, int nthr
   }
 }
 
-int qthreads(int nthreads, int64_t weight_bytes, int64_t M, int64_t blocks) {
-  const int64_t work = weight_bytes * (1 + M / 4);
-  const int64_t n = std::max<int64_t>(1, work / tuning().min_work_per_thread);
-  return (int)std::max<int64_t>(1, std::min<int64_t>({(int64_t)nthreads, n, blocks}));
-}
-
 template <typename T>
 void qlinear(const T* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* w,
              int64_t block_stride, int kind, const float* bias, int64_t N, T* y, int64_t ldy,
@@ -205,7 +199,7 @@ void qlinear(const T* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* w,
   const int64_t blocks = (N + 15) / 16;
   const QArgs a{w, block_stride, K / QGROUP, &rows, K};
   const QStore<T> st{y, ldy, bias, N};
-  const int nt = qthreads(nthreads, blocks * block_stride, M, blocks);
+  const int nt = pick_threads(nthreads, blocks * block_stride, M, blocks);
   if (kind == KIND_INT8) qdrive<KIND_INT8>(a, st, M, blocks, nt);
   else if (kind == KIND_INT8_G16) qdrive<KIND_INT8_G16>(a, st, M, blocks, nt);
   else if (kind == KIND_INT4_SYM) qdrive<KIND_INT4_SYM>(a, st, M, blocks, nt);

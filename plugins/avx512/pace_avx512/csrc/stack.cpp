@@ -12,16 +12,12 @@
 // real tokens only, like the cache's own update().
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/gelu.h>
-#include <ATen/ops/relu.h>
-#include <ATen/ops/silu.h>
 
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "simd.h"
 #include "tensor_ops.h"
 
 namespace pace_avx512 {
@@ -265,21 +261,11 @@ void check_caches(const std::vector<Tensor>& keys, const std::vector<Tensor>& va
     }
 }
 
-// act(gate) * up for the activation codes of simd.h (ACT_NAMES)
-Tensor activate_gate(const Tensor& gate, int64_t act) {
-  switch (act) {
-    case ACT_SILU: return at::silu(gate);
-    case ACT_GELU: return at::gelu(gate);
-    case ACT_GELU_TANH: return at::gelu(gate, "tanh");
-    default: return at::relu(gate);
-  }
-}
-
 Tensor mlp(const LayerSpec& L, const Tensor& h) {
   if (!L.quantized_mlp) return gated_mlp(h, L.gate_up, L.down, L.inter, L.hidden, L.act);
   const Tensor gu = L.q_gate_up(h);
   const Tensor gate = gu.narrow(-1, 0, L.inter), up = gu.narrow(-1, L.inter, L.inter);
-  return L.q_down(activate_gate(gate, L.act).mul_(up));
+  return L.q_down(gated_activation(gate, up, L.act));
 }
 
 class DecoderStack {
