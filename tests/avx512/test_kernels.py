@@ -35,7 +35,7 @@ from pace_core import ops
 from pace_core.jit import BuildFailed
 
 # bf16 matmuls need AVX512-BF16 (vdpbf16ps); the other kernels widen bf16 and run anywhere
-MATMUL = (torch.float32, torch.bfloat16) if detect_cpu().has("avx512_bf16") else (torch.float32,)
+MATMUL = (torch.float32, torch.bfloat16)
 MATMUL_DTYPES = st.sampled_from(MATMUL)
 DTYPES = st.sampled_from([torch.float32, torch.bfloat16])
 ROWS = st.one_of(st.integers(1, 20), st.integers(64, 200))  # decode GEMV and prefill GEMM

@@ -106,17 +106,20 @@ def test_simulated_cpu_without_avx512_falls_back(tiny_llama, ext, clean_env):
     torch.testing.assert_close(model.logits(ids), ref.logits(ids), rtol=0, atol=0)
 
 
-def test_without_bf16_dot_fp32_still_runs(tiny_llama, ext, clean_env):
-    """AVX-512 without AVX512-BF16: fp32 keeps the avx512 kernels, bf16 matmuls fall back."""
+def test_without_bf16_dot_bf16_matmuls_stay_on_avx512(tiny_llama, ext, clean_env):
+    """AVX-512 without AVX512-BF16 (Skylake-SP .. Ice Lake): bf16 matmuls keep the avx512
+    kernels (bf16 widened to fp32 for FMAs where the build lacks vdpbf16ps), no further from
+    the fp32 reference than native bf16 is (with margin)."""
     clean_env.setenv("PACE_CPU_FEATURES_DISABLE", "avx512_bf16")
     detect_cpu.cache_clear()
-    fp32 = load(tiny_llama, torch.float32, AVX512)
-    assert fp32.op_plan.backends()["linear"] == {"avx512"}
-    bf16 = load(tiny_llama, torch.bfloat16, {**AVX512, "strict": False})
-    plan = bf16.op_plan.backends()
-    assert plan["linear"] == {"native"} and plan["rms_norm"] == {"avx512"}
-    reasons = {reason for (op, _, reason) in bf16.op_plan.sites if op == "linear"}
-    assert any("avx512_bf16" in r for r in reasons), reasons
+    bf16 = load(tiny_llama, torch.bfloat16, AVX512)
+    assert bf16.op_plan.backends()["linear"] == {"avx512"}
+    ref, exact = load(tiny_llama, torch.bfloat16, NATIVE), load(tiny_llama, torch.float32, NATIVE)
+    ids = prompt(40)
+    truth = exact.logits(ids).float()
+    ours_err = (bf16.logits(ids).float() - truth).abs().max()
+    native_err = (ref.logits(ids).float() - truth).abs().max()
+    assert ours_err <= 2 * native_err + 1e-2, (float(ours_err), float(native_err))
 
 
 @pytest.mark.parametrize("cache", ["dynamic", "bmc", "paged", "slab_pool"])

@@ -130,7 +130,6 @@ def test_mixed_steps_over_block_caches_equal_the_python_loop(
             assert torch.equal(k, wk) and torch.equal(v, wv)
 
 
-@pytest.mark.skipif(not detect_cpu().has("avx512_bf16"), reason="bf16 matmuls need AVX512-BF16")
 def test_smollm2_block_caches_give_the_contiguous_tokens(smollm2_dir, ext, clean_env):
     """Real checkpoint, bf16, fused stack on every cache: greedy tokens of a ragged batch
     through paged and slab_pool equal dynamic's."""

@@ -39,10 +39,9 @@ PRIORITY = 50  # above native (0)
 DTYPES = (torch.float32, torch.bfloat16)
 # What the compiled code needs on every target (csrc is built with these ISA flags) ...
 BASE = build.BASE_FEATURES
-# ... and the bf16 dot-product kernels (vdpbf16ps) on top of it, checked per dtype below
-# because one registration serves both dtypes and fp32 runs without it.
-BF16_DOT = "avx512_bf16"
-# ... and the quantized-weight kernels (vpdpwssd), checked per weight format.
+# bf16 matmuls use vdpbf16ps where the CPU has AVX512-BF16 (the `avx512bf16` build target) and
+# widen bf16 to fp32 for FMAs where it does not (build.py's `avx512` target): no bf16 check.
+# The quantized-weight kernels (vpdpwssd) need VNNI, checked per weight format.
 INT8_DOT = "avx512_vnni"
 MATRIX_FORMATS = ("dense", *qpacking.FORMATS)
 CACHE_LAYOUTS = ("contiguous", "paged", "slab")
@@ -62,21 +61,15 @@ def _quantized_problem(ctx: OpContext, fmt: str) -> str | None:
     return None
 
 
-def _supports(*, bf16_dot: bool):
-    def supports(ctx: OpContext) -> bool | str:
-        fmt = ctx.attrs.get("weight_format") or "dense"
-        if fmt != "dense":
-            if (why := _quantized_problem(ctx, fmt)) is not None:
-                return why
-        elif bf16_dot and ctx.dtype == torch.bfloat16 and not detect_cpu().has(BF16_DOT):
-            return f"missing CPU features: {BF16_DOT} (bf16 kernels use vdpbf16ps)"
-        if ctx.op == "gated_mlp":
-            act = getattr(ctx, "activation", None)  # absent when `pace ops` asks generally
-            if act is not None and act not in packing.ACTIVATIONS:
-                return f"activation {act!r} not implemented (have {', '.join(packing.ACTIVATIONS)})"
-        return build.available()
-
-    return supports
+def _supports(ctx: OpContext) -> bool | str:
+    fmt = ctx.attrs.get("weight_format") or "dense"
+    if fmt != "dense" and (why := _quantized_problem(ctx, fmt)) is not None:
+        return why
+    if ctx.op == "gated_mlp":
+        act = getattr(ctx, "activation", None)  # absent when `pace ops` asks generally
+        if act is not None and act not in packing.ACTIVATIONS:
+            return f"activation {act!r} not implemented (have {', '.join(packing.ACTIVATIONS)})"
+    return build.available()
 
 
 def _stack_supports(ctx: OpContext) -> bool | str:
@@ -119,26 +112,27 @@ def pace_register_builds(registry: Registrations) -> None:
 def pace_register_ops(registry: Registrations) -> None:
     _check_buildable()
 
-    def add(op, fn, *, prepare=None, bf16_dot=True, description="", **extra):
+    def add(op, fn, *, prepare=None, description="", **extra):
         registry.add_kernel(
             op, BACKEND, fn, dtypes=DTYPES, cpu_features=BASE, prepare=prepare,
-            supports=_supports(bf16_dot=bf16_dot), priority=PRIORITY, description=description,
+            supports=_supports, priority=PRIORITY, description=description,
             **extra,
         )  # fmt: skip
 
     add("linear", kernels.linear, prepare=packing.prepare_linear, weight_formats=MATRIX_FORMATS,
-        description="GEMV/GEMM over packed weights (bf16: vdpbf16ps, fp32: FMA, int8/int4 "
-        "and GGUF q8_0/q4_0/q4_1/q4_k: vpdpwssd)")  # fmt: skip
+        description="GEMV/GEMM over packed weights (bf16: vdpbf16ps, or FMA on widened "
+        "bf16 without AVX512-BF16; fp32: FMA; int8/int4 and GGUF q8_0/q4_0/q4_1/q4_k: "
+        "vpdpwssd)")  # fmt: skip
     add("qkv_proj", kernels.qkv_proj, prepare=packing.prepare_qkv, weight_formats=MATRIX_FORMATS,
         description="one GEMV/GEMM over the packed [wq; wk; wv]")  # fmt: skip
     add("gated_mlp", kernels.gated_mlp, prepare=packing.prepare_gated_mlp,
         weight_formats=MATRIX_FORMATS,
         description="gate/up in one pass with the activation fused, then down")  # fmt: skip
-    add("rms_norm", kernels.rms_norm, bf16_dot=False,
+    add("rms_norm", kernels.rms_norm,
         description="RMSNorm with fused residual add (fp32 math)")  # fmt: skip
-    add("layer_norm", kernels.layer_norm, bf16_dot=False,
+    add("layer_norm", kernels.layer_norm,
         description="LayerNorm with fused residual add (fp32 math, two-pass variance)")  # fmt: skip
-    add("rope", kernels.rope, bf16_dot=False,
+    add("rope", kernels.rope,
         description="rotary embedding in place (neox or interleaved)")  # fmt: skip
     registry.add_kernel(
         "decoder_stack", BACKEND, stack.decoder_stack, dtypes=DTYPES, cpu_features=BASE,
@@ -147,6 +141,6 @@ def pace_register_ops(registry: Registrations) -> None:
         description="all pre-norm/sandwich blocks of a step in one C++ call (contiguous, "
         "paged and slab caches, ragged rows)",
     )  # fmt: skip
-    add("attention", kernels.attention, bf16_dot=False, cache_layouts=CACHE_LAYOUTS,
+    add("attention", kernels.attention, cache_layouts=CACHE_LAYOUTS,
         description="flash-style attention (decode and prefill), GQA, sinks, windows; reads "
         "paged/slab pools through the block table")  # fmt: skip

@@ -57,9 +57,6 @@ int64_t check_packed(const Tensor& x, const Tensor& w, int64_t k) {
   TORCH_CHECK(w.scalar_type() == x.scalar_type(), "pace_avx512: weight dtype ", w.scalar_type(),
               " != activation dtype ", x.scalar_type());
   const bool bf = is_bf16(x);
-#ifndef PACE_HAS_BF16
-  TORCH_CHECK(!bf, "pace_avx512: built without AVX512-BF16, bf16 matmuls are unavailable");
-#endif
   const int64_t width = bf ? (k + 1) / 2 * 2 : k;
   TORCH_CHECK(w.dim() == 3 && w.is_contiguous() && w.size(2) == (bf ? 2 : 1) * COLUMNS &&
                   w.size(1) == (bf ? width / 2 : width),

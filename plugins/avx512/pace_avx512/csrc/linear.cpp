@@ -11,10 +11,14 @@
 //
 // bf16 weights use vdpbf16ps (16 lanes x 2 products per instruction). Measured on Zen 4 it
 // peaks at 2x the FLOP rate of fp32 FMA on bf16 weights widened in registers, so it is used
-// for every M. fp32 weights use FMA with the activation broadcast from memory.
+// for every M. CPUs without AVX512-BF16 (Skylake-SP to Ice Lake) widen the same packed
+// weights in registers (a k-pair line: shift for the even k, mask for the odd k) and run two
+// FMAs against the activation widened once per call to fp32 and broadcast from memory.
+// fp32 weights use FMA with the activation broadcast from memory.
 #include <omp.h>
 
 #include <algorithm>
+#include <vector>
 
 #include "kernels.h"
 #include "simd.h"
@@ -57,8 +61,37 @@ struct Bf16Kernel {
       }
     }
 #else
-    (void)m0, (void)b0, (void)acc;  // built without AVX512-BF16: never dispatched
+    (void)m0, (void)b0, (void)acc;  // built without AVX512-BF16: Bf16WideKernel runs instead
 #endif
+  }
+};
+
+// bf16 weights without AVX512-BF16: x is the activation widened to fp32 (rows of Kp floats).
+template <int MT, int NB>
+struct Bf16WideKernel {
+  const float* x;
+  int64_t ldx;
+  const bf16_t* w;
+  int64_t gstride;  // elements per group of 4 blocks = Kp/2 * 128
+  int64_t pairs;    // Kp / 2
+
+  inline void run(int64_t m0, int64_t b0, __m512 (&acc)[MT][NB]) const {
+    const float* xr = x + m0 * ldx;
+    const bf16_t* wb = w + (b0 / GROUP) * gstride + (b0 % GROUP) * 32;
+    const __m512i high = _mm512_set1_epi32((int)0xFFFF0000u);
+    PACE_UNROLL for (int m = 0; m < MT; ++m)
+      PACE_UNROLL for (int n = 0; n < NB; ++n) acc[m][n] = _mm512_setzero_ps();
+    for (int64_t p = 0; p < pairs; ++p) {
+      PACE_UNROLL for (int n = 0; n < NB; ++n) {
+        const __m512i wv = _mm512_loadu_si512(wb + 32 * n + 32 * GROUP * p);
+        const __m512 even = _mm512_castsi512_ps(_mm512_slli_epi32(wv, 16));
+        const __m512 odd = _mm512_castsi512_ps(_mm512_and_si512(wv, high));
+        PACE_UNROLL for (int m = 0; m < MT; ++m) {
+          acc[m][n] = _mm512_fmadd_ps(_mm512_set1_ps(xr[m * ldx + 2 * p]), even, acc[m][n]);
+          acc[m][n] = _mm512_fmadd_ps(_mm512_set1_ps(xr[m * ldx + 2 * p + 1]), odd, acc[m][n]);
+        }
+      }
+    }
   }
 };
 
@@ -191,12 +224,35 @@ int pick_threads(int nthreads, int64_t weight_bytes, int64_t M, int64_t units) {
   return (int)std::max<int64_t>(1, std::min<int64_t>({(int64_t)nthreads, n, units}));
 }
 
+namespace {
+
+// A bf16 matmul over `groups` packed groups: vdpbf16ps where built with AVX512-BF16, else the
+// activation widened to fp32 once (a per-thread buffer reused across calls) and FMAs.
+template <class Epi>
+void bf16_matmul(const bf16_t* x, int64_t ldx, int64_t M, int64_t K, const bf16_t* w,
+                 int64_t groups, const Epi& e, int nthreads) {
+  const int64_t kp = (K + 1) / 2 * 2;
+  const int nt = pick_threads(nthreads, groups * kp * 128, M, groups);
+#ifdef PACE_HAS_BF16
+  dispatch<Bf16Kernel>(Args<bf16_t, bf16_t>{x, ldx, w, kp / 2 * 128, kp / 2}, e, M, groups, nt);
+#else
+  thread_local std::vector<float> wide;
+  if ((int64_t)wide.size() < M * kp) wide.resize(M * kp);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < kp; k += 16) {
+      const __mmask16 lanes = lane_mask(kp - k);
+      _mm512_mask_storeu_ps(&wide[m * kp + k], lanes, load_bf16(x + m * ldx + k, lanes));
+    }
+  dispatch<Bf16WideKernel>(Args<float, bf16_t>{wide.data(), kp, w, kp / 2 * 128, kp / 2}, e, M,
+                           groups, nt);
+#endif
+}
+
+}  // namespace
+
 void linear_bf16(const bf16_t* x, int64_t ldx, int64_t M, int64_t K, const bf16_t* w,
                  const float* bias, int64_t N, bf16_t* y, int64_t ldy, int nthreads) {
-  const int64_t groups = (N + 63) / 64, kp = (K + 1) / 2 * 2;
-  const Args<bf16_t, bf16_t> a{x, ldx, w, kp / 2 * 128, kp / 2};
-  const int nt = pick_threads(nthreads, groups * kp * 128, M, groups);
-  dispatch<Bf16Kernel>(a, LinearEpilogue<bf16_t>{y, ldy, bias, N}, M, groups, nt);
+  bf16_matmul(x, ldx, M, K, w, (N + 63) / 64, LinearEpilogue<bf16_t>{y, ldy, bias, N}, nthreads);
 }
 
 void linear_fp32(const float* x, int64_t ldx, int64_t M, int64_t K, const float* w,
@@ -210,10 +266,8 @@ void linear_fp32(const float* x, int64_t ldx, int64_t M, int64_t K, const float*
 // Gate/up rows interleave in 16-row blocks (g0, u0, g1, u1, ...): 2 * ceil(I / 16) blocks.
 void gated_bf16(const bf16_t* x, int64_t ldx, int64_t M, int64_t K, const bf16_t* w,
                 int64_t I, int act, bf16_t* h, int64_t ldh, int nthreads) {
-  const int64_t groups = ((I + 15) / 16 * 2 + 3) / 4, kp = (K + 1) / 2 * 2;
-  const Args<bf16_t, bf16_t> a{x, ldx, w, kp / 2 * 128, kp / 2};
-  const int nt = pick_threads(nthreads, groups * kp * 128, M, groups);
-  dispatch<Bf16Kernel>(a, GatedEpilogue<bf16_t>{h, ldh, I, act}, M, groups, nt);
+  const int64_t groups = ((I + 15) / 16 * 2 + 3) / 4;
+  bf16_matmul(x, ldx, M, K, w, groups, GatedEpilogue<bf16_t>{h, ldh, I, act}, nthreads);
 }
 
 void gated_fp32(const float* x, int64_t ldx, int64_t M, int64_t K, const float* w, int64_t I,
