@@ -72,6 +72,9 @@ class KernelSpec:
     description: str = ""
     cache_layouts: frozenset[str] | None = None  # attention: the KV layouts it reads
     weight_formats: frozenset[str] = frozenset({DENSE})  # formats of the weights it takes
+    # decoder_stack: computes only the real tokens of a ragged step (rows adding different
+    # token counts), so prefill chunks and decodes can share one forward without padding
+    packs_ragged: bool = False
 
     def format_problem(self, ctx: OpContext) -> str | None:
         """The reason this kernel cannot take the context's weight format(s), if any."""
@@ -268,10 +271,14 @@ class Registrations:
         description: str = "",
         cache_layouts: Iterable[str] | None = None,
         weight_formats: Iterable[str] = (DENSE,),
+        packs_ragged: bool = False,
     ) -> KernelSpec:
         """Declare a kernel. ``priority`` orders candidates under ``auto`` (higher first);
         ``weight_formats``: the formats (``pace_core.quant.WEIGHT_FORMATS``) its prepare step
-        accepts, plain float tensors (``"dense"``) by default."""
+        accepts, plain float tensors (``"dense"``) by default; ``packs_ragged``
+        (``decoder_stack`` only): it computes only the real tokens of a ragged step."""
+        if packs_ragged and op != "decoder_stack":
+            raise PluginError(f"packs_ragged is a decoder_stack property, not {op!r}'s")
         if op not in OPS:
             raise PluginError(f"unknown op {op!r}; the op catalogue has: {', '.join(OPS)}")
         if not backend or not backend.replace("_", "").isalnum():
@@ -300,6 +307,7 @@ class Registrations:
             description=description,
             cache_layouts=None if cache_layouts is None else frozenset(cache_layouts),
             weight_formats=frozenset(weight_formats),
+            packs_ragged=packs_ragged,
         )
         self.kernels.append(spec)
         return spec

@@ -36,6 +36,7 @@ import itertools
 import json
 import os
 import random
+import shlex
 import statistics
 import time
 from collections.abc import Callable
@@ -287,7 +288,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--level-timeout", type=float, default=600.0, help="seconds per level")
     p.add_argument("--start-timeout", type=float, default=900.0, help="seconds per server start")
     p.add_argument("--max-prefill-tokens", type=int, default=512)
-    p.add_argument("--max-cache-tokens", type=int, default=16384)
+    p.add_argument("--max-cache-tokens", type=int, default=32768,
+                   help="pace's KV pool (the default holds 128 bookings of 256 tokens)")
+    p.add_argument("--pace-args", default="",
+                   help="extra `pace serve` flags, e.g. \"--no-mixed-steps\" (comparisons)")
     p.add_argument("--kv-cache-gb", type=int, default=2, help="KV cache of vllm and amd-pace")
     p.add_argument(
         "--modes", nargs="+", default=None, choices=list(MODES),
@@ -362,7 +366,8 @@ def server_spec(engine: str, mode: str, args: argparse.Namespace, model_dir: Pat
     return pace_spec(model_dir, dtype=args.dtype, threads=args.threads,
                      max_running=max_running, instances=instances,
                      max_prefill_tokens=args.max_prefill_tokens,
-                     max_cache_tokens=args.max_cache_tokens)  # fmt: skip
+                     max_cache_tokens=args.max_cache_tokens,
+                     extra=shlex.split(args.pace_args))  # fmt: skip
 
 
 def run_engine(

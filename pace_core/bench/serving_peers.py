@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -138,9 +139,10 @@ class ServerSpec:
 
 def pace_spec(
     model_dir: Path, *, dtype: str, threads: int | None, max_running: int, instances: int = 1,
-    max_prefill_tokens: int = 512, max_cache_tokens: int = 16384,
+    max_prefill_tokens: int = 512, max_cache_tokens: int = 32768, extra: Sequence[str] = (),
 ) -> ServerSpec:  # fmt: skip
-    """``python -m pace_core.cli serve`` (this interpreter) on a free 127.0.0.1 port."""
+    """``python -m pace_core.cli serve`` (this interpreter) on a free 127.0.0.1 port; ``extra``:
+    more ``pace serve`` flags."""
     port = free_port()
     cmd = [
         sys.executable, "-m", "pace_core.cli", "--log-level", "warning", "serve", str(model_dir),
@@ -153,7 +155,7 @@ def pace_spec(
         cmd += ["--instances", str(instances)]
     elif threads:
         cmd += ["--threads", str(threads)]
-    return ServerSpec("pace", cmd, port, "bench")
+    return ServerSpec("pace", [*cmd, *extra], port, "bench")
 
 
 def vllm_spec(

@@ -49,6 +49,12 @@ class DecoderLM:
                 return int(rot.original_max)
         return None
 
+    @property
+    def packs_ragged_steps(self) -> bool:
+        """Whether the bound decoder stack computes only the real tokens of a ragged step, so
+        prefill chunks and single-token decodes can share one forward at no padding cost."""
+        return any(r.kernel.packs_ragged for r in self.plan.resolutions if r.op == "decoder_stack")
+
     def make_step(self, cache: Any, meta: StepMeta) -> StepContext:
         """Positions and rope tables for the new tokens described by ``meta``."""
         positions = meta.positions()

@@ -90,6 +90,13 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="while sequences decode, prefill about this much work per iteration so their "
         "next token waits at most one short chunk (0: always --max-prefill-tokens)",
     )
+    p.add_argument(
+        "--no-mixed-steps",
+        dest="mixed_steps",
+        action="store_false",
+        help="run prompt chunks and decodes as separate forwards even when the decoder stack "
+        "packs ragged steps (for comparisons)",
+    )
     p.add_argument("--instances", type=int, default=1, help="engine processes (cores split)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (single instance)")
     p.add_argument("--api-key", default=os.environ.get("PACE_API_KEY"), help="require Bearer key")
@@ -142,6 +149,7 @@ def build_server(args: argparse.Namespace):
         max_queue=args.max_queue,
         max_prefill_tokens=args.max_prefill_tokens,
         prefill_slice_ms=args.prefill_slice_ms,
+        mixed_steps=args.mixed_steps,
         threads=args.threads,
     )
     config = ServerConfig(

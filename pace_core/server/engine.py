@@ -6,12 +6,15 @@ loop in a dedicated thread. Each iteration:
 1. drains its inbox (new sequences, cancellations; blocks on the inbox when idle);
 2. admits waiting sequences in FIFO order while fewer than ``max_running`` are active and the
    KV *booking* fits (see below);
-3. prefills prompt tokens, taken FIFO from admitted sequences, up to the iteration's
+3. takes prompt chunks, FIFO from admitted sequences, up to the iteration's
    :class:`~pace_core.server.prefill_budget.PrefillBudget`: ``max_prefill_tokens`` when
-   nothing decodes, else about ``prefill_slice_ms`` of prefill work; a long prompt is split
+   nothing decodes, else about ``prefill_slice_ms`` of step work; a long prompt is split
    into chunks over several iterations (``forward_step`` with ``num_new`` < prompt length), so
    a running decode waits for at most one short chunk per token;
-4. runs ONE batched decode forward for every running sequence;
+4. runs ONE forward: every running sequence's next token and the prompt chunks together when
+   the model's decoder stack packs ragged steps (``DecoderLM.packs_ragged_steps``: no padding
+   computed, the weights read once per iteration), else the chunks (grouped by length) and
+   then one batched decode forward;
 5. samples with one :class:`BatchSampler` whose rows follow the running sequences (rows of
    sequences whose prefill just completed join with ``add``; finished or cancelled rows leave
    with ``select_rows``), detokenizes, and emits events;
@@ -42,16 +45,14 @@ import logging
 import queue
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from pace_core.engine.generate import forward_step
 from pace_core.engine.sequence import SequenceTracker
-from pace_core.errors import ConfigError
-from pace_core.models.limits import serving_context_window
 from pace_core.sampling.sampler import BatchSampler
+from pace_core.server.engine_config import EngineConfig, check_block_cache, context_window
 from pace_core.server.events import (
     Admitted,
     Cancel,
@@ -67,30 +68,12 @@ from pace_core.server.events import (
 )
 from pace_core.server.prefill_budget import PrefillBudget
 from pace_core.server.speculative import RowVerdict, SpecDecoder
+from pace_core.server.step_rows import group_chunks, left_padded, plan_chunks
 from pace_core.speculative.verify import check_processors, stop_flags
 
 log = logging.getLogger("pace.server.engine")
 
 Emit = Callable[[list[Event]], None]
-
-
-@dataclass
-class EngineConfig:
-    """Scheduler knobs of one engine instance."""
-
-    max_running: int = 32
-    max_queue: int = 256
-    max_prefill_tokens: int = 512
-    prefill_slice_ms: float = 50.0  # prefill work per iteration while sequences decode
-    threads: int | None = None  # torch intra-op threads of the engine thread
-
-    def __post_init__(self) -> None:
-        for name in ("max_running", "max_prefill_tokens"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1 (got {getattr(self, name)})")
-        if self.max_queue < 0:
-            raise ConfigError(f"max_queue must be >= 0 (got {self.max_queue})")
-        PrefillBudget(self.max_prefill_tokens, self.prefill_slice_ms)  # validates both
 
 
 class _Seq:
@@ -105,21 +88,6 @@ class _Seq:
         self.last = -1  # last sampled token (the next decode input)
         self.tracker: SequenceTracker | None = None
         self.sampler: BatchSampler | None = None  # its row, until it joins the batch
-
-
-def check_block_cache(cache: Any, kv_cache_type: str) -> None:
-    needed = ("free_sequence", "num_blocks", "block_size", "free_blocks")
-    if not all(hasattr(cache, n) for n in needed):
-        raise ConfigError(
-            f"kv_cache_type {kv_cache_type!r} cannot serve: continuous batching steps a changing "
-            "subset of sequences, which needs a block cache; use 'paged' or 'slab_pool'"
-        )
-
-
-def context_window(llm: Any) -> int:
-    """Tokens one sequence may hold (prompt + generated); see
-    :func:`~pace_core.models.limits.serving_context_window`."""
-    return serving_context_window(llm.model.config)
 
 
 class EngineCore:
@@ -143,6 +111,12 @@ class EngineCore:
         self.running: list[_Seq] = []
         self.sampler: BatchSampler | None = None
         self.prefill_budget = PrefillBudget(config.max_prefill_tokens, config.prefill_slice_ms)
+        # one forward per iteration for decodes and prompt chunks (speculative steps keep theirs)
+        self.mixed = (
+            config.mixed_steps
+            and self.spec is None
+            and bool(getattr(llm.model, "packs_ragged_steps", False))
+        )
         self.booked = 0
         self.steps = 0
         self._out: list[Event] = []
@@ -301,32 +275,55 @@ class EngineCore:
             self.prefilling.append(seq)
             self._out.append(Admitted(seq.spec.key, max(0.0, now - seq.spec.arrival)))
 
-    def _prefill(self) -> list[tuple[_Seq, torch.Tensor]]:
-        """Run this iteration's prefill chunks; returns sequences whose prompt is complete."""
-        budget = self.prefill_budget.tokens(decoding=bool(self.running))
-        chunks: list[tuple[_Seq, int]] = []
-        for seq in self.prefilling:
-            if budget <= 0:
-                break
-            n = min(seq.prompt.numel() - seq.done, budget)
-            chunks.append((seq, n))
-            budget -= n
+    def _chunks(self) -> list[tuple[_Seq, int]]:
+        """This iteration's prompt chunks ``(seq, tokens)``, FIFO within the prefill budget."""
+        alongside = len(self.running) if self.mixed else 0
+        budget = self.prefill_budget.tokens(decoding=bool(self.running), alongside=alongside)
+        return plan_chunks([(s, s.prompt.numel() - s.done) for s in self.prefilling], budget)
+
+    def _advance(
+        self, chunks: list[tuple[_Seq, int]], logits: torch.Tensor
+    ) -> list[tuple[_Seq, torch.Tensor]]:
+        """Count the chunks as prefilled; returns the sequences whose prompt is complete with
+        the logits of their last prompt token (``logits`` has a row per chunk)."""
         ready = []
-        for group in _group_chunks(chunks):
-            width = max(n for _, n in group)
-            ids = torch.zeros(len(group), width, dtype=torch.long)
-            for b, (seq, n) in enumerate(group):
-                ids[b, width - n :] = seq.prompt[seq.done : seq.done + n]
-            start = time.perf_counter()
-            logits = forward_step(
-                self.llm.model, self.cache, [s.seq_id for s, _ in group], ids, [n for _, n in group]
-            )
-            self.prefill_budget.record(sum(n for _, n in group), time.perf_counter() - start)
-            for b, (seq, n) in enumerate(group):
-                seq.done += n
-                if seq.done == seq.prompt.numel():
-                    ready.append((seq, logits[b]))
+        for b, (seq, n) in enumerate(chunks):
+            seq.done += n
+            if seq.done == seq.prompt.numel():
+                ready.append((seq, logits[b]))
         return ready
+
+    def _forward(self, rows: list[tuple[_Seq, int]], ids: list[torch.Tensor]) -> torch.Tensor:
+        """One forward adding ``ids[b]`` to row b's sequence; logits of each row's last token."""
+        batch, counts = left_padded(ids)
+        seq_ids = [seq.seq_id for seq, _ in rows]
+        return forward_step(self.llm.model, self.cache, seq_ids, batch, counts)
+
+    def _prefill(self, chunks: list[tuple[_Seq, int]]) -> list[tuple[_Seq, torch.Tensor]]:
+        """Run prompt chunks as forwards of their own (grouped by length)."""
+        ready = []
+        for group in group_chunks(chunks):
+            start = time.perf_counter()
+            logits = self._forward(group, [s.prompt[s.done : s.done + n] for s, n in group])
+            self.prefill_budget.record(sum(n for _, n in group), time.perf_counter() - start)
+            ready += self._advance(group, logits)
+        return ready
+
+    def _mixed_forward(
+        self, chunks: list[tuple[_Seq, int]]
+    ) -> tuple[torch.Tensor | None, list[tuple[_Seq, torch.Tensor]]]:
+        """The running sequences' next tokens and the prompt chunks in one packed forward:
+        (decode logits or None, sequences whose prompt completed)."""
+        decodes = [(seq, 1) for seq in self.running]
+        ids = [torch.tensor([seq.last]) for seq, _ in decodes]
+        ids += [seq.prompt[seq.done : seq.done + n] for seq, n in chunks]
+        start = time.perf_counter()
+        logits = self._forward(decodes + chunks, ids)
+        if chunks:  # the budget's rate: tokens of step work per second, decodes included
+            step_tokens = len(decodes) + sum(n for _, n in chunks)
+            self.prefill_budget.record(step_tokens, time.perf_counter() - start)
+        ready = self._advance(chunks, logits[len(decodes) :])
+        return (logits[: len(decodes)] if decodes else None), ready
 
     def _join(self, seqs: list[_Seq]) -> None:
         """Sequences whose prefill completed join the running batch and its sampler."""
@@ -355,15 +352,29 @@ class EngineCore:
         return reason is not None
 
     def _step(self) -> None:
-        ready = self._prefill() if self.prefilling else []
+        chunks = self._chunks() if self.prefilling else []
+        if self.mixed:
+            if not (chunks or self.running):
+                return  # only waiting sequences, none admitted yet
+            decoded, ready = self._mixed_forward(chunks)
+            self._sample(decoded, ready)
+            return
+        ready = self._prefill(chunks)
         if self.spec is not None:
             self._spec_step(ready)
             return
-        parts = []
+        decoded = None
         if self.running:
-            ids = torch.tensor([s.last for s in self.running], dtype=torch.long).view(-1, 1)
-            seq_ids = [s.seq_id for s in self.running]
-            parts.append(forward_step(self.llm.model, self.cache, seq_ids, ids, [1] * len(ids)))
+            rows = [(seq, 1) for seq in self.running]
+            decoded = self._forward(rows, [torch.tensor([seq.last]) for seq in self.running])
+        self._sample(decoded, ready)
+
+    def _sample(
+        self, decoded: torch.Tensor | None, ready: list[tuple[_Seq, torch.Tensor]]
+    ) -> None:
+        """Sample the running rows' next tokens (``decoded``) and the first tokens of the
+        sequences whose prefill completed (they join the batch), emit, retire finished rows."""
+        parts = [] if decoded is None else [decoded]
         if ready:
             self._join([s for s, _ in ready])
             parts.append(torch.stack([lg for _, lg in ready]))
@@ -468,21 +479,3 @@ class EngineCore:
             self.emit(out)
         except Exception:  # the receiver is gone (shutdown); nothing else to tell
             log.debug("engine %s: emit failed", self.name, exc_info=True)
-
-
-def _group_chunks(chunks: list[tuple[Any, int]]) -> list[list[tuple[Any, int]]]:
-    """Batch prefill chunks into forwards with at most ~25% padding (rows are left-padded)."""
-    groups: list[list[tuple[Any, int]]] = []
-    real = 0
-    for item in sorted(chunks, key=lambda c: -c[1]):
-        if groups:
-            g = groups[-1]
-            width = g[0][1]
-            if (len(g) + 1) * width <= 1.25 * (real + item[1]):
-                g.append(item)
-                real += item[1]
-                continue
-        groups.append([item])
-        real = item[1]
-    return groups
-

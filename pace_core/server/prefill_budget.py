@@ -33,15 +33,18 @@ class PrefillBudget:
         self.min_tokens = min(min_tokens, max_tokens)
         self.rate: float | None = None  # prefill tokens per second, once measured
 
-    def tokens(self, decoding: bool) -> int:
-        """The budget of this iteration; ``decoding``: some sequences wait for their next token."""
+    def tokens(self, decoding: bool, alongside: int = 0) -> int:
+        """The budget of this iteration; ``decoding``: some sequences wait for their next token;
+        ``alongside``: tokens sharing the step's forward (decodes packed with the chunks),
+        counted against the slice."""
         if not decoding or not self.slice_ms or self.rate is None:
             return self.max_tokens
-        by_time = int(self.rate * self.slice_ms / 1000.0)
+        by_time = int(self.rate * self.slice_ms / 1000.0) - alongside
         return max(self.min_tokens, min(self.max_tokens, by_time))
 
     def record(self, tokens: int, seconds: float) -> None:
-        """One prefill forward of ``tokens`` prompt tokens took ``seconds``."""
+        """A forward of ``tokens`` tokens (prompt chunks, and the decodes packed with them)
+        took ``seconds``."""
         if tokens <= 0 or seconds <= 0:
             return
         rate = tokens / seconds

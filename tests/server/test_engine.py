@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from pace_core.sampling.config import SamplingConfig
-from pace_core.server.engine import EngineConfig, EngineCore, SeqSpec, _group_chunks
+from pace_core.server.engine import EngineConfig, EngineCore, SeqSpec
 from pace_core.server.events import Event, SeqError, Stats, Token
+from pace_core.server.step_rows import group_chunks, left_padded, plan_chunks
 
 from .conftest import THREADS
 
@@ -62,8 +63,18 @@ def engine(llm):
 
 
 def test_group_chunks_limits_padding():
-    groups = _group_chunks([("a", 100), ("b", 90), ("c", 10), ("d", 8)])
+    groups = group_chunks([("a", 100), ("b", 90), ("c", 10), ("d", 8)])
     assert [[k for k, _ in g] for g in groups] == [["a", "b"], ["c", "d"]]
+
+
+def test_plan_chunks_takes_prompts_fifo_within_the_budget():
+    assert plan_chunks([("a", 10), ("b", 30), ("c", 5)], 25) == [("a", 10), ("b", 15)]
+    assert plan_chunks([("a", 10)], 0) == []
+
+
+def test_left_padded_right_aligns_each_row():
+    batch, counts = left_padded([torch.tensor([5]), torch.tensor([1, 2, 3])])
+    assert counts == [1, 3] and batch.tolist() == [[0, 0, 5], [1, 2, 3]]
 
 
 def test_chunked_prefill_interleaves_with_decode(llm, engine):
@@ -152,7 +163,9 @@ def test_prefill_is_sliced_while_sequences_decode(llm, engine):
     core, rec = engine(max_prefill_tokens=64, prefill_slice_ms=10)
     core.prefill_budget.rate = 2000.0  # tokens/s: a 10 ms slice is 20 tokens
     core.prefill_budget.record = lambda tokens, seconds: None  # keep the rate fixed
-    long_prompt = list(range(100, 170))  # 70 tokens: 20 + 20 + 20 + 10 while A decodes
+    # 70 tokens in slices of 20 while A decodes (19 when A's decode shares the forward)
+    slice_ = 19 if core.mixed else 20
+    long_prompt = list(range(100, 170))
     with one_thread():
         core.submit([_spec(llm, "A", "Hello there", 30)])
         core.run_once()  # nothing decodes yet: A's prompt in one chunk
@@ -162,8 +175,48 @@ def test_prefill_is_sliced_while_sequences_decode(llm, engine):
             core.run_once()
             done.append(next(s.done for s in [*core.prefilling, *core.running]
                              if s.spec.key == "B"))  # fmt: skip
-        assert done == [20, 40, 60, 70]
+        assert done == [slice_, 2 * slice_, 3 * slice_, 70]
         assert len(rec.tokens("A")) == 5  # one token per iteration, never stalled
         finish(core)
     assert len(rec.tokens("A")) == 30 and len(rec.tokens("B")) == 4
     assert len(core.cache.free_blocks) == core.num_blocks and core.booked == 0
+
+
+def test_mixed_steps_give_the_separate_forwards_tokens(llm, engine, monkeypatch):
+    """Decodes and prompt chunks in one packed forward per iteration (the fused stack packs
+    ragged steps): the same greedy tokens as separate prefill and decode forwards, one forward
+    per iteration, and every block back in the pool."""
+    import pace_core.server.engine as engine_module
+
+    if not llm.model.packs_ragged_steps:
+        pytest.skip("the resolved decoder_stack does not pack ragged steps (no AVX-512 here)")
+    forwards = []
+    real_forward_step = engine_module.forward_step
+
+    def counting(*args, **kw):
+        forwards.append(list(args[4]))  # num_new per row
+        return real_forward_step(*args, **kw)
+
+    monkeypatch.setattr(engine_module, "forward_step", counting)
+    prompts = {"A": "Hello there", "B": list(range(100, 170)), "C": "The capital of France is"}
+    results = {}
+    for mixed in (True, False):
+        core, rec = engine(max_prefill_tokens=24, prefill_slice_ms=0)
+        assert core.mixed
+        core.mixed = mixed
+        forwards.clear()
+        with one_thread():
+            core.submit([_spec(llm, "A", prompts["A"], 12)])
+            core.run_once()
+            core.submit([_spec(llm, k, prompts[k], 6) for k in ("B", "C")])
+            iterations = 1
+            while core.busy:
+                core.run_once()
+                iterations += 1
+        results[mixed] = {k: rec.tokens(k) for k in prompts}
+        if mixed:
+            assert len(forwards) == iterations  # one forward per iteration
+            assert any(1 in rows and max(rows) > 1 for rows in forwards)  # decodes + chunks
+        assert len(core.cache.free_blocks) == core.num_blocks and core.booked == 0
+    assert results[True] == results[False]
+    assert [len(results[True][k]) for k in "ABC"] == [12, 6, 6]

@@ -98,18 +98,7 @@ class PackedLinear:
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows ``ids`` of the unpacked ``[N, K]`` matrix (a tied embedding's lookup reads the
         head's packed copy, so the model keeps one copy of the table)."""
-        _, columns = layout()
-        block = self.weight.shape[-1] // columns  # 2 for bf16 (k pairs), 1 for fp32
-        groups = self.weight[ids // columns]  # [n, Kp/block, block * columns]
-        r = ids % columns
-        if block == 2:  # [g, p, 32i + 2j + e] = W[64g + 16i + j, 2p + e]
-            b, _ = layout()
-            start = 2 * b * (r // b) + 2 * (r % b)
-            index = torch.stack([start, start + 1], dim=-1).view(-1, 1, 2)
-        else:  # [g, k, 16i + j] = W[64g + 16i + j, k]
-            index = r.view(-1, 1, 1)
-        index = index.expand(-1, groups.shape[1], block)
-        return groups.gather(2, index).reshape(ids.numel(), -1)[:, : self.in_features]
+        return build.load_extension().packed_rows(self.weight, ids, self.in_features)
 
 
 @dataclass(frozen=True)

@@ -137,9 +137,9 @@ def pace_register_ops(registry: Registrations) -> None:
     registry.add_kernel(
         "decoder_stack", BACKEND, stack.decoder_stack, dtypes=DTYPES, cpu_features=BASE,
         prepare=stack.prepare, supports=_stack_supports, priority=PRIORITY,
-        weight_formats=MATRIX_FORMATS,
+        weight_formats=MATRIX_FORMATS, packs_ragged=True,
         description="all pre-norm/sandwich blocks of a step in one C++ call (contiguous, "
-        "paged and slab caches, ragged rows)",
+        "paged and slab caches; ragged rows packed, no padding computed)",
     )  # fmt: skip
     add("attention", kernels.attention, cache_layouts=CACHE_LAYOUTS,
         description="flash-style attention (decode and prefill), GQA, sinks, windows; reads "

@@ -308,6 +308,41 @@ Tensor attend(Tensor q, Tensor k, Tensor v, const Tensor& mask, double scale,
   return out;
 }
 
+// Rows `ids` of the [N, K] matrix a packed weight holds (layouts in kernels.h): a tied
+// embedding's lookup reads the LM head's packed table, row by row (no group copies).
+Tensor packed_rows(const Tensor& w, const Tensor& ids, int64_t k) {
+  TORCH_CHECK(w.dim() == 3 && w.is_contiguous() && ids.scalar_type() == at::kLong,
+              "pace_avx512: packed_rows needs a packed weight and int64 ids");
+  const bool bf = is_bf16(w);
+  const Tensor idc = ids.contiguous().view(-1);
+  const int64_t n = idc.numel(), steps = w.size(1), lanes = w.size(2);
+  const int64_t rows = w.size(0) * COLUMNS;
+  Tensor out = at::empty({n, k}, w.options());
+  const int64_t* id = idc.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i)
+    TORCH_CHECK(id[i] >= 0 && id[i] < rows, "pace_avx512: row ", id[i], " outside ", rows);
+  at::parallel_for(0, n, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t g = id[i] / COLUMNS, r = id[i] % COLUMNS;
+      if (bf) {  // [g, p, 32 (r / 16) + 2 (r % 16) + e] = W[64g + r, 2p + e]
+        const uint32_t* src = reinterpret_cast<const uint32_t*>(ptr<bf16_t>(w) + g * steps * lanes) +
+                              (r / BLOCK) * BLOCK + r % BLOCK;
+        bf16_t* dst = ptr<bf16_t>(out) + i * k;
+        for (int64_t p = 0; p < steps; ++p) {
+          const uint32_t pair = src[p * lanes / 2];
+          dst[2 * p] = (bf16_t)(pair & 0xFFFF);
+          if (2 * p + 1 < k) dst[2 * p + 1] = (bf16_t)(pair >> 16);
+        }
+      } else {  // [g, k, 16i + j] = W[64g + 16i + j, k]
+        const float* src = ptr<float>(w) + g * steps * lanes + r;
+        float* dst = ptr<float>(out) + i * k;
+        for (int64_t c = 0; c < k; ++c) dst[c] = src[c * lanes];
+      }
+    }
+  });
+  return out;
+}
+
 // Packed weights live in arenas of transparent huge pages: chunks of >= 64 MiB, 2 MiB aligned,
 // madvise(MADV_HUGEPAGE), handed out in 64-byte aligned pieces. Streaming weights then walks
 // ~500x fewer page-table entries (measured +18-35% on cold 1-thread bf16 GEMVs here). A chunk
@@ -360,6 +395,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &linear, "y = x @ W^T + b over a packed W", py::arg("x"), py::arg("w"),
         py::arg("bias"), py::arg("n"));
   m.def("gated_mlp", &gated_mlp, "act(x@gate) * (x@up) @ down over packed weights");
+  m.def("packed_rows", &packed_rows, py::arg("w"), py::arg("ids"), py::arg("k"),
+        "rows ids of the [N, K] matrix a packed weight holds (tied embedding lookups)");
   m.def("rms_norm", &rms_norm, "RMSNorm with fused residual add -> (y, x + residual)");
   m.def("layer_norm", &layer_norm, "LayerNorm with fused residual add -> (y, x + residual)");
   m.def("rope", &rope, "rotary embedding in place on q [B,T,Hq,D], k [B,T,Hk,D] -> (q, k)");

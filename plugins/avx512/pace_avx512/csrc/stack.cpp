@@ -8,10 +8,15 @@
 // The cache is contiguous (per layer [B, Hk, capacity, D], a row per sequence: the caches'
 // direct_buffers()) or a block pool (per layer [blocks, Hk, block_size, D] and the step's
 // block table: block_buffers() of paged / slab caches), written and read through the table.
-// Ragged rows (left-padded batches, prefill chunks and decodes in one step) write each row's
-// real tokens only, like the cache's own update().
+// Ragged rows (left-padded batches, prefill chunks and decodes in one step) are packed: the
+// real tokens of every row are gathered into one [N, H] matrix, so norms, projections and the
+// MLP never compute padding (a step of 32 decodes and one 128-token chunk is 160 rows, not
+// 33 x 128), and each run of consecutive rows with the same token count attends as one call
+// over views of the step's masks, rope tables and block table. Each row writes its real
+// tokens only into the cache, like the cache's own update(); padded positions come back 0.
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 
 #include <optional>
 #include <string>
@@ -181,53 +186,92 @@ struct Step {  // what one forward step provides
   int64_t block_size;                 // block caches: tokens per block
 };
 
-// Row b's last counts[b] tokens of x [B, T, H, D] (D contiguous) into the cache at positions
-// starts[b] + j: plain row copies, no tensor ops (a decode step writes 2 * H rows of D here).
+// Consecutive rows [b0, b1) of a step that add `count` tokens each; their packed tokens are
+// rows [offset, offset + (b1 - b0) * count) of the step's [N, H] matrix.
+struct RowGroup {
+  int64_t b0, b1, count, offset;
+};
+
+// Runs of equal counts, in row order (rows adding no token are skipped).
+std::vector<RowGroup> row_groups(const std::vector<int64_t>& counts) {
+  std::vector<RowGroup> groups;
+  int64_t offset = 0;
+  for (int64_t b = 0; b < (int64_t)counts.size(); ++b) {
+    const int64_t c = counts[b];
+    if (c == 0) continue;
+    if (!groups.empty() && groups.back().b1 == b && groups.back().count == c) ++groups.back().b1;
+    else groups.push_back({b, b + 1, c, offset});
+    offset += c;
+  }
+  return groups;
+}
+
+// Group g's tokens of x [n, c, H, D] (D contiguous) into the cache at positions starts[b] + j:
+// plain row copies, no tensor ops (a decode step writes 2 * H rows of D here).
 // Contiguous: row b's position p is [b, h, p]; block pool: [table[b, p / bs], h, p % bs].
-void write_cache(const Tensor& cache, const Tensor& x, const Step& s) {
+void write_cache(const Tensor& cache, const Tensor& x, const Step& s, const RowGroup& g) {
   TORCH_CHECK(cache.is_contiguous() && x.stride(3) == 1 && cache.scalar_type() == x.scalar_type(),
               "pace_avx512: decoder stack cache write layout");
-  const int64_t B = x.size(0), T = x.size(1), H = x.size(2), D = x.size(3);
+  const int64_t H = x.size(2), D = x.size(3);
   const int64_t cap = cache.size(2), row = D * x.element_size();
   char* dst = static_cast<char*>(cache.data_ptr());
   const char* src = static_cast<const char*>(x.data_ptr());
   const int64_t es = x.element_size();
   const int64_t* table = s.table ? s.table->data_ptr<int64_t>() : nullptr;
   const int64_t table_stride = s.table ? s.table->stride(0) : 0;
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t j = 0; j < s.counts[b]; ++j) {
-      const int64_t t = T - s.counts[b] + j, pos = s.starts[b] + j;
+  for (int64_t b = g.b0; b < g.b1; ++b)
+    for (int64_t j = 0; j < g.count; ++j) {
+      const int64_t pos = s.starts[b] + j;
       // (slot, offset): the cache row and position within it that hold token `pos`
       const int64_t slot = table ? table[b * table_stride + pos / s.block_size] : b;
       const int64_t off = table ? pos % s.block_size : pos;
       for (int64_t h = 0; h < H; ++h)
         std::memcpy(dst + (((slot * H + h) * cap + off) * D) * es,
-                    src + (b * x.stride(0) + t * x.stride(1) + h * x.stride(2)) * es, row);
+                    src + ((b - g.b0) * x.stride(0) + j * x.stride(1) + h * x.stride(2)) * es, row);
     }
 }
 
-Tensor attention_block(const LayerSpec& L, const Tensor& h, const Step& s) {
-  const int64_t B = h.size(0), T = h.size(1);
-  const Tensor qkv = L.qkv(h);
-  Tensor q = qkv.narrow(-1, 0, L.nq).view({B, T, L.hq, L.d});
-  Tensor k = qkv.narrow(-1, L.nq, L.nk).view({B, T, L.hk, L.d});
-  const Tensor v = qkv.narrow(-1, L.nq + L.nk, L.nv).view({B, T, L.hk, L.d});
+// Attention of one row group over the packed qkv rows of its tokens: [n * c, hq * d].
+Tensor attend_group(const LayerSpec& L, const Tensor& qkv, const Step& s, const RowGroup& g,
+                    int64_t T) {
+  const int64_t n = g.b1 - g.b0, c = g.count;
+  const Tensor rows = qkv.narrow(0, g.offset, n * c);
+  Tensor q = rows.narrow(-1, 0, L.nq).view({n, c, L.hq, L.d});
+  Tensor k = rows.narrow(-1, L.nq, L.nk).view({n, c, L.hk, L.d});
+  const Tensor v = rows.narrow(-1, L.nq + L.nk, L.nv).view({n, c, L.hk, L.d});
   if (L.q_norm.on) q = std::get<0>(L.q_norm(q, c10::nullopt));
   if (L.k_norm.on) k = std::get<0>(L.k_norm(k, c10::nullopt));
-  if (L.rope >= 0) {
+  if (L.rope >= 0) {  // the group's rows and last c positions of the step's [B, T, R] tables
     const auto& [cos, sin] = s.ropes[L.rope];
-    std::tie(q, k) = rope(q, k, cos, sin, L.interleaved);
+    const auto part = [&](const Tensor& t) {
+      return t.size(0) == 1 ? t.narrow(1, T - c, c) : t.narrow(0, g.b0, n).narrow(1, T - c, c);
+    };
+    std::tie(q, k) = rope(q, k, part(cos), part(sin), L.interleaved);
   }
   const Tensor& keys = s.keys[L.layer];
   const Tensor& values = s.values[L.layer];
-  write_cache(keys, k, s);
-  write_cache(values, v, s);
+  write_cache(keys, k, s, g);
+  write_cache(values, v, s, g);
+  const Tensor& full = s.masks[L.mask];  // [B or 1, 1, T, S]
+  const Tensor mask = (full.size(0) == 1 ? full : full.narrow(0, g.b0, n)).narrow(2, T - c, c);
   const Tensor out =
-      s.table ? attend(q.transpose(1, 2), keys, values, s.masks[L.mask], L.scale, L.sinks, s.table,
-                       s.block_size)
-              : attend(q.transpose(1, 2), keys.narrow(2, 0, s.length), values.narrow(2, 0, s.length),
-                       s.masks[L.mask], L.scale, L.sinks, c10::nullopt, 0);
-  return L.o(out.transpose(1, 2).reshape({B, T, L.hq * L.d}));
+      s.table ? attend(q.transpose(1, 2), keys, values, mask, L.scale, L.sinks,
+                       s.table->narrow(0, g.b0, n), s.block_size)
+              : attend(q.transpose(1, 2), keys.narrow(0, g.b0, n).narrow(2, 0, s.length),
+                       values.narrow(0, g.b0, n).narrow(2, 0, s.length), mask, L.scale, L.sinks,
+                       c10::nullopt, 0);
+  return out.transpose(1, 2).reshape({n * c, L.hq * L.d});
+}
+
+// h: the step's packed tokens [N, H].
+Tensor attention_block(const LayerSpec& L, const Tensor& h, const Step& s,
+                       const std::vector<RowGroup>& groups, int64_t T) {
+  const Tensor qkv = L.qkv(h);
+  if (groups.size() == 1) return L.o(attend_group(L, qkv, s, groups[0], T));
+  Tensor out = at::empty({h.size(0), L.hq * L.d}, h.options());
+  for (const RowGroup& g : groups)
+    out.narrow(0, g.offset, (g.b1 - g.b0) * g.count).copy_(attend_group(L, qkv, s, g, T));
+  return L.o(out);
 }
 
 // The caches of a step: contiguous [B, Hk, >= length, D] per layer, or block pools of one
@@ -295,25 +339,50 @@ class DecoderStack {
                   "pace_avx512: decoder stack row ", b, " writes outside its cache");
     check_caches(keys, values, block_table, block_size, B, length);
     const Step s{keys, values, starts, counts, length, masks, ropes, block_table, block_size};
+    const std::vector<RowGroup> groups = row_groups(counts);
+    const int64_t H = x.size(2);
+    int64_t N = 0;
+    for (const int64_t c : counts) N += c;
+    // the real tokens [N, H]: row b's last counts[b] positions (all of x when nothing is padded)
+    Tensor index;
+    if (N != B * T) {
+      std::vector<int64_t> idx;
+      idx.reserve(N);
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t t = T - counts[b]; t < T; ++t) idx.push_back(b * T + t);
+      index = at::empty({N}, x.options().dtype(at::kLong));
+      std::copy(idx.begin(), idx.end(), index.data_ptr<int64_t>());
+    }
+    const auto pack = [&](const Tensor& t) {
+      const Tensor flat = t.reshape({B * T, H});
+      return index.defined() ? flat.index_select(0, index) : flat;
+    };
+    x = pack(x);
+    if (residual) residual = pack(*residual);
     for (const LayerSpec& L : layers_) {
       TORCH_CHECK(L.layer < (int64_t)keys.size() && L.layer < (int64_t)values.size() &&
                       L.mask < (int64_t)masks.size() && L.rope < (int64_t)ropes.size(),
                   "pace_avx512: decoder stack step is missing caches, masks or rope tables");
+      if (N == 0) break;
       const auto& n = L.norms;
       if (!L.sandwich) {
         auto [h, res] = n[0](x, residual);
-        std::tie(h, res) = n[1](attention_block(L, h, s), res);
+        std::tie(h, res) = n[1](attention_block(L, h, s, groups, T), res);
         x = mlp(L, h);
         residual = res;
       } else {
         auto [h, res] = n[0](x, residual);
-        h = std::get<0>(n[1](attention_block(L, h, s), c10::nullopt));
+        h = std::get<0>(n[1](attention_block(L, h, s, groups, T), c10::nullopt));
         std::tie(h, res) = n[2](h, res);
         x = std::get<0>(n[3](mlp(L, h), c10::nullopt));
         residual = res;
       }
     }
-    return {x, residual};
+    const auto unpack = [&](const Tensor& t) {  // back to [B, T, H], padded positions 0
+      if (!index.defined()) return t.reshape({B, T, H});
+      return at::zeros({B * T, H}, t.options()).index_copy_(0, index, t).view({B, T, H});
+    };
+    return {unpack(x), residual ? OptTensor(unpack(*residual)) : OptTensor()};
   }
 
   size_t size() const { return layers_.size(); }
