@@ -383,6 +383,7 @@ def run_engine(
         for c in args.concurrency:
             rows.append(asyncio.run(run_level(server.url, levels[c], c, args.level_timeout, spec)))
             bar.update(1)
+            server.check_alive(f"at {c} concurrent requests", failed_all=not rows[-1]["requests"])
     finally:
         server.stop()
     return rows, ready_s

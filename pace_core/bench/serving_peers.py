@@ -234,6 +234,23 @@ class EngineServer:
             env=env, start_new_session=True,
         )  # fmt: skip
 
+    def check_alive(self, when: str, failed_all: bool = False) -> None:
+        """Raise RuntimeError naming the cause from the server's log when its process exited
+        or (``failed_all``) a whole level failed: a crashed peer (or a crashed worker behind a
+        live front end) is reported with its reason, not as a table of failed requests."""
+        code = self.proc.poll()
+        if code is None and not failed_all:
+            return
+        log = Path(self.log.name).read_text(errors="replace")
+        lines = log.splitlines()
+        crash = ("what():", "terminate called", "Error:", "Traceback")  # most telling first
+        first = next((ln for c in crash for ln in lines if c in ln), lines[-1] if lines else "")
+        state = "exited (code {code})" if code is not None else "failed every request"
+        raise RuntimeError(
+            f"{self.spec.engine} server {state.format(code=code)} {when}: "
+            f"{first.strip()[:300]}; log {self.log.name}"
+        )
+
     def log_tail(self, chars: int = 3000) -> str:
         self.log.flush()
         return Path(self.log.name).read_text(errors="replace")[-chars:]

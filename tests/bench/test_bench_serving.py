@@ -118,3 +118,32 @@ def test_serving_bench_runs_pace_and_skips_an_absent_peer(smollm2_dir, no_peers,
     assert all(r["ttft_p50_ms"] > 0 and r["itl_p50_ms"] > 0 for r in rows)
     assert payload["errors"] == [] and list(payload["start_s"]) == ["pace continuous"]
     assert payload["skipped"] == {"vllm": "not installed (make bench-serving-peers)"}
+
+
+def test_a_crashed_server_is_reported_with_the_cause_from_its_log(tmp_path):
+    """A peer whose worker crashed behind a live front end (every request failed), or whose
+    process exited: the error names the crash line of its log, not just failed requests."""
+    import sys
+
+    spec = serving_peers.ServerSpec(
+        "amd-pace",
+        [sys.executable, "-c", "print('INFO ok'); print('terminate called after throwing');"
+         "print(\"  what():  could not generate a kernel\")"],
+        1, "m",
+    )  # fmt: skip
+    server = serving_peers.EngineServer(spec)
+    try:
+        server.proc.wait(timeout=30)
+        with pytest.raises(RuntimeError, match=r"exited \(code 0\) at 8 .*could not generate"):
+            server.check_alive("at 8 concurrent requests")
+    finally:
+        server.stop()
+    live = serving_peers.EngineServer(
+        serving_peers.ServerSpec("x", [sys.executable, "-c", "import time; time.sleep(30)"], 1, "m")
+    )
+    try:
+        live.check_alive("at 1 concurrent requests")  # alive, requests answered: no error
+        with pytest.raises(RuntimeError, match="failed every request at 1"):
+            live.check_alive("at 1 concurrent requests", failed_all=True)
+    finally:
+        live.stop()
