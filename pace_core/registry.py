@@ -278,7 +278,7 @@ class Registrations:
         accepts, plain float tensors (``"dense"``) by default; ``packs_ragged``
         (``decoder_stack`` only): it computes only the real tokens of a ragged step."""
         if packs_ragged and op != "decoder_stack":
-            raise PluginError(f"packs_ragged is a decoder_stack property, not {op!r}'s")
+            raise PluginError(f"packs_ragged applies to decoder_stack kernels only, not to {op!r}")
         if op not in OPS:
             raise PluginError(f"unknown op {op!r}; the op catalogue has: {', '.join(OPS)}")
         if not backend or not backend.replace("_", "").isalnum():

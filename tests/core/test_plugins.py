@@ -263,6 +263,8 @@ def _plugin(**kernels):
      "PluginError: op 'linear' needs a prepare step (backend 'x' gave none)"),
     ({"op": "rms_norm", "backend": "my-backend", "fn": rms_norm},
      "PluginError: backend name must be alphanumeric/underscore (got 'my-backend')"),
+    ({"op": "rms_norm", "backend": "x", "fn": rms_norm, "packs_ragged": True},
+     "PluginError: packs_ragged applies to decoder_stack kernels only, not to 'rms_norm'"),
 ])  # fmt: skip
 def test_invalid_registration_is_reported(kernel, message):
     host = get_host()
