@@ -17,6 +17,9 @@ PACE_CONTRACT_VERSION = 1  # the pace_core.CONTRACT_VERSION this plugin implemen
 FAMILIES: dict[str, tuple[str, str, str]] = {
     "llama": ("llama", "build", "Llama 1-3.3, SmolLM2 (rope scaling incl. llama3)"),
     "qwen2": ("qwen2", "build", "Qwen2 / Qwen2.5 (qkv bias, sliding window)"),
+    "qwen3": ("qwen3", "build", "Qwen3 dense (QK-norm, sliding window)"),
+    "mistral": ("mistral", "build", "Mistral (sliding window on every layer)"),
+    "smollm3": ("smollm3", "build", "SmolLM3 (NoPE every 4th layer)"),
     "phi3": ("phi3", "build", "Phi-3 / Phi-4 (fused qkv and gate_up, longrope)"),
     "opt": ("opt", "build", "OPT (learned positions, pre- or post-norm)"),
     "gptj": ("gptj", "build", "GPT-J (parallel block, interleaved partial rotary)"),

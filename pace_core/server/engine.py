@@ -8,7 +8,7 @@ loop in a dedicated thread. Each iteration:
    KV *booking* fits (see below);
 3. takes prompt chunks, FIFO from admitted sequences, up to the iteration's
    :class:`~pace_core.server.prefill_budget.PrefillBudget`: ``max_prefill_tokens`` when
-   nothing decodes, else about ``prefill_slice_ms`` of step work; a long prompt is split
+   nothing decodes, else about ``prefill_slice_ms`` of prefill work; a long prompt is split
    into chunks over several iterations (``forward_step`` with ``num_new`` < prompt length), so
    a running decode waits for at most one short chunk per token;
 4. runs ONE forward: every running sequence's next token and the prompt chunks together when
@@ -277,8 +277,7 @@ class EngineCore:
 
     def _chunks(self) -> list[tuple[_Seq, int]]:
         """This iteration's prompt chunks ``(seq, tokens)``, FIFO within the prefill budget."""
-        alongside = len(self.running) if self.mixed else 0
-        budget = self.prefill_budget.tokens(decoding=bool(self.running), alongside=alongside)
+        budget = self.prefill_budget.tokens(decoding=bool(self.running))
         return plan_chunks([(s, s.prompt.numel() - s.done) for s in self.prefilling], budget)
 
     def _advance(

@@ -33,13 +33,12 @@ class PrefillBudget:
         self.min_tokens = min(min_tokens, max_tokens)
         self.rate: float | None = None  # prefill tokens per second, once measured
 
-    def tokens(self, decoding: bool, alongside: int = 0) -> int:
-        """The budget of this iteration; ``decoding``: some sequences wait for their next token;
-        ``alongside``: tokens sharing the step's forward (decodes packed with the chunks),
-        counted against the slice."""
+    def tokens(self, decoding: bool) -> int:
+        """The budget of this iteration; ``decoding``: some sequences wait for their next token
+        (the slice is prefill work on top of their own decode, packed or not)."""
         if not decoding or not self.slice_ms or self.rate is None:
             return self.max_tokens
-        by_time = int(self.rate * self.slice_ms / 1000.0) - alongside
+        by_time = int(self.rate * self.slice_ms / 1000.0)
         return max(self.min_tokens, min(self.max_tokens, by_time))
 
     def record(self, tokens: int, seconds: float) -> None:

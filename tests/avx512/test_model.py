@@ -167,7 +167,8 @@ def test_every_family_matches_native(family, tmp_path, ext, clean_env):
     )
 
 
-FUSED = ("llama", "llama-llama3", "qwen2-sliding", "phi3-partial-sliding", "gemma3")
+FUSED = ("llama", "llama-llama3", "qwen2-sliding", "qwen3-sliding", "smollm3-nope",
+         "phi3-partial-sliding", "gemma3")  # fmt: skip
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

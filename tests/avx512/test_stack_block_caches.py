@@ -27,7 +27,8 @@ from pace_core import LLMModel, SamplingConfig
 from pace_core.engine.generate import forward_step
 
 BLOCK_CACHES = ("paged", "slab_pool")
-FUSED = ("llama", "llama-llama3", "qwen2-sliding", "phi3-partial-sliding", "gemma3")
+FUSED = ("llama", "llama-llama3", "qwen2-sliding", "qwen3-sliding", "smollm3-nope",
+         "phi3-partial-sliding", "gemma3")  # fmt: skip
 DTYPES = (torch.float32, torch.bfloat16)
 NEW_TOKENS = 12
 

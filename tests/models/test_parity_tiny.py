@@ -118,3 +118,13 @@ def test_left_padded_batch(models):
     got = pace.logits(batch)
     real = mask.bool()
     assert max_diff(got[real], ref[real]) < ATOL
+
+
+@pytest.mark.parametrize("cache", ["bmc", "paged", "slab_pool"])
+def test_every_cache_gives_the_hf_greedy_tokens(models, cache):
+    """The same checkpoint through each other KV cache type: HF's greedy tokens and step
+    logits (the default ``dynamic`` is checked above)."""
+    name, hf, pace = models
+    other = LLMModel(pace.path, dtype=torch.float32, kv_cache_type=cache, load_tokenizer=False)
+    problem = greedy_mismatch(hf, other, PROMPT_LEN)
+    assert problem is None, f"{name} on {cache}: {problem}"

@@ -163,9 +163,7 @@ def test_prefill_is_sliced_while_sequences_decode(llm, engine):
     core, rec = engine(max_prefill_tokens=64, prefill_slice_ms=10)
     core.prefill_budget.rate = 2000.0  # tokens/s: a 10 ms slice is 20 tokens
     core.prefill_budget.record = lambda tokens, seconds: None  # keep the rate fixed
-    # 70 tokens in slices of 20 while A decodes (19 when A's decode shares the forward)
-    slice_ = 19 if core.mixed else 20
-    long_prompt = list(range(100, 170))
+    long_prompt = list(range(100, 170))  # 70 tokens: 20 + 20 + 20 + 10 while A decodes
     with one_thread():
         core.submit([_spec(llm, "A", "Hello there", 30)])
         core.run_once()  # nothing decodes yet: A's prompt in one chunk
@@ -175,7 +173,7 @@ def test_prefill_is_sliced_while_sequences_decode(llm, engine):
             core.run_once()
             done.append(next(s.done for s in [*core.prefilling, *core.running]
                              if s.spec.key == "B"))  # fmt: skip
-        assert done == [slice_, 2 * slice_, 3 * slice_, 70]
+        assert done == [20, 40, 60, 70]
         assert len(rec.tokens("A")) == 5  # one token per iteration, never stalled
         finish(core)
     assert len(rec.tokens("A")) == 30 and len(rec.tokens("B")) == 4

@@ -101,6 +101,34 @@ def qwen2(tmp_dir: Path) -> Path:
     return save(tf.Qwen2ForCausalLM, cfg, tmp_dir)
 
 
+# -- Qwen3: QK-norm, head_dim 24 (q 96 != hidden 64), layers >= max_window_layers slide -----
+def qwen3(tmp_dir: Path) -> Path:
+    cfg = tf.Qwen3Config(
+        **{**DIMS, **NO_SPECIAL, "num_hidden_layers": 3},
+        head_dim=24,
+        use_sliding_window=True,
+        sliding_window=4,
+        max_window_layers=1,
+    )
+    assert cfg.layer_types == ["full_attention", "sliding_attention", "sliding_attention"]
+    return save(tf.Qwen3ForCausalLM, cfg, tmp_dir)
+
+
+# -- Mistral: a window of 6 on every layer ---------------------------------------------------
+def mistral(tmp_dir: Path) -> Path:
+    cfg = tf.MistralConfig(**{**DIMS, **NO_SPECIAL}, sliding_window=6)
+    return save(tf.MistralForCausalLM, cfg, tmp_dir)
+
+
+# -- SmolLM3: NoPE on every 2nd layer (layers 1 and 3 of 4) ----------------------------------
+def smollm3(tmp_dir: Path) -> Path:
+    cfg = tf.SmolLM3Config(
+        **{**DIMS, **NO_SPECIAL, "num_hidden_layers": 4}, no_rope_layer_interval=2
+    )
+    assert cfg.no_rope_layers == [1, 0, 1, 0]
+    return save(tf.SmolLM3ForCausalLM, cfg, tmp_dir)
+
+
 # -- Phi-3: half the head dim rotates; longrope switches to long factors past 16 tokens --------
 def _phi3(rope: dict, **over: Any) -> Callable[[Path], Path]:
     def factory(tmp_dir: Path) -> Path:
@@ -187,6 +215,9 @@ FACTORIES: dict[str, Callable[[Path], Path]] = {
     "llama-dynamic": _llama({"rope_type": "dynamic", "factor": 2.0}, max_position_embeddings=30),
     "llama-yarn": _llama(YARN),
     "qwen2-sliding": qwen2,
+    "qwen3-sliding": qwen3,
+    "mistral-sliding": mistral,
+    "smollm3-nope": smollm3,
     "phi3-partial-sliding": _phi3({"rope_type": "default"}, sliding_window=6),
     "phi3-longrope": _phi3(LONGROPE, original_max_position_embeddings=16),
     "opt-prenorm": _opt(),

@@ -1,7 +1,8 @@
-"""Llama 1–3.3 (and SmolLM, Mistral-style configs): pre-norm, GQA, gated SiLU MLP.
+"""Llama 1–3.3 (and SmolLM, SmolLM2): pre-norm, GQA, gated SiLU MLP.
 
 :func:`build` is also the skeleton of the other Llama-layout families: Qwen2 passes its bias
-flags, Phi-3 its fused-projection readers and its window rule.
+flags, Qwen3 its QK-norms, Mistral its window rule, SmolLM3 its NoPE layers, Phi-3 its
+fused-projection readers and its window rule.
 """
 
 from __future__ import annotations
@@ -39,9 +40,11 @@ def build(
     mlp: MLPReader = separate_gated_mlp,
     window: Callable[[Any, int], int | None] = common.layer_window,
     attention_extra: Callable[[ModelBuilder, str], dict[str, Any]] | None = None,
+    uses_rope: Callable[[Any, int], bool] | None = None,
 ) -> DecoderLM:
     """Llama layout; ``qkv_bias``/``o_bias`` default to ``config.attention_bias``;
-    ``attention_extra(b, prefix)`` adds attention fields (e.g. GPT-OSS sinks)."""
+    ``attention_extra(b, prefix)`` adds attention fields (e.g. GPT-OSS sinks, QK-norms);
+    ``uses_rope(config, layer)`` False leaves that layer without rotary (NoPE layers)."""
     cfg = b.config
     _, _, hd = common.heads(cfg)
     eps = cfg.rms_norm_eps
@@ -58,7 +61,7 @@ def build(
             b,
             i,
             f"{p}.self_attn",
-            rotary=rotary,
+            rotary=rotary if uses_rope is None or uses_rope(cfg, i) else None,
             qkv=qkv(b, f"{p}.self_attn", bias),
             o_bias=out_bias,
             window=window,
