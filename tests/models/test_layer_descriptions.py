@@ -21,6 +21,7 @@ from pace_core.stack_spec import (
 
 NORMS = {"pre_norm": 2, "sandwich": 4, "parallel": 1, "post_norm": 2}
 KIND = {"gemma3": "sandwich", "gptj": "parallel", "opt-postnorm-project": "post_norm"}
+QK_NORM = ("gemma3", "qwen3-sliding")
 MLP = {"gpt-oss": MoESpec, "gptj": DenseMLPSpec, "opt-prenorm": DenseMLPSpec,
        "opt-postnorm-project": DenseMLPSpec}  # fmt: skip
 
@@ -43,7 +44,7 @@ def test_every_block_describes_itself(variant, tmp_path):
         assert attn.qkv.fn is block.attn.qkv.fn and attn.o_proj.weight is block.attn.o_proj.weight
         assert attn.window == block.attn.window and attn.scale == block.attn.scale
         assert (attn.rope is None) == (block.attn.rotary is None)
-        assert (attn.q_norm is None) == (variant != "gemma3")
+        assert (attn.q_norm is None) == (variant not in QK_NORM)
         assert (attn.sinks is None) == (variant != "gpt-oss")
         assert isinstance(spec.mlp, MLP.get(variant, GatedMLPSpec))
         if isinstance(spec.mlp, GatedMLPSpec | DenseMLPSpec):
