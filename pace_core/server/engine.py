@@ -68,7 +68,7 @@ from pace_core.server.events import (
 )
 from pace_core.server.prefill_budget import PrefillBudget
 from pace_core.server.speculative import RowVerdict, SpecDecoder
-from pace_core.server.step_rows import group_chunks, left_padded, plan_chunks
+from pace_core.server.step_rows import group_chunks, plan_chunks, step_batch
 from pace_core.speculative.verify import check_processors, stop_flags
 
 log = logging.getLogger("pace.server.engine")
@@ -292,10 +292,12 @@ class EngineCore:
                 ready.append((seq, logits[b]))
         return ready
 
-    def _forward(self, rows: list[tuple[_Seq, int]], ids: list[torch.Tensor]) -> torch.Tensor:
-        """One forward adding ``ids[b]`` to row b's sequence; logits of each row's last token."""
-        batch, counts = left_padded(ids)
-        seq_ids = [seq.seq_id for seq, _ in rows]
+    def _forward(self, decodes: list[_Seq], chunks: list[tuple[_Seq, int]]) -> torch.Tensor:
+        """One forward: the next token of each of ``decodes``, then each prompt chunk; logits
+        of every row's last token."""
+        pieces = [seq.prompt[seq.done : seq.done + n] for seq, n in chunks]
+        batch, counts = step_batch([seq.last for seq in decodes], pieces)
+        seq_ids = [seq.seq_id for seq in decodes] + [seq.seq_id for seq, _ in chunks]
         return forward_step(self.llm.model, self.cache, seq_ids, batch, counts)
 
     def _prefill(self, chunks: list[tuple[_Seq, int]]) -> list[tuple[_Seq, torch.Tensor]]:
@@ -303,7 +305,7 @@ class EngineCore:
         ready = []
         for group in group_chunks(chunks):
             start = time.perf_counter()
-            logits = self._forward(group, [s.prompt[s.done : s.done + n] for s, n in group])
+            logits = self._forward([], group)
             self.prefill_budget.record(sum(n for _, n in group), time.perf_counter() - start)
             ready += self._advance(group, logits)
         return ready
@@ -313,16 +315,14 @@ class EngineCore:
     ) -> tuple[torch.Tensor | None, list[tuple[_Seq, torch.Tensor]]]:
         """The running sequences' next tokens and the prompt chunks in one packed forward:
         (decode logits or None, sequences whose prompt completed)."""
-        decodes = [(seq, 1) for seq in self.running]
-        ids = [torch.tensor([seq.last]) for seq, _ in decodes]
-        ids += [seq.prompt[seq.done : seq.done + n] for seq, n in chunks]
+        decodes = len(self.running)
         start = time.perf_counter()
-        logits = self._forward(decodes + chunks, ids)
+        logits = self._forward(self.running, chunks)
         if chunks:  # the budget's rate: tokens of step work per second, decodes included
-            step_tokens = len(decodes) + sum(n for _, n in chunks)
+            step_tokens = decodes + sum(n for _, n in chunks)
             self.prefill_budget.record(step_tokens, time.perf_counter() - start)
-        ready = self._advance(chunks, logits[len(decodes) :])
-        return (logits[: len(decodes)] if decodes else None), ready
+        ready = self._advance(chunks, logits[decodes:])
+        return (logits[:decodes] if decodes else None), ready
 
     def _join(self, seqs: list[_Seq]) -> None:
         """Sequences whose prefill completed join the running batch and its sampler."""
@@ -362,10 +362,7 @@ class EngineCore:
         if self.spec is not None:
             self._spec_step(ready)
             return
-        decoded = None
-        if self.running:
-            rows = [(seq, 1) for seq in self.running]
-            decoded = self._forward(rows, [torch.tensor([seq.last]) for seq in self.running])
+        decoded = self._forward(self.running, []) if self.running else None
         self._sample(decoded, ready)
 
     def _sample(

@@ -30,7 +30,6 @@ class EngineConfig:
         PrefillBudget(self.max_prefill_tokens, self.prefill_slice_ms)  # validates both
 
 
-
 def check_block_cache(cache: Any, kv_cache_type: str) -> None:
     needed = ("free_sequence", "num_blocks", "block_size", "free_blocks")
     if not all(hasattr(cache, n) for n in needed):

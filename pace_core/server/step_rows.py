@@ -1,5 +1,5 @@
 """The rows of one engine forward: which prompt chunks an iteration takes, how chunks are
-grouped when they run as forwards of their own, and the left-padded id batch of a step."""
+grouped when they run as forwards of their own, and the id batch of a step."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ from collections.abc import Sequence
 from typing import Any, TypeVar
 
 import torch
+
+from pace_core.engine.generate import left_pad
 
 T = TypeVar("T")
 
@@ -24,12 +26,19 @@ def plan_chunks(remaining: Sequence[tuple[T, int]], budget: int) -> list[tuple[T
     return chunks
 
 
-def left_padded(rows: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[int]]:
-    """``ids [B, W]`` with row b's tokens right-aligned (W = the longest), and the counts."""
-    counts = [int(r.numel()) for r in rows]
-    batch = torch.zeros(len(rows), max(counts), dtype=torch.long)
-    for b, row in enumerate(rows):
-        batch[b, batch.shape[1] - counts[b] :] = row
+def step_batch(
+    lasts: Sequence[int], chunks: Sequence[torch.Tensor]
+) -> tuple[torch.Tensor, list[int]]:
+    """The ids of one forward: a row per decode (its last token) and then a row per prompt
+    chunk, right-aligned in ``[B, W]`` (W = the longest chunk, 1 without chunks), and the
+    token count of each row."""
+    counts = [1] * len(lasts) + [int(c.numel()) for c in chunks]
+    batch = torch.zeros(len(counts), max(counts), dtype=torch.long)
+    if lasts:
+        batch[: len(lasts), -1] = torch.tensor(lasts, dtype=torch.long)
+    if chunks:
+        ids, _ = left_pad(chunks)
+        batch[len(lasts) :, batch.shape[1] - ids.shape[1] :] = ids
     return batch, counts
 
 

@@ -77,15 +77,22 @@ def test_fp32_left_padded_batch_matches_native(tiny_llama, ext, clean_env):
     assert together[1] == ours.generate(prompts[1].view(1, -1), sampling).generated_token_ids[0]
 
 
+def bf16_errors(path, ours: LLMModel, ids: torch.Tensor) -> tuple[float, float, LLMModel]:
+    """(max |logit error| of ``ours`` bf16, of native bf16) against native fp32, and that
+    fp32 model."""
+    exact = load(path, torch.float32, NATIVE)
+    truth = exact.logits(ids).float()
+    native = load(path, torch.bfloat16, NATIVE).logits(ids).float()
+    ours_err = (ours.logits(ids).float() - truth).abs().max()
+    return float(ours_err), float((native - truth).abs().max()), exact
+
+
 def test_bf16_close_to_native(tiny_llama, ext, clean_env):
     """bf16 logits: no further from the fp32 reference than native bf16 is (with margin)."""
-    exact = load(tiny_llama, torch.float32, NATIVE)
-    ours, ref = load(tiny_llama, torch.bfloat16, AVX512), load(tiny_llama, torch.bfloat16, NATIVE)
+    ours = load(tiny_llama, torch.bfloat16, AVX512)
     ids = prompt(40)
-    truth = exact.logits(ids).float()
-    ours_err = (ours.logits(ids).float() - truth).abs().max()
-    native_err = (ref.logits(ids).float() - truth).abs().max()
-    assert ours_err <= 2 * native_err + 1e-2, (float(ours_err), float(native_err))
+    ours_err, native_err, exact = bf16_errors(tiny_llama, ours, ids)
+    assert ours_err <= 2 * native_err + 1e-2, (ours_err, native_err)
     _, truth_steps = greedy(exact, ids[:, :8])
     tokens, steps = greedy(ours, ids[:, :8])
     assert len(tokens) == NEW_TOKENS
@@ -114,12 +121,8 @@ def test_without_bf16_dot_bf16_matmuls_stay_on_avx512(tiny_llama, ext, clean_env
     detect_cpu.cache_clear()
     bf16 = load(tiny_llama, torch.bfloat16, AVX512)
     assert bf16.op_plan.backends()["linear"] == {"avx512"}
-    ref, exact = load(tiny_llama, torch.bfloat16, NATIVE), load(tiny_llama, torch.float32, NATIVE)
-    ids = prompt(40)
-    truth = exact.logits(ids).float()
-    ours_err = (bf16.logits(ids).float() - truth).abs().max()
-    native_err = (ref.logits(ids).float() - truth).abs().max()
-    assert ours_err <= 2 * native_err + 1e-2, (float(ours_err), float(native_err))
+    ours_err, native_err, _ = bf16_errors(tiny_llama, bf16, prompt(40))
+    assert ours_err <= 2 * native_err + 1e-2, (ours_err, native_err)
 
 
 @pytest.mark.parametrize("cache", ["dynamic", "bmc", "paged", "slab_pool"])

@@ -10,7 +10,7 @@ import torch
 from pace_core.sampling.config import SamplingConfig
 from pace_core.server.engine import EngineConfig, EngineCore, SeqSpec
 from pace_core.server.events import Event, SeqError, Stats, Token
-from pace_core.server.step_rows import group_chunks, left_padded, plan_chunks
+from pace_core.server.step_rows import group_chunks, plan_chunks, step_batch
 
 from .conftest import THREADS
 
@@ -72,9 +72,12 @@ def test_plan_chunks_takes_prompts_fifo_within_the_budget():
     assert plan_chunks([("a", 10)], 0) == []
 
 
-def test_left_padded_right_aligns_each_row():
-    batch, counts = left_padded([torch.tensor([5]), torch.tensor([1, 2, 3])])
-    assert counts == [1, 3] and batch.tolist() == [[0, 0, 5], [1, 2, 3]]
+def test_step_batch_puts_decodes_first_and_right_aligns_each_row():
+    batch, counts = step_batch([7, 8], [torch.tensor([5]), torch.tensor([1, 2, 3])])
+    assert counts == [1, 1, 1, 3]
+    assert batch.tolist() == [[0, 0, 7], [0, 0, 8], [0, 0, 5], [1, 2, 3]]
+    batch, counts = step_batch([4], [])
+    assert counts == [1] and batch.tolist() == [[4]]
 
 
 def test_chunked_prefill_interleaves_with_decode(llm, engine):

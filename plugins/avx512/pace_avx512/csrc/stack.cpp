@@ -346,12 +346,10 @@ class DecoderStack {
     // the real tokens [N, H]: row b's last counts[b] positions (all of x when nothing is padded)
     Tensor index;
     if (N != B * T) {
-      std::vector<int64_t> idx;
-      idx.reserve(N);
-      for (int64_t b = 0; b < B; ++b)
-        for (int64_t t = T - counts[b]; t < T; ++t) idx.push_back(b * T + t);
       index = at::empty({N}, x.options().dtype(at::kLong));
-      std::copy(idx.begin(), idx.end(), index.data_ptr<int64_t>());
+      int64_t* idx = index.data_ptr<int64_t>();
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t t = T - counts[b]; t < T; ++t) *idx++ = b * T + t;
     }
     const auto pack = [&](const Tensor& t) {
       const Tensor flat = t.reshape({B * T, H});
