@@ -32,6 +32,7 @@ from pace_core.plugins import get_host
 from pace_core.profiling import OpProfiler
 from pace_core.quant import QuantizationConfig, coerce_quantization
 from pace_core.sampling.config import SamplingConfig
+from pace_core.sampling.grammar import GrammarCompiler
 from pace_core.sampling.sampler import BatchSampler
 from pace_core.speculative.config import PromptLookupConfig, SpecConfig, coerce_spec_config
 from pace_core.speculative.inferencer import ModelInferencer
@@ -125,6 +126,17 @@ class LLMModel:
         self.generation_config = read_generation_config(self.path)
         self.eos_token_ids = self._default_eos()
         self.speculator = None if spec is None else self._speculator(spec)
+        self._grammar: GrammarCompiler | None = None
+
+    @property
+    def grammar(self) -> GrammarCompiler | None:
+        """Structured-output matchers for this model's tokenizer (None without a tokenizer);
+        built on first use."""
+        if self._grammar is None and self.tokenizer is not None and self.eos_token_ids:
+            self._grammar = GrammarCompiler(
+                self.tokenizer, self.model.vocab_size, self.eos_token_ids
+            )
+        return self._grammar
 
     # -- set-up helpers ------------------------------------------------------------------
     def _default_eos(self) -> tuple[int, ...]:
@@ -238,6 +250,7 @@ class LLMModel:
             self.model.vocab_size,
             self.eos_token_ids,
             processors=self.host.samplers.values(),
+            grammar=self.grammar if any(c.constrained for c in configs) else None,
         )
         if self.speculator is not None:
             run = self.speculator.run(prompts, sampler, finish, keep_logits=keep_logits)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -84,6 +85,10 @@ class SamplingConfig:
         early_stopping: beam-search early stopping (HF semantics; HF's ``"never"`` maps to False).
         logprobs: ``None`` = off, 0 = chosen token's logprob, k = also the top-k (k <= 20).
         prompt_logprobs: same for the prompt tokens.
+        json_schema: constrain the output to JSON valid for this schema (a dict or a JSON
+            string; ``{"type": "object"}`` = any JSON object); see ``sampling/grammar.py``.
+        grammar: constrain the output to this Lark grammar (llguidance's dialect: ``start``
+            rule, ``/regex/`` terminals, ``%json {...}`` for embedded schemas).
     """
 
     max_new_tokens: int = 128
@@ -106,6 +111,8 @@ class SamplingConfig:
     early_stopping: bool = False
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    json_schema: Mapping[str, Any] | str | None = None
+    grammar: str | None = None
 
     def __post_init__(self) -> None:
         self._normalize()
@@ -180,6 +187,11 @@ class SamplingConfig:
         return not self.do_sample or self.temperature == 0.0
 
     @property
+    def constrained(self) -> bool:
+        """The output follows a ``json_schema`` or ``grammar``."""
+        return self.json_schema is not None or self.grammar is not None
+
+    @property
     def eos_token_ids(self) -> tuple[int, ...] | None:
         """``eos_token_id`` as a tuple, or None when the model's EOS should be used."""
         if self.eos_token_id is None:
@@ -241,6 +253,7 @@ class SamplingConfig:
         for name in ("logprobs", "prompt_logprobs"):
             if getattr(self, name) is not None:
                 self._check_int(name, lo=0, hi=MAX_LOGPROBS, none_ok=True)
+        self._check_constraint()
 
     def _check_bool(self, name: str) -> None:
         value = getattr(self, name)
@@ -298,6 +311,38 @@ class SamplingConfig:
             raise ValueError(
                 f"eos_token_id must be an int >= 0, a non-empty list of them, or None (got {eos!r})"
             )
+
+    def _check_constraint(self) -> None:
+        schema, grammar = self.json_schema, self.grammar
+        if schema is not None:
+            parsed = schema
+            if isinstance(schema, str):
+                try:
+                    parsed = json.loads(schema)
+                except ValueError as exc:
+                    raise ValueError(f"json_schema is not valid JSON: {exc}") from None
+            if not isinstance(parsed, Mapping):
+                raise ValueError(
+                    f"json_schema must be a JSON schema object (a dict or its JSON text), "
+                    f"got {type(parsed).__name__}"
+                )
+        if grammar is not None and (not isinstance(grammar, str) or not grammar.strip()):
+            raise ValueError(f"grammar must be a non-empty Lark grammar string (got {grammar!r})")
+        if not self.constrained:
+            return
+        if schema is not None and grammar is not None:
+            raise ValueError("give json_schema or grammar, not both")
+        clashes = {
+            "num_beams > 1": self.num_beams > 1,
+            "min_new_tokens > 0": self.min_new_tokens > 0,
+            "ignore_eos": self.ignore_eos,
+        }
+        for what, clash in clashes.items():
+            if clash:
+                raise ValueError(
+                    f"{what} cannot be combined with json_schema / grammar (the grammar "
+                    f"decides where the output ends); drop one of them"
+                )
 
     def _check_stop(self) -> None:
         stop = self.stop

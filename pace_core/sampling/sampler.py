@@ -28,6 +28,13 @@ import torch
 from torch import Tensor
 
 from pace_core.sampling.config import SamplingConfig
+from pace_core.sampling.grammar import (
+    GrammarCompiler,
+    RowGrammar,
+    apply_bitmask,
+    bitmask_words,
+    check_constrained,
+)
 from pace_core.sampling.processors import BUILTIN_PROCESSORS, LogitsProcessor, build_processors
 from pace_core.sampling.state import TokenState, as_row_index
 
@@ -153,6 +160,8 @@ class BatchSampler:
         processors: ``(name, order, factory)`` tuples or registry specs; default built-ins.
         logprobs_mode: ``"raw"`` (default) or ``"processed"``, see module doc.
         device: device of the state tensors and generators (default CPU).
+        grammar: builds the matchers of rows with ``json_schema`` / ``grammar``; their token
+            mask is applied before every other processor (required when a row has one).
     """
 
     def __init__(
@@ -165,6 +174,7 @@ class BatchSampler:
         processors: Iterable[Any] | None = None,
         logprobs_mode: str = "raw",
         device: torch.device | str | None = None,
+        grammar: GrammarCompiler | None = None,
     ) -> None:
         if len(configs) != len(prompts):
             raise ValueError(f"{len(configs)} configs for {len(prompts)} prompts")
@@ -179,6 +189,11 @@ class BatchSampler:
         dev = self.state.device
         self.generators: list[torch.Generator | None] = [
             None if c.is_greedy else make_generator(c.seed, dev) for c in self.configs
+        ]
+        check_constrained(self.configs, grammar)
+        self.grammars: list[RowGrammar | None] = [
+            grammar.row(c) if grammar is not None and c.constrained else None
+            for c in self.configs
         ]
         self._rebuild()
 
@@ -225,6 +240,11 @@ class BatchSampler:
         self._lp_k = max(ks, default=0)
         cols = torch.arange(self._lp_k, device=dev)
         self._lp_pad = cols[None, :] >= torch.tensor(ks, dtype=torch.long, device=dev)[:, None]
+        self._grammar_rows = [i for i, g in enumerate(self.grammars) if g is not None]
+        self._grammar_idx = torch.tensor(self._grammar_rows, dtype=torch.long, device=dev)
+        self._bitmask = torch.zeros(
+            len(self._grammar_rows), bitmask_words(self.vocab_size), dtype=torch.int32
+        )
 
     @property
     def batch_size(self) -> int:
@@ -239,6 +259,7 @@ class BatchSampler:
         keep = idx.tolist()
         self.configs = [self.configs[i] for i in keep]
         self.generators = [self.generators[i] for i in keep]
+        self.grammars = [self.grammars[i] for i in keep]
         self.state = self.state.select(idx)
         self._rebuild()
 
@@ -248,6 +269,7 @@ class BatchSampler:
             raise ValueError(f"vocab_size mismatch: {self.vocab_size} vs {other.vocab_size}")
         self.configs = self.configs + other.configs
         self.generators = self.generators + other.generators
+        self.grammars = self.grammars + other.grammars
         self.state = self.state.concat(other.state)
         self._rebuild()
 
@@ -255,14 +277,30 @@ class BatchSampler:
     def process(self, logits: Tensor) -> Tensor:
         """The processed float32 logits; ``logits`` itself is never modified.
 
-        Returns ``logits`` itself (no copy) when it is float32 and no processor applies.
+        Returns ``logits`` itself (no copy) when it is float32 and no processor or grammar
+        applies. Grammar rows are masked first, so the warpers see allowed tokens only.
         """
-        if not self.processors:
+        if not self.processors and not self._grammar_rows:
             return logits.float()
         x = logits.to(torch.float32, copy=True)
+        if self._grammar_rows:
+            self._mask_grammar_rows(x)
         for _, proc in self.processors:
             x = proc(x, self.state)
         return x
+
+    def _mask_grammar_rows(self, x: Tensor) -> None:
+        rows, mask = self._grammar_rows, self._bitmask
+        for j, i in enumerate(rows):
+            grammar = self.grammars[i]
+            assert grammar is not None
+            grammar.mask_into(mask, j)
+        if len(rows) == x.shape[0]:
+            apply_bitmask(x, mask)
+            return
+        sub = x.index_select(0, self._grammar_idx)
+        apply_bitmask(sub, mask)
+        x.index_copy_(0, self._grammar_idx, sub)
 
     def step(self, logits: Tensor) -> StepResult:
         """Pick one token per row from ``logits [B, V]`` and record it in the state."""
@@ -278,6 +316,12 @@ class BatchSampler:
             tokens = self._pick(x, scratch=False)
             logprobs, top = self._logprobs(x, tokens)
         self.state.append(tokens)
+        if self._grammar_rows:
+            chosen = tokens.tolist()
+            for i in self._grammar_rows:
+                grammar = self.grammars[i]
+                assert grammar is not None
+                grammar.accept(chosen[i])
         if self._eos_table.shape[1]:
             stopped_eos = (tokens[:, None] == self._eos_table).any(dim=-1)
         else:

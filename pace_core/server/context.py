@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from pace_core.sampling.grammar import GrammarCompiler
 from pace_core.server.frontend import Frontend
 
 
@@ -60,6 +61,7 @@ class ServingContext(Protocol):
     gen_defaults: dict[str, Any]
     speculative: bool
     token_text: TokenText
+    grammar: GrammarCompiler  # validates response_format / tool_choice constraints
 
     @property
     def model_names(self) -> tuple[str, ...]: ...

@@ -69,7 +69,7 @@ from pace_core.server.events import (
 from pace_core.server.prefill_budget import PrefillBudget
 from pace_core.server.speculative import RowVerdict, SpecDecoder
 from pace_core.server.step_rows import group_chunks, plan_chunks, step_batch
-from pace_core.speculative.verify import check_processors, stop_flags
+from pace_core.speculative.verify import check_speculable, stop_flags
 
 log = logging.getLogger("pace.server.engine")
 
@@ -259,9 +259,10 @@ class EngineCore:
                     self.llm.model.vocab_size,
                     self.llm.eos_token_ids,
                     processors=self.processors,
+                    grammar=self.llm.grammar if seq.spec.config.constrained else None,
                 )
                 if self.spec is not None:
-                    check_processors(seq.sampler.processors)
+                    check_speculable(seq.sampler)
             except (ValueError, TypeError, NotImplementedError) as exc:
                 msg = f"invalid sampling parameters: {exc}"
                 self._out.append(SeqError(seq.spec.key, msg, "invalid_request_error", 400))

@@ -19,6 +19,7 @@ from pace_core.server.context import ServingContext
 from pace_core.server.events import SeqSpec
 from pace_core.server.frontend import Submission
 from pace_core.server.protocol import APIError, ChatCompletionRequest, CompletionRequest
+from pace_core.server.tools import ToolFormat, ToolPlan, plan_tools
 
 MAX_SEQUENCES = 256  # prompts x n of one request
 _GEN_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
@@ -38,6 +39,7 @@ class Plan:
     configs: list[SamplingConfig]  # one per (prompt, choice), in choice order
     n: int
     echo: list[str] | None = None  # completions: the text prepended to each prompt's choices
+    tool_format: ToolFormat | None = None  # chat: parse the output for calls in this format
 
     @property
     def prompt_tokens(self) -> int:
@@ -74,11 +76,12 @@ def completion_plan(server: ServingContext, req: CompletionRequest) -> Plan:
         prompts = [list(x) for x in p]
     if not prompts:
         raise APIError(400, "prompt is empty", param="prompt")
+    constraint = Constraint(json_schema=response_schema(req))
     configs = []
     for prompt in prompts:
         check_prompt(server, prompt)
         mt = max_tokens(server, req.max_tokens, len(prompt), None)
-        configs += [sampling(server, req, mt, req.logprobs, j) for j in range(req.n)]
+        configs += [sampling(server, req, mt, req.logprobs, j, constraint) for j in range(req.n)]
     echo = [server.tokenizer.decode(x) if req.echo else "" for x in prompts]
     return Plan(prompts, configs, req.n, echo)
 
@@ -87,12 +90,23 @@ def chat_plan(server: ServingContext, req: ChatCompletionRequest) -> Plan:
     check_model(server, req.model)
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError(400, "top_logprobs requires logprobs=true", param="top_logprobs")
-    prompt = chat_prompt(server, req)
+    tools = plan_tools(req, getattr(server.tokenizer, "chat_template", None))
+    schema = response_schema(req)
+    if schema is not None and tools.grammar is not None:
+        raise APIError(
+            400,
+            "response_format cannot be combined with tool_choice 'required' or a named tool: "
+            "both constrain the output",
+            param="response_format",
+        )
+    prompt = chat_prompt(server, req, tools)
     check_prompt(server, prompt, "the chat prompt")
     requested = req.max_completion_tokens or req.max_tokens
     mt = max_tokens(server, requested, len(prompt), server.config.default_max_tokens)
     k = (req.top_logprobs or 0) if req.logprobs else None
-    return Plan([prompt], [sampling(server, req, mt, k, j) for j in range(req.n)], req.n)
+    constraint = Constraint(json_schema=schema, grammar=tools.grammar)
+    configs = [sampling(server, req, mt, k, j, constraint) for j in range(req.n)]
+    return Plan([prompt], configs, req.n, tool_format=tools.format)
 
 
 def submit(server: ServingContext, plan: Plan) -> Submitted:
@@ -146,7 +160,7 @@ def check_vocab(server: ServingContext, ids: Iterable[int], what: str, param: st
         )
 
 
-def chat_prompt(server: ServingContext, req: ChatCompletionRequest) -> list[int]:
+def chat_prompt(server: ServingContext, req: ChatCompletionRequest, tools: ToolPlan) -> list[int]:
     tokenizer = server.tokenizer
     if not getattr(tokenizer, "chat_template", None):
         raise APIError(
@@ -155,10 +169,10 @@ def chat_prompt(server: ServingContext, req: ChatCompletionRequest) -> list[int]
             param="messages",
             code="no_chat_template",
         )
-    messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+    extra = {} if tools.template_tools is None else {"tools": tools.template_tools}
     try:
         ids = tokenizer.apply_chat_template(
-            messages, add_generation_prompt=req.add_generation_prompt, tokenize=True
+            tools.messages, add_generation_prompt=req.add_generation_prompt, tokenize=True, **extra
         )
     except Exception as exc:  # jinja raise_exception, bad roles, ...
         raise APIError(400, f"chat template failed: {exc}", param="messages") from None
@@ -211,11 +225,35 @@ def _context_error(server: ServingContext, prompt_len: int, requested: int) -> A
     )
 
 
+@dataclass(frozen=True)
+class Constraint:
+    """What a request's output must follow: a JSON schema or a Lark grammar (or nothing)."""
+
+    json_schema: dict[str, Any] | None = None
+    grammar: str | None = None
+
+
+def response_schema(req: Any) -> dict[str, Any] | None:
+    """``response_format`` as the JSON schema the output must follow (None: free text)."""
+    if req.response_format is None:
+        return None
+    try:
+        return req.response_format.schema_or_none()
+    except ValueError as exc:
+        raise APIError(400, str(exc), param="response_format") from None
+
+
 def sampling(
-    server: ServingContext, req: Any, max_tokens: int, logprobs: int | None, index: int
+    server: ServingContext,
+    req: Any,
+    max_tokens: int,
+    logprobs: int | None,
+    index: int,
+    constraint: Constraint = Constraint(),
 ) -> SamplingConfig:
     """Choice ``index``'s :class:`SamplingConfig`: the request's values, else the model's
-    generation defaults, else OpenAI's; ``seed + index`` so choices differ reproducibly."""
+    generation defaults, else OpenAI's; ``seed + index`` so choices differ reproducibly.
+    A constraint is checked by the grammar engine here, so a bad schema is a 400 up front."""
     d = server.gen_defaults
     temperature = req.temperature if req.temperature is not None else d.get("temperature", 1.0)
     top_k = req.top_k if req.top_k is not None else d.get("top_k", 0)
@@ -224,7 +262,7 @@ def sampling(
         bias = {int(k): float(v) for k, v in req.logit_bias.items()}
         check_vocab(server, bias, "logit_bias has token id", "logit_bias")
     try:
-        return SamplingConfig(
+        config = SamplingConfig(
             max_new_tokens=max_tokens,
             min_new_tokens=req.min_tokens,
             do_sample=temperature > 0,
@@ -244,6 +282,28 @@ def sampling(
             stop=req.stop,
             seed=None if req.seed is None else (req.seed + index) % 2**64,
             logprobs=logprobs,
+            json_schema=constraint.json_schema,
+            grammar=constraint.grammar,
         )
     except (ValueError, ConfigError) as exc:
         raise APIError(400, str(exc)) from None
+    if config.constrained:
+        check_constraint(server, config)
+    return config
+
+
+def check_constraint(server: ServingContext, config: SamplingConfig) -> None:
+    """A 400 when the constrained output cannot be served: speculative decoding, or a
+    schema / grammar the grammar engine rejects."""
+    param = "response_format" if config.json_schema is not None else "tool_choice"
+    if server.speculative:
+        raise APIError(
+            400,
+            "response_format / tool_choice constraints are not supported with speculative "
+            "decoding; use a server started without --spec-config",
+            param=param,
+        )
+    try:
+        server.grammar.check(config)
+    except (ValueError, ConfigError) as exc:
+        raise APIError(400, str(exc), param=param) from None

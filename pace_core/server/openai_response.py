@@ -17,6 +17,7 @@ from pace_core.server.context import ServingContext
 from pace_core.server.events import Token
 from pace_core.server.openai_request import Plan, Submitted
 from pace_core.server.protocol import ChatCompletionRequest, CompletionRequest
+from pace_core.server.tools import ToolStreamParser
 from pace_core.speculative.stats import SpecStats
 
 if TYPE_CHECKING:
@@ -222,6 +223,9 @@ class ChatFormat(ResponseFormat):
         super().__init__(server, req, plan, submitted)
         if self.stream:
             self.base["object"] = "chat.completion.chunk"
+        fmt = plan.tool_format
+        keys = len(submitted.keys)
+        self._tools = None if fmt is None else [ToolStreamParser(fmt) for _ in range(keys)]
 
     def opening(self) -> bytes:
         role = {"role": "assistant", "content": ""}
@@ -231,20 +235,48 @@ class ChatFormat(ResponseFormat):
         )
 
     def chunk(self, i: int, ev: Token) -> dict[str, Any] | None:
-        if not ev.text and ev.logprob is None:
+        if self._tools is None:
+            delta: dict[str, Any] = {"content": ev.text} if ev.text else {}
+        else:
+            delta = self._tool_delta(self._tools[i], ev)
+        if not delta and ev.logprob is None:
             return None
         lp = None if ev.logprob is None else chat_logprobs(self.server, [ev])
-        delta = {"content": ev.text}
+        delta = delta or {"content": ""}
         return self._wrap({"index": i, "delta": delta, "logprobs": lp, "finish_reason": None})
 
+    @staticmethod
+    def _tool_delta(parser: ToolStreamParser, ev: Token) -> dict[str, Any]:
+        """The content the parser releases for ``ev`` and the calls it completed."""
+        before = len(parser.calls)
+        text, calls = parser.feed(ev.text)
+        if ev.finish_reason is not None:
+            rest, more = parser.finish()
+            text, calls = text + rest, calls + more
+        delta: dict[str, Any] = {"content": text} if text else {}
+        if calls:
+            delta["tool_calls"] = [c.to_openai(before + j) for j, c in enumerate(calls)]
+        return delta
+
     def finish_chunk(self, i: int, reason: str) -> dict[str, Any] | None:
+        if self._tools is not None and self._tools[i].calls and reason == "stop":
+            reason = "tool_calls"
         return self._wrap({"index": i, "delta": {}, "logprobs": None, "finish_reason": reason})
 
     def body(self, choices: list[Choice]) -> dict[str, Any]:
         out = []
         for i, c in enumerate(choices):
             lp = chat_logprobs(self.server, c.logprobs) if self.req.logprobs else None
-            message = {"role": "assistant", "content": "".join(c.text)}
-            out.append({"index": i, "message": message, "logprobs": lp, "finish_reason": c.finish})
+            message: dict[str, Any] = {"role": "assistant", "content": "".join(c.text)}
+            finish = c.finish
+            if self.plan.tool_format is not None:
+                parser = ToolStreamParser(self.plan.tool_format)
+                text, _ = parser.feed(message["content"])
+                rest, _ = parser.finish()
+                if parser.calls:
+                    message["content"] = (text + rest) or None
+                    message["tool_calls"] = [call.to_openai() for call in parser.calls]
+                    finish = "tool_calls" if finish == "stop" else finish
+            out.append({"index": i, "message": message, "logprobs": lp, "finish_reason": finish})
         completion_tokens = sum(c.tokens for c in choices)
         return {**self.base, "choices": out, "usage": self.usage(completion_tokens)}

@@ -1,7 +1,8 @@
 """OpenAI-compatible request models and the error shape.
 
 Validation is strict about types (JSON ``"1"`` is not a number, ``true`` is not an int) and
-ranges, lenient about unknown fields (ignored, as the OpenAI API does). Requests are parsed
+ranges. A field pace does not know is a 400 naming it (see :func:`check_extra_fields`), except
+the few that cannot change the output (:data:`IGNORED_FIELDS`). Requests are parsed
 from the raw JSON body with :meth:`pydantic.BaseModel.model_validate_json` so every problem is
 answered 400 in the OpenAI error shape (see :func:`error_body`).
 """
@@ -29,6 +30,32 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
+class JsonSchemaSpec(_Strict):
+    """``response_format.json_schema``: the schema the output must follow."""
+
+    name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    """``response_format``: free text, any JSON object, or JSON following a schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaSpec | None = None
+
+    def schema_or_none(self) -> dict[str, Any] | None:
+        """The JSON schema the output is constrained to (None for ``text``)."""
+        if self.type == "text":
+            return None
+        if self.type == "json_object":
+            return {"type": "object"}
+        if self.json_schema is None:
+            raise ValueError("response_format of type json_schema needs a json_schema object")
+        return self.json_schema.schema_ or {"type": "object"}
+
+
 class _Sampling(_Strict):
     """Fields shared by both endpoints."""
 
@@ -50,6 +77,7 @@ class _Sampling(_Strict):
     repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)
     ignore_eos: bool = False
     min_tokens: int = Field(0, ge=0)
+    response_format: ResponseFormat | None = None
 
     @field_validator("temperature", "top_p", "presence_penalty", "frequency_penalty", "min_p")
     @classmethod
@@ -95,10 +123,49 @@ class TextPart(_Strict):
     text: str
 
 
+_FUNCTION_NAME = r"^[a-zA-Z0-9_.-]{1,64}$"
+
+
+class FunctionCall(_Strict):
+    name: str
+    arguments: str  # JSON text, as the model wrote it
+
+
+class ToolCall(_Strict):
+    """An assistant message's earlier call (``message.tool_calls[i]``)."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class FunctionDef(_Strict):
+    name: str = Field(pattern=_FUNCTION_NAME)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(_Strict):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class FunctionName(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: FunctionName
+
+
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
 
     def text(self) -> str:
         if self.content is None:
@@ -117,6 +184,9 @@ class ChatCompletionRequest(_Sampling):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_CHAT_TOP_LOGPROBS)
     add_generation_prompt: bool = True
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
 
 
 class APIError(Exception):
@@ -174,11 +244,56 @@ def _is_type_tag(part: Any) -> bool:
     )
 
 
+IGNORED_FIELDS = frozenset(
+    {"metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier", "cache_salt"}
+)
+"""Request fields accepted and ignored: bookkeeping that never changes the output."""
+
+
+def check_extra_fields(req: BaseModel) -> None:
+    """A 400 naming the first field the request models do not declare, at any depth; only
+    :data:`IGNORED_FIELDS` at the top level are accepted (and ignored)."""
+    bad = _first_extra(req, "", IGNORED_FIELDS)
+    if bad is not None:
+        raise _unsupported(bad)
+
+
+def _first_extra(value: Any, path: str, allowed: frozenset[str] = frozenset()) -> str | None:
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            found = _first_extra(item, f"{path}.{i}")
+            if found is not None:
+                return found
+        return None
+    if not isinstance(value, BaseModel):
+        return None
+    for name in value.model_extra or {}:
+        if name not in allowed:
+            return f"{path}.{name}" if path else name
+    for name, child in value:
+        found = _first_extra(child, f"{path}.{name}" if path else name)
+        if found is not None:
+            return found
+    return None
+
+
+def _unsupported(name: str) -> APIError:
+    return APIError(
+        400,
+        f"unsupported field {name!r}: pace does not implement it and will not ignore a field "
+        f"that may change the output; remove it (see docs/server.md for the supported fields)",
+        param=name,
+        code="unsupported_field",
+    )
+
+
 def parse(model: type[BaseModel], body: bytes) -> Any:
     """Validate a raw JSON body; any problem becomes a 400 :class:`APIError`."""
     if not body.strip():
         raise APIError(400, "request body is empty: send a JSON object", code="json_invalid")
     try:
-        return model.model_validate_json(body)
+        req = model.model_validate_json(body)
     except ValidationError as exc:
         raise validation_error(exc) from None
+    check_extra_fields(req)
+    return req

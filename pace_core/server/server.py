@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pace_core.models.limits import read_generation_config, serving_context_window, text_config
+from pace_core.sampling.grammar import GrammarCompiler
 from pace_core.server.context import ServerConfig, TokenText
 from pace_core.server.engine import EngineConfig, context_window
 from pace_core.server.events import EngineHandle
@@ -22,6 +23,16 @@ from pace_core.server.frontend import Frontend
 from pace_core.server.local import LocalEngine
 from pace_core.server.metrics import Metrics
 from pace_core.server.openai_request import sampling_defaults
+
+
+def _eos_ids(generation_config: dict[str, Any] | None, tokenizer: Any) -> list[int]:
+    """The model's EOS ids (generation config first, as the engines resolve them)."""
+    eos = (generation_config or {}).get("eos_token_id")
+    if eos is None:
+        eos = getattr(tokenizer, "eos_token_id", None)
+    if eos is None:
+        return []
+    return [int(e) for e in eos] if isinstance(eos, list | tuple) else [int(eos)]
 
 
 class Server:
@@ -55,6 +66,9 @@ class Server:
             max_queue=engine_config.max_queue,
         )
         self.token_text = TokenText(tokenizer)
+        self.grammar = GrammarCompiler(
+            tokenizer, vocab_size, _eos_ids(generation_config, tokenizer) or [0]
+        )
         self.created = int(time.time())
 
     @property

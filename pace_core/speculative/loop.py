@@ -36,7 +36,7 @@ from pace_core.speculative.stats import SpecStats
 from pace_core.speculative.verify import (
     align_left,
     append_ragged,
-    check_processors,
+    check_speculable,
     stop_flags,
     verify_batch,
 )
@@ -78,7 +78,7 @@ class SpeculativeRun:
         on_round_end: Callable[[SpeculativeRun], None] | None = None,
         on_done: Callable[[SpecStats], Any] | None = None,
     ) -> None:
-        check_processors(sampler.processors)
+        check_speculable(sampler)
         self.target, self.proposer, self.k = target, proposer, num_speculative_tokens
         self.prompts, self.sampler, self.finish = list(prompts), sampler, finish
         self.keep_logits, self.on_round_end, self.on_done = keep_logits, on_round_end, on_done

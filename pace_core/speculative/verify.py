@@ -37,6 +37,7 @@ __all__ = [
     "align_left",
     "append_ragged",
     "check_processors",
+    "check_speculable",
     "process_positions",
     "stop_flags",
     "verify_batch",
@@ -45,6 +46,17 @@ __all__ = [
 
 SAFE_PROCESSORS = frozenset(name for name, _, _ in BUILTIN_PROCESSORS)
 """Built-in processors: pure functions of ``(logits, state)``, supported with speculation."""
+
+
+def check_speculable(sampler: Any) -> None:
+    """Raise ConfigError when a row of ``sampler`` cannot be decoded speculatively: a grammar
+    (its matcher would have to be rolled back per rejected draft) or an unsafe processor."""
+    if any(c.constrained for c in sampler.configs):
+        raise ConfigError(
+            "json_schema / grammar (response_format, tools) cannot be combined with "
+            "speculative decoding: serve or load the model without spec_config"
+        )
+    check_processors(sampler.processors)
 
 
 def check_processors(processors: Sequence[tuple[str, Any]]) -> None:

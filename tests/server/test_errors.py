@@ -22,6 +22,22 @@ def _chat(**kw):
     return {"model": MODEL_NAME, "messages": MSG, "max_tokens": 2, **kw}
 
 
+def _schema_format(name="answer", schema=None):
+    spec = {"schema": schema or {"type": "object"}}
+    if name is not None:
+        spec["name"] = name
+    return {"type": "json_schema", "json_schema": spec}
+
+
+def _tool(name):
+    params = {"type": "object", "properties": {"x": {"type": "integer"}}}
+    return {"type": "function", "function": {"name": name, "parameters": params}}
+
+
+def _named(name):
+    return {"type": "function", "function": {"name": name}}
+
+
 # (id, path, body (dict = JSON, bytes = raw), status, param or None)
 CASES = [
     ("malformed-json", P, b'{"prompt": "hi",', 400, None),
@@ -58,6 +74,23 @@ CASES = [
     ("stream-options-type", P, _ok(stream_options={"include_usage": "y"}), 400, None),
     ("min-tokens-over-max", P, _ok(min_tokens=5, max_tokens=2), 400, None),
     ("best-of-mismatch", P, _ok(best_of=3), 400, "best_of"),
+    ("functions-legacy", C, _chat(functions=[{"name": "f"}]), 400, "functions"),
+    ("response-format-type", C, _chat(response_format={"type": "xml"}), 400, None),
+    ("json-schema-missing", C, _chat(response_format={"type": "json_schema"}), 400, None),
+    ("json-schema-no-name", C, _chat(response_format=_schema_format(name=None)), 400, None),
+    ("json-schema-bad-type", C, _chat(response_format=_schema_format(schema={"type": "foo"})),
+     400, "response_format"),
+    ("json-schema-bad-ref", P, _ok(response_format=_schema_format(schema={"$ref": "#/nope"})),
+     400, "response_format"),
+    ("tool-choice-without-tools", C, _chat(tool_choice="required"), 400, "tool_choice"),
+    ("tool-choice-unknown-name", C, _chat(tools=[_tool("f")], tool_choice=_named("g")), 400,
+     "tool_choice"),
+    ("tool-bad-name", C, _chat(tools=[_tool("no spaces")]), 400, None),
+    ("tool-type", C, _chat(tools=[{"type": "code", "function": {"name": "f"}}]), 400, None),
+    ("tool-choice-and-schema", C, _chat(tools=[_tool("f")], tool_choice="required",
+     response_format={"type": "json_object"}), 400, "response_format"),
+    ("schema-and-ignore-eos", C, _chat(response_format={"type": "json_object"},
+     ignore_eos=True), 400, None),
     ("suffix", P, _ok(suffix="x"), 400, "suffix"),
     ("too-many-sequences", P, _ok(prompt=["a"] * 20, n=16), 400, "n"),
     ("over-context", P, _ok(max_tokens=9000), 400, "max_tokens"),
@@ -98,8 +131,16 @@ def test_default_max_tokens_fit_context_and_kv_pool(server):
     assert max_tokens(state, 5, 10, 1024) == 5
 
 
-def test_unknown_fields_are_ignored(server):
-    r = httpx.post(server.url + P, json=_ok(frobnicate=True, user="u1"), timeout=30)
+def test_unknown_fields_are_400_but_bookkeeping_fields_are_accepted(server):
+    r = httpx.post(server.url + P, json=_ok(frobnicate=True), timeout=30)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "frobnicate" and err["code"] == "unsupported_field"
+    nested = _chat(messages=[{"role": "user", "content": [{"type": "text", "text": "a", "x": 1}]}])
+    r = httpx.post(server.url + C, json=nested, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages.0.content.0.x"
+    fine = _ok(user="u1", metadata={"k": "v"}, store=False, service_tier="auto")
+    r = httpx.post(server.url + P, json=fine, timeout=30)
     assert r.status_code == 200, r.text
 
 
