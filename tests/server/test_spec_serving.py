@@ -397,3 +397,14 @@ def test_spec_config_from_a_file(tmp_path):
     path.write_text(json.dumps({"method": "ngram", "num_speculative_tokens": 3}))
     parsed = spec_config_arg(str(path))
     assert coerce_spec_config(parsed).num_speculative_tokens == 3
+
+
+def test_structured_outputs_are_a_400_with_speculation(servers):
+    http = servers("prompt_lookup")
+    body = {"model": MODEL_NAME, "prompt": [1, 2, 3], "max_tokens": 4}
+    r = httpx.post(
+        http.url + "/v1/completions", json={**body, "response_format": {"type": "json_object"}}
+    )
+    err = r.json()["error"]
+    assert r.status_code == 400 and "speculative" in err["message"], r.text
+    assert err["param"] == "response_format"
