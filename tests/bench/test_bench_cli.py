@@ -208,3 +208,15 @@ def test_llama_cpp_runner_decodes_the_converted_model(smollm2_dir):
     assert len(runner.generate(tokens, 3)) == 3
     stats = runner.measure(tokens, 3, repeats=1)
     assert stats["prefill_tok_s"] > 0 and stats["decode_tok_s"] > 0
+
+
+def test_structured_compares_grammar_and_free_decoding(smollm2_dir, tmp_path):
+    argv = ["bench", "structured", "--models", str(smollm2_dir), "--batches", "2",
+            "--tokens", "6", "--repeats", "1", "--threads", "1", "--dtype", "float32",
+            "--out", str(tmp_path), "--quiet"]  # fmt: skip
+    assert main(argv) == 0
+    payload = json.loads((tmp_path / "structured.json").read_text())
+    (row,) = payload["results"]
+    assert row["batch"] == 2 and row["tokens"] == 6 and row["valid_prefix"] is True
+    assert row["free_tok_s"] > 0 and row["grammar_tok_s"] > 0
+    assert payload["summary"][0]["target"] == "grammar / free decode >= 0.9"
