@@ -29,10 +29,13 @@ from pace_core.server.protocol import (
     APIError,
     ChatCompletionRequest,
     CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
     error_body,
     parse,
 )
 from pace_core.server.server import Server, ServerConfig
+from pace_core.server.tokenize_api import detokenize, model_card, tokenize
 
 log = logging.getLogger("pace.server")
 
@@ -95,6 +98,7 @@ def _body_schema(model: type) -> dict[str, Any]:
 
 open_routes = APIRouter()
 v1 = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)])
+tokens = APIRouter(dependencies=[Depends(require_api_key)])  # vLLM's /tokenize, /detokenize
 
 
 @open_routes.get("/health")
@@ -112,17 +116,23 @@ async def metrics(request: Request):
 @v1.get("/models")
 async def models(request: Request):
     server = _server(request)
-    data = [
-        {
-            "id": name,
-            "object": "model",
-            "created": server.created,
-            "owned_by": "pace",
-            "max_model_len": server.max_context,
-        }
-        for name in server.model_names
-    ]
+    data = [model_card(server, name) for name in server.model_names]
     return {"object": "list", "data": data}
+
+
+@v1.get("/models/{model_id:path}")
+async def model(request: Request, model_id: str):
+    return model_card(_server(request), model_id)
+
+
+@tokens.post("/tokenize", openapi_extra=_body_schema(TokenizeRequest))
+async def tokenize_route(request: Request, body: bytes = Depends(request_body)):
+    return tokenize(_server(request), parse(TokenizeRequest, body))
+
+
+@tokens.post("/detokenize", openapi_extra=_body_schema(DetokenizeRequest))
+async def detokenize_route(request: Request, body: bytes = Depends(request_body)):
+    return detokenize(_server(request), parse(DetokenizeRequest, body))
 
 
 async def _answer(request: Request, body: bytes, model: type, make_plan, fmt: type) -> Any:
@@ -206,6 +216,7 @@ def create_app(server: Server) -> FastAPI:
     app.add_exception_handler(Exception, _internal)
     app.include_router(open_routes)
     app.include_router(v1)
+    app.include_router(tokens)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
 

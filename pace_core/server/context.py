@@ -62,6 +62,7 @@ class ServingContext(Protocol):
     speculative: bool
     token_text: TokenText
     grammar: GrammarCompiler  # validates response_format / tool_choice constraints
+    created: int  # unix time the server started (model cards)
 
     @property
     def model_names(self) -> tuple[str, ...]: ...

@@ -189,6 +189,25 @@ class ChatCompletionRequest(_Sampling):
     parallel_tool_calls: bool = True
 
 
+class TokenizeRequest(_Strict):
+    """``POST /tokenize`` (vLLM's shape): a ``prompt`` or chat ``messages``."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = None
+    tools: list[Tool] | None = None
+    add_generation_prompt: bool = True
+    add_special_tokens: bool | None = None  # default: True for a prompt, False for messages
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(_Strict):
+    """``POST /detokenize``."""
+
+    model: str | None = None
+    tokens: list[Annotated[int, Field(ge=0)]]
+
+
 class APIError(Exception):
     """An error answered in the OpenAI shape with ``status``."""
 

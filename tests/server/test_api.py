@@ -222,3 +222,34 @@ def test_models_and_health(server):
     assert [m.id for m in models.data] == [MODEL_NAME]
     r = httpx.get(server.url + "/health")
     assert r.status_code == 200 and r.json() == {"status": "ok"}
+
+
+def test_tokenize_detokenize_and_the_model_card(server):
+    url = server.url
+    tok = server.server_state.tokenizer
+    r = httpx.post(url + "/tokenize", json={"model": MODEL_NAME, "prompt": "Hello world"})
+    body = r.json()
+    assert r.status_code == 200 and body["tokens"] == tok("Hello world")["input_ids"]
+    assert body["count"] == len(body["tokens"]) and body["max_model_len"] > 0
+    msgs = [{"role": "user", "content": "hi"}]
+    r = httpx.post(url + "/tokenize", json={"messages": msgs, "return_token_strs": True})
+    chat = r.json()
+    expected = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+    assert chat["tokens"] == list(expected["input_ids"])
+    assert chat["token_strs"] == tok.convert_ids_to_tokens(chat["tokens"])
+    r = httpx.post(url + "/detokenize", json={"model": MODEL_NAME, "tokens": body["tokens"]})
+    assert r.status_code == 200 and r.json() == {"prompt": "Hello world"}
+    card = httpx.get(f"{url}/v1/models/{MODEL_NAME}").json()
+    assert card["id"] == MODEL_NAME and card["object"] == "model"
+    for method, path, payload, param in [
+        ("post", "/tokenize", {"prompt": "a", "messages": msgs}, "prompt"),
+        ("post", "/tokenize", {}, "prompt"),
+        ("post", "/tokenize", {"prompt": "a", "model": "nope"}, "model"),
+        ("post", "/tokenize", {"prompt": 5}, "prompt"),
+        ("post", "/detokenize", {"tokens": [10**8]}, "tokens"),
+        ("post", "/detokenize", {"tokens": [-1]}, "tokens.0"),
+        ("get", "/v1/models/nope", None, "model"),
+    ]:
+        r = httpx.request(method, url + path, json=payload)
+        assert 400 <= r.status_code < 500, (path, payload, r.text)
+        assert r.json()["error"]["param"] == param, (path, payload, r.text)
