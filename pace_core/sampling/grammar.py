@@ -23,7 +23,10 @@ When the grammar is complete only EOS is allowed, so the row ends by the normal 
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import json
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -102,6 +105,10 @@ def _bit(b: int) -> int:
 class GrammarCompiler:
     """Builds :class:`RowGrammar` objects for one tokenizer and logits width.
 
+    The tokenizer is converted lazily, under a lock, from a private copy taken here: a Rust
+    tokenizer used by another thread at the same time can fail with "Already borrowed", so
+    the compiler may be shared by threads (a server's front door and engine) once built.
+
     Args:
         tokenizer: a Hugging Face fast tokenizer.
         vocab_size: the model's logits width (may exceed the tokenizer's vocabulary).
@@ -111,12 +118,26 @@ class GrammarCompiler:
     def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: Sequence[int]) -> None:
         if not eos_token_ids:
             raise ConfigError("structured outputs need the model's EOS token id(s)")
-        self.tokenizer = tokenizer
+        try:
+            self.tokenizer = copy.deepcopy(tokenizer)
+        except Exception:  # an exotic tokenizer that cannot be copied: convert the original
+            self.tokenizer = tokenizer
         self.vocab_size = int(vocab_size)
         self.eos_token_ids = [int(t) for t in eos_token_ids]
         self._ll: Any = None
+        self._lock = threading.Lock()  # one conversion, even when two threads ask at once
+
+    def warm(self) -> None:
+        """Convert the tokenizer now (servers do it in the background at start-up); a
+        tokenizer that cannot be converted is reported when a request needs it."""
+        with contextlib.suppress(ConfigError):
+            self._ll_tokenizer()
 
     def _ll_tokenizer(self) -> Any:
+        with self._lock:
+            return self._convert()
+
+    def _convert(self) -> Any:
         if self._ll is None:
             import llguidance.hf
 

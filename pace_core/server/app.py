@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -203,6 +204,7 @@ def create_app(server: Server) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         server.frontend.start()
+        threading.Thread(target=server.grammar.warm, name="pace-grammar", daemon=True).start()
         try:
             yield
         finally:

@@ -50,6 +50,7 @@ class Server:
         vocab_size: int,
         generation_config: dict[str, Any] | None = None,
         speculative: bool = False,
+        grammar: GrammarCompiler | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.config = config
@@ -66,7 +67,7 @@ class Server:
             max_queue=engine_config.max_queue,
         )
         self.token_text = TokenText(tokenizer)
-        self.grammar = GrammarCompiler(
+        self.grammar = grammar or GrammarCompiler(
             tokenizer, vocab_size, _eos_ids(generation_config, tokenizer) or [0]
         )
         self.created = int(time.time())
@@ -99,6 +100,7 @@ class Server:
             vocab_size=llm.model.vocab_size,
             generation_config=llm.generation_config,
             speculative=getattr(llm, "speculator", None) is not None,
+            grammar=llm.grammar,  # one conversion shared by the front door and the engine
         )
 
     @classmethod
