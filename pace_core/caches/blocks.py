@@ -8,6 +8,13 @@ sequences through per-sequence block tables; O(1) allocation and free from a fre
   L2 cache (``PACE_SLAB_BLOCK_TOKENS`` overrides); attention runs per sequence.
 
 Exhaustion raises :class:`CacheFullError` before anything changes, so the caller can queue.
+
+Automatic prefix caching (:meth:`BlockCache.enable_prefix_caching`, on in the server): the
+full blocks of a sequence's known tokens are indexed once written, and a new sequence adopts
+the longest indexed run of its prompt's full blocks (:meth:`BlockCache.adopt_prefix`) instead
+of computing it; see :mod:`pace_core.caches.block_pool`. Shared blocks are reference-counted
+and copied before a sequence writes into one (copy-on-write: beam-search forks share their
+blocks, a rollback may crop into an indexed block).
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from pathlib import Path
 import torch
 
 from pace_core.caches.base import CacheFullError, StepMeta
+from pace_core.caches.block_pool import BlockKey, BlockPool, block_keys
 from pace_core.errors import ConfigError
 
 DEFAULT_MAX_TOKENS = 32768
@@ -119,13 +127,55 @@ class BlockCache:
         shapes = [(num_blocks, h, block_size, d) for h, d in zip(num_kv_heads, head_dims)]
         self.keys = [lazy_zeros(shape, dtype) for shape in shapes]
         self.values = [lazy_zeros(shape, dtype) for shape in shapes]
-        self.free_blocks = list(range(num_blocks - 1, -1, -1))  # a stack: O(1) pop/push
+        self.pool = BlockPool(num_blocks, caching=False)
+        self.namespace = b""
         self.blocks: dict[int, list[int]] = {}
         self.lens: dict[int, int] = {}
+        self._keys: dict[int, list[BlockKey]] = {}  # keys of a sequence's known full blocks
+        self._indexed: dict[int, int] = {}  # how many of them are in the index
         self._next_id = 0
         self._meta: StepMeta | None = None
         self._write: tuple[torch.Tensor, ...] | None = None
         self._table: torch.Tensor | None = None
+
+    # -- prefix caching --------------------------------------------------------------------
+    def enable_prefix_caching(self, namespace: bytes = b"") -> None:
+        """Index written full blocks of known tokens and let new sequences adopt them.
+        ``namespace`` names what else changes the KV (model, dtype, quantization)."""
+        self.pool.caching = True
+        self.namespace = namespace
+
+    @property
+    def prefix_caching(self) -> bool:
+        return self.pool.caching
+
+    def adopt_prefix(self, seq_id: int, tokens: Sequence[int], salt: str = "") -> int:
+        """Give the new, empty ``seq_id`` the longest indexed run of ``tokens``' full blocks
+        (never all of ``tokens``: the last one is always computed, for its logits) and
+        remember the keys of its full blocks, indexed as they are written. Returns the
+        number of tokens adopted (0 without prefix caching). ``salt`` isolates tenants."""
+        if not self.pool.caching:
+            return 0
+        if self.lens[seq_id] or self.blocks[seq_id]:
+            raise ValueError(f"adopt_prefix needs an empty sequence ({seq_id} holds tokens)")
+        keys = block_keys(tokens, self.block_size, self.namespace + salt.encode())
+        reusable = (len(tokens) - 1) // self.block_size
+        found = self.pool.match(keys[:reusable])
+        self.pool.share(found)
+        self.blocks[seq_id] = list(found)
+        self.lens[seq_id] = len(found) * self.block_size
+        self._keys[seq_id], self._indexed[seq_id] = keys, len(found)
+        return self.lens[seq_id]
+
+    def _index_written(self, seq_id: int) -> None:
+        keys = self._keys.get(seq_id)
+        if not keys:
+            return
+        full = min(self.lens[seq_id] // self.block_size, len(keys))
+        blocks = self.blocks[seq_id]
+        for i in range(self._indexed[seq_id], full):
+            self.pool.register(keys[i], blocks[i])
+        self._indexed[seq_id] = max(self._indexed[seq_id], full)
 
     # -- sequences -------------------------------------------------------------------------
     def add_sequences(self, count: int) -> list[int]:
@@ -136,8 +186,10 @@ class BlockCache:
         return ids
 
     def free_sequence(self, seq_id: int) -> None:
-        self.free_blocks.extend(reversed(self.blocks.pop(seq_id)))
+        self.pool.release(self.blocks.pop(seq_id))
         del self.lens[seq_id]
+        self._keys.pop(seq_id, None)
+        self._indexed.pop(seq_id, None)
 
     def retain(self, seq_ids: list[int]) -> list[int]:
         for sid in [s for s in self.blocks if s not in set(seq_ids)]:
@@ -149,25 +201,41 @@ class BlockCache:
         return out
 
     def _fork(self, seq_id: int) -> int:
-        """A copy of ``seq_id`` in fresh blocks (beam search duplicates)."""
-        src = self.blocks[seq_id]
-        if len(src) > len(self.free_blocks):
-            raise CacheFullError(
-                f"no room to fork a sequence of {self.lens[seq_id]} tokens",
-                requested_tokens=self.lens[seq_id],
-                free_tokens=self.free_tokens,
-            )
+        """A sequence sharing ``seq_id``'s blocks (beam search duplicates); each copies a
+        shared block before writing into it."""
         (new,) = self.add_sequences(1)
-        dst = [self.free_blocks.pop() for _ in src]
-        index_src, index_dst = torch.tensor(src), torch.tensor(dst)
-        for pool in (*self.keys, *self.values):
-            pool[index_dst] = pool[index_src]
-        self.blocks[new], self.lens[new] = dst, self.lens[seq_id]
+        self.blocks[new] = list(self.blocks[seq_id])
+        self.pool.share(self.blocks[new])
+        self.lens[new] = self.lens[seq_id]
+        if seq_id in self._keys:
+            self._keys[new], self._indexed[new] = self._keys[seq_id], self._indexed[seq_id]
         return new
 
     @property
+    def num_free_blocks(self) -> int:
+        """Blocks a step can take: free ones and unreferenced cached ones."""
+        return self.pool.available
+
+    @property
     def free_tokens(self) -> int:
-        return len(self.free_blocks) * self.block_size
+        return self.num_free_blocks * self.block_size
+
+    def _copy_on_write(self, seq_ids: list[int], meta: StepMeta) -> list[tuple[int, int]]:
+        """(sequence, block index) of the shared blocks this step writes into."""
+        out = []
+        for sid, before, n in zip(seq_ids, meta.lens_before.tolist(), meta.num_new.tolist()):
+            i = before // self.block_size
+            if n and i < len(self.blocks[sid]) and self.pool.shared(self.blocks[sid][i]):
+                out.append((sid, i))
+        return out
+
+    def _copy_block(self, sid: int, i: int) -> None:
+        old = self.blocks[sid][i]
+        (new,) = self.pool.take(1)
+        for pool in (*self.keys, *self.values):
+            pool[new] = pool[old]
+        self.pool.release([old])
+        self.blocks[sid][i] = new
 
     # -- steps -----------------------------------------------------------------------------
     def begin_step(self, seq_ids: list[int], num_new, width: int) -> StepMeta:
@@ -178,15 +246,18 @@ class BlockCache:
         need = [
             max(0, -(-int(a) // bs) - len(self.blocks[s])) for s, a in zip(seq_ids, meta.lens_after)
         ]
-        if sum(need) > len(self.free_blocks):
+        copies = self._copy_on_write(seq_ids, meta)
+        if sum(need) + len(copies) > self.pool.available:
             raise CacheFullError(
-                f"KV cache full: step needs {sum(need)} blocks of {bs} tokens, "
-                f"{len(self.free_blocks)} free of {self.num_blocks}",
+                f"KV cache full: step needs {sum(need) + len(copies)} blocks of {bs} tokens, "
+                f"{self.pool.available} free of {self.num_blocks}",
                 requested_tokens=int(num_new.sum()),
                 free_tokens=self.free_tokens,
             )
+        for sid, i in copies:
+            self._copy_block(sid, i)
         for sid, n in zip(seq_ids, need):
-            self.blocks[sid].extend(self.free_blocks.pop() for _ in range(n))
+            self.blocks[sid].extend(self.pool.take(n))
         most = max((len(self.blocks[s]) for s in seq_ids), default=0)
         table = torch.tensor(
             [self.blocks[s] + [0] * (most - len(self.blocks[s])) for s in seq_ids],
@@ -236,6 +307,7 @@ class BlockCache:
     def end_step(self) -> None:
         for sid, n in zip(self._meta.seq_ids, self._meta.lens_after.tolist()):
             self.lens[sid] = n
+            self._index_written(sid)
         self._meta = self._write = self._table = None
 
     # -- inspection and rollback ---------------------------------------------------------
@@ -246,8 +318,12 @@ class BlockCache:
         self.lens[seq_id] = have - num_tokens
         keep = -(-self.lens[seq_id] // self.block_size)
         blocks = self.blocks[seq_id]
-        self.free_blocks.extend(reversed(blocks[keep:]))
+        self.pool.release(blocks[keep:])
         del blocks[keep:]
+        if seq_id in self._keys:  # tokens past the crop may be rewritten differently
+            full = self.lens[seq_id] // self.block_size
+            self._keys[seq_id] = self._keys[seq_id][:full]
+            self._indexed[seq_id] = min(self._indexed[seq_id], full)
 
     def get_num_tokens(self, seq_id: int) -> int:
         return self.lens[seq_id]
@@ -264,10 +340,10 @@ class BlockCache:
         ]
 
     def memory_used(self) -> int:
-        return (self.num_blocks - len(self.free_blocks)) * self.bytes_per_block
+        return self.pool.used * self.bytes_per_block
 
     def memory_free(self) -> int:
-        return len(self.free_blocks) * self.bytes_per_block
+        return self.pool.available * self.bytes_per_block
 
 
 # Tokens per paged block. Attention streams each (block, KV head) run of block_size * head_dim

@@ -97,6 +97,13 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="run prompt chunks and decodes as separate forwards even when the decoder stack "
         "packs ragged steps (for comparisons)",
     )
+    p.add_argument(
+        "--no-prefix-caching",
+        dest="prefix_caching",
+        action="store_false",
+        help="do not reuse the KV of prompt prefixes computed before (automatic prefix "
+        "caching over full KV blocks; see docs/server.md)",
+    )
     p.add_argument("--instances", type=int, default=1, help="engine processes (cores split)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (single instance)")
     p.add_argument("--api-key", default=os.environ.get("PACE_API_KEY"), help="require Bearer key")
@@ -150,6 +157,7 @@ def build_server(args: argparse.Namespace):
         max_prefill_tokens=args.max_prefill_tokens,
         prefill_slice_ms=args.prefill_slice_ms,
         mixed_steps=args.mixed_steps,
+        prefix_caching=args.prefix_caching,
         threads=args.threads,
     )
     config = ServerConfig(

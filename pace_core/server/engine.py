@@ -52,7 +52,7 @@ import torch
 from pace_core.engine.generate import forward_step
 from pace_core.engine.sequence import SequenceTracker
 from pace_core.sampling.sampler import BatchSampler
-from pace_core.server.engine_config import EngineConfig, check_block_cache, context_window
+from pace_core.server.engine_config import EngineConfig, context_window, engine_cache
 from pace_core.server.events import (
     Admitted,
     Cancel,
@@ -98,8 +98,7 @@ class EngineCore:
         self.config = config
         self.emit = emit
         self.name = name
-        self.cache = llm.new_cache()
-        check_block_cache(self.cache, getattr(llm, "kv_cache_type", "?"))
+        self.cache = engine_cache(llm, config)
         self.block_size = int(self.cache.block_size)
         self.num_blocks = int(self.cache.num_blocks)
         self.max_context = context_window(llm)
@@ -146,7 +145,7 @@ class EngineCore:
         return -(-tokens // self.block_size)
 
     def kv_used_blocks(self) -> int:
-        return self.num_blocks - len(self.cache.free_blocks)
+        return self.num_blocks - self.cache.num_free_blocks
 
     # -- the loop --------------------------------------------------------------------------
     def run(self) -> None:
@@ -270,11 +269,13 @@ class EngineCore:
             seq.booked = need
             self.booked += need
             (seq.seq_id,) = self.cache.add_sequences(1)
+            seq.done = self.cache.adopt_prefix(seq.seq_id, seq.spec.prompt, seq.spec.cache_salt)
             seq.tracker = SequenceTracker(
                 seq.spec.config, len(seq.spec.prompt), self.llm.tokenizer, self.max_context
             )
             self.prefilling.append(seq)
-            self._out.append(Admitted(seq.spec.key, max(0.0, now - seq.spec.arrival)))
+            wait = max(0.0, now - seq.spec.arrival)
+            self._out.append(Admitted(seq.spec.key, wait, len(seq.spec.prompt), seq.done))
 
     def _chunks(self) -> list[tuple[_Seq, int]]:
         """This iteration's prompt chunks ``(seq, tokens)``, FIFO within the prefill budget."""
@@ -452,7 +453,7 @@ class EngineCore:
         self.booked = 0
         if self.spec is not None:
             self.spec.close()
-        self.cache = self.llm.new_cache()
+        self.cache = engine_cache(self.llm, self.config)
         self.spec = self._new_spec()
 
     def stats(self) -> Stats:

@@ -19,6 +19,7 @@ class EngineConfig:
     max_prefill_tokens: int = 512
     prefill_slice_ms: float = 50.0  # prefill work per iteration while sequences decode
     mixed_steps: bool = True  # decodes and prompt chunks in one forward where the stack packs
+    prefix_caching: bool = True  # reuse the KV of indexed full prompt blocks (--no-prefix-caching)
     threads: int | None = None  # torch intra-op threads of the engine thread
 
     def __post_init__(self) -> None:
@@ -31,12 +32,24 @@ class EngineConfig:
 
 
 def check_block_cache(cache: Any, kv_cache_type: str) -> None:
-    needed = ("free_sequence", "num_blocks", "block_size", "free_blocks")
+    needed = ("free_sequence", "num_blocks", "block_size", "num_free_blocks", "adopt_prefix")
     if not all(hasattr(cache, n) for n in needed):
         raise ConfigError(
             f"kv_cache_type {kv_cache_type!r} cannot serve: continuous batching steps a changing "
             "subset of sequences, which needs a block cache; use 'paged' or 'slab_pool'"
         )
+
+
+def engine_cache(llm: Any, config: EngineConfig) -> Any:
+    """A new block cache of ``llm`` for an engine, prefix caching on unless turned off; its
+    namespace names what else changes the KV (model, dtype, quantization)."""
+    cache = llm.new_cache()
+    check_block_cache(cache, getattr(llm, "kv_cache_type", "?"))
+    if config.prefix_caching:
+        quant = getattr(llm, "quantization", None)
+        name = f"{getattr(llm, 'path', '?')}|{getattr(llm, 'dtype', '?')}|{quant}"
+        cache.enable_prefix_caching(name.encode())
+    return cache
 
 
 def context_window(llm: Any) -> int:

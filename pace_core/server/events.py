@@ -33,6 +33,7 @@ class SeqSpec:
     prompt: list[int]
     config: SamplingConfig
     arrival: float = field(default_factory=time.monotonic)
+    cache_salt: str = ""  # isolates this request's prefix-cache entries (tenants)
 
     @property
     def reserve_tokens(self) -> int:
@@ -65,10 +66,13 @@ Command = Submit | Cancel | Stop
 # -- events: engine -> front door --------------------------------------------------------------
 @dataclass(frozen=True)
 class Admitted:
-    """A sequence left the waiting queue after ``queue_seconds``."""
+    """A sequence left the waiting queue after ``queue_seconds``; ``cached_tokens`` of its
+    ``prompt_tokens`` came from the prefix cache."""
 
     key: str
     queue_seconds: float
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
 
 
 @dataclass(frozen=True)

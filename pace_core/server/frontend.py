@@ -56,6 +56,7 @@ class Submission:
     first_token: float | None = None
     finish: dict[str, str] = field(default_factory=dict)
     spec: SpecStats | None = None  # speculative decoding counters of all its sequences
+    cached: dict[str, int] = field(default_factory=dict)  # prompt tokens from the prefix cache
 
     @property
     def done(self) -> bool:
@@ -222,8 +223,12 @@ class Frontend:
                         state.sub.spec = SpecStats()
                     state.sub.spec.record(ev.proposed, ev.accepted, ev.emitted)
             elif isinstance(ev, Admitted):
-                if ev.key in self._seqs:
+                state = self._seqs.get(ev.key)
+                if state is not None:
                     m.queue_time.labels(name).observe(ev.queue_seconds)
+                    m.prefix_queries.labels(name).inc(ev.prompt_tokens)
+                    m.prefix_hits.labels(name).inc(ev.cached_tokens)
+                    state.sub.cached[ev.key] = ev.cached_tokens
             elif isinstance(ev, SeqError):
                 state = self._seqs.get(ev.key)
                 if state is None:

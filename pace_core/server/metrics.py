@@ -57,6 +57,18 @@ class Metrics:
         self.generation_tokens = Counter(
             "pace_generation_tokens", "Generated tokens.", inst, registry=r
         )
+        self.prefix_queries = Counter(
+            "pace_prefix_cache_queries",
+            "Prompt tokens of admitted sequences looked up in the prefix cache.",
+            inst,
+            registry=r,
+        )
+        self.prefix_hits = Counter(
+            "pace_prefix_cache_hits",
+            "Prompt tokens whose KV came from the prefix cache.",
+            inst,
+            registry=r,
+        )
         self.requests = Counter(
             "pace_requests_finished",
             "Finished sequences (one per choice) by finish reason.",
@@ -125,7 +137,8 @@ class Metrics:
             metric.labels(name)
         for metric in (self.generation_tokens, self.running, self.waiting, self.kv_usage):
             metric.labels(name)
-        self.kv_booked.labels(name)
+        for metric in (self.kv_booked, self.prefix_queries, self.prefix_hits):
+            metric.labels(name)
         if self.speculative:
             for metric in (
                 self.spec_draft_tokens,

@@ -40,6 +40,7 @@ class Plan:
     n: int
     echo: list[str] | None = None  # completions: the text prepended to each prompt's choices
     tool_format: ToolFormat | None = None  # chat: parse the output for calls in this format
+    cache_salt: str = ""  # the request's prefix-cache namespace (tenant isolation)
 
     @property
     def prompt_tokens(self) -> int:
@@ -83,7 +84,7 @@ def completion_plan(server: ServingContext, req: CompletionRequest) -> Plan:
         mt = max_tokens(server, req.max_tokens, len(prompt), None)
         configs += [sampling(server, req, mt, req.logprobs, j, constraint) for j in range(req.n)]
     echo = [server.tokenizer.decode(x) if req.echo else "" for x in prompts]
-    return Plan(prompts, configs, req.n, echo)
+    return Plan(prompts, configs, req.n, echo, cache_salt=req.cache_salt or "")
 
 
 def chat_plan(server: ServingContext, req: ChatCompletionRequest) -> Plan:
@@ -106,7 +107,8 @@ def chat_plan(server: ServingContext, req: ChatCompletionRequest) -> Plan:
     k = (req.top_logprobs or 0) if req.logprobs else None
     constraint = Constraint(json_schema=schema, grammar=tools.grammar)
     configs = [sampling(server, req, mt, k, j, constraint) for j in range(req.n)]
-    return Plan([prompt], configs, req.n, tool_format=tools.format)
+    salt = req.cache_salt or ""
+    return Plan([prompt], configs, req.n, tool_format=tools.format, cache_salt=salt)
 
 
 def submit(server: ServingContext, plan: Plan) -> Submitted:
@@ -124,7 +126,7 @@ def submit(server: ServingContext, plan: Plan) -> Submitted:
     for p, prompt in enumerate(plan.prompts):
         for j in range(n):
             key = f"{rid}:{p * n + j}"
-            specs.append(SeqSpec(key, prompt, plan.configs[p * n + j]))
+            specs.append(SeqSpec(key, prompt, plan.configs[p * n + j], cache_salt=plan.cache_salt))
             keys.append(key)
     sub = server.frontend.submit(rid, specs, plan.prompt_tokens)
     return Submitted(rid, keys, sub)

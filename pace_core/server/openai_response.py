@@ -36,15 +36,23 @@ def sse(payload: Any) -> bytes:
 
 
 def usage(
-    server: ServingContext, sub: Submission, prompt_tokens: int, completion_tokens: int
+    server: ServingContext,
+    sub: Submission,
+    prompt_tokens: int,
+    completion_tokens: int,
+    n: int = 1,
 ) -> dict:
-    """OpenAI ``usage``; with speculative decoding plus ``spec_decode``: the request's
-    counters (:class:`~pace_core.speculative.stats.SpecStats`, all choices summed; an extra
-    field, which the OpenAI client keeps in ``usage.model_extra``)."""
+    """OpenAI ``usage`` with ``prompt_tokens_details.cached_tokens`` (prompt tokens whose KV
+    came from the prefix cache, counted on each prompt's first choice); with speculative
+    decoding plus ``spec_decode``: the request's counters
+    (:class:`~pace_core.speculative.stats.SpecStats`, all choices summed; an extra field,
+    which the OpenAI client keeps in ``usage.model_extra``)."""
+    cached = sum(sub.cached.get(key, 0) for key in sub.keys[::n])
     out: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached},
     }
     if server.speculative:
         stats = (sub.spec or SpecStats()).to_dict()
@@ -140,7 +148,8 @@ class ResponseFormat:
         }
 
     def usage(self, completion_tokens: int) -> dict[str, Any]:
-        return usage(self.server, self.submitted.sub, self.plan.prompt_tokens, completion_tokens)
+        sub, prompt_tokens = self.submitted.sub, self.plan.prompt_tokens
+        return usage(self.server, sub, prompt_tokens, completion_tokens, self.plan.n)
 
     def _wrap(self, choice: dict[str, Any]) -> dict[str, Any]:
         out = {**self.base, "choices": [choice]}

@@ -78,6 +78,7 @@ class _Sampling(_Strict):
     ignore_eos: bool = False
     min_tokens: int = Field(0, ge=0)
     response_format: ResponseFormat | None = None
+    cache_salt: str | None = Field(None, min_length=1, max_length=256)  # prefix-cache tenant
 
     @field_validator("temperature", "top_p", "presence_penalty", "frequency_penalty", "min_p")
     @classmethod
@@ -264,7 +265,7 @@ def _is_type_tag(part: Any) -> bool:
 
 
 IGNORED_FIELDS = frozenset(
-    {"metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier", "cache_salt"}
+    {"metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier"}
 )
 """Request fields accepted and ignored: bookkeeping that never changes the output."""
 

@@ -56,11 +56,11 @@ def test_block_pool_accounting(ops, block):
             cache.retain(keep)
             live = {s: live[s] for s in keep}
         used = sum(-(-n // block) for n in live.values())
-        assert cache.num_blocks - len(cache.free_blocks) == used
-        assert len(set(cache.free_blocks)) == len(cache.free_blocks)
+        assert cache.num_blocks - cache.num_free_blocks == used
+        cache.pool.check()
         assert {s: cache.get_num_tokens(s) for s in live} == live
     cache.retain([])
-    assert len(cache.free_blocks) == cache.num_blocks and cache.memory_used() == 0
+    assert cache.num_free_blocks == cache.num_blocks and cache.memory_used() == 0
 
 
 def test_exhaustion_is_typed_and_leaves_others_intact():

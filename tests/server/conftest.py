@@ -83,16 +83,16 @@ def wait_idle(http, timeout: float = 20.0) -> None:
     while time.monotonic() < deadline:
         idle = not (core.running or core.prefilling or core.waiting)
         draft = _draft_pool(core)
-        draft_free = draft is None or (len(draft.free_blocks), draft.lens) == (draft.num_blocks, {})
-        target_free = len(core.cache.free_blocks) == core.num_blocks and core.booked == 0
+        draft_free = draft is None or (draft.num_free_blocks, draft.lens) == (draft.num_blocks, {})
+        target_free = core.cache.num_free_blocks == core.num_blocks and core.booked == 0
         if idle and target_free and draft_free:
             return
         time.sleep(0.05)
     draft = _draft_pool(core)
     raise AssertionError(
         f"engine not idle: running={len(core.running)} prefilling={len(core.prefilling)} "
-        f"waiting={len(core.waiting)} free={len(core.cache.free_blocks)}/{core.num_blocks}"
-        + ("" if draft is None else f" draft free={len(draft.free_blocks)}/{draft.num_blocks}")
+        f"waiting={len(core.waiting)} free={core.cache.num_free_blocks}/{core.num_blocks}"
+        + ("" if draft is None else f" draft free={draft.num_free_blocks}/{draft.num_blocks}")
     )
 
 

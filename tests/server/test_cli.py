@@ -8,7 +8,7 @@ import pytest
 
 from pace_core.errors import ConfigError
 from pace_core.server.cli import add_serve_parser, build_server
-from pace_core.server.engine import EngineConfig, check_block_cache
+from pace_core.server.engine_config import EngineConfig, check_block_cache
 
 
 def _parse(argv):

@@ -97,7 +97,7 @@ def test_chunked_prefill_interleaves_with_decode(llm, engine):
         while core.busy:
             core.run_once()
     assert len(rec.tokens("A")) == 30 and len(rec.tokens("B")) == 4
-    assert len(core.cache.free_blocks) == core.num_blocks and core.booked == 0
+    assert core.cache.num_free_blocks == core.num_blocks and core.booked == 0
 
 
 def test_admission_books_prompt_plus_max_tokens(llm, engine):
@@ -117,7 +117,7 @@ def test_admission_books_prompt_plus_max_tokens(llm, engine):
         core.cancel(["B", "C"])
         core.run_once()
     assert not core.busy and core.booked == 0
-    assert len(core.cache.free_blocks) == core.num_blocks
+    assert core.cache.num_free_blocks == core.num_blocks
 
 
 def test_max_running_caps_the_batch(llm, engine):
@@ -140,7 +140,7 @@ def test_bad_request_fails_alone(llm, engine):
         finish(core)
     assert rec.errors("bad") and rec.errors("bad")[0].status == 400
     assert len(rec.tokens("good")) == 3
-    assert core.booked == 0 and len(core.cache.free_blocks) == core.num_blocks
+    assert core.booked == 0 and core.cache.num_free_blocks == core.num_blocks
 
 
 def test_oversized_request_is_rejected(llm, engine):
@@ -180,7 +180,7 @@ def test_prefill_is_sliced_while_sequences_decode(llm, engine):
         assert len(rec.tokens("A")) == 5  # one token per iteration, never stalled
         finish(core)
     assert len(rec.tokens("A")) == 30 and len(rec.tokens("B")) == 4
-    assert len(core.cache.free_blocks) == core.num_blocks and core.booked == 0
+    assert core.cache.num_free_blocks == core.num_blocks and core.booked == 0
 
 
 def test_mixed_steps_give_the_separate_forwards_tokens(llm, engine, monkeypatch):
@@ -218,6 +218,6 @@ def test_mixed_steps_give_the_separate_forwards_tokens(llm, engine, monkeypatch)
         if mixed:
             assert len(forwards) == iterations  # one forward per iteration
             assert any(1 in rows and max(rows) > 1 for rows in forwards)  # decodes + chunks
-        assert len(core.cache.free_blocks) == core.num_blocks and core.booked == 0
+        assert core.cache.num_free_blocks == core.num_blocks and core.booked == 0
     assert results[True] == results[False]
     assert [len(results[True][k]) for k in "ABC"] == [12, 6, 6]

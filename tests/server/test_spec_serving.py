@@ -294,8 +294,8 @@ def test_cancel_mid_flight_frees_target_and_draft_kv(load, offline):
     for key, i in (("a", 0), ("c", 2), ("d", 3)):
         assert tokens(key) == offline(REQUESTS[i][0], 24).token_ids
     assert len(tokens("b")) < 24
-    assert len(core.cache.free_blocks) == core.num_blocks and not core.cache.lens
-    assert len(draft.free_blocks) == draft.num_blocks and not draft.lens and core.booked == 0
+    assert core.cache.num_free_blocks == core.num_blocks and not core.cache.lens
+    assert draft.num_free_blocks == draft.num_blocks and not draft.lens and core.booked == 0
 
 
 def test_client_disconnect_frees_kv(servers, offline):
