@@ -23,7 +23,7 @@ from typing import Any
 
 BENCHMARKS = (
     "offline", "decode_vs_peers", "kernels", "attention", "serving", "speculative", "quality",
-    "loading", "quantized", "structured",
+    "loading", "quantized", "structured", "prefix",
 )  # fmt: skip
 RESULTS_ROOT = Path("results")
 
