@@ -86,6 +86,7 @@ def wait_idle(http, timeout: float = 20.0) -> None:
         draft_free = draft is None or (draft.num_free_blocks, draft.lens) == (draft.num_blocks, {})
         target_free = core.cache.num_free_blocks == core.num_blocks and core.booked == 0
         if idle and target_free and draft_free:
+            core.cache.pool.check()  # refcounts, free / cached states and the prefix index
             return
         time.sleep(0.05)
     draft = _draft_pool(core)
