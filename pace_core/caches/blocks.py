@@ -133,6 +133,8 @@ class BlockCache:
         self.lens: dict[int, int] = {}
         self._keys: dict[int, list[BlockKey]] = {}  # keys of a sequence's known full blocks
         self._indexed: dict[int, int] = {}  # how many of them are in the index
+        self.prefix_queries = 0  # prompt tokens looked up by adopt_prefix
+        self.prefix_hits = 0  # of which adopted
         self._next_id = 0
         self._meta: StepMeta | None = None
         self._write: tuple[torch.Tensor, ...] | None = None
@@ -159,13 +161,24 @@ class BlockCache:
         if self.lens[seq_id] or self.blocks[seq_id]:
             raise ValueError(f"adopt_prefix needs an empty sequence ({seq_id} holds tokens)")
         keys = block_keys(tokens, self.block_size, self.namespace + salt.encode())
-        reusable = (len(tokens) - 1) // self.block_size
-        found = self.pool.match(keys[:reusable])
+        found = self._match(keys, len(tokens))
         self.pool.share(found)
+        self.prefix_queries += len(tokens)
+        self.prefix_hits += len(found) * self.block_size
         self.blocks[seq_id] = list(found)
         self.lens[seq_id] = len(found) * self.block_size
         self._keys[seq_id], self._indexed[seq_id] = keys, len(found)
         return self.lens[seq_id]
+
+    def cached_prefix_tokens(self, tokens: Sequence[int], salt: str = "") -> int:
+        """How many tokens :meth:`adopt_prefix` would adopt for ``tokens`` now."""
+        if not self.pool.caching:
+            return 0
+        keys = block_keys(tokens, self.block_size, self.namespace + salt.encode())
+        return len(self._match(keys, len(tokens))) * self.block_size
+
+    def _match(self, keys: list[BlockKey], num_tokens: int) -> list[int]:
+        return self.pool.match(keys[: (num_tokens - 1) // self.block_size])
 
     def _index_written(self, seq_id: int) -> None:
         keys = self._keys.get(seq_id)

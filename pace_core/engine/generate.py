@@ -82,12 +82,35 @@ def generation_loop(
     finish: FinishFn,
     *,
     keep_logits: bool = False,
+    first_prefill: Callable[..., torch.Tensor] | None = None,
 ) -> Iterator[StepEvent]:
-    """Run prefill and decode until every row has finished; ``finish`` decides per token."""
+    """Run prefill and decode until every row has finished; ``finish`` decides per token.
+    ``first_prefill(model, cache, seq_ids, prompts)`` replaces :func:`prefill` for the
+    prompts (e.g. :func:`~pace_core.engine.shared_prefill.prefill_sharing`). The sequences
+    leave the cache when the loop ends, also when it is abandoned or fails."""
     seq_ids = cache.add_sequences(len(prompts))
+    try:
+        yield from _loop(
+            model, cache, seq_ids, prompts, sampler, finish, keep_logits,
+            first_prefill or prefill,
+        )  # fmt: skip
+    finally:
+        cache.retain([])
+
+
+def _loop(
+    model: DecoderLM,
+    cache: object,
+    seq_ids: list[int],
+    prompts: Sequence[torch.Tensor],
+    sampler: object,
+    finish: FinishFn,
+    keep_logits: bool,
+    first_prefill: Callable[..., torch.Tensor],
+) -> Iterator[StepEvent]:
     rows = list(range(len(prompts)))
     histories = [p.clone() for p in prompts]  # only needed for LongRoPE re-prefill
-    logits = prefill(model, cache, seq_ids, prompts)
+    logits = first_prefill(model, cache, seq_ids, prompts)
     while True:
         result = sampler.step(logits)
         tokens = result.tokens.tolist()
@@ -111,7 +134,6 @@ def generation_loop(
         if finished:
             keep = [i for i, r in enumerate(rows) if r not in finished]
             if not keep:
-                cache.retain([])
                 return
             seq_ids = cache.retain([seq_ids[i] for i in keep])
             sampler.select_rows(torch.tensor(keep))

@@ -16,6 +16,7 @@ from pace_core.engine.generate import StepEvent, generation_loop, left_pad, scor
 from pace_core.engine.inputs import normalize_inputs
 from pace_core.engine.output import GenerationOutput, SequenceOutput, TokenLogprob
 from pace_core.engine.sequence import SequenceTracker
+from pace_core.engine.shared_prefill import prefill_sharing
 from pace_core.errors import ConfigError
 from pace_core.models import loader
 from pace_core.models.builder import OpPlan
@@ -87,6 +88,7 @@ class LLMModel:
         max_cache_tokens: int | None = None,
         profile: bool | None = None,
         quantization: QuantizationConfig | str | dict | None = None,
+        prefix_caching: bool | None = None,
     ) -> None:
         # validate before the (slow) load
         spec = None if spec_config is None else coerce_spec_config(spec_config)
@@ -101,6 +103,8 @@ class LLMModel:
         self.kv_cache_type = str(kv_cache_type)  # a KVCacheType member is its name
         self.cache_spec = self.host.caches[kv_cache_type]
         self.cache_options = {"memory_gb": kv_cache_memory_gb, "max_tokens": max_cache_tokens}
+        self.prefix_caching = self._prefix_caching_choice(prefix_caching)
+        self._prefix_cache: Any | None = None
         self.path = resolve_model_path(model)
         self.config = load_config(self.path)
         self.opconfig = OperatorConfig.coerce(opconfig)
@@ -139,6 +143,38 @@ class LLMModel:
         return self._grammar
 
     # -- set-up helpers ------------------------------------------------------------------
+    def _prefix_caching_choice(self, asked: bool | None) -> bool:
+        """On by default for the block caches (the only ones that can share blocks)."""
+        blocks = self.cache_spec.layout in ("paged", "slab")
+        if asked and not blocks:
+            raise ConfigError(
+                f"prefix_caching needs a block cache (kv_cache_type 'paged' or 'slab_pool'), "
+                f"not {self.kv_cache_type!r}"
+            )
+        return blocks if asked is None else bool(asked)
+
+    @property
+    def kv_namespace(self) -> bytes:
+        """What besides the tokens decides a KV block: model, dtype, quantization."""
+        return f"{self.path}|{self.dtype}|{self.quantization}".encode()
+
+    def generation_cache(self) -> Any:
+        """The cache of one :meth:`generate`: with prefix caching the model's persistent
+        prefix-caching cache (blocks of earlier calls are reused), unless another generation
+        is still using it; else a new cache."""
+        if not self.prefix_caching:
+            return self.new_cache()
+        if self._prefix_cache is None:
+            cache = self.new_cache()
+            if not hasattr(cache, "enable_prefix_caching"):  # a plugin's block cache
+                self.prefix_caching = False
+                return cache
+            cache.enable_prefix_caching(self.kv_namespace)
+            self._prefix_cache = cache
+        if self._prefix_cache.lens:  # a generation in progress (an unfinished stream)
+            return self.new_cache()
+        return self._prefix_cache
+
     def _default_eos(self) -> tuple[int, ...]:
         for source in (
             self.generation_config.get("eos_token_id"),
@@ -255,9 +291,14 @@ class LLMModel:
         if self.speculator is not None:
             run = self.speculator.run(prompts, sampler, finish, keep_logits=keep_logits)
             return _Batch(prompts, padded, trackers, deltas, run, run)
-        cache = self.new_cache()
         events = generation_loop(
-            self.model, cache, prompts, sampler, finish, keep_logits=keep_logits
+            self.model,
+            self.generation_cache(),
+            prompts,
+            sampler,
+            finish,
+            keep_logits=keep_logits,
+            first_prefill=prefill_sharing,
         )
         return _Batch(prompts, padded, trackers, deltas, events)
 

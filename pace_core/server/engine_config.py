@@ -46,9 +46,7 @@ def engine_cache(llm: Any, config: EngineConfig) -> Any:
     cache = llm.new_cache()
     check_block_cache(cache, getattr(llm, "kv_cache_type", "?"))
     if config.prefix_caching:
-        quant = getattr(llm, "quantization", None)
-        name = f"{getattr(llm, 'path', '?')}|{getattr(llm, 'dtype', '?')}|{quant}"
-        cache.enable_prefix_caching(name.encode())
+        cache.enable_prefix_caching(llm.kv_namespace)
     return cache
 
 
