@@ -31,6 +31,7 @@ from pace_core.server.events import (
 )
 from pace_core.server.metrics import Metrics
 from pace_core.server.protocol import APIError
+from pace_core.server.routing import PrefixRouter
 from pace_core.speculative.stats import SpecStats
 
 log = logging.getLogger("pace.server")
@@ -82,6 +83,7 @@ class Frontend:
         self.stats: list[Stats] = [Stats()] * len(instances)
         self._seqs: dict[str, _SeqState] = {}
         self._ids = itertools.count()
+        self.router = PrefixRouter(len(instances), slack=max(2, max_running // 4))
         self.loop: asyncio.AbstractEventLoop | None = None
         for inst in instances:
             metrics.init_instance(inst.name)
@@ -115,7 +117,11 @@ class Frontend:
         caps = [i.capacity_tokens for i in self.instances if i.capacity_tokens is not None]
         return min(caps) if caps else None
 
-    def _choose(self, n: int) -> int:
+    def _choose(self, specs: list[SeqSpec]) -> int:
+        """The instance for a request: the one holding the longest prefix of its prompt
+        unless it is much busier (:class:`PrefixRouter`), else the least loaded; 429 when
+        that one's queue is full, 503 when none is ready."""
+        n = len(specs)
         candidates = [i for i, inst in enumerate(self.instances) if inst.healthy]
         if not candidates:
             raise APIError(
@@ -125,7 +131,10 @@ class Frontend:
                 code="engine_unavailable",
                 headers={"Retry-After": "2"},
             )
-        best = min(candidates, key=lambda i: (self.outstanding[i], i))
+        first = specs[0]
+        best = self.router.choose(
+            first.prompt, first.cache_salt, candidates, self.outstanding.__getitem__
+        )
         load = self.outstanding[best]
         if load > 0 and load + n - self.max_running > self.max_queue:
             raise APIError(
@@ -146,7 +155,7 @@ class Frontend:
         """Route all ``specs`` (one request) to one instance; raises 429/503 APIError."""
         tried: set[int] = set()
         while True:
-            index = self._choose(len(specs))
+            index = self._choose(specs)
             if index in tried:
                 raise APIError(
                     503,
@@ -169,6 +178,9 @@ class Frontend:
                 inst.healthy = False
                 continue
             self.metrics.prompt_tokens.labels(inst.name).inc(prompt_tokens)
+            distinct = {id(spec.prompt): spec for spec in specs}  # the n choices share one
+            for spec in distinct.values():
+                self.router.record(index, spec.prompt, spec.cache_salt)
             return sub
 
     def cancel(self, sub: Submission) -> None:
@@ -253,6 +265,7 @@ class Frontend:
                 state.sub.queue.put_nowait(SeqError(key, reason, "engine_error", 503))
         self.outstanding[index] = 0
         self.stats[index] = Stats()
+        self.router.forget(index)
         name = self.instances[index].name
         self.metrics.running.labels(name).set(0)
         self.metrics.waiting.labels(name).set(0)

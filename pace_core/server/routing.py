@@ -1,0 +1,80 @@
+"""Cache-aware routing over engine instances (``pace serve --instances N``).
+
+Each instance has its own KV pool, so a prompt whose prefix one instance already computed is
+cheaper there. :class:`PrefixRouter` remembers, per instance, the block keys of the prompts
+routed to it (a bounded least-recently-used set; the instance's own LRU may have evicted some
+since, so this is an estimate, as in SGLang's router) and prefers the instance holding the
+longest prefix of a new prompt, unless it has more than ``slack`` sequences in flight beyond
+the least-loaded instance; otherwise the least-loaded instance wins.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable, Sequence
+
+from pace_core.caches.block_pool import BlockKey, block_keys
+
+__all__ = ["PrefixRouter"]
+
+ROUTING_BLOCK_TOKENS = 64  # the paged cache's default block
+
+
+class PrefixRouter:
+    """Longest-remembered-prefix routing with a load bound.
+
+    Args:
+        instances: number of engine instances.
+        slack: how many more sequences in flight than the least-loaded instance the prefix
+            holder may have and still be chosen.
+        capacity: block keys remembered per instance.
+    """
+
+    def __init__(self, instances: int, slack: int, capacity: int = 1 << 16) -> None:
+        self.slack = slack
+        self.capacity = capacity
+        self.seen: list[collections.OrderedDict[BlockKey, None]] = [
+            collections.OrderedDict() for _ in range(instances)
+        ]
+
+    def _keys(self, prompt: Sequence[int], salt: str) -> list[BlockKey]:
+        return block_keys(prompt, ROUTING_BLOCK_TOKENS, salt.encode())
+
+    def held(self, instance: int, keys: Sequence[BlockKey]) -> int:
+        """Leading ``keys`` remembered for ``instance``."""
+        seen, n = self.seen[instance], 0
+        for key in keys:
+            if key not in seen:
+                break
+            n += 1
+        return n
+
+    def choose(
+        self,
+        prompt: Sequence[int],
+        salt: str,
+        candidates: Sequence[int],
+        load: Callable[[int], int],
+    ) -> int:
+        """The instance for ``prompt`` among ``candidates`` (non-empty)."""
+        least = min(candidates, key=lambda i: (load(i), i))
+        keys = self._keys(prompt, salt)
+        if not keys or len(candidates) == 1:
+            return least
+        best = max(candidates, key=lambda i: (self.held(i, keys), -load(i), -i))
+        if self.held(best, keys) and load(best) <= load(least) + self.slack:
+            return best
+        return least
+
+    def record(self, instance: int, prompt: Sequence[int], salt: str) -> None:
+        """``prompt``'s blocks are (about to be) cached on ``instance``."""
+        seen = self.seen[instance]
+        for key in self._keys(prompt, salt):
+            seen[key] = None
+            seen.move_to_end(key)
+        while len(seen) > self.capacity:
+            seen.popitem(last=False)
+
+    def forget(self, instance: int) -> None:
+        """``instance`` restarted with an empty cache."""
+        self.seen[instance].clear()
