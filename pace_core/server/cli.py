@@ -105,6 +105,16 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         "caching over full KV blocks; see docs/server.md)",
     )
     p.add_argument("--instances", type=int, default=1, help="engine processes (cores split)")
+    ray = p.add_argument_group("Ray Serve (pip install 'pace-core[ray]'; see docs/server.md)")
+    ray.add_argument("--ray", action="store_true", help="serve with Ray Serve replicas")
+    ray.add_argument(
+        "--ray-address",
+        default=None,
+        help="Ray cluster to join ('auto' = the running one; default: start a local one)",
+    )
+    ray.add_argument("--replicas", type=int, default=1, help="engine replicas (--ray)")
+    ray.add_argument("--min-replicas", type=int, default=None, help="autoscale from (--ray)")
+    ray.add_argument("--max-replicas", type=int, default=None, help="autoscale up to (--ray)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (single instance)")
     p.add_argument("--api-key", default=os.environ.get("PACE_API_KEY"), help="require Bearer key")
     p.add_argument(
@@ -133,9 +143,23 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def build_server(args: argparse.Namespace):
     """The :class:`~pace_core.server.app.Server` described by parsed ``serve`` arguments."""
+    from pace_core.server.app import Server
+
+    model_args, engine_config, config = serve_configs(args)
+    if args.instances > 1:
+        return Server.multi_instance(model_args, args.instances, engine_config, config)
+    from pace_core.engine.llm import LLMModel
+    from pace_core.server.threads import on_transient_thread
+
+    llm = on_transient_thread(lambda: LLMModel(**model_args, quiet=True))
+    return Server.in_process(llm, engine_config, config)
+
+
+def serve_configs(args: argparse.Namespace) -> tuple[dict[str, Any], Any, Any]:
+    """(LLMModel keyword arguments, EngineConfig, ServerConfig) of parsed ``serve`` args."""
     from pace_core import zoo
     from pace_core.errors import ConfigError
-    from pace_core.server.app import Server, ServerConfig
+    from pace_core.server.app import ServerConfig
     from pace_core.server.engine import EngineConfig
 
     model = args.model or zoo.DEFAULT_MODEL
@@ -186,13 +210,7 @@ def build_server(args: argparse.Namespace):
             **spec_config,
             "model_name_or_path": str(_resolve_draft(spec_config["model_name_or_path"])),
         }
-    if args.instances > 1:
-        return Server.multi_instance(model_args, args.instances, engine_config, config)
-    from pace_core.engine.llm import LLMModel
-    from pace_core.server.threads import on_transient_thread
-
-    llm = on_transient_thread(lambda: LLMModel(**model_args, quiet=True))
-    return Server.in_process(llm, engine_config, config)
+    return model_args, engine_config, config
 
 
 def _resolve_draft(name: str) -> Path:
@@ -213,11 +231,15 @@ def run_serve(args: argparse.Namespace) -> int:
     level = str(getattr(args, "log_level", None) or "info").lower()
     if not logging.getLogger().handlers:
         logging.basicConfig(level=level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    if args.instances > 1:
+    if args.instances > 1 or args.ray:
         from pace_core import zoo
 
         if args.model is None or zoo.is_zoo_name(args.model):
             args.model = str(zoo.pull(args.model or zoo.DEFAULT_MODEL))
+    if args.ray:
+        from pace_core.server.ray_cli import run_ray
+
+        return run_ray(args, *serve_configs(args))
     server = build_server(args)
     app = create_app(server)
     spec = args.spec_config

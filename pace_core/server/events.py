@@ -138,7 +138,7 @@ class Dead:
 
 
 Event = Admitted | Token | SpecStep | SeqError | Stats | Ready | Dead
-Deliver = Callable[[list[Event]], None]
+Deliver = Callable[..., None]  # (events, label=None): label names a replica in the metrics
 
 
 # -- the engine instance seen by the front door ---------------------------------------------

@@ -83,8 +83,9 @@ class Frontend:
         self.stats: list[Stats] = [Stats()] * len(instances)
         self._seqs: dict[str, _SeqState] = {}
         self._ids = itertools.count()
-        self.router = PrefixRouter(len(instances), slack=max(2, max_running // 4))
+        self.router = PrefixRouter(slack=max(2, max_running // 4))
         self.loop: asyncio.AbstractEventLoop | None = None
+        self._labels = {inst.name for inst in instances}
         for inst in instances:
             metrics.init_instance(inst.name)
 
@@ -92,7 +93,7 @@ class Frontend:
     def start(self) -> None:
         self.loop = asyncio.get_running_loop()
         for i, inst in enumerate(self.instances):
-            inst.start(lambda events, i=i: self._threadsafe(i, events))
+            inst.start(lambda events, label=None, i=i: self._threadsafe(i, events, label))
 
     def shutdown(self) -> None:
         for inst in self.instances:
@@ -101,12 +102,12 @@ class Frontend:
             except Exception:
                 log.exception("instance %s: shutdown failed", inst.name)
 
-    def _threadsafe(self, index: int, events: list[Event]) -> None:
+    def _threadsafe(self, index: int, events: list[Event], label: str | None = None) -> None:
         loop = self.loop
         if loop is None or loop.is_closed():
             return
         with contextlib.suppress(RuntimeError):  # the loop closed during shutdown
-            loop.call_soon_threadsafe(self.deliver, index, events)
+            loop.call_soon_threadsafe(self.deliver, index, events, label)
 
     # -- capacity ------------------------------------------------------------------------
     @property
@@ -132,8 +133,10 @@ class Frontend:
                 headers={"Retry-After": "2"},
             )
         first = specs[0]
-        best = self.router.choose(
-            first.prompt, first.cache_salt, candidates, self.outstanding.__getitem__
+        best = int(
+            self.router.choose(
+                first.prompt, first.cache_salt, candidates, self.outstanding.__getitem__
+            )
         )
         load = self.outstanding[best]
         if load > 0 and load + n - self.max_running > self.max_queue:
@@ -202,8 +205,13 @@ class Frontend:
         self.outstanding[state.instance] -= 1
 
     # -- events --------------------------------------------------------------------------
-    def deliver(self, index: int, events: list[Event]) -> None:
-        name = self.instances[index].name
+    def deliver(self, index: int, events: list[Event], label: str | None = None) -> None:
+        """Apply an instance's events; ``label`` names the replica behind an instance that
+        spreads work itself (Ray Serve) in the metrics, else the instance's name."""
+        name = label or self.instances[index].name
+        if name not in self._labels:
+            self._labels.add(name)
+            self.metrics.init_instance(name)
         m = self.metrics
         now = time.monotonic()
         for ev in events:

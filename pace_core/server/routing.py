@@ -11,7 +11,7 @@ the least-loaded instance; otherwise the least-loaded instance wins.
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 from pace_core.caches.block_pool import BlockKey, block_keys
 
@@ -23,26 +23,26 @@ ROUTING_BLOCK_TOKENS = 64  # the paged cache's default block
 class PrefixRouter:
     """Longest-remembered-prefix routing with a load bound.
 
+    Instances are any hashable keys (indices of ``--instances``, Ray Serve replica ids).
+
     Args:
-        instances: number of engine instances.
         slack: how many more sequences in flight than the least-loaded instance the prefix
             holder may have and still be chosen.
         capacity: block keys remembered per instance.
     """
 
-    def __init__(self, instances: int, slack: int, capacity: int = 1 << 16) -> None:
+    def __init__(self, slack: int, capacity: int = 1 << 16) -> None:
         self.slack = slack
         self.capacity = capacity
-        self.seen: list[collections.OrderedDict[BlockKey, None]] = [
-            collections.OrderedDict() for _ in range(instances)
-        ]
+        self.seen: collections.defaultdict[Hashable, collections.OrderedDict[BlockKey, None]]
+        self.seen = collections.defaultdict(collections.OrderedDict)
 
     def _keys(self, prompt: Sequence[int], salt: str) -> list[BlockKey]:
         return block_keys(prompt, ROUTING_BLOCK_TOKENS, salt.encode())
 
-    def held(self, instance: int, keys: Sequence[BlockKey]) -> int:
+    def held(self, instance: Hashable, keys: Sequence[BlockKey]) -> int:
         """Leading ``keys`` remembered for ``instance``."""
-        seen, n = self.seen[instance], 0
+        seen, n = self.seen.get(instance, {}), 0
         for key in keys:
             if key not in seen:
                 break
@@ -53,20 +53,21 @@ class PrefixRouter:
         self,
         prompt: Sequence[int],
         salt: str,
-        candidates: Sequence[int],
-        load: Callable[[int], int],
-    ) -> int:
+        candidates: Sequence[Hashable],
+        load: Callable[[Hashable], int],
+    ) -> Hashable:
         """The instance for ``prompt`` among ``candidates`` (non-empty)."""
-        least = min(candidates, key=lambda i: (load(i), i))
+        order = {c: n for n, c in enumerate(candidates)}
+        least = min(candidates, key=lambda i: (load(i), order[i]))
         keys = self._keys(prompt, salt)
         if not keys or len(candidates) == 1:
             return least
-        best = max(candidates, key=lambda i: (self.held(i, keys), -load(i), -i))
+        best = max(candidates, key=lambda i: (self.held(i, keys), -load(i), -order[i]))
         if self.held(best, keys) and load(best) <= load(least) + self.slack:
             return best
         return least
 
-    def record(self, instance: int, prompt: Sequence[int], salt: str) -> None:
+    def record(self, instance: Hashable, prompt: Sequence[int], salt: str) -> None:
         """``prompt``'s blocks are (about to be) cached on ``instance``."""
         seen = self.seen[instance]
         for key in self._keys(prompt, salt):
@@ -75,6 +76,6 @@ class PrefixRouter:
         while len(seen) > self.capacity:
             seen.popitem(last=False)
 
-    def forget(self, instance: int) -> None:
-        """``instance`` restarted with an empty cache."""
-        self.seen[instance].clear()
+    def forget(self, instance: Hashable) -> None:
+        """``instance`` restarted with an empty cache (or is gone)."""
+        self.seen.pop(instance, None)

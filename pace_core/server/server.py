@@ -114,21 +114,34 @@ class Server:
     ) -> Server:
         """``instances`` engine processes with partitioned cores; loads only the tokenizer
         (the processes start with the app, see :meth:`Frontend.start`)."""
-        from transformers import AutoTokenizer
-
-        from pace_core.models.loader import load_config, resolve_model_path
         from pace_core.server.multi import ProcessEngine, partition_cores
 
         engine_config = engine_config or EngineConfig()
-        path = resolve_model_path(model_args["model"])
-        model_args = {**model_args, "model": str(path), "quiet": True}
-        hf_config = load_config(path)
-        tokenizer = AutoTokenizer.from_pretrained(str(path))
-        vocab = getattr(text_config(hf_config), "vocab_size", None) or len(tokenizer)
+        model_args = resolved_model_args(model_args)
         groups = partition_cores(instances, cores)
         engines = [
             ProcessEngine(str(i), model_args, engine_config, groups[i]) for i in range(instances)
         ]
+        return cls.for_engines(model_args, engines, engine_config, config)
+
+    @classmethod
+    def for_engines(
+        cls,
+        model_args: dict[str, Any],
+        engines: Sequence[EngineHandle],
+        engine_config: EngineConfig,
+        config: ServerConfig | None = None,
+    ) -> Server:
+        """A front door for engines that load the model elsewhere (processes, Ray Serve
+        replicas): loads only the tokenizer and the model's limits from its directory."""
+        from transformers import AutoTokenizer
+
+        from pace_core.models.loader import load_config
+
+        path = model_args["model"]
+        hf_config = load_config(path)
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+        vocab = getattr(text_config(hf_config), "vocab_size", None) or len(tokenizer)
         return cls(
             tokenizer,
             engines,
@@ -139,3 +152,12 @@ class Server:
             generation_config=read_generation_config(path),
             speculative=model_args.get("spec_config") is not None,
         )
+
+
+def resolved_model_args(model_args: dict[str, Any]) -> dict[str, Any]:
+    """``LLMModel`` keyword arguments with the model resolved to a local directory (zoo names,
+    hub ids) once, so every engine loads the same files quietly."""
+    from pace_core.models.loader import resolve_model_path
+
+    path = resolve_model_path(model_args["model"])
+    return {**model_args, "model": str(path), "quiet": True}

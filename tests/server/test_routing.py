@@ -13,7 +13,7 @@ SHARED = list(range(1000, 1200))  # 3 full routing blocks
 
 
 def test_router_prefers_the_prefix_holder_within_the_slack():
-    router = PrefixRouter(3, slack=2)
+    router = PrefixRouter(slack=2)
     load = {0: 0, 1: 0, 2: 0}
     assert router.choose([*SHARED, 1], "", [0, 1, 2], load.get) == 0
     router.record(1, [*SHARED, 1], "")
@@ -30,7 +30,7 @@ def test_router_prefers_the_prefix_holder_within_the_slack():
 
 
 def test_router_memory_is_bounded():
-    router = PrefixRouter(1, slack=1, capacity=4)
+    router = PrefixRouter(slack=1, capacity=4)
     router.record(0, list(range(64 * 10)), "")
     assert len(router.seen[0]) == 4
 
