@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from pace_core.models.limits import read_generation_config, serving_context_window, text_config
@@ -138,7 +139,7 @@ class Server:
 
         from pace_core.models.loader import load_config
 
-        path = model_args["model"]
+        path = Path(model_args["model"])
         hf_config = load_config(path)
         tokenizer = AutoTokenizer.from_pretrained(str(path))
         vocab = getattr(text_config(hf_config), "vocab_size", None) or len(tokenizer)
