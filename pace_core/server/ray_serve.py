@@ -35,10 +35,12 @@ from ray.serve.request_router import FIFOMixin, PendingRequest, RequestRouter, R
 
 from pace_core.server.context import ServerConfig
 from pace_core.server.engine_config import EngineConfig
-from pace_core.server.events import Deliver, Event, SeqError, SeqSpec, Token
+from pace_core.server.events import Deliver, Event, SeqError, SeqSpec, Stats, Token
 from pace_core.server.routing import PrefixRouter
 
 log = logging.getLogger("pace.server.ray")
+
+INGRESS_MAX_ONGOING = 4096
 
 __all__ = ["PaceEngine", "PaceIngress", "PrefixAffinityRouter", "RayEngines", "build_app"]
 
@@ -71,11 +73,17 @@ class PaceEngine:
             self._loop.call_soon_threadsafe(self._route, events)
 
     def _route(self, events: list[Event]) -> None:
+        """Each stream gets its sequences' events; the engine's load (:class:`Stats`, sent
+        when it changes) rides along to every open stream, for the ingress's gauges."""
         batches: dict[int, tuple[asyncio.Queue, list[Event]]] = {}
+        stats = [ev for ev in events if isinstance(ev, Stats)]
         for ev in events:
             queue = self._streams.get(getattr(ev, "key", ""))
             if queue is not None:
                 batches.setdefault(id(queue), (queue, []))[1].append(ev)
+        if stats:
+            for queue in {id(q): q for q in self._streams.values()}.values():
+                batches.setdefault(id(queue), (queue, []))[1].append(stats[-1])
         for queue, batch in batches.values():
             queue.put_nowait(batch)
 
@@ -266,7 +274,7 @@ def build_app(
             "num_replicas": "auto",
             "autoscaling_config": {
                 "min_replicas": low, "max_replicas": high, "initial_replicas": max(low, 1),
-                "target_ongoing_requests": target,
+                "target_ongoing_requests": target, "upscale_delay_s": 10.0,
             },
         }  # fmt: skip
     engine = serve.deployment(PaceEngine).options(
@@ -280,8 +288,12 @@ def build_app(
         ),
         **scaling,
     )
+    # the ingress only relays: it must take every request the engines can queue (Ray's
+    # default of 5 ongoing requests per replica would queue them in front of the engines)
     ingress = serve.deployment(serve.ingress()(PaceIngress)).options(
-        name="PaceIngress", ray_actor_options={"num_cpus": 0}
+        name="PaceIngress",
+        ray_actor_options={"num_cpus": 0},
+        max_ongoing_requests=INGRESS_MAX_ONGOING,
     )
     return ingress.bind(engine.bind(model_args, engine_config), model_args, engine_config,
                         server_config)  # fmt: skip

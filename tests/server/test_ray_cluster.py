@@ -5,6 +5,7 @@ nodes. Needs ``ray[serve]`` (``make test-slow`` installs it)."""
 from __future__ import annotations
 
 import concurrent.futures as cf
+import time
 
 import pytest
 import torch
@@ -56,3 +57,49 @@ def test_replicas_on_two_nodes_serve_one_endpoint(smollm2_dir):
         serve.shutdown()
         ray.shutdown()
         cluster.shutdown()
+
+
+def test_autoscaling_adds_a_replica_under_load(smollm2_dir):
+    from ray import serve
+
+    from pace_core.bench.serving_peers import free_port
+    from pace_core.server.ray_serve import build_app
+
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    try:
+        port = free_port()
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        args = {"model": str(smollm2_dir), "dtype": torch.float32, "max_cache_tokens": 2048,
+                "kv_cache_type": "paged"}  # fmt: skip
+        config = ServerConfig(served_model_name=MODEL_NAME)
+        app = build_app(args, EngineConfig(max_running=2), config, min_replicas=1,
+                        max_replicas=2, threads=1)  # fmt: skip
+        serve.run(app, name="pace", route_prefix="/")
+
+        def replicas() -> int:
+            status = serve.status().applications["pace"].deployments["PaceEngine"]
+            return status.replica_states.get("RUNNING", 0)
+
+        assert replicas() == 1
+
+        class Http:
+            url = f"http://127.0.0.1:{port}"
+
+        c = client(Http())
+
+        def busy(i: int):
+            return c.completions.create(model=MODEL_NAME, prompt=f"Story {i}:", max_tokens=300,
+                                        temperature=0, extra_body={"ignore_eos": True})  # fmt: skip
+
+        with cf.ThreadPoolExecutor(8) as pool:
+            futures = [pool.submit(busy, i) for i in range(8)]
+            deadline = time.monotonic() + 120
+            while replicas() < 2 and time.monotonic() < deadline:
+                time.sleep(2.0)
+            scaled = replicas()
+            for f in futures:
+                f.result(timeout=600)
+        assert scaled == 2  # 8 ongoing requests over a target of 1 per replica
+    finally:
+        serve.shutdown()
+        ray.shutdown()
