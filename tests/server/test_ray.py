@@ -131,3 +131,44 @@ def test_a_killed_replica_fails_its_requests_retryably_and_the_service_recovers(
     else:
         pytest.fail("the service did not recover within 120 s")
     assert all(outs)
+
+
+def test_requests_sharing_a_prefix_land_on_the_replica_that_cached_it(ray_app):
+    shared = "Background: " + "the river flows past the old mill and the bridge. " * 40
+    c = client(ray_app)
+    cached = []
+    for i in range(6):
+        out = c.completions.create(
+            model=MODEL_NAME, prompt=f"{shared}Question {i}:", max_tokens=2, temperature=0
+        )
+        cached.append(out.usage.prompt_tokens_details.cached_tokens)
+    assert cached[0] == 0 and all(n >= 256 for n in cached[1:]), cached
+
+
+def test_prefix_affinity_router_ranks_the_holder_first_within_the_slack():
+    from pace_core.sampling import SamplingConfig
+    from pace_core.server.events import SeqSpec
+    from pace_core.server.ray_serve import PrefixAffinityRouter
+
+    class Replica:
+        def __init__(self, rid):
+            self.replica_id = rid
+
+    class Pending:
+        def __init__(self, prompt):
+            self.args = [[SeqSpec("k", prompt, SamplingConfig())]]
+
+    router = PrefixAffinityRouter.__new__(PrefixAffinityRouter)
+    router.initialize_state(slack=2)
+    loads: dict[str, int] = {"a": 0, "b": 0}
+    router._replica_queue_len_cache = loads
+    a, b = Replica("a"), Replica("b")
+    prompt = list(range(300))
+    import asyncio
+
+    ranks = asyncio.run(router.choose_replicas([a, b], Pending(prompt)))
+    assert ranks == [[a, b]]  # nothing cached anywhere: Ray probes both
+    router.on_request_routed(Pending(prompt), "b", None)
+    assert asyncio.run(router.choose_replicas([a, b], Pending(prompt)))[0] == [b]
+    loads["b"] = 3
+    assert asyncio.run(router.choose_replicas([a, b], Pending(prompt))) == [[a, b]]
