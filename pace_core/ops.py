@@ -113,10 +113,12 @@ OPS: dict[str, OpSpec] = {
             "moe",
             ("x[N,H]", "experts[N,k] int64", "weights[N,k]", "w"),
             "[N,H]",
-            "mixture-of-experts MLP (GPT-OSS clamped SwiGLU with interleaved gate/up)",
+            "mixture-of-experts MLP: SwiGLU experts with gate/up interleaved, activation "
+            "'swiglu_oai' (GPT-OSS, clamped) or 'silu' (Qwen3-MoE); biases may be None",
             context=("experts", "top_k"),
             prepare=(
-                "gate_up[E,H,2I]", "gate_up_bias", "down[E,I,H]", "down_bias", "alpha", "limit"
+                "gate_up[E,H,2I]", "gate_up_bias", "down[E,I,H]", "down_bias", "alpha", "limit",
+                "activation",
             ),
         ),
         OpSpec(

@@ -100,11 +100,15 @@ class DenseMLPSpec:
 
 @dataclass(frozen=True)
 class MoESpec:
-    """Softmax over the ``top_k`` router logits, weighting the chosen experts (op ``moe``)."""
+    """Routed experts (op ``moe``); ``routing`` as :mod:`pace_core.models.moe` defines it:
+    ``topk_softmax`` (softmax over the ``top_k`` router logits) or ``softmax_topk`` (softmax
+    over every expert, the top-k probabilities, renormalised when ``normalize``)."""
 
     router: BoundKernel  # op ``linear``: expert logits
     experts: BoundKernel  # op ``moe``
     top_k: int
+    routing: str = "topk_softmax"
+    normalize: bool = True
 
 
 @dataclass(frozen=True)

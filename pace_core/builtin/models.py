@@ -18,6 +18,7 @@ FAMILIES: dict[str, tuple[str, str, str]] = {
     "llama": ("llama", "build", "Llama 1-3.3, SmolLM2 (rope scaling incl. llama3)"),
     "qwen2": ("qwen2", "build", "Qwen2 / Qwen2.5 (qkv bias, sliding window)"),
     "qwen3": ("qwen3", "build", "Qwen3 dense (QK-norm, sliding window)"),
+    "qwen3_moe": ("qwen3_moe", "build", "Qwen3-MoE (QK-norm, top-k routed SwiGLU experts)"),
     "mistral": ("mistral", "build", "Mistral (sliding window on every layer)"),
     "smollm3": ("smollm3", "build", "SmolLM3 (NoPE every 4th layer)"),
     "phi3": ("phi3", "build", "Phi-3 / Phi-4 (fused qkv and gate_up, longrope)"),

@@ -21,9 +21,10 @@ from pace_core.stack_spec import (
 
 NORMS = {"pre_norm": 2, "sandwich": 4, "parallel": 1, "post_norm": 2}
 KIND = {"gemma3": "sandwich", "gptj": "parallel", "opt-postnorm-project": "post_norm"}
-QK_NORM = ("gemma3", "qwen3-sliding")
+QK_NORM = ("gemma3", "qwen3-sliding", "qwen3-moe")
 MLP = {"gpt-oss": MoESpec, "gptj": DenseMLPSpec, "opt-prenorm": DenseMLPSpec,
-       "opt-postnorm-project": DenseMLPSpec}  # fmt: skip
+       "opt-postnorm-project": DenseMLPSpec, "qwen3-moe": MoESpec}  # fmt: skip
+DENSE_LAYERS = {"qwen3-moe": {1}}  # mlp_only_layers of an MoE family
 
 
 @pytest.mark.parametrize("variant", sorted(FACTORIES))
@@ -46,7 +47,8 @@ def test_every_block_describes_itself(variant, tmp_path):
         assert (attn.rope is None) == (block.attn.rotary is None)
         assert (attn.q_norm is None) == (variant not in QK_NORM)
         assert (attn.sinks is None) == (variant != "gpt-oss")
-        assert isinstance(spec.mlp, MLP.get(variant, GatedMLPSpec))
+        dense = i in DENSE_LAYERS.get(variant, ())
+        assert isinstance(spec.mlp, GatedMLPSpec if dense else MLP.get(variant, GatedMLPSpec))
         if isinstance(spec.mlp, GatedMLPSpec | DenseMLPSpec):
             assert spec.mlp.activation in ACTIVATIONS
         with pytest.raises(dataclasses.FrozenInstanceError):

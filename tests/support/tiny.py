@@ -114,6 +114,21 @@ def qwen3(tmp_dir: Path) -> Path:
     return save(tf.Qwen3ForCausalLM, cfg, tmp_dir)
 
 
+# -- Qwen3-MoE: 6 experts, top-2, renormalised; layer 1 dense (mlp_only_layers) -------------
+def qwen3_moe(tmp_dir: Path) -> Path:
+    cfg = tf.Qwen3MoeConfig(
+        **{**DIMS, **NO_SPECIAL, "num_hidden_layers": 3},
+        head_dim=24,
+        moe_intermediate_size=40,
+        num_experts=6,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[1],
+    )
+    return save(tf.Qwen3MoeForCausalLM, cfg, tmp_dir)
+
+
 # -- Mistral: a window of 6 on every layer ---------------------------------------------------
 def mistral(tmp_dir: Path) -> Path:
     cfg = tf.MistralConfig(**{**DIMS, **NO_SPECIAL}, sliding_window=6)
@@ -216,6 +231,7 @@ FACTORIES: dict[str, Callable[[Path], Path]] = {
     "llama-yarn": _llama(YARN),
     "qwen2-sliding": qwen2,
     "qwen3-sliding": qwen3,
+    "qwen3-moe": qwen3_moe,
     "mistral-sliding": mistral,
     "smollm3-nope": smollm3,
     "phi3-partial-sliding": _phi3({"rope_type": "default"}, sliding_window=6),

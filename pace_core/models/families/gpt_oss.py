@@ -8,28 +8,8 @@ import torch
 from pace_core.models.builder import ModelBuilder
 from pace_core.models.decoder import DecoderLM
 from pace_core.models.families import llama
-from pace_core.models.layers import Bound
+from pace_core.models.moe import MoE
 from pace_core.models.mxfp4 import dequantize_mxfp4
-from pace_core.stack_spec import MoESpec
-
-
-class MoE:
-    """Router (linear + top-k + softmax over the chosen logits) feeding the ``moe`` kernel."""
-
-    __slots__ = ("experts", "router", "top_k")
-
-    def __init__(self, router: Bound, experts: Bound, top_k: int) -> None:
-        self.router, self.experts, self.top_k = router, experts, top_k
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        flat = x.reshape(-1, shape[-1])
-        top, chosen = torch.topk(self.router(flat), self.top_k, dim=-1)
-        weights = torch.softmax(top, dim=-1)
-        return self.experts.fn(flat, chosen, weights, self.experts.weight).view(shape)
-
-    def describe(self) -> MoESpec:
-        return MoESpec(self.router, self.experts, self.top_k)
 
 
 def _expert_tensor(b: ModelBuilder, name: str) -> torch.Tensor:
@@ -54,6 +34,7 @@ def moe_mlp(b: ModelBuilder, prefix: str) -> MoE:
         b.tensor(f"{prefix}.experts.down_proj_bias"),
         getattr(cfg, "swiglu_alpha", 1.702),
         cfg.swiglu_limit,
+        "swiglu_oai",
     )
     return MoE(b.linear(f"{prefix}.router", bias=True), experts, cfg.num_experts_per_tok)
 

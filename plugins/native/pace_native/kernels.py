@@ -132,22 +132,32 @@ def gated_mlp(x: torch.Tensor, w: GatedMLPWeight) -> torch.Tensor:
 @dataclass(frozen=True)
 class MoEWeight:
     gate_up: torch.Tensor  # [E, H, 2I], gate and up interleaved along the last dim
-    gate_up_bias: torch.Tensor  # [E, 2I]
+    gate_up_bias: torch.Tensor | None  # [E, 2I]
     down: torch.Tensor  # [E, I, H]
-    down_bias: torch.Tensor  # [E, H]
+    down_bias: torch.Tensor | None  # [E, H]
     alpha: float
     limit: float
+    activation: str  # "swiglu_oai" (GPT-OSS: clamped, (up + 1) * gate * sigmoid(alpha gate))
+    #                  or "silu" (silu(gate) * up)
+
+
+MOE_ACTIVATIONS = ("swiglu_oai", "silu")
 
 
 def prepare_moe(
     gate_up: torch.Tensor,
-    gate_up_bias: torch.Tensor,
+    gate_up_bias: torch.Tensor | None,
     down: torch.Tensor,
-    down_bias: torch.Tensor,
+    down_bias: torch.Tensor | None,
     alpha: float,
     limit: float,
+    activation: str = "swiglu_oai",
 ) -> MoEWeight:
-    return MoEWeight(gate_up.contiguous(), gate_up_bias, down.contiguous(), down_bias, alpha, limit)
+    if activation not in MOE_ACTIVATIONS:
+        raise ValueError(f"moe activation {activation!r}; known: {', '.join(MOE_ACTIVATIONS)}")
+    return MoEWeight(
+        gate_up.contiguous(), gate_up_bias, down.contiguous(), down_bias, alpha, limit, activation
+    )
 
 
 def moe(
@@ -157,10 +167,18 @@ def moe(
     out = torch.zeros_like(x)
     for expert in experts.unique().tolist():
         token, slot = torch.where(experts == expert)
-        h = x[token] @ w.gate_up[expert] + w.gate_up_bias[expert]
-        gate, up = h[..., ::2].clamp(max=w.limit), h[..., 1::2].clamp(-w.limit, w.limit)
-        h = (up + 1) * (gate * torch.sigmoid(gate * w.alpha))
-        h = h @ w.down[expert] + w.down_bias[expert]
+        h = x[token] @ w.gate_up[expert]
+        if w.gate_up_bias is not None:
+            h = h + w.gate_up_bias[expert]
+        gate, up = h[..., ::2], h[..., 1::2]
+        if w.activation == "silu":
+            h = F.silu(gate) * up
+        else:
+            gate, up = gate.clamp(max=w.limit), up.clamp(-w.limit, w.limit)
+            h = (up + 1) * (gate * torch.sigmoid(gate * w.alpha))
+        h = h @ w.down[expert]
+        if w.down_bias is not None:
+            h = h + w.down_bias[expert]
         out.index_add_(0, token, (h * weights[token, slot, None]).to(x.dtype))
     return out
 

@@ -1,0 +1,61 @@
+"""Qwen3-MoE: Qwen3 attention (QK-norm) with top-k routed SwiGLU experts (softmax over every
+expert, top-k, renormalised when ``norm_topk_prob``); a layer is dense when listed in
+``mlp_only_layers`` or off the ``decoder_sparse_step`` grid. Experts load from per-expert
+tensors (``mlp.experts.{e}.{gate,up,down}_proj.weight``, as checkpoints store them) or from
+the fused ``mlp.experts.gate_up_proj`` / ``down_proj`` of transformers 5."""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from pace_core.models.builder import ModelBuilder
+from pace_core.models.decoder import DecoderLM
+from pace_core.models.families import llama, qwen3
+from pace_core.models.layers import Bound
+from pace_core.models.moe import MoE
+
+
+def is_sparse(config, layer: int) -> bool:
+    """transformers' rule for which layers route to experts."""
+    step = getattr(config, "decoder_sparse_step", 1) or 1
+    return (
+        layer not in (getattr(config, "mlp_only_layers", None) or [])
+        and config.num_experts > 0
+        and (layer + 1) % step == 0
+    )
+
+
+def _experts(b: ModelBuilder, prefix: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(gate_up [E, H, 2I] interleaved, down [E, I, H]) in op ``moe``'s layout."""
+    cfg = b.config
+    if b.weights.has(f"{prefix}.gate_up_proj"):  # fused: [E, 2I, H] (gate | up), [E, H, I]
+        gate, up = b.tensor(f"{prefix}.gate_up_proj").chunk(2, dim=1)
+        down = b.tensor(f"{prefix}.down_proj")
+    else:
+        e = range(cfg.num_experts)
+        gate = torch.stack([b.tensor(f"{prefix}.{i}.gate_proj.weight") for i in e])
+        up = torch.stack([b.tensor(f"{prefix}.{i}.up_proj.weight") for i in e])
+        down = torch.stack([b.tensor(f"{prefix}.{i}.down_proj.weight") for i in e])
+    gate_up = torch.stack((gate.transpose(1, 2), up.transpose(1, 2)), dim=-1).flatten(-2)
+    return gate_up, down.transpose(1, 2)
+
+
+def mlp(b: ModelBuilder, prefix: str) -> MoE | Bound:
+    """The layer's routed experts, or its dense gated MLP."""
+    cfg = b.config
+    layer = int(re.search(r"layers\.(\d+)\.", prefix + ".").group(1))
+    if not is_sparse(cfg, layer):
+        return llama.separate_gated_mlp(b, prefix)
+    if cfg.hidden_act not in ("silu", "swish"):
+        raise ValueError(f"Qwen3-MoE experts with hidden_act {cfg.hidden_act!r} are not supported")
+    gate_up, down = _experts(b, f"{prefix}.experts")
+    attrs = {"experts": cfg.num_experts, "top_k": cfg.num_experts_per_tok}
+    experts = b.bind("moe", attrs, gate_up, None, down, None, 1.0, 0.0, "silu")
+    router = b.linear(f"{prefix}.gate", bias=False)
+    return MoE(router, experts, cfg.num_experts_per_tok, "softmax_topk", cfg.norm_topk_prob)
+
+
+def build(b: ModelBuilder) -> DecoderLM:
+    return llama.build(b, mlp=mlp, attention_extra=qwen3.qk_norms)
