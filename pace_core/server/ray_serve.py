@@ -99,6 +99,8 @@ class PaceEngine:
         try:
             while left:
                 batch = await queue.get()
+                while not queue.empty():  # a slow reader gets one message, not a backlog
+                    batch += queue.get_nowait()
                 for ev in batch:
                     if isinstance(ev, SeqError) or (
                         isinstance(ev, Token) and ev.finish_reason is not None
