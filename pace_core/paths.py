@@ -1,7 +1,8 @@
 """Where pace keeps what it downloads and builds: ``$PACE_CACHE_DIR``, else ``~/.cache/pace``.
 
 ``models/`` holds the zoo's converted models (:mod:`pace_core.zoo`), ``kernels/`` the JIT-built
-C++ extensions (:mod:`pace_core.jit`), ``peers/`` the benchmark peers' tools.
+C++ extensions (:mod:`pace_core.jit`), ``peers/`` the benchmark peers' tools, ``random/`` the
+benchmarks' random-weight models (:mod:`pace_core.bench.random_models`).
 """
 
 from __future__ import annotations

@@ -220,3 +220,10 @@ def test_structured_compares_grammar_and_free_decoding(smollm2_dir, tmp_path):
     assert row["batch"] == 2 and row["tokens"] == 6 and row["valid_prefix"] is True
     assert row["free_tok_s"] > 0 and row["grammar_tok_s"] > 0
     assert payload["summary"][0]["target"] == "grammar / free decode >= 0.9"
+
+
+def test_random_model_names_are_checked():
+    from pace_core.bench.common import model_path
+
+    with pytest.raises(ValueError, match="qwen3-30b-a3b-2l"):
+        model_path("random:nope")

@@ -1,0 +1,55 @@
+"""Random-weight models with real layer shapes for benchmark rows of families whose real
+weights are not obtainable here: ``random:<name>`` in any ``--models`` list.
+
+The weights are N(0, 0.02) in bf16, written once per name under ``~/.cache/pace/random``;
+fewer layers than the real model (the per-layer cost is what a row compares).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pace_core.paths import cache_root
+
+PREFIX = "random:"
+
+# name -> (transformers config class, model class, config kwargs)
+SHAPES: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "qwen3-0.6b-4l": ("Qwen3Config", "Qwen3ForCausalLM", dict(
+        vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=4,
+        num_attention_heads=16, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True,
+        max_position_embeddings=40960)),
+    "qwen3-30b-a3b-2l": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
+        vocab_size=151936, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
+        num_hidden_layers=2, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+        num_experts=128, num_experts_per_tok=8, norm_topk_prob=True, decoder_sparse_step=1,
+        mlp_only_layers=[], max_position_embeddings=40960)),
+}  # fmt: skip
+
+
+def is_random_name(name: str) -> bool:
+    return str(name).startswith(PREFIX)
+
+
+def random_model(name: str) -> Path:
+    """The directory of ``random:<shape>``, written on first use."""
+    import torch
+    import transformers
+
+    shape = str(name)[len(PREFIX) :]
+    if shape not in SHAPES:
+        raise ValueError(f"unknown random model {shape!r}; known: {', '.join(SHAPES)}")
+    out = cache_root() / "random" / shape
+    if (out / "config.json").is_file():
+        return out
+    config_cls, model_cls, kwargs = SHAPES[shape]
+    config = getattr(transformers, config_cls)(**kwargs, bos_token_id=None, eos_token_id=None)
+    torch.manual_seed(0)
+    model = getattr(transformers, model_cls)(config).to(torch.bfloat16).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.02) if p.dim() > 1 else p.fill_(1.0)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    return out
