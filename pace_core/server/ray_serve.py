@@ -4,7 +4,8 @@ Two deployments (``pip install 'pace-core[ray]'``):
 
 * ``PaceEngine``: each replica loads the model and runs one pace engine
   (:class:`~pace_core.server.local.LocalEngine`) in a thread on ``threads`` cores
-  (``ray_actor_options={"num_cpus": threads}``). ``submit(specs)`` is a streaming method: it
+  (``ray_actor_options={"num_cpus": threads}``; its threads pinned to cores of their own by
+  the replica's rank on its node, :func:`pin_cores`). ``submit(specs)`` is a streaming method: it
   yields ``(replica, events)`` batches of the request's sequences until they finish and
   cancels them in the engine when the caller goes away. ``check_health`` is the engine's own
   health (its loop thread alive), so Ray replaces a replica whose engine died.
@@ -25,7 +26,9 @@ hang); Ray starts a replacement and later requests succeed. ``pace serve --ray``
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -54,10 +57,11 @@ class PaceEngine:
         from pace_core.engine.llm import LLMModel
         from pace_core.server.local import LocalEngine
 
-        if engine_config.threads:
-            torch.set_num_threads(engine_config.threads)
         context = serve.get_replica_context()
         self.replica = context.replica_id.unique_id if context else "local"
+        if engine_config.threads:
+            self.pinned = pin_cores(_local_rank(context), engine_config.threads)
+            torch.set_num_threads(engine_config.threads)
         self.engine = LocalEngine(LLMModel(**model_args), engine_config, self.replica)
         self._streams: dict[str, asyncio.Queue[list[Event]]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -116,6 +120,13 @@ class PaceEngine:
     async def capacity_tokens(self) -> int | None:
         return self.engine.capacity_tokens
 
+    async def cores(self) -> list[int]:
+        """The cores the engine thread may run on."""
+        self._start()
+        thread = self.engine._thread
+        tid = thread.native_id if thread is not None and thread.native_id else 0
+        return sorted(os.sched_getaffinity(tid))
+
     def check_health(self) -> None:
         """Ray's health check: the engine loop must be alive."""
         thread = self.engine._thread
@@ -125,6 +136,30 @@ class PaceEngine:
     def __del__(self) -> None:
         if getattr(self, "engine", None) is not None:
             self.engine.shutdown(timeout=5.0)
+
+
+def _local_rank(context: Any) -> int:
+    rank = getattr(context, "rank", None)
+    return int(getattr(rank, "local_rank", 0) or 0)
+
+
+def pin_cores(local_rank: int, threads: int) -> list[int] | None:
+    """Pin every thread of this replica process (and so the threads they start: the engine
+    and its OpenMP pool) to its own ``threads`` cores: replica ``local_rank`` on a node takes
+    cores ``[local_rank * threads, (local_rank + 1) * threads)`` of the process's allowed
+    set. Skipped (None) when the node has too few cores for that: Ray still bounds the
+    replica's CPU share by ``num_cpus``."""
+    allowed = sorted(os.sched_getaffinity(0))
+    start = local_rank * threads
+    if start + threads > len(allowed):
+        log.warning("replica rank %d x %d threads: only %d cores, not pinned",
+                    local_rank, threads, len(allowed))  # fmt: skip
+        return None
+    cores = set(allowed[start : start + threads])
+    for task in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            os.sched_setaffinity(int(task), cores)
+    return sorted(cores)
 
 
 class RayEngines:

@@ -76,6 +76,15 @@ def test_greedy_outputs_equal_pace_serve_under_16_concurrent_requests(ray_app, e
     assert streamed == expected
 
 
+def test_replicas_are_pinned_to_cores_of_their_own(ray_app):
+    from ray import serve
+
+    handle = serve.get_deployment_handle("PaceEngine", app_name="pace")
+    sets = {tuple(handle.cores.remote().result()) for _ in range(24)}  # reaches both replicas
+    assert len(sets) == 2 and all(len(s) == 1 for s in sets), sets
+    assert not set(sets.pop()) & set(sets.pop())
+
+
 def test_bad_input_is_a_400_and_metrics_label_replicas(ray_app):
     r = httpx.post(ray_app.url + "/v1/completions", json={"model": MODEL_NAME, "prompt": 5})
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
