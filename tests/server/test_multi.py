@@ -91,3 +91,24 @@ def test_two_instances_survive_a_crash(smollm2_dir):
         with cf.ThreadPoolExecutor(4) as pool:
             outs = list(pool.map(call, [4, 4, 4, 4]))
         assert all(o.choices[0].text for o in outs)
+
+        # cache-aware routing: requests sharing a long prefix go where it is cached. A long
+        # request occupies instance 0 (idle ties go to the lowest index), so the first shared
+        # prompt is computed on instance 1; once both are idle again, least-loaded routing
+        # would pick instance 0, the prefix router picks instance 1 (a cache hit).
+        shared = "Notes: " + "the committee met on Tuesday to review the budget. " * 30
+
+        def ask(i):
+            out = c.completions.create(
+                model=MODEL_NAME, prompt=f"{shared}Item {i}:", max_tokens=2, temperature=0
+            )
+            return out.usage.prompt_tokens_details.cached_tokens
+
+        with cf.ThreadPoolExecutor(1) as pool:
+            busy = pool.submit(call, 2, 200, extra_body={"ignore_eos": True})
+            _wait(lambda: server.frontend.outstanding[0] > 0, 30, "request on instance 0")
+            first = ask(0)
+            busy.result(timeout=120)
+        _wait(lambda: not any(server.frontend.outstanding), 30, "both instances idle")
+        assert first == 0
+        assert all(ask(i) >= 256 for i in range(1, 4))
