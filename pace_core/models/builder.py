@@ -112,11 +112,19 @@ class ModelBuilder:
         return done
 
     def linear(
-        self, name: str, *, bias: bool = False, weight: Matrix | None = None, head: bool = False
+        self,
+        name: str,
+        *,
+        bias: bool = False,
+        weight: Matrix | None = None,
+        head: bool = False,
+        keep_format: bool = False,
     ) -> Bound:
-        """``head``: the LM head (quantized by ``QuantizationConfig.head_bits``)."""
+        """``head``: the LM head (quantized by ``QuantizationConfig.head_bits``);
+        ``keep_format``: never quantize on load (MoE routers: tiny, and their top-k choice
+        is sensitive to rounding; llama.cpp keeps them in F32 too)."""
         source = self.tensor(f"{name}.weight") if weight is None else weight
-        w = self.matrix(source, name, head=head)
+        w = source if keep_format else self.matrix(source, name, head=head)
         b = self.tensor(f"{name}.bias") if bias else None
         attrs = {
             "in_features": int(w.shape[-1]),

@@ -36,7 +36,8 @@ def moe_mlp(b: ModelBuilder, prefix: str) -> MoE:
         cfg.swiglu_limit,
         "swiglu_oai",
     )
-    return MoE(b.linear(f"{prefix}.router", bias=True), experts, cfg.num_experts_per_tok)
+    router = b.linear(f"{prefix}.router", bias=True, keep_format=True)
+    return MoE(router, experts, cfg.num_experts_per_tok)
 
 
 def sinks(b: ModelBuilder, prefix: str) -> dict[str, torch.Tensor]:

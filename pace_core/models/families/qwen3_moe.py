@@ -53,7 +53,7 @@ def mlp(b: ModelBuilder, prefix: str) -> MoE | Bound:
     gate_up, down = _experts(b, f"{prefix}.experts")
     attrs = {"experts": cfg.num_experts, "top_k": cfg.num_experts_per_tok}
     experts = b.bind("moe", attrs, gate_up, None, down, None, 1.0, 0.0, "silu")
-    router = b.linear(f"{prefix}.gate", bias=False)
+    router = b.linear(f"{prefix}.gate", bias=False, keep_format=True)
     return MoE(router, experts, cfg.num_experts_per_tok, "softmax_topk", cfg.norm_topk_prob)
 
 
