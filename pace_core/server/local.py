@@ -49,6 +49,17 @@ class LocalEngine:
         if self._deliver is not None:
             self._deliver(events)
 
+    @property
+    def alive(self) -> bool:
+        """The engine loop runs (or has not been started yet) and has not died."""
+        thread = self._thread
+        return self.healthy and (thread is None or thread.is_alive())
+
+    @property
+    def thread_id(self) -> int | None:
+        """The engine thread's native id, once started."""
+        return None if self._thread is None else self._thread.native_id
+
     def submit(self, specs: list[SeqSpec]) -> None:
         self.core.submit(specs)
 

@@ -123,14 +123,11 @@ class PaceEngine:
     async def cores(self) -> list[int]:
         """The cores the engine thread may run on."""
         self._start()
-        thread = self.engine._thread
-        tid = thread.native_id if thread is not None and thread.native_id else 0
-        return sorted(os.sched_getaffinity(tid))
+        return sorted(os.sched_getaffinity(self.engine.thread_id or 0))
 
     def check_health(self) -> None:
         """Ray's health check: the engine loop must be alive."""
-        thread = self.engine._thread
-        if not self.engine.healthy or (thread is not None and not thread.is_alive()):
+        if not self.engine.alive:
             raise RuntimeError(f"pace engine of replica {self.replica} stopped")
 
     def __del__(self) -> None:
@@ -269,7 +266,7 @@ class PrefixAffinityRouter(FIFOMixin, RequestRouter):
         by_id = {r.replica_id: r for r in candidate_replicas}
         loads = {r.replica_id: self._load(r) for r in candidate_replicas}
         best = self.prefixes.choose(spec.prompt, spec.cache_salt, list(by_id), loads.__getitem__)
-        if self.prefixes.held(best, self.prefixes._keys(spec.prompt, spec.cache_salt)):
+        if self.prefixes.held(best, self.prefixes.keys(spec.prompt, spec.cache_salt)):
             return [[by_id[best]], candidate_replicas]
         return [candidate_replicas]
 

@@ -37,7 +37,8 @@ class PrefixRouter:
         self.seen: collections.defaultdict[Hashable, collections.OrderedDict[BlockKey, None]]
         self.seen = collections.defaultdict(collections.OrderedDict)
 
-    def _keys(self, prompt: Sequence[int], salt: str) -> list[BlockKey]:
+    def keys(self, prompt: Sequence[int], salt: str) -> list[BlockKey]:
+        """The routing keys of ``prompt``'s full blocks."""
         return block_keys(prompt, ROUTING_BLOCK_TOKENS, salt.encode())
 
     def held(self, instance: Hashable, keys: Sequence[BlockKey]) -> int:
@@ -59,7 +60,7 @@ class PrefixRouter:
         """The instance for ``prompt`` among ``candidates`` (non-empty)."""
         order = {c: n for n, c in enumerate(candidates)}
         least = min(candidates, key=lambda i: (load(i), order[i]))
-        keys = self._keys(prompt, salt)
+        keys = self.keys(prompt, salt)
         if not keys or len(candidates) == 1:
             return least
         best = max(candidates, key=lambda i: (self.held(i, keys), -load(i), -order[i]))
@@ -70,7 +71,7 @@ class PrefixRouter:
     def record(self, instance: Hashable, prompt: Sequence[int], salt: str) -> None:
         """``prompt``'s blocks are (about to be) cached on ``instance``."""
         seen = self.seen[instance]
-        for key in self._keys(prompt, salt):
+        for key in self.keys(prompt, salt):
             seen[key] = None
             seen.move_to_end(key)
         while len(seen) > self.capacity:
