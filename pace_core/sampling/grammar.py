@@ -91,11 +91,6 @@ class RowGrammar:
         if not self._matcher.is_stopped():
             self._matcher.consume_token(token)
 
-    @property
-    def done(self) -> bool:
-        """The grammar is complete (the row may only end now)."""
-        return bool(self._matcher.is_stopped())
-
 
 def _bit(b: int) -> int:
     """Bit ``b`` of an int32 word as a Python int in int32 range."""

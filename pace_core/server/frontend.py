@@ -83,7 +83,9 @@ class Frontend:
         self.stats: list[Stats] = [Stats()] * len(instances)
         self._seqs: dict[str, _SeqState] = {}
         self._ids = itertools.count()
-        self.router = PrefixRouter(slack=max(2, max_running // 4))
+        # cache-aware routing only matters between instances (one instance: no prompt hashing)
+        slack = max(2, max_running // 4)
+        self.router = PrefixRouter(slack=slack) if len(instances) > 1 else None
         self.loop: asyncio.AbstractEventLoop | None = None
         self._labels = {inst.name for inst in instances}
         for inst in instances:
@@ -132,12 +134,12 @@ class Frontend:
                 code="engine_unavailable",
                 headers={"Retry-After": "2"},
             )
-        first = specs[0]
-        best = int(
-            self.router.choose(
-                first.prompt, first.cache_salt, candidates, self.outstanding.__getitem__
-            )
-        )
+        load_of = self.outstanding.__getitem__
+        if self.router is None:
+            best = min(candidates, key=lambda i: (load_of(i), i))
+        else:
+            first = specs[0]
+            best = int(self.router.choose(first.prompt, first.cache_salt, candidates, load_of))
         load = self.outstanding[best]
         if load > 0 and load + n - self.max_running > self.max_queue:
             raise APIError(
@@ -181,9 +183,10 @@ class Frontend:
                 inst.healthy = False
                 continue
             self.metrics.prompt_tokens.labels(inst.name).inc(prompt_tokens)
-            distinct = {id(spec.prompt): spec for spec in specs}  # the n choices share one
-            for spec in distinct.values():
-                self.router.record(index, spec.prompt, spec.cache_salt)
+            if self.router is not None:
+                distinct = {id(spec.prompt): spec for spec in specs}  # n choices share one
+                for spec in distinct.values():
+                    self.router.record(index, spec.prompt, spec.cache_salt)
             return sub
 
     def cancel(self, sub: Submission) -> None:
@@ -273,7 +276,8 @@ class Frontend:
                 state.sub.queue.put_nowait(SeqError(key, reason, "engine_error", 503))
         self.outstanding[index] = 0
         self.stats[index] = Stats()
-        self.router.forget(index)
+        if self.router is not None:
+            self.router.forget(index)
         name = self.instances[index].name
         self.metrics.running.labels(name).set(0)
         self.metrics.waiting.labels(name).set(0)

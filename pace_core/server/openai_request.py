@@ -83,6 +83,7 @@ def completion_plan(server: ServingContext, req: CompletionRequest) -> Plan:
         check_prompt(server, prompt)
         mt = max_tokens(server, req.max_tokens, len(prompt), None)
         configs += [sampling(server, req, mt, req.logprobs, j, constraint) for j in range(req.n)]
+    check_constraint(server, configs)
     echo = [server.tokenizer.decode(x) if req.echo else "" for x in prompts]
     return Plan(prompts, configs, req.n, echo, cache_salt=req.cache_salt or "")
 
@@ -107,6 +108,7 @@ def chat_plan(server: ServingContext, req: ChatCompletionRequest) -> Plan:
     k = (req.top_logprobs or 0) if req.logprobs else None
     constraint = Constraint(json_schema=schema, grammar=tools.grammar)
     configs = [sampling(server, req, mt, k, j, constraint) for j in range(req.n)]
+    check_constraint(server, configs)
     salt = req.cache_salt or ""
     return Plan([prompt], configs, req.n, tool_format=tools.format, cache_salt=salt)
 
@@ -255,7 +257,7 @@ def sampling(
 ) -> SamplingConfig:
     """Choice ``index``'s :class:`SamplingConfig`: the request's values, else the model's
     generation defaults, else OpenAI's; ``seed + index`` so choices differ reproducibly.
-    A constraint is checked by the grammar engine here, so a bad schema is a 400 up front."""
+    The plan checks the constraint once (:func:`check_constraint`)."""
     d = server.gen_defaults
     temperature = req.temperature if req.temperature is not None else d.get("temperature", 1.0)
     top_k = req.top_k if req.top_k is not None else d.get("top_k", 0)
@@ -289,14 +291,16 @@ def sampling(
         )
     except (ValueError, ConfigError) as exc:
         raise APIError(400, str(exc)) from None
-    if config.constrained:
-        check_constraint(server, config)
     return config
 
 
-def check_constraint(server: ServingContext, config: SamplingConfig) -> None:
-    """A 400 when the constrained output cannot be served: speculative decoding, or a
-    schema / grammar the grammar engine rejects."""
+def check_constraint(server: ServingContext, configs: Sequence[SamplingConfig]) -> None:
+    """A 400 when the plan's constrained output cannot be served: speculative decoding, or
+    a schema / grammar the grammar engine rejects (checked once: every choice of a request
+    carries the same constraint)."""
+    config = configs[0]
+    if not config.constrained:
+        return
     param = "response_format" if config.json_schema is not None else "tool_choice"
     if server.speculative:
         raise APIError(

@@ -146,8 +146,9 @@ def test_required_and_named_calls_have_valid_arguments(server, choice, temperatu
     assert all(s[0].startswith("call_") for s in streamed.values())
 
 
-def test_parallel_tool_calls_false_gives_one_call(server):
-    out = client(server).chat.completions.create(
+def _one_required_call(http):
+    """A greedy answer forced to exactly one call (``required``, no parallel calls)."""
+    return client(http).chat.completions.create(
         model=MODEL_NAME,
         messages=WEATHER_ASK,
         tools=TOOLS,
@@ -156,7 +157,10 @@ def test_parallel_tool_calls_false_gives_one_call(server):
         max_tokens=120,
         temperature=0,
     )
-    assert len(out.choices[0].message.tool_calls) == 1
+
+
+def test_parallel_tool_calls_false_gives_one_call(server):
+    assert len(_one_required_call(server).choices[0].message.tool_calls) == 1
 
 
 def test_auto_and_none_answer_in_text_or_calls(server):
@@ -171,7 +175,9 @@ def test_auto_and_none_answer_in_text_or_calls(server):
             temperature=0,
         )
         ch = out.choices[0]
-        if ch.message.tool_calls:  # the model chose to call: arguments parse
+        if choice == "none":  # tools not offered, output not parsed for calls
+            assert ch.message.tool_calls is None and ch.finish_reason in ("stop", "length")
+        elif ch.message.tool_calls:  # the model chose to call: arguments parse
             assert ch.finish_reason == "tool_calls"
             _calls(ch.message)
         else:
@@ -181,16 +187,7 @@ def test_auto_and_none_answer_in_text_or_calls(server):
 @pytest.mark.parametrize("stream", [False, True])
 def test_client_round_trip_with_a_tool_result(server, stream):
     c = client(server)
-    first = c.chat.completions.create(
-        model=MODEL_NAME,
-        messages=WEATHER_ASK,
-        tools=TOOLS,
-        tool_choice="required",
-        parallel_tool_calls=False,
-        max_tokens=120,
-        temperature=0,
-    )
-    call = first.choices[0].message
+    call = _one_required_call(server).choices[0].message
     result = {"role": "tool", "tool_call_id": call.tool_calls[0].id, "content": "18 C, sunny"}
     history = [*WEATHER_ASK, call.model_dump(exclude_none=True), result]
     kw = dict(model=MODEL_NAME, messages=history, tools=TOOLS, max_tokens=30, temperature=0)
