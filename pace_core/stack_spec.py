@@ -19,8 +19,9 @@ with ``r`` the residual and ``attn``/``mlp`` as described by their specs::
                 r = None
 
 and attention is: ``q, k, v = qkv(h)`` as ``[B, T, heads, head_dim]``; ``q_norm``/``k_norm``
-(no residual); ``rope``; ``k, v`` written to the cache at ``layer``; ``attend`` with
-``scale``, ``sinks`` and ``window``; ``o_proj`` of the heads concatenated.
+(no residual); ``rope`` (before the norms when ``norms_after_rope``); queries times
+``temperature.scales(positions)`` when set; ``k, v`` written to the cache at ``layer``;
+``attend`` with ``scale``, ``sinks`` and ``window``; ``o_proj`` of the heads concatenated.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
+
+from pace_core.caches.base import Window
 
 Kernel = Callable[..., Any]
 
@@ -63,6 +66,20 @@ class RopeSpec:
 
 
 @dataclass(frozen=True)
+class TemperatureTuning:
+    """Llama 4's attention temperature on NoPE layers: queries at position ``p`` are scaled by
+    ``1 + attn_scale * log1p(floor((p + 1) / floor_scale))`` (1 below ``floor_scale``)."""
+
+    attn_scale: float
+    floor_scale: float
+
+    def scales(self, positions: torch.Tensor) -> torch.Tensor:
+        """fp32 factors ``[B, T]`` for integer ``positions [B, T]``."""
+        steps = torch.floor((positions.float() + 1.0) / self.floor_scale)
+        return torch.log1p(steps) * self.attn_scale + 1.0
+
+
+@dataclass(frozen=True)
 class AttentionSpec:
     layer: int  # the KV cache layer it writes and reads
     qkv: BoundKernel  # op ``qkv_proj``: q, k, v of num_heads / num_kv_heads * head_dim columns
@@ -72,11 +89,13 @@ class AttentionSpec:
     num_kv_heads: int
     head_dim: int
     scale: float
-    window: int | None  # sliding window (None: full); the step's mask is ``meta.mask(window)``
+    window: Window  # sliding (int), chunked, or None; the step's mask is ``meta.mask(window)``
     sinks: torch.Tensor | None  # fp32 [num_heads] sink logits
     q_norm: NormSpec | None
     k_norm: NormSpec | None
     rope: RopeSpec | None
+    norms_after_rope: bool = False  # Llama 4: rope first, then the (weightless) QK-norms
+    temperature: TemperatureTuning | None = None
 
 
 @dataclass(frozen=True)
@@ -99,16 +118,30 @@ class DenseMLPSpec:
 
 
 @dataclass(frozen=True)
+class Routing:
+    """How router logits choose ``top_k`` experts and weigh them (the kinds and their math:
+    :mod:`pace_core.models.moe`)."""
+
+    kind: str  # topk_softmax | softmax_topk | topk_sigmoid | grouped_sigmoid
+    top_k: int
+    normalize: bool = False  # renormalise the chosen weights to sum 1
+    scale: float = 1.0  # then multiply them by this (DeepSeek's routed_scaling_factor)
+    groups: int = 1  # grouped_sigmoid: contiguous expert groups ...
+    top_groups: int = 1  # ... of which the best this many are eligible
+    choice_bias: torch.Tensor | None = None  # grouped_sigmoid: fp32 [E] added for the choice
+
+
+@dataclass(frozen=True)
 class MoESpec:
-    """Routed experts (op ``moe``); ``routing`` as :mod:`pace_core.models.moe` defines it:
-    ``topk_softmax`` (softmax over the ``top_k`` router logits) or ``softmax_topk`` (softmax
-    over every expert, the top-k probabilities, renormalised when ``normalize``)."""
+    """Routed experts (op ``moe``) under ``routing``, plus a ``shared`` expert on every token
+    when set; ``scale_input``: each expert sees its input times its weight (Llama 4) instead of
+    its output being weighed."""
 
     router: BoundKernel  # op ``linear``: expert logits
     experts: BoundKernel  # op ``moe``
-    top_k: int
-    routing: str = "topk_softmax"
-    normalize: bool = True
+    routing: Routing
+    shared: Callable[[torch.Tensor], torch.Tensor] | None = None
+    scale_input: bool = False
 
 
 @dataclass(frozen=True)

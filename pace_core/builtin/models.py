@@ -26,6 +26,8 @@ FAMILIES: dict[str, tuple[str, str, str]] = {
     "gptj": ("gptj", "build", "GPT-J (parallel block, interleaved partial rotary)"),
     "gemma3_text": ("gemma3", "build", "Gemma 3 text (QK-norm, sandwich norms, local/global)"),
     "gemma3": ("gemma3", "build_conditional", "Gemma 3 ConditionalGeneration: text part"),
+    "llama4_text": ("llama4", "build", "Llama 4 text (MoE + shared expert, chunked attention)"),
+    "llama4": ("llama4", "build_conditional", "Llama 4 ConditionalGeneration: text part"),
     "gpt_oss": ("gpt_oss", "build", "GPT-OSS (MoE, attention sinks, MXFP4 experts)"),
 }
 

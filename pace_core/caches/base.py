@@ -21,6 +21,23 @@ import torch
 from pace_core.errors import PaceError
 
 
+@dataclass(frozen=True)
+class ChunkedWindow:
+    """Chunked local attention (Llama 4): a query sees the keys of its own ``size``-position
+    chunk only (``key // size == query // size``), causally."""
+
+    size: int
+
+    def __post_init__(self) -> None:
+        if self.size < 1:
+            raise ValueError(f"attention chunk size must be >= 1, got {self.size}")
+
+
+# Which keys a layer's queries see besides causality: None (all), a sliding window of that
+# many positions, or a chunk.
+Window = int | ChunkedWindow | None
+
+
 class CacheFullError(PaceError, RuntimeError):
     """The cache's memory budget cannot hold the requested tokens; nothing was changed."""
 
@@ -38,7 +55,7 @@ class StepMeta:
     lens_before: torch.Tensor  # [B] tokens already cached per row
     num_new: torch.Tensor  # [B] real new tokens per row (right-aligned in T)
     width: int  # T, the padded number of new positions
-    _masks: dict[int | None, torch.Tensor] = field(default_factory=dict, repr=False)
+    _masks: dict[Window, torch.Tensor] = field(default_factory=dict, repr=False)
 
     # Derived facts are computed once per step (every layer asks): the inputs never change.
     @cached_property
@@ -72,10 +89,11 @@ class StepMeta:
         """``[B, T]`` True where the new position holds a real token."""
         return torch.arange(self.width)[None] >= (self.width - self.num_new)[:, None]
 
-    def mask(self, window: int | None) -> torch.Tensor:
+    def mask(self, window: Window) -> torch.Tensor:
         """Boolean attention mask ``[B, 1, T, S]`` (True = attend) over each row's keys
         ``0..S-1`` (``S`` = longest row after the step): causal, within its own length and the
-        sliding ``window``. Pad queries see key 0 only, so no row is fully masked."""
+        ``window`` (sliding or chunked). Pad queries see key 0 only, so no row is fully
+        masked."""
         found = self._masks.get(window)
         if found is not None:
             return found
@@ -87,7 +105,9 @@ class StepMeta:
             - (self.width - self.num_new)[:, None]
         )[:, :, None]
         mask = (keys <= qpos) & (keys < self.lens_after[:, None, None])
-        if window is not None:
+        if isinstance(window, ChunkedWindow):
+            mask &= keys // window.size == qpos // window.size
+        elif window is not None:
             mask &= qpos - keys < window
         mask |= (~self.query_valid())[:, :, None] & (keys == 0)
         self._masks[window] = mask = mask.unsqueeze(1)

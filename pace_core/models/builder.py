@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from pace_core.caches.base import Window
 from pace_core.errors import ModelLoadError
 from pace_core.models.layers import Attention, Bound, GatedMLP, Norm
 from pace_core.models.rope import Rotary
@@ -194,6 +195,10 @@ class ModelBuilder:
         b = self.weights.take(f"{name}.bias", torch.float32) if bias else None
         return Norm(self.kernel("layer_norm").fn, w, eps, b, is_rms=False)
 
+    def unit_norm(self, size: int, eps: float) -> Norm:
+        """An RMSNorm without a learned scale (Llama 4's L2 QK-norm)."""
+        return Norm(self.kernel("rms_norm").fn, torch.ones(size), eps)
+
     def attention(
         self,
         *,
@@ -205,7 +210,7 @@ class ModelBuilder:
         num_kv_heads: int,
         head_dim: int,
         scale: float,
-        window: int | None = None,
+        window: Window = None,
         **extra: Any,
     ) -> Attention:
         if num_heads % num_kv_heads:

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from pace_core.caches.base import Window
 from pace_core.errors import ModelLoadError
 from pace_core.models.builder import ModelBuilder
 from pace_core.models.decoder import DecoderLM
@@ -26,7 +27,7 @@ def heads(cfg: Any) -> tuple[int, int, int]:
     return n, kv, hd
 
 
-def layer_window(cfg: Any, layer: int) -> int | None:
+def layer_window(cfg: Any, layer: int) -> Window:
     """The sliding window of ``layer`` (None = full attention), from ``config.layer_types``."""
     types = getattr(cfg, "layer_types", None)
     window = getattr(cfg, "sliding_window", None)
@@ -100,13 +101,15 @@ def dense_mlp(
     return DenseMLP(b.linear(fc1, bias=bias), b.linear(fc2, bias=bias), act)
 
 
-def rotaries_by_type(cfg: Any, head_dim: int) -> dict[str | None, Rotary]:
+def rotaries_by_type(
+    cfg: Any, head_dim: int, *, interleaved: bool = False
+) -> dict[str | None, Rotary]:
     """One Rotary per layer type when rope parameters differ by type (Gemma 3), else one."""
     params = getattr(cfg, "rope_parameters", None) or {}
     types = set(getattr(cfg, "layer_types", None) or [])
     if types and types <= set(params):
-        return {t: Rotary(cfg, head_dim, layer_type=t) for t in types}
-    return {None: Rotary(cfg, head_dim)}
+        return {t: Rotary(cfg, head_dim, layer_type=t, interleaved=interleaved) for t in types}
+    return {None: Rotary(cfg, head_dim, interleaved=interleaved)}
 
 
 def assemble(
@@ -118,7 +121,7 @@ def assemble(
     final_norm: Norm | None,
     head: Bound,
     rotaries: list[Rotary],
-    windows: Sequence[int | None] | None = None,
+    windows: Sequence[Window] | None = None,
     **extra: Any,
 ) -> DecoderLM:
     """``windows`` (one per layer) defaults to :func:`layer_window` of each layer."""
@@ -156,7 +159,7 @@ def self_attention(
     o_proj: str = "o_proj",
     o_bias: bool = False,
     scale: float | None = None,
-    window: Callable[[Any, int], int | None] = layer_window,
+    window: Callable[[Any, int], Window] = layer_window,
     **extra: Any,
 ) -> Attention:
     """The attention of every family: Q/K/V from ``{prefix}.{q,k,v}_proj`` (HF's usual names)
@@ -178,3 +181,25 @@ def self_attention(
         window=window(b.config, layer),
         **extra,
     )
+
+
+# Checkpoint prefixes of the text model inside a ConditionalGeneration (new and old layouts).
+_TEXT_PREFIXES = (
+    ("model.language_model.", "model."),
+    ("language_model.model.", "model."),
+    ("language_model.lm_head.", "lm_head."),
+)
+
+
+def build_text_part(b: ModelBuilder, build: Callable[[ModelBuilder], DecoderLM]) -> DecoderLM:
+    """The text model of a multimodal ``*ForConditionalGeneration`` checkpoint (Gemma 3,
+    Llama 4): its ``text_config`` and language-model weights, built by the text ``build``."""
+    text_config = getattr(b.config, "text_config", None)
+    if text_config is None:
+        raise ModelLoadError(f"{b.config.model_type} config has no text_config")
+    for old, new in _TEXT_PREFIXES:
+        b.weights.rename_prefix(old, new)
+    if not hasattr(text_config, "tie_word_embeddings"):
+        text_config.tie_word_embeddings = getattr(b.config, "tie_word_embeddings", True)
+    b.config = text_config
+    return build(b)

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from pace_core.caches.base import StepMeta
+from pace_core.caches.base import StepMeta, Window
 from pace_core.models.builder import OpPlan
 from pace_core.models.layers import Bound, Norm, StepContext
 from pace_core.models.rope import Rotary
@@ -29,7 +29,7 @@ class DecoderLM:
     final_norm: Norm | None
     lm_head: Bound
     rotaries: list[Rotary]
-    windows: set[int | None]
+    windows: set[Window]
     num_layers: int
     num_kv_heads: list[int]
     head_dims: list[int]

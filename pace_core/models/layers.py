@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import torch
 import torch.nn.functional as F
 
+from pace_core.caches.base import Window
 from pace_core.models.rope import Rotary
 from pace_core.stack_spec import (
     AttentionSpec,
@@ -28,6 +29,7 @@ from pace_core.stack_spec import (
     NormSpec,
     OpaqueMLP,
     RopeSpec,
+    TemperatureTuning,
 )
 
 Kernel = Callable[..., Any]
@@ -125,7 +127,8 @@ def _describe_norm(norm: Norm | None) -> NormSpec | None:
 
 @dataclass
 class Attention:
-    """Multi-head attention with GQA, optional QK-norm, rope, sliding window and sinks."""
+    """Multi-head attention with GQA, optional QK-norm (before or after rope), rope, sliding or
+    chunked window, sinks and query temperature."""
 
     qkv: Bound
     o_proj: Bound
@@ -137,10 +140,12 @@ class Attention:
     num_kv_heads: int
     head_dim: int
     scale: float
-    window: int | None = None
+    window: Window = None
     q_norm: Norm | None = None
     k_norm: Norm | None = None
     sinks: torch.Tensor | None = None
+    norms_after_rope: bool = False
+    temperature: TemperatureTuning | None = None
 
     def __call__(self, x: torch.Tensor, step: StepContext) -> torch.Tensor:
         b, t, _ = x.shape
@@ -148,16 +153,25 @@ class Attention:
         q = q.view(b, t, self.num_heads, self.head_dim)
         k = k.view(b, t, self.num_kv_heads, self.head_dim)
         v = v.view(b, t, self.num_kv_heads, self.head_dim)
+        if not self.norms_after_rope:
+            q, k = self._qk_norms(q, k)
+        if self.rope_fn is not None:
+            cos, sin = step.rope[id(self.rotary)]
+            q, k = self.rope_fn(q, k, cos, sin, self.rotary.interleaved)
+        if self.norms_after_rope:
+            q, k = self._qk_norms(q, k)
+        if self.temperature is not None:
+            q = (q * self.temperature.scales(step.positions)[:, :, None, None]).to(q.dtype)
+        view = step.cache.update(self.layer, k.transpose(1, 2), v.transpose(1, 2))
+        out = self.attend(q.transpose(1, 2), view, self.scale, self.sinks, self.window)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim))
+
+    def _qk_norms(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.q_norm is not None:
             q = self.q_norm(q)[0]
         if self.k_norm is not None:
             k = self.k_norm(k)[0]
-        if self.rope_fn is not None:
-            cos, sin = step.rope[id(self.rotary)]
-            q, k = self.rope_fn(q, k, cos, sin, self.rotary.interleaved)
-        view = step.cache.update(self.layer, k.transpose(1, 2), v.transpose(1, 2))
-        out = self.attend(q.transpose(1, 2), view, self.scale, self.sinks, self.window)
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim))
+        return q, k
 
     def describe(self) -> AttentionSpec:
         rope = None
@@ -177,6 +191,8 @@ class Attention:
             q_norm=_describe_norm(self.q_norm),
             k_norm=_describe_norm(self.k_norm),
             rope=rope,
+            norms_after_rope=self.norms_after_rope,
+            temperature=self.temperature,
         )
 
 

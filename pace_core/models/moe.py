@@ -1,62 +1,121 @@
-"""Top-k routed mixture-of-experts MLPs (GPT-OSS, Qwen3-MoE): a router feeding op ``moe``.
+"""Top-k routed mixture-of-experts MLPs: a router, a :class:`Routing` rule, op ``moe`` and an
+optional shared expert.
 
-Two routings, as the families define them:
+The routings, as the families define them (``logits`` = the router's output per token):
 
-* ``topk_softmax`` (GPT-OSS): the top-k router logits, softmax over those k;
-* ``softmax_topk`` (Qwen3-MoE): softmax over every expert in fp32, the top-k probabilities,
-  renormalised to sum 1 when ``normalize`` (``norm_topk_prob``).
+* ``topk_softmax`` (GPT-OSS): the top-k logits, softmax over those k;
+* ``softmax_topk`` (Qwen3-MoE): softmax over every expert in fp32, the top-k probabilities;
+* ``topk_sigmoid`` (Llama 4): the top-k logits, sigmoid of each;
+* ``grouped_sigmoid`` (DeepSeek-V3): sigmoid of fp32 logits; the choice adds a per-expert
+  ``choice_bias`` and keeps the ``top_groups`` best of ``groups`` contiguous expert groups
+  (a group's score = the sum of its two best), the weights are the unbiased sigmoids.
 
-Both choose the same experts (softmax is monotonic); they differ in the weights when
-``normalize`` is off.
+Then weights are renormalised to sum 1 when ``normalize`` and multiplied by ``scale``.
+``scale_input`` (Llama 4) weighs each expert's input instead of its output.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from pace_core.models.layers import Bound
-from pace_core.stack_spec import MoESpec
+from pace_core.stack_spec import MoESpec, Routing
 
-__all__ = ["ROUTINGS", "MoE"]
+__all__ = ["ROUTINGS", "MoE", "Routing", "route"]
 
-ROUTINGS = ("topk_softmax", "softmax_topk")
+ROUTINGS = ("topk_softmax", "softmax_topk", "topk_sigmoid", "grouped_sigmoid")
+
+
+def _grouped_choice(scores: torch.Tensor, r: Routing) -> torch.Tensor:
+    """Experts ``[N, k]`` chosen by DeepSeek-V3's group-limited rule over biased ``scores``."""
+    n, e = scores.shape
+    grouped = scores.view(n, r.groups, e // r.groups)
+    group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)
+    keep = torch.zeros_like(group_scores, dtype=torch.bool)
+    keep.scatter_(1, group_scores.topk(r.top_groups, dim=-1, sorted=False).indices, True)
+    masked = grouped.masked_fill(~keep[..., None], float("-inf")).view(n, e)
+    return masked.topk(r.top_k, dim=-1, sorted=False).indices
+
+
+def route(logits: torch.Tensor, r: Routing) -> tuple[torch.Tensor, torch.Tensor]:
+    """(chosen experts ``[N, k]`` int64, their weights ``[N, k]``) from router ``logits``."""
+    if r.kind == "topk_softmax":
+        top, chosen = torch.topk(logits, r.top_k, dim=-1)
+        weights = torch.softmax(top, dim=-1)
+    elif r.kind == "softmax_topk":
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+        weights, chosen = torch.topk(probs, r.top_k, dim=-1)
+    elif r.kind == "topk_sigmoid":
+        top, chosen = torch.topk(logits, r.top_k, dim=-1)
+        weights = torch.sigmoid(top.float())
+    else:  # grouped_sigmoid
+        scores = torch.sigmoid(logits.float())
+        biased = scores if r.choice_bias is None else scores + r.choice_bias
+        chosen = _grouped_choice(biased, r)
+        weights = scores.gather(1, chosen)
+    if r.normalize:
+        eps = 1e-20 if r.kind == "grouped_sigmoid" else 0.0
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + eps)
+    if r.scale != 1.0:
+        weights = weights * r.scale
+    return chosen, weights if r.kind == "grouped_sigmoid" else weights.to(logits.dtype)
+
+
+def check_routing(r: Routing, experts: int) -> None:
+    """A clear error for a routing the expert count cannot satisfy."""
+    if r.kind not in ROUTINGS:
+        raise ValueError(f"unknown MoE routing {r.kind!r}; known: {', '.join(ROUTINGS)}")
+    if not 1 <= r.top_k <= experts:
+        raise ValueError(f"top_k {r.top_k} must be between 1 and the {experts} experts")
+    if r.kind == "grouped_sigmoid":
+        if experts % r.groups or experts // r.groups < 2:
+            raise ValueError(
+                f"{experts} experts cannot form {r.groups} groups of at least 2 (n_group)"
+            )
+        if not 1 <= r.top_groups <= r.groups:
+            raise ValueError(f"topk_group {r.top_groups} must be between 1 and {r.groups}")
 
 
 class MoE:
-    """Router (a bound linear) + experts (a bound ``moe`` kernel)."""
+    """Router (a bound linear) + experts (a bound ``moe`` kernel) + optional shared expert."""
 
-    __slots__ = ("experts", "normalize", "router", "routing", "top_k")
+    __slots__ = ("experts", "router", "routing", "scale_input", "shared")
 
     def __init__(
         self,
         router: Bound,
         experts: Bound,
-        top_k: int,
-        routing: str = "topk_softmax",
-        normalize: bool = True,
+        routing: Routing,
+        *,
+        num_experts: int,
+        shared: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        scale_input: bool = False,
     ) -> None:
-        if routing not in ROUTINGS:
-            raise ValueError(f"unknown MoE routing {routing!r}; known: {', '.join(ROUTINGS)}")
-        self.router, self.experts, self.top_k = router, experts, top_k
-        self.routing, self.normalize = routing, normalize
+        check_routing(routing, num_experts)
+        self.router, self.experts, self.routing = router, experts, routing
+        self.shared, self.scale_input = shared, scale_input
 
     def route(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(chosen experts [N, k] int64, their weights [N, k]) of tokens ``flat`` [N, H]."""
-        logits = self.router(flat)
-        if self.routing == "topk_softmax":
-            top, chosen = torch.topk(logits, self.top_k, dim=-1)
-            return chosen, torch.softmax(top, dim=-1)
-        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
-        top, chosen = torch.topk(probs, self.top_k, dim=-1)
-        if self.normalize:
-            top = top / top.sum(dim=-1, keepdim=True)
-        return chosen, top.to(logits.dtype)
+        return route(self.router(flat), self.routing)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
         chosen, weights = self.route(flat)
-        return self.experts.fn(flat, chosen, weights, self.experts.weight).view(shape)
+        w = self.experts.weight
+        if self.scale_input:  # one row per (token, slot), its input weighed, unit output weight
+            n, k = chosen.shape
+            rows = (flat[:, None, :] * weights[..., None].to(flat.dtype)).reshape(n * k, -1)
+            ones = torch.ones(n * k, 1, dtype=flat.dtype)
+            out = self.experts.fn(rows, chosen.reshape(-1, 1), ones, w).view(n, k, -1).sum(1)
+        else:
+            out = self.experts.fn(flat, chosen, weights, w)
+        if self.shared is not None:
+            out = self.shared(flat) + out
+        return out.view(shape)
 
     def describe(self) -> MoESpec:
-        return MoESpec(self.router, self.experts, self.top_k, self.routing, self.normalize)
+        return MoESpec(self.router, self.experts, self.routing, self.shared, self.scale_input)

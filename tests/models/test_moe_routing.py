@@ -3,6 +3,8 @@ chooses the same experts with the same weights as HF's router, given HF's own la
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 from support.tiny import FACTORIES
@@ -12,23 +14,44 @@ from pace_core.engine.llm import LLMModel
 from pace_core.models.moe import MoE
 
 
-@pytest.mark.parametrize("variant", ["qwen3-moe"])
+def _qwen3_router(layer) -> tuple[torch.nn.Module | None, Callable]:
+    """Qwen3-MoE's ``mlp.gate`` returns (logits, weights [N, k], chosen [N, k])."""
+    return getattr(layer.mlp, "gate", None), lambda out: (out[2], out[1])
+
+
+def _llama4_router(layer) -> tuple[torch.nn.Module | None, Callable]:
+    """Llama 4's ``feed_forward.router`` returns (scores [N, E]: 0 off the top-k, logits)."""
+    k = layer.feed_forward.router.top_k if hasattr(layer.feed_forward, "router") else 0
+
+    def read(out):
+        weights, chosen = out[0].topk(k, dim=-1)
+        return chosen, weights
+
+    return getattr(layer.feed_forward, "router", None), read
+
+
+ROUTERS = {"qwen3-moe": _qwen3_router, "llama4": _llama4_router}
+
+
+@pytest.mark.parametrize("variant", sorted(ROUTERS))
 def test_same_experts_and_weights_as_transformers(variant, tmp_path):
     path = FACTORIES[variant](tmp_path)
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     pace = LLMModel(path, dtype=torch.float32, load_tokenizer=False).model
     seen: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
-    def capture(i):
+    def capture(i, read):
         def hook(module, args, output):
-            _, weights, chosen = output
+            chosen, weights = read(output)
             seen[i] = (args[0].detach(), chosen, weights.detach())
 
         return hook
 
-    sparse = [i for i, layer in enumerate(hf.model.layers) if hasattr(layer.mlp, "gate")]
+    routers = {i: ROUTERS[variant](layer) for i, layer in enumerate(hf.model.layers)}
+    sparse = [i for i, (module, _) in routers.items() if module is not None]
     for i in sparse:
-        hf.model.layers[i].mlp.gate.register_forward_hook(capture(i))
+        module, read = routers[i]
+        module.register_forward_hook(capture(i, read))
     ids = torch.randint(
         0, hf.config.vocab_size, (1, 24), generator=torch.Generator().manual_seed(1)
     )

@@ -129,6 +129,27 @@ def qwen3_moe(tmp_dir: Path) -> Path:
     return save(tf.Qwen3MoeForCausalLM, cfg, tmp_dir)
 
 
+# -- Llama 4 text: rope layers 0, 2 chunked (8) with L2 QK-norm, NoPE layers 1, 3 full with
+# temperature tuning from position 3 on; MoE (5 experts, top-2, shared expert) on layers 1, 2
+def llama4(tmp_dir: Path) -> Path:
+    cfg = tf.Llama4TextConfig(
+        **{**DIMS, **NO_SPECIAL, "num_hidden_layers": 4, "intermediate_size": 40},
+        head_dim=16,
+        intermediate_size_mlp=96,
+        num_local_experts=5,
+        num_experts_per_tok=2,
+        moe_layers=[1, 2],
+        no_rope_layer_interval=2,
+        attention_chunk_size=8,
+        floor_scale=4,
+        attn_scale=0.5,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        tie_word_embeddings=False,
+    )
+    assert cfg.layer_types == ["chunked_attention", "full_attention"] * 2
+    return save(tf.Llama4ForCausalLM, cfg, tmp_dir)
+
+
 # -- Mistral: a window of 6 on every layer ---------------------------------------------------
 def mistral(tmp_dir: Path) -> Path:
     cfg = tf.MistralConfig(**{**DIMS, **NO_SPECIAL}, sliding_window=6)
@@ -232,6 +253,7 @@ FACTORIES: dict[str, Callable[[Path], Path]] = {
     "qwen2-sliding": qwen2,
     "qwen3-sliding": qwen3,
     "qwen3-moe": qwen3_moe,
+    "llama4": llama4,
     "mistral-sliding": mistral,
     "smollm3-nope": smollm3,
     "phi3-partial-sliding": _phi3({"rope_type": "default"}, sliding_window=6),

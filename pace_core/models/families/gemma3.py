@@ -64,24 +64,8 @@ def build(b: ModelBuilder) -> DecoderLM:
     )
 
 
-# Checkpoint prefixes of the text model inside ConditionalGeneration (new and old layouts).
-_TEXT_PREFIXES = (
-    ("model.language_model.", "model."),
-    ("language_model.model.", "model."),
-    ("language_model.lm_head.", "lm_head."),
-)
-
-
 def build_conditional(b: ModelBuilder) -> DecoderLM:
-    text_config = getattr(b.config, "text_config", None)
-    if text_config is None:
-        raise ModelLoadError("gemma3 config has no text_config")
-    for old, new in _TEXT_PREFIXES:
-        b.weights.rename_prefix(old, new)
-    if not hasattr(text_config, "tie_word_embeddings"):
-        text_config.tie_word_embeddings = getattr(b.config, "tie_word_embeddings", True)
-    b.config = text_config
-    return build(b)
+    return common.build_text_part(b, build)
 
 
 build_conditional.harmless_extras = (

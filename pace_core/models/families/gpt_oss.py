@@ -8,7 +8,7 @@ import torch
 from pace_core.models.builder import ModelBuilder
 from pace_core.models.decoder import DecoderLM
 from pace_core.models.families import llama
-from pace_core.models.moe import MoE
+from pace_core.models.moe import MoE, Routing
 from pace_core.models.mxfp4 import dequantize_mxfp4
 
 
@@ -37,10 +37,11 @@ def moe_mlp(b: ModelBuilder, prefix: str) -> MoE:
         "swiglu_oai",
     )
     router = b.linear(f"{prefix}.router", bias=True, keep_format=True)
-    return MoE(router, experts, cfg.num_experts_per_tok)
+    routing = Routing("topk_softmax", cfg.num_experts_per_tok)
+    return MoE(router, experts, routing, num_experts=cfg.num_local_experts)
 
 
-def sinks(b: ModelBuilder, prefix: str) -> dict[str, torch.Tensor]:
+def sinks(b: ModelBuilder, layer: int, prefix: str) -> dict[str, torch.Tensor]:
     """The per-head attention sink logits (kept in fp32)."""
     return {"sinks": b.tensor(f"{prefix}.sinks", torch.float32)}
 

@@ -39,19 +39,23 @@ def build(
     qkv: QKVReader = separate_qkv,
     mlp: MLPReader = separate_gated_mlp,
     window: Callable[[Any, int], int | None] = common.layer_window,
-    attention_extra: Callable[[ModelBuilder, str], dict[str, Any]] | None = None,
+    attention_extra: Callable[[ModelBuilder, int, str], dict[str, Any]] | None = None,
     uses_rope: Callable[[Any, int], bool] | None = None,
+    mlp_name: str = "mlp",
+    interleaved_rope: bool = False,
 ) -> DecoderLM:
     """Llama layout; ``qkv_bias``/``o_bias`` default to ``config.attention_bias``;
-    ``attention_extra(b, prefix)`` adds attention fields (e.g. GPT-OSS sinks, QK-norms);
-    ``uses_rope(config, layer)`` False leaves that layer without rotary (NoPE layers)."""
+    ``attention_extra(b, layer, prefix)`` adds attention fields (e.g. GPT-OSS sinks,
+    QK-norms); ``uses_rope(config, layer)`` False leaves that layer without rotary (NoPE
+    layers); ``mlp_name`` is the MLP's module name in the checkpoint (Llama 4:
+    ``feed_forward``); ``interleaved_rope`` rotates adjacent pairs (Llama 4's complex form)."""
     cfg = b.config
     _, _, hd = common.heads(cfg)
     eps = cfg.rms_norm_eps
     attention_bias = getattr(cfg, "attention_bias", False)
     bias = attention_bias if qkv_bias is None else qkv_bias
     out_bias = attention_bias if o_bias is None else o_bias
-    rotaries = common.rotaries_by_type(cfg, hd)
+    rotaries = common.rotaries_by_type(cfg, hd, interleaved=interleaved_rope)
     rotary = rotaries[None]
     embed = common.embedding(b, "model.embed_tokens.weight")
     layers, windows = [], [window(cfg, i) for i in range(cfg.num_hidden_layers)]
@@ -65,14 +69,14 @@ def build(
             qkv=qkv(b, f"{p}.self_attn", bias),
             o_bias=out_bias,
             window=window,
-            **(attention_extra(b, f"{p}.self_attn") if attention_extra else {}),
+            **(attention_extra(b, i, f"{p}.self_attn") if attention_extra else {}),
         )
         layers.append(
             PreNormBlock(
                 b.norm(f"{p}.input_layernorm", eps),
                 attn,
                 b.norm(f"{p}.post_attention_layernorm", eps),
-                mlp(b, f"{p}.mlp"),
+                mlp(b, f"{p}.{mlp_name}"),
             )
         )
     return common.assemble(

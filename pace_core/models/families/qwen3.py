@@ -11,7 +11,7 @@ from pace_core.models.decoder import DecoderLM
 from pace_core.models.families import llama
 
 
-def qk_norms(b: ModelBuilder, prefix: str) -> dict[str, Any]:
+def qk_norms(b: ModelBuilder, layer: int, prefix: str) -> dict[str, Any]:
     """``{prefix}.q_norm`` / ``{prefix}.k_norm``: RMSNorms over the head dim."""
     eps = b.config.rms_norm_eps
     return {"q_norm": b.norm(f"{prefix}.q_norm", eps), "k_norm": b.norm(f"{prefix}.k_norm", eps)}

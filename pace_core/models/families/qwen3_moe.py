@@ -14,7 +14,7 @@ from pace_core.models.builder import ModelBuilder
 from pace_core.models.decoder import DecoderLM
 from pace_core.models.families import llama, qwen3
 from pace_core.models.layers import Bound
-from pace_core.models.moe import MoE
+from pace_core.models.moe import MoE, Routing
 
 
 def is_sparse(config, layer: int) -> bool:
@@ -25,6 +25,11 @@ def is_sparse(config, layer: int) -> bool:
         and config.num_experts > 0
         and (layer + 1) % step == 0
     )
+
+
+def layer_of(prefix: str) -> int:
+    """The layer index in a module prefix such as ``model.layers.3.mlp``."""
+    return int(re.search(r"layers\.(\d+)\.", prefix + ".").group(1))
 
 
 def _experts(b: ModelBuilder, prefix: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -45,8 +50,7 @@ def _experts(b: ModelBuilder, prefix: str) -> tuple[torch.Tensor, torch.Tensor]:
 def mlp(b: ModelBuilder, prefix: str) -> MoE | Bound:
     """The layer's routed experts, or its dense gated MLP."""
     cfg = b.config
-    layer = int(re.search(r"layers\.(\d+)\.", prefix + ".").group(1))
-    if not is_sparse(cfg, layer):
+    if not is_sparse(cfg, layer_of(prefix)):
         return llama.separate_gated_mlp(b, prefix)
     if cfg.hidden_act not in ("silu", "swish"):
         raise ValueError(f"Qwen3-MoE experts with hidden_act {cfg.hidden_act!r} are not supported")
@@ -54,7 +58,8 @@ def mlp(b: ModelBuilder, prefix: str) -> MoE | Bound:
     attrs = {"experts": cfg.num_experts, "top_k": cfg.num_experts_per_tok}
     experts = b.bind("moe", attrs, gate_up, None, down, None, 1.0, 0.0, "silu")
     router = b.linear(f"{prefix}.gate", bias=False, keep_format=True)
-    return MoE(router, experts, cfg.num_experts_per_tok, "softmax_topk", cfg.norm_topk_prob)
+    routing = Routing("softmax_topk", cfg.num_experts_per_tok, normalize=cfg.norm_topk_prob)
+    return MoE(router, experts, routing, num_experts=cfg.num_experts)
 
 
 def build(b: ModelBuilder) -> DecoderLM:

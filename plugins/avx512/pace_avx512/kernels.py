@@ -14,6 +14,7 @@ import torch
 from pace_avx512 import build
 from pace_avx512.packing import PackedGatedMLP, PackedLinear, PackedQKV
 from pace_avx512.qpacking import QPackedGatedMLP, QPackedLinear, QPackedQKV
+from pace_core.caches.base import Window
 
 _E: ModuleType | None = None  # the loaded extension: `(_E or _ext())` costs one global lookup
 
@@ -68,7 +69,7 @@ def rope(
 
 def attention(
     q: torch.Tensor, kv: Any, scale: float, sinks: torch.Tensor | None = None,
-    window: int | None = None,
+    window: Window = None,
 ) -> torch.Tensor:  # fmt: skip
     """Attention over a cache view: contiguous, or paged/slab pools read through the table."""
     mask = kv.meta.mask(window)

@@ -24,6 +24,7 @@ import torch
 from pace_avx512 import build, kernels
 from pace_avx512.packing import PackedGatedMLP, PackedLinear, PackedQKV
 from pace_avx512.qpacking import QPackedGatedMLP, QPackedLinear, QPackedQKV
+from pace_core.caches.base import Window
 from pace_core.stack_spec import AttentionSpec, BlockSpec, BoundKernel, GatedMLPSpec, NormSpec
 
 FUSABLE_BLOCKS = frozenset({"pre_norm", "sandwich"})  # stack_spec.BlockSpec kinds
@@ -40,7 +41,7 @@ class FusedStack:
     layers: tuple[Callable, ...]  # the blocks, for steps the C++ loop does not take
     cpp: Any  # the extension's DecoderStack
     rotaries: tuple[Any, ...]  # the step's rope tables are looked up by these, in order
-    windows: tuple[int | None, ...]  # the step's masks, in order
+    windows: tuple[Window, ...]  # the step's masks, in order
 
 
 def _own(bound: BoundKernel, kernel: Callable, packed: tuple[type, ...], what: str) -> None:
@@ -62,6 +63,10 @@ def _check_attention(attn: AttentionSpec) -> None:
         raise NotFusable("rope is not pace-avx512's")
     _check_norm(attn.q_norm)
     _check_norm(attn.k_norm)
+    if attn.norms_after_rope:
+        raise NotFusable("QK-norms after rope are not fused")
+    if attn.temperature is not None:
+        raise NotFusable("attention temperature tuning is not fused")
 
 
 def check(block: BlockSpec) -> None:
@@ -87,7 +92,7 @@ def prepare(layers: Sequence[Callable]) -> FusedStack:
     for block in blocks:
         check(block)
     rotaries: dict[int, Any] = {}  # id -> rotary, in the order the layers index them
-    windows: dict[int | None, None] = {}
+    windows: dict[Window, None] = {}
     ropes = [block.attention.rope for block in blocks]
     cpp = build.load_extension().DecoderStack(
         blocks=blocks,

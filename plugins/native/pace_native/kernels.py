@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from pace_core import ops
+from pace_core.caches.base import Window
 from pace_core.quant import QuantizedWeight
 
 # The core's activation vocabulary (pace_core.ops.ACTIVATIONS), in its order, as torch functions.
@@ -266,7 +267,7 @@ def attention(
     kv,
     scale: float,
     sinks: torch.Tensor | None = None,
-    window: int | None = None,
+    window: Window = None,
 ) -> torch.Tensor:
     """Attention of ``q [B, Hq, T, D]`` over a cache view (contiguous, paged or slab layout).
 
