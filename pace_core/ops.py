@@ -148,6 +148,14 @@ OPS: dict[str, OpSpec] = {
             context=("head_dim", "gqa", "window", "sinks", "cache_layout"),
         ),
         OpSpec(
+            "latent_attention",
+            ("q[B,H,T,R+P]", "kv: latent cache view", "scale", "rank R", "window|None"),
+            "[B,H,T,R]",
+            "multi-head latent attention (MLA) over a latent cache: one KV head of "
+            "[latent R, rope P] rows, values = their first R dims",
+            context=("rank", "rope_dim", "heads", "window", "cache_layout"),
+        ),
+        OpSpec(
             "decoder_stack",
             ("x[B,T,H]", "residual|None", "step", "w"),
             "(x, residual)",

@@ -99,6 +99,33 @@ class AttentionSpec:
 
 
 @dataclass(frozen=True)
+class LatentAttentionSpec:
+    """Multi-head latent attention (DeepSeek MLA) over a latent cache: queries ``q(h)``
+    ``[B, T, heads, nope + rope_dim]``; ``kv_a(h)`` = ``[latent (rank) | k_pe (rope_dim)]``,
+    the latent through ``kv_norm``; rope on the queries' and ``k_pe``'s last ``rope_dim``;
+    the queries' first ``nope`` dims absorbed into the latent space by ``w_uk`` ``[heads, nope,
+    rank]``; ``[latent | k_pe]`` cached at ``layer`` (one KV head, no values); ``attend`` (op
+    ``latent_attention``) with ``scale``; the latent outputs through ``w_uv`` ``[heads,
+    v_dim, rank]``; ``o_proj`` of the heads concatenated."""
+
+    layer: int
+    q: Callable[[torch.Tensor], torch.Tensor]
+    kv_a: BoundKernel
+    kv_norm: NormSpec
+    w_uk: torch.Tensor
+    w_uv: torch.Tensor
+    o_proj: BoundKernel
+    attend: Kernel
+    num_heads: int
+    nope: int
+    rope_dim: int
+    rank: int
+    v_dim: int
+    scale: float
+    rope: RopeSpec
+
+
+@dataclass(frozen=True)
 class GatedMLPSpec:
     """``act(x @ gate) * (x @ up) @ down`` by one ``gated_mlp`` kernel."""
 
@@ -158,5 +185,5 @@ MLPSpec = GatedMLPSpec | DenseMLPSpec | MoESpec | OpaqueMLP
 class BlockSpec:
     kind: str  # one of BLOCK_KINDS
     norms: tuple[NormSpec, ...]  # in the order the module doc uses them
-    attention: AttentionSpec
+    attention: AttentionSpec | LatentAttentionSpec
     mlp: MLPSpec

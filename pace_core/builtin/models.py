@@ -28,6 +28,7 @@ FAMILIES: dict[str, tuple[str, str, str]] = {
     "gemma3": ("gemma3", "build_conditional", "Gemma 3 ConditionalGeneration: text part"),
     "llama4_text": ("llama4", "build", "Llama 4 text (MoE + shared expert, chunked attention)"),
     "llama4": ("llama4", "build_conditional", "Llama 4 ConditionalGeneration: text part"),
+    "deepseek_v3": ("deepseek_v3", "build", "DeepSeek-V3 / R1 (latent attention + cache, MoE)"),
     "gpt_oss": ("gpt_oss", "build", "GPT-OSS (MoE, attention sinks, MXFP4 experts)"),
 }
 

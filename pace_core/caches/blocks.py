@@ -107,12 +107,15 @@ class BlockCache:
         block_size: int,
         max_tokens: int | None = None,
         memory_gb: float | None = None,
+        value_dims: Sequence[int] | None = None,
         **_: object,
     ) -> None:
         self.block_size = block_size
+        value_dims = list(head_dims if value_dims is None else value_dims)
         elt = torch.empty(0, dtype=dtype).element_size()
         self.bytes_per_block = sum(
-            2 * h * d * elt * block_size for h, d in zip(num_kv_heads, head_dims)
+            h * (d + dv) * elt * block_size
+            for h, d, dv in zip(num_kv_heads, head_dims, value_dims)
         )
         if memory_gb is not None:
             if memory_gb <= 0:
@@ -124,9 +127,14 @@ class BlockCache:
         if num_blocks < 1:
             raise ConfigError("the KV cache budget is smaller than one block; raise it")
         self.num_blocks = num_blocks
-        shapes = [(num_blocks, h, block_size, d) for h, d in zip(num_kv_heads, head_dims)]
-        self.keys = [lazy_zeros(shape, dtype) for shape in shapes]
-        self.values = [lazy_zeros(shape, dtype) for shape in shapes]
+        self.keys = [
+            lazy_zeros((num_blocks, h, block_size, d), dtype)
+            for h, d in zip(num_kv_heads, head_dims)
+        ]
+        self.values = [
+            lazy_zeros((num_blocks, h, block_size, dv), dtype)
+            for h, dv in zip(num_kv_heads, value_dims)
+        ]
         self.pool = BlockPool(num_blocks, caching=False)
         self.namespace = b""
         self.blocks: dict[int, list[int]] = {}
@@ -384,14 +392,18 @@ def slab_block_tokens(
     head_dims: Sequence[int],
     dtype: torch.dtype,
     max_seq_len: int = 1 << 30,
+    value_dims: Sequence[int] | None = None,
 ) -> int:
     """Largest power of two (16..1024, at most ``max_seq_len``) whose K+V block of the widest
     layer fits L2 / 2."""
     override = _env_int("PACE_SLAB_BLOCK_TOKENS")
     if override:
         return override
+    value_dims = head_dims if value_dims is None else value_dims
     elt = torch.empty(0, dtype=dtype).element_size()
-    per_token = max(2 * h * d * elt for h, d in zip(num_kv_heads, head_dims))
+    per_token = max(
+        h * (d + dv) * elt for h, d, dv in zip(num_kv_heads, head_dims, value_dims)
+    )
     tokens = max(16, min((l2_cache_bytes() // 2) // per_token, max_seq_len))
     return min(1024, 1 << (tokens.bit_length() - 1))
 
@@ -409,7 +421,12 @@ class SlabPoolCache(BlockCache):
         *,
         block_size: int | None = None,
         max_seq_len: int = 1 << 30,
+        value_dims: Sequence[int] | None = None,
         **kw,
     ) -> None:
-        size = block_size or slab_block_tokens(num_kv_heads, head_dims, dtype, max_seq_len)
-        super().__init__(num_kv_heads, head_dims, dtype, block_size=size, **kw)
+        size = block_size or slab_block_tokens(
+            num_kv_heads, head_dims, dtype, max_seq_len, value_dims
+        )
+        super().__init__(
+            num_kv_heads, head_dims, dtype, block_size=size, value_dims=value_dims, **kw
+        )

@@ -35,13 +35,20 @@ class ContiguousCache:
     layout = "contiguous"
 
     def __init__(
-        self, num_kv_heads: Sequence[int], head_dims: Sequence[int], dtype: torch.dtype, **_: object
+        self,
+        num_kv_heads: Sequence[int],
+        head_dims: Sequence[int],
+        dtype: torch.dtype,
+        *,
+        value_dims: Sequence[int] | None = None,
+        **_: object,
     ) -> None:
         self.num_kv_heads, self.head_dims, self.dtype = list(num_kv_heads), list(head_dims), dtype
         self.capacity = 0
         self.lens = torch.zeros(0, dtype=torch.long)
         self.keys = [self._alloc(0, h, d, 0) for h, d in zip(num_kv_heads, head_dims)]
-        self.values = [torch.empty_like(k) for k in self.keys]
+        dims = head_dims if value_dims is None else value_dims
+        self.values = [self._alloc(0, h, d, 0) for h, d in zip(num_kv_heads, dims)]
         self._meta: StepMeta | None = None
 
     def _alloc(self, batch: int, heads: int, dim: int, capacity: int) -> torch.Tensor:
@@ -170,9 +177,10 @@ class BMCCache(ContiguousCache):
         *,
         max_seq_len: int = 4096,
         num_splits: int | None = None,
+        value_dims: Sequence[int] | None = None,
         **_: object,
     ) -> None:
-        super().__init__(num_kv_heads, head_dims, dtype)
+        super().__init__(num_kv_heads, head_dims, dtype, value_dims=value_dims)
         env = os.environ.get("PACE_BMC_NUM_SPLITS")
         if num_splits is None:
             num_splits = int(env) if env else max(1, round(math.sqrt(max_seq_len)))

@@ -226,6 +226,8 @@ class LLMModel:
         model's cache budget (``max_tokens``, ``memory_gb``) or pass cache-specific ones
         (``block_size`` of the block caches)."""
         max_len = max_positions(self.model.config) or DEFAULT_CONTEXT
+        if self.model.value_dims is not None:  # only then: caches of plugins may not know it
+            options = {"value_dims": self.model.value_dims, **options}
         return self.cache_spec.factory(
             self.model.num_kv_heads,
             self.model.head_dims,

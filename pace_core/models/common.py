@@ -122,10 +122,16 @@ def assemble(
     head: Bound,
     rotaries: list[Rotary],
     windows: Sequence[Window] | None = None,
+    cache_dims: tuple[int, int, int] | None = None,
     **extra: Any,
 ) -> DecoderLM:
-    """``windows`` (one per layer) defaults to :func:`layer_window` of each layer."""
+    """``windows`` (one per layer) defaults to :func:`layer_window` of each layer;
+    ``cache_dims`` = (KV heads, key dim, value dim) of every layer's cache rows when they are
+    not the config's heads (a latent cache: ``(1, rank + rope, 0)``)."""
     _, kv, hd = heads(cfg)
+    vd = None
+    if cache_dims is not None:
+        kv, hd, vd = cache_dims
     num_layers = len(layers)
     if windows is None:
         windows = [layer_window(cfg, i) for i in range(num_layers)]
@@ -142,6 +148,7 @@ def assemble(
         num_layers=num_layers,
         num_kv_heads=[kv] * num_layers,
         head_dims=[hd] * num_layers,
+        value_dims=None if vd is None else [vd] * num_layers,
         vocab_size=cfg.vocab_size,
         plan=b.plan,
         **extra,

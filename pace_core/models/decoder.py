@@ -35,6 +35,7 @@ class DecoderLM:
     head_dims: list[int]
     vocab_size: int
     plan: OpPlan
+    value_dims: list[int] | None = None  # per-layer value dims where they differ from keys'
     embed_scale: float | None = None
     position_embed: Callable[[torch.Tensor], torch.Tensor] | None = None
     project_in: Bound | None = None

@@ -119,3 +119,9 @@ class MoE:
 
     def describe(self) -> MoESpec:
         return MoESpec(self.router, self.experts, self.routing, self.shared, self.scale_input)
+
+
+def fp32_router(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Router logits in fp32 from an fp32 weight, whatever the model dtype (DeepSeek-V3's
+    router, whose group-limited choice is sensitive to rounding)."""
+    return torch.nn.functional.linear(x.float(), weight)

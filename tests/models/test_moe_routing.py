@@ -30,7 +30,8 @@ def _llama4_router(layer) -> tuple[torch.nn.Module | None, Callable]:
     return getattr(layer.feed_forward, "router", None), read
 
 
-ROUTERS = {"qwen3-moe": _qwen3_router, "llama4": _llama4_router}
+# DeepSeek-V3's ``mlp.gate`` returns what Qwen3-MoE's does
+ROUTERS = {"qwen3-moe": _qwen3_router, "llama4": _llama4_router, "deepseek-v3": _qwen3_router}
 
 
 @pytest.mark.parametrize("variant", sorted(ROUTERS))

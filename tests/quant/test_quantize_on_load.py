@@ -79,19 +79,21 @@ def test_config_errors_name_the_value_and_the_choices():
     assert coerce_quantization("none") is None
 
 
-ROUTERS = (".router", ".mlp.gate")  # MoE routers keep their format (pace_core.models.moe)
+# MoE routers keep their format (pace_core.models.moe); so does MLA's kv_b_proj, absorbed into
+# per-head query and output maps at load (pace_core.models.mla)
+KEEP_FORMAT = (".router", ".mlp.gate", ".kv_b_proj")
 
 
 def fake_quantized(hf: torch.nn.Module, cfg: QuantizationConfig) -> None:
     """Replace every matrix pace quantizes (linear layers; token embeddings and the head with
-    the head's config; not position tables, not MoE routers) by its de-quantized values, in
-    place."""
+    the head's config; not position tables, not ``KEEP_FORMAT``) by its de-quantized values,
+    in place."""
     head = hf.get_output_embeddings()
     with torch.no_grad():
         for name, module in hf.named_modules():
             if not isinstance(module, torch.nn.Linear | torch.nn.Embedding):
                 continue
-            if "embed_positions" in name or name.endswith(ROUTERS) or cfg.skips(name):
+            if "embed_positions" in name or name.endswith(KEEP_FORMAT) or cfg.skips(name):
                 continue
             is_head = isinstance(module, torch.nn.Embedding) or module is head
             if module is head and module.weight is hf.get_input_embeddings().weight:

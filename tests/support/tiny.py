@@ -150,6 +150,25 @@ def llama4(tmp_dir: Path) -> Path:
     return save(tf.Llama4ForCausalLM, cfg, tmp_dir)
 
 
+# -- DeepSeek-V3: latent attention (rank 32 + rope 8), layer 0 dense, 8 experts in 4 groups
+# (best 2 groups eligible), top-2, a shared expert, yarn x4 with mscale_all_dim
+def _deepseek_v3(**over: Any) -> Callable[[Path], Path]:
+    def factory(tmp_dir: Path) -> Path:
+        yarn = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "mscale": 1.0,
+                "mscale_all_dim": 1.0, "original_max_position_embeddings": 16}  # fmt: skip
+        cfg = tf.DeepseekV3Config(
+            **{**DIMS, **NO_SPECIAL, "num_hidden_layers": 3, "num_key_value_heads": 4},
+            moe_intermediate_size=24, first_k_dense_replace=1, n_routed_experts=8,
+            num_experts_per_tok=2, n_group=4, topk_group=2, n_shared_experts=1,
+            routed_scaling_factor=2.5, norm_topk_prob=True, kv_lora_rank=32,
+            qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=12, rope_parameters=yarn,
+            tie_word_embeddings=False, **over,
+        )  # fmt: skip
+        return save(tf.DeepseekV3ForCausalLM, cfg, tmp_dir)
+
+    return factory
+
+
 # -- Mistral: a window of 6 on every layer ---------------------------------------------------
 def mistral(tmp_dir: Path) -> Path:
     cfg = tf.MistralConfig(**{**DIMS, **NO_SPECIAL}, sliding_window=6)
@@ -254,6 +273,8 @@ FACTORIES: dict[str, Callable[[Path], Path]] = {
     "qwen3-sliding": qwen3,
     "qwen3-moe": qwen3_moe,
     "llama4": llama4,
+    "deepseek-v3": _deepseek_v3(q_lora_rank=24),
+    "deepseek-v3-q-proj": _deepseek_v3(q_lora_rank=None),  # V2-Lite style: q_proj directly
     "mistral-sliding": mistral,
     "smollm3-nope": smollm3,
     "phi3-partial-sliding": _phi3({"rope_type": "default"}, sliding_window=6),

@@ -32,14 +32,16 @@ def layer_of(prefix: str) -> int:
     return int(re.search(r"layers\.(\d+)\.", prefix + ".").group(1))
 
 
-def _experts(b: ModelBuilder, prefix: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """(gate_up [E, H, 2I] interleaved, down [E, I, H]) in op ``moe``'s layout."""
-    cfg = b.config
+def expert_tensors(
+    b: ModelBuilder, prefix: str, num_experts: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(gate_up [E, H, 2I] interleaved, down [E, I, H]) in op ``moe``'s layout, from the fused
+    tensors of transformers 5 or per-expert ones (``{prefix}.{e}.{gate,up,down}_proj``)."""
     if b.weights.has(f"{prefix}.gate_up_proj"):  # fused: [E, 2I, H] (gate | up), [E, H, I]
         gate, up = b.tensor(f"{prefix}.gate_up_proj").chunk(2, dim=1)
         down = b.tensor(f"{prefix}.down_proj")
     else:
-        e = range(cfg.num_experts)
+        e = range(num_experts)
         gate = torch.stack([b.tensor(f"{prefix}.{i}.gate_proj.weight") for i in e])
         up = torch.stack([b.tensor(f"{prefix}.{i}.up_proj.weight") for i in e])
         down = torch.stack([b.tensor(f"{prefix}.{i}.down_proj.weight") for i in e])
@@ -54,7 +56,7 @@ def mlp(b: ModelBuilder, prefix: str) -> MoE | Bound:
         return llama.separate_gated_mlp(b, prefix)
     if cfg.hidden_act not in ("silu", "swish"):
         raise ValueError(f"Qwen3-MoE experts with hidden_act {cfg.hidden_act!r} are not supported")
-    gate_up, down = _experts(b, f"{prefix}.experts")
+    gate_up, down = expert_tensors(b, f"{prefix}.experts", cfg.num_experts)
     attrs = {"experts": cfg.num_experts, "top_k": cfg.num_experts_per_tok}
     experts = b.bind("moe", attrs, gate_up, None, down, None, 1.0, 0.0, "silu")
     router = b.linear(f"{prefix}.gate", bias=False, keep_format=True)

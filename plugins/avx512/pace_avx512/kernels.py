@@ -78,3 +78,19 @@ def attention(
     return (_E or _ext()).attention(
         q, kv.key_pool, kv.value_pool, mask, scale, sinks, kv.block_table, kv.block_size
     )
+
+
+def latent_attention(
+    q: torch.Tensor, kv: Any, scale: float, rank: int, window: Window = None
+) -> torch.Tensor:
+    """MLA over a latent cache: the flash attention kernel with the cached ``[latent | k_pe]``
+    rows as both keys and values (one KV head: every query head of a tile shares each block
+    while it is in L1); the output's first ``rank`` dims are the latent-space result."""
+    mask = kv.meta.mask(window)
+    if getattr(kv, "layout", "contiguous") == "contiguous":
+        out = (_E or _ext()).attention(q, kv.keys, kv.keys, mask, scale, None)
+    else:
+        out = (_E or _ext()).attention(
+            q, kv.key_pool, kv.key_pool, mask, scale, None, kv.block_table, kv.block_size
+        )
+    return out[..., :rank]

@@ -144,3 +144,6 @@ def pace_register_ops(registry: Registrations) -> None:
     add("attention", kernels.attention, cache_layouts=CACHE_LAYOUTS,
         description="flash-style attention (decode and prefill), GQA, sinks, windows; reads "
         "paged/slab pools through the block table")  # fmt: skip
+    add("latent_attention", kernels.latent_attention, cache_layouts=CACHE_LAYOUTS,
+        description="MLA: the flash attention kernel over the latent rows as keys and values "
+        "(all heads share each block in L1)")  # fmt: skip

@@ -55,6 +55,8 @@ def _check_norm(norm: NormSpec | None) -> None:
 
 
 def _check_attention(attn: AttentionSpec) -> None:
+    if not isinstance(attn, AttentionSpec):
+        raise NotFusable(f"{type(attn).__name__} attention is not fused")
     _own(attn.qkv, kernels.qkv_proj, (PackedQKV, QPackedQKV), "the QKV projection")
     _own(attn.o_proj, kernels.linear, (PackedLinear, QPackedLinear), "the output projection")
     if attn.attend is not kernels.attention:

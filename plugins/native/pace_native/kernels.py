@@ -273,23 +273,41 @@ def attention(
 
     Masks come from the view's step metadata: causal, per-row lengths, sliding ``window``.
     """
+    return _over_cache(q, kv, scale, sinks, window, None)
+
+
+def latent_attention(
+    q: torch.Tensor, kv, scale: float, rank: int, window: Window = None
+) -> torch.Tensor:
+    """MLA over a latent cache view: one KV head whose keys are the cached ``[latent | rope]``
+    rows and whose values are their first ``rank`` dims (nothing else is stored).
+    ``q [B, H, T, rank + rope]`` (queries already absorbed into the latent space) ->
+    ``[B, H, T, rank]``."""
+    return _over_cache(q, kv, scale, None, window, rank)
+
+
+def _over_cache(q, kv, scale, sinks, window, latent: int | None) -> torch.Tensor:
+    """Attention over any cache layout; values are the keys' first ``latent`` dims when set."""
     meta = kv.meta
     mask = meta.mask(window)
     layout = getattr(kv, "layout", "contiguous")
     if layout == "contiguous":
-        return _sdpa(q, kv.keys, kv.values, mask, scale, sinks)
+        values = kv.values if latent is None else kv.keys[..., :latent]
+        return _sdpa(q, kv.keys, values, mask, scale, sinks)
+
+    def gathered(table: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        k = _gather_blocks(kv.key_pool, table, length)
+        v = k[..., :latent] if latent is not None else _gather_blocks(kv.value_pool, table, length)
+        return k, v
+
     if layout == "paged":
         s = mask.shape[-1]
-        k = _gather_blocks(kv.key_pool, kv.block_table, s)
-        v = _gather_blocks(kv.value_pool, kv.block_table, s)
-        return _sdpa(q, k, v, mask, scale, sinks)
+        return _sdpa(q, *gathered(kv.block_table, s), mask, scale, sinks)
     # slab: one attention call per sequence over exactly its own blocks and length
     outs = []
     for b, length in enumerate(meta.lens_after.tolist()):
         nb = -(-length // kv.block_size)
-        table = kv.block_table[b : b + 1, :nb]
-        k = _gather_blocks(kv.key_pool, table, length)
-        v = _gather_blocks(kv.value_pool, table, length)
+        k, v = gathered(kv.block_table[b : b + 1, :nb], length)
         outs.append(_sdpa(q[b : b + 1], k, v, mask[b : b + 1, :, :, :length], scale, sinks))
     return torch.cat(outs)
 

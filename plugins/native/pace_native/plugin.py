@@ -37,6 +37,13 @@ def pace_register_ops(registry: Registrations) -> None:
         cache_layouts=("contiguous", "paged", "slab"),
     )
     add(
+        "latent_attention",
+        "native",
+        kernels.latent_attention,
+        dtypes=DTYPES,
+        cache_layouts=("contiguous", "paged", "slab"),
+    )
+    add(
         "decoder_stack",
         "native",
         kernels.decoder_stack,
