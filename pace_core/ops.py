@@ -113,8 +113,8 @@ OPS: dict[str, OpSpec] = {
             "moe",
             ("x[N,H]", "experts[N,k] int64", "weights[N,k]", "w"),
             "[N,H]",
-            "mixture-of-experts MLP: SwiGLU experts with gate/up interleaved, activation "
-            "'swiglu_oai' (GPT-OSS, clamped) or 'silu' (Qwen3-MoE); biases may be None",
+            "mixture-of-experts MLP: gated experts with gate/up interleaved, activation "
+            "'swiglu_oai' (GPT-OSS, clamped), 'silu' or 'gelu_tanh' (Gemma 4); biases may be None",
             context=("experts", "top_k"),
             prepare=(
                 "gate_up[E,H,2I]", "gate_up_bias", "down[E,I,H]", "down_bias", "alpha", "limit",

@@ -17,10 +17,12 @@ with ``r`` the residual and ``attn``/``mlp`` as described by their specs::
     parallel:   h, r = norms[0](x, r); x = attn(h) + mlp(h)
     post_norm:  x = x + r (if any); h = norms[0](attn(x), x)[0]; x = norms[1](mlp(h), h)[0]
                 r = None
+    opaque:     only the block's own code runs it (no norms, attention None, mlp an
+                OpaqueMLP of the block): Gemma 4's per-layer inputs, layer scalar, KV reuse
 
 and attention is: ``q, k, v = qkv(h)`` as ``[B, T, heads, head_dim]``; ``q_norm``/``k_norm``
 (no residual); ``rope`` (before the norms when ``norms_after_rope``); queries times
-``temperature.scales(positions)`` when set; ``k, v`` written to the cache at ``layer``;
+``temperature.scales(positions)`` when set; ``v_norm`` on the values; ``k, v`` written to the cache at ``layer``;
 ``attend`` with ``scale``, ``sinks`` and ``window``; ``o_proj`` of the heads concatenated.
 """
 
@@ -37,7 +39,7 @@ from pace_core.caches.base import Window
 Kernel = Callable[..., Any]
 
 # What ``BlockSpec.kind`` may be (see the module doc for what each one runs).
-BLOCK_KINDS: tuple[str, ...] = ("pre_norm", "sandwich", "parallel", "post_norm")
+BLOCK_KINDS: tuple[str, ...] = ("pre_norm", "sandwich", "parallel", "post_norm", "opaque")
 
 
 class BoundKernel(Protocol):
@@ -96,6 +98,7 @@ class AttentionSpec:
     rope: RopeSpec | None
     norms_after_rope: bool = False  # Llama 4: rope first, then the (weightless) QK-norms
     temperature: TemperatureTuning | None = None
+    v_norm: NormSpec | None = None  # Gemma 4: over each value head before caching
 
 
 @dataclass(frozen=True)
@@ -156,6 +159,7 @@ class Routing:
     groups: int = 1  # grouped_sigmoid: contiguous expert groups ...
     top_groups: int = 1  # ... of which the best this many are eligible
     choice_bias: torch.Tensor | None = None  # grouped_sigmoid: fp32 [E] added for the choice
+    expert_scales: torch.Tensor | None = None  # [E]: each chosen weight times its expert's
 
 
 @dataclass(frozen=True)
@@ -185,5 +189,5 @@ MLPSpec = GatedMLPSpec | DenseMLPSpec | MoESpec | OpaqueMLP
 class BlockSpec:
     kind: str  # one of BLOCK_KINDS
     norms: tuple[NormSpec, ...]  # in the order the module doc uses them
-    attention: AttentionSpec | LatentAttentionSpec
+    attention: AttentionSpec | LatentAttentionSpec | None  # None for opaque blocks
     mlp: MLPSpec

@@ -29,6 +29,8 @@ FAMILIES: dict[str, tuple[str, str, str]] = {
     "llama4_text": ("llama4", "build", "Llama 4 text (MoE + shared expert, chunked attention)"),
     "llama4": ("llama4", "build_conditional", "Llama 4 ConditionalGeneration: text part"),
     "deepseek_v3": ("deepseek_v3", "build", "DeepSeek-V3 / R1 (latent attention + cache, MoE)"),
+    "gemma4_text": ("gemma4", "build", "Gemma 4 text (per-layer inputs, KV sharing, MoE)"),
+    "gemma4": ("gemma4", "build_conditional", "Gemma 4 ConditionalGeneration: text part"),
     "gpt_oss": ("gpt_oss", "build", "GPT-OSS (MoE, attention sinks, MXFP4 experts)"),
 }
 

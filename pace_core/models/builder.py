@@ -142,13 +142,19 @@ class ModelBuilder:
         fused: str | None = None,
         sizes: Sequence[int] = (),
     ) -> Bound:
-        """Q/K/V from three tensors, or from one ``fused`` tensor split by ``sizes``."""
+        """Q/K/V from three tensors (a name may repeat: Gemma 4's values are its keys'
+        projection), or from one ``fused`` tensor split by ``sizes``."""
         if fused is not None:
             weights = list(self.matrix(self.tensor(f"{fused}.weight"), fused).split(list(sizes)))
             biases = list(self.tensor(f"{fused}.bias").split(list(sizes))) if bias else None
         else:
-            weights = [self.matrix(self.tensor(f"{n}.weight"), n) for n in names]
-            biases = [self.tensor(f"{n}.bias") for n in names] if bias else None
+            unique = dict.fromkeys(names)
+            taken = {n: self.matrix(self.tensor(f"{n}.weight"), n) for n in unique}
+            weights = [taken[n] for n in names]
+            biases = None
+            if bias:
+                taken_bias = {n: self.tensor(f"{n}.bias") for n in unique}
+                biases = [taken_bias[n] for n in names]
         attrs = {"in_features": int(weights[0].shape[-1]), "weight_format": formats_of(weights)}
         return self.bind("qkv_proj", attrs, weights, biases)
 

@@ -122,16 +122,17 @@ def assemble(
     head: Bound,
     rotaries: list[Rotary],
     windows: Sequence[Window] | None = None,
-    cache_dims: tuple[int, int, int] | None = None,
+    cache_layers: Sequence[tuple[int, int, int]] | None = None,
     **extra: Any,
 ) -> DecoderLM:
     """``windows`` (one per layer) defaults to :func:`layer_window` of each layer;
-    ``cache_dims`` = (KV heads, key dim, value dim) of every layer's cache rows when they are
-    not the config's heads (a latent cache: ``(1, rank + rope, 0)``)."""
-    _, kv, hd = heads(cfg)
-    vd = None
-    if cache_dims is not None:
-        kv, hd, vd = cache_dims
+    ``cache_layers`` = (KV heads, key dim, value dim) of each cache layer when they are not the
+    config's heads on every layer (a latent cache: ``(1, rank + rope, 0)``; Gemma 4: per-layer
+    head dims, fewer cache layers than blocks)."""
+    if cache_layers is None:
+        _, kv, hd = heads(cfg)
+        cache_layers = [(kv, hd, hd)] * len(layers)
+    kvs, hds, vds = (list(column) for column in zip(*cache_layers))
     num_layers = len(layers)
     if windows is None:
         windows = [layer_window(cfg, i) for i in range(num_layers)]
@@ -146,9 +147,9 @@ def assemble(
         rotaries=rotaries,
         windows=set(windows),
         num_layers=num_layers,
-        num_kv_heads=[kv] * num_layers,
-        head_dims=[hd] * num_layers,
-        value_dims=None if vd is None else [vd] * num_layers,
+        num_kv_heads=kvs,
+        head_dims=hds,
+        value_dims=None if vds == hds else vds,
         vocab_size=cfg.vocab_size,
         plan=b.plan,
         **extra,

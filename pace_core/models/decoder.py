@@ -41,6 +41,8 @@ class DecoderLM:
     project_in: Bound | None = None
     project_out: Bound | None = None
     logit_softcap: float | None = None
+    # (ids, scaled embeddings) -> [B, T, layers, P] inputs each layer reads (Gemma 4's PLE)
+    per_layer_inputs: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
 
     @property
     def reprefill_at(self) -> int | None:
@@ -71,6 +73,8 @@ class DecoderLM:
         x = self.embed(ids)
         if self.embed_scale is not None:
             x = x * torch.tensor(self.embed_scale, dtype=x.dtype)
+        if self.per_layer_inputs is not None:
+            step.per_layer = self.per_layer_inputs(ids, x)
         if self.project_in is not None:
             x = self.project_in(x)
         if self.position_embed is not None:

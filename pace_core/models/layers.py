@@ -58,6 +58,8 @@ class StepContext:
     positions: torch.Tensor  # [B, T]
     rope: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     meta: Any = None  # the cache's StepMeta (fused decoder stacks read it)
+    views: dict[int, Any] = field(default_factory=dict)  # cache layer -> this step's view
+    per_layer: torch.Tensor | None = None  # [B, T, layers, P] per-layer inputs (Gemma 4)
 
 
 class Bound:
@@ -146,6 +148,7 @@ class Attention:
     sinks: torch.Tensor | None = None
     norms_after_rope: bool = False
     temperature: TemperatureTuning | None = None
+    v_norm: Norm | None = None
 
     def __call__(self, x: torch.Tensor, step: StepContext) -> torch.Tensor:
         b, t, _ = x.shape
@@ -162,7 +165,11 @@ class Attention:
             q, k = self._qk_norms(q, k)
         if self.temperature is not None:
             q = (q * self.temperature.scales(step.positions)[:, :, None, None]).to(q.dtype)
-        view = step.cache.update(self.layer, k.transpose(1, 2), v.transpose(1, 2))
+        if self.v_norm is not None:
+            v = self.v_norm(v)[0]
+        view = step.views[self.layer] = step.cache.update(
+            self.layer, k.transpose(1, 2), v.transpose(1, 2)
+        )
         out = self.attend(q.transpose(1, 2), view, self.scale, self.sinks, self.window)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim))
 
@@ -193,6 +200,7 @@ class Attention:
             rope=rope,
             norms_after_rope=self.norms_after_rope,
             temperature=self.temperature,
+            v_norm=_describe_norm(self.v_norm),
         )
 
 

@@ -10,7 +10,8 @@ The routings, as the families define them (``logits`` = the router's output per 
   ``choice_bias`` and keeps the ``top_groups`` best of ``groups`` contiguous expert groups
   (a group's score = the sum of its two best), the weights are the unbiased sigmoids.
 
-Then weights are renormalised to sum 1 when ``normalize`` and multiplied by ``scale``.
+Then weights are renormalised to sum 1 when ``normalize``, multiplied by ``scale`` and by
+each chosen expert's ``expert_scales`` entry (Gemma 4).
 ``scale_input`` (Llama 4) weighs each expert's input instead of its output.
 """
 
@@ -60,6 +61,8 @@ def route(logits: torch.Tensor, r: Routing) -> tuple[torch.Tensor, torch.Tensor]
         weights = weights / (weights.sum(dim=-1, keepdim=True) + eps)
     if r.scale != 1.0:
         weights = weights * r.scale
+    if r.expert_scales is not None:
+        weights = weights * r.expert_scales[chosen]
     return chosen, weights if r.kind == "grouped_sigmoid" else weights.to(logits.dtype)
 
 

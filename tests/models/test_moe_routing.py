@@ -30,8 +30,14 @@ def _llama4_router(layer) -> tuple[torch.nn.Module | None, Callable]:
     return getattr(layer.feed_forward, "router", None), read
 
 
+def _gemma4_router(layer) -> tuple[torch.nn.Module | None, Callable]:
+    """Gemma 4's ``router`` (beside the dense MLP) returns (probs, weights, chosen)."""
+    return getattr(layer, "router", None), lambda out: (out[2], out[1])
+
+
 # DeepSeek-V3's ``mlp.gate`` returns what Qwen3-MoE's does
-ROUTERS = {"qwen3-moe": _qwen3_router, "llama4": _llama4_router, "deepseek-v3": _qwen3_router}
+ROUTERS = {"qwen3-moe": _qwen3_router, "llama4": _llama4_router, "deepseek-v3": _qwen3_router,
+           "gemma4": _gemma4_router}  # fmt: skip
 
 
 @pytest.mark.parametrize("variant", sorted(ROUTERS))
@@ -60,7 +66,7 @@ def test_same_experts_and_weights_as_transformers(variant, tmp_path):
         hf(ids)
     assert sparse and set(seen) == set(sparse)
     for i in sparse:
-        moe = pace.layers[i].mlp
+        moe = getattr(pace.layers[i], "moe", None) or pace.layers[i].mlp  # Gemma 4: beside
         assert isinstance(moe, MoE)
         x, hf_chosen, hf_weights = seen[i]
         chosen, weights = moe.route(x.reshape(-1, x.shape[-1]))

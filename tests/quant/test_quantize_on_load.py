@@ -81,7 +81,7 @@ def test_config_errors_name_the_value_and_the_choices():
 
 # MoE routers keep their format (pace_core.models.moe); so does MLA's kv_b_proj, absorbed into
 # per-head query and output maps at load (pace_core.models.mla)
-KEEP_FORMAT = (".router", ".mlp.gate", ".kv_b_proj")
+KEEP_FORMAT = (".router", ".router.proj", ".mlp.gate", ".kv_b_proj")
 
 
 def fake_quantized(hf: torch.nn.Module, cfg: QuantizationConfig) -> None:

@@ -169,6 +169,23 @@ def _deepseek_v3(**over: Any) -> Callable[[Path], Path]:
     return factory
 
 
+# -- Gemma 4 text: sliding layers (window 4, head 16) and global ones (head 32, proportional
+# rope); "gemma4" also has per-layer inputs, K=V globals with 1 KV head, the last 2 layers
+# sharing KV (double-wide MLPs), an MoE block (4 experts, top-2) and a final softcap
+def _gemma4(**over: Any) -> Callable[[Path], Path]:
+    def factory(tmp_dir: Path) -> Path:
+        sliding, full = "sliding_attention", "full_attention"
+        cfg = tf.Gemma4TextConfig(
+            **{**DIMS, **NO_SPECIAL, "num_hidden_layers": 6, "intermediate_size": 96},
+            vocab_size_per_layer_input=DIMS["vocab_size"], head_dim=16, global_head_dim=32,
+            layer_types=[sliding, sliding, full, sliding, sliding, full], sliding_window=4,
+            **over,
+        )  # fmt: skip
+        return save(tf.Gemma4ForCausalLM, cfg, tmp_dir)
+
+    return factory
+
+
 # -- Mistral: a window of 6 on every layer ---------------------------------------------------
 def mistral(tmp_dir: Path) -> Path:
     cfg = tf.MistralConfig(**{**DIMS, **NO_SPECIAL}, sliding_window=6)
@@ -284,4 +301,10 @@ FACTORIES: dict[str, Callable[[Path], Path]] = {
     "gptj": gptj,
     "gemma3": gemma3,
     "gpt-oss": gpt_oss,
+    "gemma4": _gemma4(
+        num_global_key_value_heads=1, attention_k_eq_v=True, hidden_size_per_layer_input=8,
+        num_kv_shared_layers=2, use_double_wide_mlp=True, enable_moe_block=True, num_experts=4,
+        top_k_experts=2, moe_intermediate_size=32, final_logit_softcapping=30.0,
+    ),  # fmt: skip
+    "gemma4-dense": _gemma4(hidden_size_per_layer_input=0, num_kv_shared_layers=0),
 }

@@ -124,7 +124,7 @@ def build(b: ModelBuilder) -> DecoderLM:
         head=common.lm_head(b, cfg, embed),
         rotaries=[rotary],
         windows=[None] * cfg.num_hidden_layers,
-        cache_dims=(1, cfg.kv_lora_rank + cfg.qk_rope_head_dim, 0),
+        cache_layers=[(1, cfg.kv_lora_rank + cfg.qk_rope_head_dim, 0)] * len(layers),
     )
 
 

@@ -69,6 +69,8 @@ def _check_attention(attn: AttentionSpec) -> None:
         raise NotFusable("QK-norms after rope are not fused")
     if attn.temperature is not None:
         raise NotFusable("attention temperature tuning is not fused")
+    if attn.v_norm is not None:
+        raise NotFusable("value norms are not fused")
 
 
 def check(block: BlockSpec) -> None:

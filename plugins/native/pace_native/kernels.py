@@ -138,11 +138,11 @@ class MoEWeight:
     down_bias: torch.Tensor | None  # [E, H]
     alpha: float
     limit: float
-    activation: str  # "swiglu_oai" (GPT-OSS: clamped, (up + 1) * gate * sigmoid(alpha gate))
-    #                  or "silu" (silu(gate) * up)
+    activation: str  # "swiglu_oai" (GPT-OSS: clamped, (up + 1) * gate * sigmoid(alpha gate)),
+    #                  "silu" (silu(gate) * up) or "gelu_tanh" (Gemma 4: gelu_tanh(gate) * up)
 
 
-MOE_ACTIVATIONS = ("swiglu_oai", "silu")
+MOE_ACTIVATIONS = ("swiglu_oai", "silu", "gelu_tanh")
 
 
 def prepare_moe(
@@ -174,6 +174,8 @@ def moe(
         gate, up = h[..., ::2], h[..., 1::2]
         if w.activation == "silu":
             h = F.silu(gate) * up
+        elif w.activation == "gelu_tanh":
+            h = F.gelu(gate, approximate="tanh") * up
         else:
             gate, up = gate.clamp(max=w.limit), up.clamp(-w.limit, w.limit)
             h = (up + 1) * (gate * torch.sigmoid(gate * w.alpha))
