@@ -22,8 +22,9 @@ with ``r`` the residual and ``attn``/``mlp`` as described by their specs::
 
 and attention is: ``q, k, v = qkv(h)`` as ``[B, T, heads, head_dim]``; ``q_norm``/``k_norm``
 (no residual); ``rope`` (before the norms when ``norms_after_rope``); queries times
-``temperature.scales(positions)`` when set; ``v_norm`` on the values; ``k, v`` written to the cache at ``layer``;
-``attend`` with ``scale``, ``sinks`` and ``window``; ``o_proj`` of the heads concatenated.
+``temperature.scales(positions)`` when set; ``v_norm`` on the values; ``k, v`` written to
+the cache at ``layer``; ``attend`` with ``scale``, ``sinks`` and ``window``; ``o_proj`` of the
+heads concatenated.
 """
 
 from __future__ import annotations

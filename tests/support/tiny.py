@@ -186,6 +186,13 @@ def _gemma4(**over: Any) -> Callable[[Path], Path]:
     return factory
 
 
+GEMMA4_ALL = dict(
+    num_global_key_value_heads=1, attention_k_eq_v=True, hidden_size_per_layer_input=8,
+    num_kv_shared_layers=2, use_double_wide_mlp=True, enable_moe_block=True, num_experts=4,
+    top_k_experts=2, moe_intermediate_size=32, final_logit_softcapping=30.0,
+)  # fmt: skip
+
+
 # -- Mistral: a window of 6 on every layer ---------------------------------------------------
 def mistral(tmp_dir: Path) -> Path:
     cfg = tf.MistralConfig(**{**DIMS, **NO_SPECIAL}, sliding_window=6)
@@ -301,10 +308,6 @@ FACTORIES: dict[str, Callable[[Path], Path]] = {
     "gptj": gptj,
     "gemma3": gemma3,
     "gpt-oss": gpt_oss,
-    "gemma4": _gemma4(
-        num_global_key_value_heads=1, attention_k_eq_v=True, hidden_size_per_layer_input=8,
-        num_kv_shared_layers=2, use_double_wide_mlp=True, enable_moe_block=True, num_experts=4,
-        top_k_experts=2, moe_intermediate_size=32, final_logit_softcapping=30.0,
-    ),  # fmt: skip
+    "gemma4": _gemma4(**GEMMA4_ALL),
     "gemma4-dense": _gemma4(hidden_size_per_layer_input=0, num_kv_shared_layers=0),
 }
