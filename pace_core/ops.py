@@ -114,8 +114,8 @@ OPS: dict[str, OpSpec] = {
             ("x[N,H]", "experts[N,k] int64", "weights[N,k]", "w"),
             "[N,H]",
             "mixture-of-experts MLP: gated experts with gate/up interleaved, activation "
-            "'swiglu_oai' (GPT-OSS, clamped), 'silu' or 'gelu_tanh' (Gemma 4); biases may be None",
-            context=("experts", "top_k"),
+            "'swiglu_oai' (GPT-OSS, clamped) or a gated_mlp one; biases may be None",
+            context=("experts", "top_k", "activation", "biases"),
             prepare=(
                 "gate_up[E,H,2I]", "gate_up_bias", "down[E,I,H]", "down_bias", "alpha", "limit",
                 "activation",
@@ -170,6 +170,8 @@ OPS: dict[str, OpSpec] = {
 # The activations a gated/dense MLP kernel may be asked for: one vocabulary for the core and
 # every plugin. A kernel's integer code for an activation is its index here.
 ACTIVATIONS: tuple[str, ...] = ("silu", "gelu", "gelu_tanh", "relu")
+# op ``moe``'s: ``act(gate) * up`` with any of the above, or GPT-OSS's clamped SwiGLU
+MOE_ACTIVATIONS: tuple[str, ...] = ("swiglu_oai", *ACTIVATIONS)
 
 # Hugging Face ``hidden_act`` / ``hidden_activation`` names -> the vocabulary above.
 HF_ACTIVATIONS: dict[str, str] = {

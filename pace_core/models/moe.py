@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 import torch
 
+from pace_core.models.builder import ModelBuilder
 from pace_core.models.layers import Bound
 from pace_core.stack_spec import MoESpec, Routing
 
@@ -64,6 +65,28 @@ def route(logits: torch.Tensor, r: Routing) -> tuple[torch.Tensor, torch.Tensor]
     if r.expert_scales is not None:
         weights = weights * r.expert_scales[chosen]
     return chosen, weights if r.kind == "grouped_sigmoid" else weights.to(logits.dtype)
+
+
+def bind_experts(
+    b: ModelBuilder,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    *,
+    top_k: int,
+    activation: str = "silu",
+    biases: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None),
+    alpha: float = 1.0,
+    limit: float = 0.0,
+) -> Bound:
+    """Op ``moe`` bound to experts ``gate_up [E, H, 2I]`` (gate/up interleaved) and ``down
+    [E, I, H]``; ``alpha``/``limit`` are GPT-OSS's clamped SwiGLU's."""
+    attrs = {
+        "experts": int(gate_up.shape[0]),
+        "top_k": top_k,
+        "activation": activation,
+        "biases": biases != (None, None),
+    }
+    return b.bind("moe", attrs, gate_up, biases[0], down, biases[1], alpha, limit, activation)
 
 
 def check_routing(r: Routing, experts: int) -> None:

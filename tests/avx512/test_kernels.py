@@ -219,6 +219,58 @@ def test_attention(ext, dtype, b, t, heads, s, d, sinks, causal, layout):
     assert_within(got, ref, rel(dtype) * ref.abs() + 1e-5 * v.float().abs().max())
 
 
+@SETTINGS
+@given(dtype=DTYPES, t=st.sampled_from([1, 3, 17]), heads=st.sampled_from([1, 4, 16]),
+       s=st.integers(1, 200), rank=st.sampled_from([16, 32, 512]), rope=st.sampled_from([8, 64]),
+       layout=st.sampled_from(["contiguous", "paged", "slab"]))  # fmt: skip
+def test_latent_attention(ext, dtype, t, heads, s, rank, rope, layout):
+    """MLA over latent rows (one KV head, no values): native's values are the rows' first
+    ``rank`` dims; avx512 runs its flash kernel with the rows as keys and values."""
+    d = rank + rope
+    q = tensor(1, 1, heads, t, d, dtype=dtype)
+    rows = tensor(2, 1, 1, s, d, dtype=dtype)
+    empty = rows[..., :0]
+    keys, qpos = torch.arange(s), s - t + torch.arange(t)
+    mask = (keys <= qpos[:, None])[None, None] | (keys == 0)
+    got = kernels.latent_attention(q, cache_view(rows, rows, mask, layout, seed=s), 0.1, rank)
+    ref_view = cache_view(rows.float(), empty.float(), mask, "contiguous", seed=s)
+    ref = native.latent_attention(q.float(), ref_view, 0.1, rank)
+    assert got.shape == ref.shape == (1, heads, t, rank)
+    assert_within(got, ref, rel(dtype) * ref.abs() + 1e-5 * rows.float().abs().max())
+
+
+@SETTINGS
+@given(dtype=MATMUL_DTYPES, n=st.sampled_from([1, 2, 9, 40]), experts=st.integers(1, 6),
+       hidden=DIMS, inter=DIMS, act=st.sampled_from(sorted(packing.ACTIVATIONS)))  # fmt: skip
+def test_moe(ext, dtype, n, experts, hidden, inter, act):
+    """The experts as packed gated MLPs equal native's loop (decode rows call their k experts
+    directly; batches group the rows of each hit expert)."""
+    k = min(2, experts)
+    x = tensor(1, n, hidden, dtype=dtype)
+    gate_up = tensor(2, experts, hidden, 2 * inter, dtype=dtype, scale=hidden**-0.5)
+    down = tensor(3, experts, inter, hidden, dtype=dtype, scale=inter**-0.5)
+    chosen = torch.stack([torch.randperm(experts, generator=torch.Generator().manual_seed(i))[:k]
+                          for i in range(n)])  # fmt: skip
+    weights = tensor(4, n, k, dtype=torch.float32).abs()
+    got = kernels.moe(x, chosen, weights, packing.prepare_moe(gate_up, None, down, None, 1.0,
+                                                               0.0, act))  # fmt: skip
+    ref = native.moe(x.float(), chosen, weights, native.prepare_moe(
+        gate_up.float(), None, down.float(), None, 1.0, 0.0, act))  # fmt: skip
+    assert got.shape == x.shape and got.dtype == dtype
+    terms = x.float().abs() @ gate_up.float().abs().amax(0)  # bound the down terms coarsely
+    bound = terms[:, :inter].abs() @ down.float().abs().amax(0) * weights.sum(-1, keepdim=True)
+    assert_within(got, ref, rel(dtype) * (ref.abs() + bound) + 1e-5)
+
+
+def test_moe_declines_biases_and_other_activations(ext):
+    with pytest.raises(ValueError, match="no biases"):
+        packing.prepare_moe(torch.zeros(2, 8, 16), torch.zeros(2, 16), torch.zeros(2, 8, 8),
+                            None, 1.0, 0.0, "silu")  # fmt: skip
+    with pytest.raises(ValueError, match="swiglu_oai"):
+        packing.prepare_moe(torch.zeros(2, 8, 16), None, torch.zeros(2, 8, 8), None, 1.0, 0.0,
+                            "swiglu_oai")  # fmt: skip
+
+
 def test_non_contiguous_and_odd_k(ext):
     """Strided activations are copied; an odd K gets a zero pad lane (bf16 pairs)."""
     for dtype in MATMUL:

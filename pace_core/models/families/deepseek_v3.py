@@ -17,7 +17,7 @@ from pace_core.models.decoder import DecoderLM
 from pace_core.models.families import llama, qwen3_moe
 from pace_core.models.layers import Bound, PreNormBlock
 from pace_core.models.mla import LatentAttention, LowRankQuery
-from pace_core.models.moe import MoE, Routing, fp32_router
+from pace_core.models.moe import MoE, Routing, bind_experts, fp32_router
 from pace_core.models.rope import Rotary, rope_parameters
 
 LATENT_NORM_EPS = 1e-6  # q_a_layernorm / kv_a_layernorm (transformers' default, not the config's)
@@ -77,7 +77,6 @@ def mlp(b: ModelBuilder, prefix: str) -> MoE | Bound:
         raise ValueError(f"DeepSeek experts with hidden_act {cfg.hidden_act!r} are not supported")
     experts = cfg.n_routed_experts
     gate_up, down = qwen3_moe.expert_tensors(b, f"{prefix}.experts", experts)
-    attrs = {"experts": experts, "top_k": cfg.num_experts_per_tok}
     routing = Routing(
         "grouped_sigmoid",
         cfg.num_experts_per_tok,
@@ -92,7 +91,7 @@ def mlp(b: ModelBuilder, prefix: str) -> MoE | Bound:
         shared = llama.separate_gated_mlp(b, f"{prefix}.shared_experts")
     return MoE(
         Bound(fp32_router, b.tensor(f"{prefix}.gate.weight", torch.float32)),
-        b.bind("moe", attrs, gate_up, None, down, None, 1.0, 0.0, "silu"),
+        bind_experts(b, gate_up, down, top_k=cfg.num_experts_per_tok),
         routing,
         num_experts=experts,
         shared=shared,

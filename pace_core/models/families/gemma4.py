@@ -38,7 +38,7 @@ from pace_core.models.layers import (
     StepContext,
     describe_mlp,
 )
-from pace_core.models.moe import MoE, Routing
+from pace_core.models.moe import MoE, Routing, bind_experts
 from pace_core.models.rope import Rotary
 from pace_core.stack_spec import BlockSpec
 
@@ -167,7 +167,6 @@ def _moe(b: ModelBuilder, prefix: str) -> MoE:
     cfg = b.config
     experts = cfg.num_experts
     gate_up, down = qwen3_moe.expert_tensors(b, f"{prefix}.experts", experts)
-    attrs = {"experts": experts, "top_k": cfg.top_k_experts}
     act = common.activation(cfg.hidden_activation)
     routing = Routing(
         "softmax_topk", cfg.top_k_experts, normalize=True,
@@ -175,7 +174,7 @@ def _moe(b: ModelBuilder, prefix: str) -> MoE:
     )  # fmt: skip
     return MoE(
         _router(b, f"{prefix}.router"),
-        b.bind("moe", attrs, gate_up, None, down, None, 1.0, 0.0, act),
+        bind_experts(b, gate_up, down, top_k=cfg.top_k_experts, activation=act),
         routing,
         num_experts=experts,
     )

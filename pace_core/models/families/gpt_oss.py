@@ -8,7 +8,7 @@ import torch
 from pace_core.models.builder import ModelBuilder
 from pace_core.models.decoder import DecoderLM
 from pace_core.models.families import llama
-from pace_core.models.moe import MoE, Routing
+from pace_core.models.moe import MoE, Routing, bind_experts
 from pace_core.models.mxfp4 import dequantize_mxfp4
 
 
@@ -24,17 +24,18 @@ def _expert_tensor(b: ModelBuilder, name: str) -> torch.Tensor:
 def moe_mlp(b: ModelBuilder, prefix: str) -> MoE:
     """Router + experts under ``{prefix}`` (``mlp.router``, ``mlp.experts``)."""
     cfg = b.config
-    attrs = {"experts": cfg.num_local_experts, "top_k": cfg.num_experts_per_tok}
-    experts = b.bind(
-        "moe",
-        attrs,
+    experts = bind_experts(
+        b,
         _expert_tensor(b, f"{prefix}.experts.gate_up_proj"),
-        b.tensor(f"{prefix}.experts.gate_up_proj_bias"),
         _expert_tensor(b, f"{prefix}.experts.down_proj"),
-        b.tensor(f"{prefix}.experts.down_proj_bias"),
-        getattr(cfg, "swiglu_alpha", 1.702),
-        cfg.swiglu_limit,
-        "swiglu_oai",
+        top_k=cfg.num_experts_per_tok,
+        activation="swiglu_oai",
+        biases=(
+            b.tensor(f"{prefix}.experts.gate_up_proj_bias"),
+            b.tensor(f"{prefix}.experts.down_proj_bias"),
+        ),
+        alpha=getattr(cfg, "swiglu_alpha", 1.702),
+        limit=cfg.swiglu_limit,
     )
     router = b.linear(f"{prefix}.router", bias=True, keep_format=True)
     routing = Routing("topk_softmax", cfg.num_experts_per_tok)

@@ -24,7 +24,7 @@ from pace_core.models.builder import ModelBuilder
 from pace_core.models.decoder import DecoderLM
 from pace_core.models.families import llama, qwen3_moe
 from pace_core.models.layers import Bound
-from pace_core.models.moe import MoE, Routing
+from pace_core.models.moe import MoE, Routing, bind_experts
 from pace_core.stack_spec import TemperatureTuning
 
 
@@ -65,8 +65,7 @@ def mlp(b: ModelBuilder, prefix: str) -> MoE | Bound:
     if cfg.hidden_act not in ("silu", "swish"):
         raise ValueError(f"Llama 4 experts with hidden_act {cfg.hidden_act!r} are not supported")
     gate_up, down = _experts(b, f"{prefix}.experts")
-    attrs = {"experts": cfg.num_local_experts, "top_k": cfg.num_experts_per_tok}
-    experts = b.bind("moe", attrs, gate_up, None, down, None, 1.0, 0.0, "silu")
+    experts = bind_experts(b, gate_up, down, top_k=cfg.num_experts_per_tok)
     return MoE(
         b.linear(f"{prefix}.router", bias=False, keep_format=True),
         experts,

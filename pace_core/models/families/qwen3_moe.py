@@ -14,7 +14,7 @@ from pace_core.models.builder import ModelBuilder
 from pace_core.models.decoder import DecoderLM
 from pace_core.models.families import llama, qwen3
 from pace_core.models.layers import Bound
-from pace_core.models.moe import MoE, Routing
+from pace_core.models.moe import MoE, Routing, bind_experts
 
 
 def is_sparse(config, layer: int) -> bool:
@@ -57,8 +57,7 @@ def mlp(b: ModelBuilder, prefix: str) -> MoE | Bound:
     if cfg.hidden_act not in ("silu", "swish"):
         raise ValueError(f"Qwen3-MoE experts with hidden_act {cfg.hidden_act!r} are not supported")
     gate_up, down = expert_tensors(b, f"{prefix}.experts", cfg.num_experts)
-    attrs = {"experts": cfg.num_experts, "top_k": cfg.num_experts_per_tok}
-    experts = b.bind("moe", attrs, gate_up, None, down, None, 1.0, 0.0, "silu")
+    experts = bind_experts(b, gate_up, down, top_k=cfg.num_experts_per_tok)
     router = b.linear(f"{prefix}.gate", bias=False, keep_format=True)
     routing = Routing("softmax_topk", cfg.num_experts_per_tok, normalize=cfg.norm_topk_prob)
     return MoE(router, experts, routing, num_experts=cfg.num_experts)

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from pace_avx512 import build
-from pace_avx512.packing import PackedGatedMLP, PackedLinear, PackedQKV
+from pace_avx512.packing import PackedExperts, PackedGatedMLP, PackedLinear, PackedQKV
 from pace_avx512.qpacking import QPackedGatedMLP, QPackedLinear, QPackedQKV
 from pace_core.caches.base import Window
 
@@ -45,6 +45,23 @@ def gated_mlp(x: torch.Tensor, w: PackedGatedMLP | QPackedGatedMLP) -> torch.Ten
             gate, up = linear(x, w.gate_up).split_with_sizes((w.intermediate,) * 2, -1)
         return linear((_E or _ext()).gated_activation(gate, up, w.activation), w.down)
     return (_E or _ext()).gated_mlp(x, w.gate_up, w.down, w.intermediate, w.hidden, w.activation)
+
+
+def moe(x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor, w: PackedExperts):
+    """Each hit expert's packed gated MLP over the rows routed to it (one call per expert:
+    a decode row calls its k experts directly), weighted and summed into the output."""
+    if x.shape[0] == 1:
+        out = None
+        for expert, weight in zip(experts[0].tolist(), weights[0].tolist()):
+            h = gated_mlp(x, w.experts[expert]) * weight
+            out = h if out is None else out + h
+        return out
+    out = torch.zeros_like(x)
+    for expert in experts.unique().tolist():
+        token, slot = torch.where(experts == expert)
+        h = gated_mlp(x[token], w.experts[expert])
+        out.index_add_(0, token, (h * weights[token, slot, None]).to(x.dtype))
+    return out
 
 
 def rms_norm(

@@ -150,3 +150,31 @@ def prepare_gated_mlp(
     down_packed = resident(down)
     code = build.load_extension().ACTIVATIONS.index(activation)
     return PackedGatedMLP(gate_up, down_packed, code, int(inter), int(hidden))
+
+
+@dataclass(frozen=True)
+class PackedExperts:
+    """Op ``moe``'s experts, each a packed gated MLP (no biases, a gated_mlp activation)."""
+
+    experts: tuple[PackedGatedMLP | QPackedGatedMLP, ...]
+
+
+def prepare_moe(
+    gate_up: torch.Tensor,
+    gate_up_bias: torch.Tensor | None,
+    down: torch.Tensor,
+    down_bias: torch.Tensor | None,
+    alpha: float,
+    limit: float,
+    activation: str,
+) -> PackedExperts:
+    """``gate_up [E, H, 2I]`` (gate and up interleaved) and ``down [E, I, H]`` -> one packed
+    gated MLP per expert (the resolver declines biases and other activations first)."""
+    if gate_up_bias is not None or down_bias is not None or activation not in ACTIVATIONS:
+        raise ValueError(f"pace-avx512 experts take no biases and a gated_mlp activation, "
+                         f"got {activation!r}")  # fmt: skip
+    experts = []
+    for e in range(gate_up.shape[0]):
+        gate, up = gate_up[e, :, 0::2].t(), gate_up[e, :, 1::2].t()  # [I, H] each
+        experts.append(prepare_gated_mlp(gate, up, down[e].t(), activation))
+    return PackedExperts(tuple(experts))

@@ -65,10 +65,12 @@ def _supports(ctx: OpContext) -> bool | str:
     fmt = ctx.attrs.get("weight_format") or "dense"
     if fmt != "dense" and (why := _quantized_problem(ctx, fmt)) is not None:
         return why
-    if ctx.op == "gated_mlp":
+    if ctx.op in ("gated_mlp", "moe"):
         act = getattr(ctx, "activation", None)  # absent when `pace ops` asks generally
         if act is not None and act not in packing.ACTIVATIONS:
             return f"activation {act!r} not implemented (have {', '.join(packing.ACTIVATIONS)})"
+    if ctx.op == "moe" and getattr(ctx, "biases", False):
+        return "expert biases not implemented"
     return build.available()
 
 
@@ -128,6 +130,8 @@ def pace_register_ops(registry: Registrations) -> None:
     add("gated_mlp", kernels.gated_mlp, prepare=packing.prepare_gated_mlp,
         weight_formats=MATRIX_FORMATS,
         description="gate/up in one pass with the activation fused, then down")  # fmt: skip
+    add("moe", kernels.moe, prepare=packing.prepare_moe,
+        description="experts as packed gated MLPs: each hit expert's rows in one GEMM")  # fmt: skip
     add("rms_norm", kernels.rms_norm,
         description="RMSNorm with fused residual add (fp32 math)")  # fmt: skip
     add("layer_norm", kernels.layer_norm,

@@ -138,11 +138,8 @@ class MoEWeight:
     down_bias: torch.Tensor | None  # [E, H]
     alpha: float
     limit: float
-    activation: str  # "swiglu_oai" (GPT-OSS: clamped, (up + 1) * gate * sigmoid(alpha gate)),
-    #                  "silu" (silu(gate) * up) or "gelu_tanh" (Gemma 4: gelu_tanh(gate) * up)
-
-
-MOE_ACTIVATIONS = ("swiglu_oai", "silu", "gelu_tanh")
+    activation: str  # "swiglu_oai" (GPT-OSS: clamped, (up + 1) * gate * sigmoid(alpha gate))
+    #                  or a gated_mlp activation (act(gate) * up)
 
 
 def prepare_moe(
@@ -154,8 +151,9 @@ def prepare_moe(
     limit: float,
     activation: str = "swiglu_oai",
 ) -> MoEWeight:
-    if activation not in MOE_ACTIVATIONS:
-        raise ValueError(f"moe activation {activation!r}; known: {', '.join(MOE_ACTIVATIONS)}")
+    if activation not in ops.MOE_ACTIVATIONS:
+        known = ", ".join(ops.MOE_ACTIVATIONS)
+        raise ValueError(f"moe activation {activation!r}; known: {known}")
     return MoEWeight(
         gate_up.contiguous(), gate_up_bias, down.contiguous(), down_bias, alpha, limit, activation
     )
@@ -172,10 +170,8 @@ def moe(
         if w.gate_up_bias is not None:
             h = h + w.gate_up_bias[expert]
         gate, up = h[..., ::2], h[..., 1::2]
-        if w.activation == "silu":
-            h = F.silu(gate) * up
-        elif w.activation == "gelu_tanh":
-            h = F.gelu(gate, approximate="tanh") * up
+        if w.activation != "swiglu_oai":
+            h = ACTIVATIONS[w.activation](gate) * up
         else:
             gate, up = gate.clamp(max=w.limit), up.clamp(-w.limit, w.limit)
             h = (up + 1) * (gate * torch.sigmoid(gate * w.alpha))
