@@ -17,6 +17,9 @@ two references for ``linear``: ``torch`` (F.linear on the [N, K] weight) and ``m
 - mlp (not in the default set): decode ``gated_mlp`` (silu, ``--gemv-m``) with cold weights at
   SmolLM2-135M (576x1536) and TinyLlama-1.1B (2048x5632) sizes: GB/s of the three matrices,
   like GEMV, since a decode MLP streams its weights from DRAM.
+- moe (not in the default set): op ``moe`` per backend at Qwen3-30B-A3B's expert shapes
+  (128 x 2048 x 768, top-8; cold) for 1, 8 and 128 routed tokens (``vs_native``: over the
+  per-expert torch loop), with the hit experts' weight GB/s.
 - model (not in the default set): a whole model (``--model``) per backend plan:
   ``{"default": "native"}``, every op of each installed backend on it, and ``auto``; prefill
   time of a ``--model-prompt``-token prompt and decode tok/s over ``--model-tokens`` tokens.
@@ -59,7 +62,7 @@ from pace_core.errors import ConfigError
 
 SHAPES = {"576x1536": (576, 1536), "2048x8192": (2048, 8192), "4096x4096": (4096, 4096)}  # K x N
 REFERENCES = ("torch", "mkldnn")
-SECTIONS = ("gemv", "gemm", "ops", "mlp", "model")
+SECTIONS = ("gemv", "gemm", "ops", "mlp", "model", "moe")
 COLUMNS = [
     "section",
     "dtype",
@@ -426,6 +429,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     bench_mlp(args, dtype, threads, dram, rows)
                 if "model" in args.sections:
                     bench_model(args, dtype, threads, rows)
+                if "moe" in args.sections:
+                    from pace_core.bench.kernels_moe import bench_moe
+
+                    bench_moe(args, dtype, threads, rows)
     measured = {r["backend"] for r in rows}
     absent = [b for b in args.backends or () if b not in measured]
     if absent:

@@ -25,6 +25,21 @@ SHAPES: dict[str, tuple[str, str, dict[str, Any]]] = {
         num_hidden_layers=2, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
         num_experts=128, num_experts_per_tok=8, norm_topk_prob=True, decoder_sparse_step=1,
         mlp_only_layers=[], max_position_embeddings=40960)),
+    # Moonlight-16B-A3B (a DeepSeek-V3 architecture): MLA (rank 512 + rope 64, no q_lora),
+    # layer 0 dense, layer 1 MoE (64 experts x 1408, top-6, 2 shared)
+    "moonlight-16b-a3b-2l": ("DeepseekV3Config", "DeepseekV3ForCausalLM", dict(
+        vocab_size=163840, hidden_size=2048, intermediate_size=11264, moe_intermediate_size=1408,
+        num_hidden_layers=2, num_attention_heads=16, num_key_value_heads=16,
+        n_routed_experts=64, n_shared_experts=2, num_experts_per_tok=6, n_group=1,
+        topk_group=1, first_k_dense_replace=1, kv_lora_rank=512, q_lora_rank=None,
+        qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, routed_scaling_factor=2.446,
+        norm_topk_prob=True, rope_parameters={"rope_type": "default", "rope_theta": 50000.0},
+        tie_word_embeddings=False, max_position_embeddings=8192)),
+    # transformers' default Gemma4TextConfig shapes (hidden 2304, 8 heads / 4 KV of 256, global
+    # heads of 512, per-layer inputs of 256), 6 layers: 5 sliding + 1 global
+    "gemma4-text-6l": ("Gemma4TextConfig", "Gemma4ForCausalLM", dict(
+        num_hidden_layers=6, max_position_embeddings=8192,
+        layer_types=["sliding_attention"] * 5 + ["full_attention"])),
     # Llama 4 Scout's layer (16 experts + a shared one, top-1, chunked attention, QK-norm)
     "llama4-scout-1l": ("Llama4TextConfig", "Llama4ForCausalLM", dict(
         vocab_size=202048, hidden_size=5120, intermediate_size=8192, intermediate_size_mlp=16384,
