@@ -40,12 +40,13 @@ SHAPES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "gemma4-text-6l": ("Gemma4TextConfig", "Gemma4ForCausalLM", dict(
         num_hidden_layers=6, max_position_embeddings=8192,
         layer_types=["sliding_attention"] * 5 + ["full_attention"])),
-    # Llama 4 Scout's layer (16 experts + a shared one, top-1, chunked attention, QK-norm)
+    # Llama 4 Scout's layer (16 experts + a shared one, top-1, chunked attention, QK-norm);
+    # tied embeddings here (Scout's are not) to keep two engines' copies within 24 GB
     "llama4-scout-1l": ("Llama4TextConfig", "Llama4ForCausalLM", dict(
         vocab_size=202048, hidden_size=5120, intermediate_size=8192, intermediate_size_mlp=16384,
         num_hidden_layers=1, num_attention_heads=40, num_key_value_heads=8, head_dim=128,
         num_local_experts=16, num_experts_per_tok=1, interleave_moe_layer_step=1,
-        attention_chunk_size=8192, use_qk_norm=True, tie_word_embeddings=False,
+        attention_chunk_size=8192, use_qk_norm=True, tie_word_embeddings=True,
         rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 16.0,
                          "low_freq_factor": 1.0, "high_freq_factor": 1.0,
                          "original_max_position_embeddings": 8192},
