@@ -115,7 +115,10 @@ OPS: dict[str, OpSpec] = {
             "[N,H]",
             "mixture-of-experts MLP: gated experts with gate/up interleaved, activation "
             "'swiglu_oai' (GPT-OSS, clamped) or a gated_mlp one; biases may be None",
-            context=("experts", "top_k", "activation", "biases"),
+            context=(
+                "experts", "top_k", "activation", "biases", "hidden", "intermediate",
+                "weight_format",
+            ),
             prepare=(
                 "gate_up[E,H,2I]", "gate_up_bias", "down[E,I,H]", "down_bias", "alpha", "limit",
                 "activation",

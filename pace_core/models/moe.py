@@ -18,11 +18,13 @@ each chosen expert's ``expert_scales`` entry (Gemma 4).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from pace_core.models.builder import ModelBuilder
 from pace_core.models.layers import Bound
+from pace_core.quant import formats_of
 from pace_core.stack_spec import MoESpec, Routing
 
 __all__ = ["ROUTINGS", "MoE", "Routing", "route"]
@@ -72,6 +74,7 @@ def bind_experts(
     gate_up: torch.Tensor,
     down: torch.Tensor,
     *,
+    module: str,
     top_k: int,
     activation: str = "silu",
     biases: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None),
@@ -79,14 +82,31 @@ def bind_experts(
     limit: float = 0.0,
 ) -> Bound:
     """Op ``moe`` bound to experts ``gate_up [E, H, 2I]`` (gate/up interleaved) and ``down
-    [E, I, H]``; ``alpha``/``limit`` are GPT-OSS's clamped SwiGLU's."""
+    [E, I, H]``; ``alpha``/``limit`` are GPT-OSS's clamped SwiGLU's. Under quantize-on-load
+    (unless ``module`` is skipped) each expert's ``[2I, H]`` and ``[H, I]`` matrices are
+    quantized one at a time and the op takes the per-expert lists."""
+    weights: tuple[Any, Any] = (gate_up, down)
+    hidden, intermediate = int(gate_up.shape[1]), int(gate_up.shape[2]) // 2
+    q = b.quantization
+    if q is not None and not q.skips(module):
+        weights = (
+            [b.matrix(gate_up[e].t().contiguous(), f"{module}.{e}.gate_up_proj")
+             for e in range(gate_up.shape[0])],
+            [b.matrix(down[e].t().contiguous(), f"{module}.{e}.down_proj")
+             for e in range(down.shape[0])],
+        )  # fmt: skip
+        del gate_up, down
     attrs = {
-        "experts": int(gate_up.shape[0]),
+        "experts": len(weights[0]),
         "top_k": top_k,
         "activation": activation,
         "biases": biases != (None, None),
+        "hidden": hidden,
+        "intermediate": intermediate,
+        "weight_format": formats_of(weights[0] if isinstance(weights[0], list) else [weights[0]]),
     }
-    return b.bind("moe", attrs, gate_up, biases[0], down, biases[1], alpha, limit, activation)
+    return b.bind("moe", attrs, weights[0], biases[0], weights[1], biases[1], alpha, limit,
+                  activation)  # fmt: skip
 
 
 def check_routing(r: Routing, experts: int) -> None:

@@ -8,6 +8,7 @@ The copy is an ordinary Hugging Face directory whose ``model.safetensors`` holds
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,12 @@ def save_quantized(
     resolver = host.resolver(OperatorConfig.coerce("default=native"))  # no packed copies
     build_model(source, hf_config, parse_dtype(dtype), host, resolver, quiet=True,
                 quantization=q, record=recorded)  # fmt: skip
+    experts = sorted(n for n in recorded if re.search(r"\.experts\.\d+\.", n))
+    if experts:
+        raise ConfigError(
+            f"{source} has MoE experts ({experts[0]}, ...): quantized experts are not saved "
+            "yet; load the original with quantization=... instead (quantize on load)"
+        )
     tensors, described = pack(recorded)
     recorded.clear()
     store = WeightStore.from_dir(source)

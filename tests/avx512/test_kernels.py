@@ -262,13 +262,47 @@ def test_moe(ext, dtype, n, experts, hidden, inter, act):
     assert_within(got, ref, rel(dtype) * (ref.abs() + bound) + 1e-5)
 
 
-def test_moe_declines_biases_and_other_activations(ext):
-    with pytest.raises(ValueError, match="no biases"):
-        packing.prepare_moe(torch.zeros(2, 8, 16), torch.zeros(2, 16), torch.zeros(2, 8, 8),
-                            None, 1.0, 0.0, "silu")  # fmt: skip
-    with pytest.raises(ValueError, match="swiglu_oai"):
-        packing.prepare_moe(torch.zeros(2, 8, 16), None, torch.zeros(2, 8, 8), None, 1.0, 0.0,
-                            "swiglu_oai")  # fmt: skip
+@pytest.mark.parametrize("dtype", MATMUL)
+def test_moe_clamped_swiglu_with_biases(ext, dtype):
+    """GPT-OSS's experts (biases, clamped SwiGLU): packed linears + the activation between."""
+    e, h, i, n = 4, 48, 40, 7
+    x = tensor(1, n, h, dtype=dtype)
+    gate_up, down = tensor(2, e, h, 2 * i, dtype=dtype) / 7, tensor(3, e, i, h, dtype=dtype) / 6
+    b1, b2 = tensor(4, e, 2 * i, dtype=dtype) / 4, tensor(5, e, h, dtype=dtype) / 4
+    chosen = torch.tensor([[0, 1], [2, 3], [1, 3], [0, 2], [3, 0], [2, 1], [1, 0]])
+    weights = tensor(6, n, 2, dtype=torch.float32).abs()
+    args = (1.702, 7.0, "swiglu_oai")
+    for rows in (slice(0, 1), slice(None)):  # a decode row, a batch
+        got = kernels.moe(x[rows], chosen[rows], weights[rows],
+                          packing.prepare_moe(gate_up, b1, down, b2, *args))  # fmt: skip
+        ref = native.moe(x[rows].float(), chosen[rows], weights[rows], native.prepare_moe(
+            gate_up.float(), b1.float(), down.float(), b2.float(), *args))  # fmt: skip
+        # bf16: the gate/up outputs are rounded before the activation (native: fp32 here)
+        atol = rel(dtype) * 4 * float(ref.abs().max())
+        torch.testing.assert_close(got.float(), ref, rtol=rel(dtype), atol=atol)
+
+
+@pytest.mark.parametrize("preset", ["int8", "int4"])
+def test_moe_quantized_experts(ext, preset):
+    """Per-expert quantized matrices: avx512's VNNI gated MLPs equal native's de-quantized
+    loop (within the int16 activation rounding of two chained matmuls)."""
+    from pace_core.quant import QuantizationConfig, quantize
+    from pace_core.quant.config import coerce_quantization
+
+    cfg: QuantizationConfig = coerce_quantization(preset)
+    e, h, i, n = 5, 64, 96, 6
+    x = tensor(1, n, h, dtype=torch.float32)
+    gate_up = [quantize(tensor(10 + k, 2 * i, h, dtype=torch.float32) / 8, cfg) for k in range(e)]
+    down = [quantize(tensor(20 + k, h, i, dtype=torch.float32) / 10, cfg) for k in range(e)]
+    chosen = torch.stack([torch.randperm(e, generator=torch.Generator().manual_seed(k))[:2]
+                          for k in range(n)])  # fmt: skip
+    weights = tensor(6, n, 2, dtype=torch.float32).abs()
+    experts = (gate_up, None, down, None, 1.0, 0.0, "silu")
+    ours, ref_w = packing.prepare_moe(*experts), native.prepare_moe(*experts)
+    for rows in (slice(0, 1), slice(None)):
+        got = kernels.moe(x[rows], chosen[rows], weights[rows], ours)
+        ref = native.moe(x[rows], chosen[rows], weights[rows], ref_w)
+        torch.testing.assert_close(got, ref, rtol=1e-3, atol=1e-3)
 
 
 def test_non_contiguous_and_odd_k(ext):

@@ -84,12 +84,30 @@ def test_config_errors_name_the_value_and_the_choices():
 KEEP_FORMAT = (".router", ".router.proj", ".mlp.gate", ".kv_b_proj")
 
 
+# transformers' fused expert tensors stored [E, in, out] (x @ W): pace quantizes each expert's
+# [out, in] rows, so these are quantized transposed; the others are [E, out, in] already
+EXPERTS_IN_OUT = ("llama4_text",)
+
+
+def expert_tensors(hf: torch.nn.Module) -> list[torch.Tensor]:
+    """The fused 3-D expert weights of every MoE layer, each viewed [E, out, in]."""
+    transposed = hf.config.model_type in EXPERTS_IN_OUT
+    return [
+        p.transpose(1, 2) if transposed else p
+        for name, p in hf.named_parameters()
+        if p.dim() == 3 and name.endswith(("experts.gate_up_proj", "experts.down_proj"))
+    ]
+
+
 def fake_quantized(hf: torch.nn.Module, cfg: QuantizationConfig) -> None:
-    """Replace every matrix pace quantizes (linear layers; token embeddings and the head with
-    the head's config; not position tables, not ``KEEP_FORMAT``) by its de-quantized values,
-    in place."""
+    """Replace every matrix pace quantizes (linear layers, each MoE expert's matrices; token
+    embeddings and the head with the head's config; not position tables, not
+    ``KEEP_FORMAT``) by its de-quantized values, in place."""
     head = hf.get_output_embeddings()
     with torch.no_grad():
+        for experts in expert_tensors(hf):
+            for matrix in experts:  # per row, so gate/up row order does not matter
+                matrix.copy_(quantize(matrix.contiguous(), cfg).dequantize())
         for name, module in hf.named_modules():
             if not isinstance(module, torch.nn.Linear | torch.nn.Embedding):
                 continue
@@ -104,11 +122,10 @@ def fake_quantized(hf: torch.nn.Module, cfg: QuantizationConfig) -> None:
 
 def fits(path, cfg: QuantizationConfig) -> bool:
     hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
-    return all(
-        m.weight.shape[1] % (cfg.group_size or 1) == 0
-        for m in hf.modules()
-        if isinstance(m, torch.nn.Linear | torch.nn.Embedding)
-    )
+    rows = [m.weight.shape[1] for m in hf.modules()
+            if isinstance(m, torch.nn.Linear | torch.nn.Embedding)]  # fmt: skip
+    rows += [experts.shape[2] for experts in expert_tensors(hf)]
+    return all(n % (cfg.group_size or 1) == 0 for n in rows)
 
 
 @pytest.fixture(scope="module")
@@ -196,3 +213,6 @@ def test_saving_needs_a_quantization_and_an_original(family_dirs, tmp_path):
     save_quantized(family_dirs["llama"], tmp_path / "q", "int8")
     with pytest.raises(ConfigError, match="already a quantized checkpoint"):
         save_quantized(tmp_path / "q", tmp_path / "q2", "int4")
+    with pytest.raises(ConfigError, match="quantized experts are not saved yet"):
+        save_quantized(family_dirs["qwen3-moe"], tmp_path / "moe", "int8")
+    assert not (tmp_path / "moe").exists()  # nothing half-written

@@ -91,7 +91,9 @@ def mlp(b: ModelBuilder, prefix: str) -> MoE | Bound:
         shared = llama.separate_gated_mlp(b, f"{prefix}.shared_experts")
     return MoE(
         Bound(fp32_router, b.tensor(f"{prefix}.gate.weight", torch.float32)),
-        bind_experts(b, gate_up, down, top_k=cfg.num_experts_per_tok),
+        bind_experts(
+            b, gate_up, down, module=f"{prefix}.experts", top_k=cfg.num_experts_per_tok
+        ),
         routing,
         num_experts=experts,
         shared=shared,

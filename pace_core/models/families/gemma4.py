@@ -174,7 +174,9 @@ def _moe(b: ModelBuilder, prefix: str) -> MoE:
     )  # fmt: skip
     return MoE(
         _router(b, f"{prefix}.router"),
-        bind_experts(b, gate_up, down, top_k=cfg.top_k_experts, activation=act),
+        bind_experts(
+            b, gate_up, down, module=f"{prefix}.experts", top_k=cfg.top_k_experts, activation=act
+        ),
         routing,
         num_experts=experts,
     )

@@ -28,6 +28,7 @@ def moe_mlp(b: ModelBuilder, prefix: str) -> MoE:
         b,
         _expert_tensor(b, f"{prefix}.experts.gate_up_proj"),
         _expert_tensor(b, f"{prefix}.experts.down_proj"),
+        module=f"{prefix}.experts",
         top_k=cfg.num_experts_per_tok,
         activation="swiglu_oai",
         biases=(

@@ -65,7 +65,9 @@ def mlp(b: ModelBuilder, prefix: str) -> MoE | Bound:
     if cfg.hidden_act not in ("silu", "swish"):
         raise ValueError(f"Llama 4 experts with hidden_act {cfg.hidden_act!r} are not supported")
     gate_up, down = _experts(b, f"{prefix}.experts")
-    experts = bind_experts(b, gate_up, down, top_k=cfg.num_experts_per_tok)
+    experts = bind_experts(
+        b, gate_up, down, module=f"{prefix}.experts", top_k=cfg.num_experts_per_tok
+    )
     return MoE(
         b.linear(f"{prefix}.router", bias=False, keep_format=True),
         experts,

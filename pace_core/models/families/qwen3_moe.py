@@ -57,7 +57,9 @@ def mlp(b: ModelBuilder, prefix: str) -> MoE | Bound:
     if cfg.hidden_act not in ("silu", "swish"):
         raise ValueError(f"Qwen3-MoE experts with hidden_act {cfg.hidden_act!r} are not supported")
     gate_up, down = expert_tensors(b, f"{prefix}.experts", cfg.num_experts)
-    experts = bind_experts(b, gate_up, down, top_k=cfg.num_experts_per_tok)
+    experts = bind_experts(
+        b, gate_up, down, module=f"{prefix}.experts", top_k=cfg.num_experts_per_tok
+    )
     router = b.linear(f"{prefix}.gate", bias=False, keep_format=True)
     routing = Routing("softmax_topk", cfg.num_experts_per_tok, normalize=cfg.norm_topk_prob)
     return MoE(router, experts, routing, num_experts=cfg.num_experts)

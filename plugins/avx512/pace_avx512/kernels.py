@@ -47,19 +47,28 @@ def gated_mlp(x: torch.Tensor, w: PackedGatedMLP | QPackedGatedMLP) -> torch.Ten
     return (_E or _ext()).gated_mlp(x, w.gate_up, w.down, w.intermediate, w.hidden, w.activation)
 
 
+def _expert(x: torch.Tensor, w: PackedExperts, e: int) -> torch.Tensor:
+    if not w.clamped:
+        return gated_mlp(x, w.experts[e])
+    expert = w.experts[e]  # GPT-OSS: clamped SwiGLU between two packed linears
+    h = linear(x, expert.gate_up)
+    gate, up = h[..., ::2].clamp(max=w.limit), h[..., 1::2].clamp(-w.limit, w.limit)
+    return linear((up + 1) * (gate * torch.sigmoid(gate * w.alpha)), expert.down)
+
+
 def moe(x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor, w: PackedExperts):
-    """Each hit expert's packed gated MLP over the rows routed to it (one call per expert:
-    a decode row calls its k experts directly), weighted and summed into the output."""
+    """Each hit expert's packed MLP over the rows routed to it (one call per expert: a decode
+    row calls its k experts directly), weighted and summed into the output."""
     if x.shape[0] == 1:
         out = None
         for expert, weight in zip(experts[0].tolist(), weights[0].tolist()):
-            h = gated_mlp(x, w.experts[expert]) * weight
+            h = _expert(x, w, expert) * weight
             out = h if out is None else out + h
         return out
     out = torch.zeros_like(x)
     for expert in experts.unique().tolist():
         token, slot = torch.where(experts == expert)
-        h = gated_mlp(x[token], w.experts[expert])
+        h = _expert(x[token], w, expert)
         out.index_add_(0, token, (h * weights[token, slot, None]).to(x.dtype))
     return out
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -153,28 +154,60 @@ def prepare_gated_mlp(
 
 
 @dataclass(frozen=True)
-class PackedExperts:
-    """Op ``moe``'s experts, each a packed gated MLP (no biases, a gated_mlp activation)."""
+class ClampedExpert:
+    """A GPT-OSS expert: gate/up (rows interleaved) and down as packed linears with biases."""
 
-    experts: tuple[PackedGatedMLP | QPackedGatedMLP, ...]
+    gate_up: PackedLinear | QPackedLinear
+    down: PackedLinear | QPackedLinear
+
+
+@dataclass(frozen=True)
+class PackedExperts:
+    """Op ``moe``'s experts: packed gated MLPs, or for GPT-OSS's clamped SwiGLU (``clamped``)
+    packed linears whose activation runs between them."""
+
+    experts: tuple[PackedGatedMLP | QPackedGatedMLP | ClampedExpert, ...]
+    clamped: bool = False
+    alpha: float = 1.0
+    limit: float = 0.0
+
+
+def _expert_matrices(gate_up, down, e: int) -> tuple[Any, Any]:
+    """Expert ``e``'s ``[2I, H]`` (gate/up rows interleaved) and ``[H, I]`` matrices, from the
+    stacked ``[E, H, 2I]`` / ``[E, I, H]`` tensors or the per-expert lists."""
+    if isinstance(gate_up, torch.Tensor):
+        return gate_up[e].t(), down[e].t()
+    return gate_up[e], down[e]
 
 
 def prepare_moe(
-    gate_up: torch.Tensor,
+    gate_up: torch.Tensor | Sequence[Any],
     gate_up_bias: torch.Tensor | None,
-    down: torch.Tensor,
+    down: torch.Tensor | Sequence[Any],
     down_bias: torch.Tensor | None,
     alpha: float,
     limit: float,
     activation: str,
 ) -> PackedExperts:
-    """``gate_up [E, H, 2I]`` (gate and up interleaved) and ``down [E, I, H]`` -> one packed
-    gated MLP per expert (the resolver declines biases and other activations first)."""
+    """``gate_up [E, H, 2I]`` (gate and up interleaved) and ``down [E, I, H]``, or per expert
+    ``[2I, H]`` and ``[H, I]`` matrices in any format -> one packed gated MLP per expert, or
+    for ``swiglu_oai`` two packed linears with their biases per expert."""
+    if activation == "swiglu_oai":
+        experts = []
+        for e in range(len(gate_up)):
+            gu, dn = _expert_matrices(gate_up, down, e)
+            experts.append(ClampedExpert(
+                prepare_linear(gu, None if gate_up_bias is None else gate_up_bias[e]),
+                prepare_linear(dn, None if down_bias is None else down_bias[e]),
+            ))  # fmt: skip
+        return PackedExperts(tuple(experts), True, float(alpha), float(limit))
     if gate_up_bias is not None or down_bias is not None or activation not in ACTIVATIONS:
-        raise ValueError(f"pace-avx512 experts take no biases and a gated_mlp activation, "
+        raise ValueError(f"pace-avx512 experts with biases need activation 'swiglu_oai'; "
                          f"got {activation!r}")  # fmt: skip
-    experts = []
-    for e in range(gate_up.shape[0]):
-        gate, up = gate_up[e, :, 0::2].t(), gate_up[e, :, 1::2].t()  # [I, H] each
-        experts.append(prepare_gated_mlp(gate, up, down[e].t(), activation))
-    return PackedExperts(tuple(experts))
+    packed = []
+    for e in range(len(gate_up)):
+        gu, dn = _expert_matrices(gate_up, down, e)
+        pick = gu.__getitem__ if isinstance(gu, torch.Tensor) else gu.rows
+        gate, up = pick(slice(0, None, 2)), pick(slice(1, None, 2))
+        packed.append(prepare_gated_mlp(gate, up, dn, activation))
+    return PackedExperts(tuple(packed))

@@ -53,7 +53,7 @@ def _quantized_problem(ctx: OpContext, fmt: str) -> str | None:
     """Why the VNNI kernels cannot take this op's quantized weights, or None."""
     if not detect_cpu().has(INT8_DOT):
         return f"missing CPU features: {INT8_DOT} (quantized kernels use vpdpwssd)"
-    rows = {"gated_mlp": ("hidden", "intermediate")}.get(ctx.op, ("in_features",))
+    rows = ("hidden", "intermediate") if ctx.op in ("gated_mlp", "moe") else ("in_features",)
     for attr in rows:
         k = getattr(ctx, attr, None)  # absent when `pace ops` asks generally
         if k is not None and (why := qpacking.problem(fmt, int(k))) is not None:
@@ -67,10 +67,11 @@ def _supports(ctx: OpContext) -> bool | str:
         return why
     if ctx.op in ("gated_mlp", "moe"):
         act = getattr(ctx, "activation", None)  # absent when `pace ops` asks generally
-        if act is not None and act not in packing.ACTIVATIONS:
-            return f"activation {act!r} not implemented (have {', '.join(packing.ACTIVATIONS)})"
-    if ctx.op == "moe" and getattr(ctx, "biases", False):
-        return "expert biases not implemented"
+        have = (*packing.ACTIVATIONS, "swiglu_oai") if ctx.op == "moe" else packing.ACTIVATIONS
+        if act is not None and act not in have:
+            return f"activation {act!r} not implemented (have {', '.join(have)})"
+    if ctx.op == "moe" and getattr(ctx, "biases", False) and ctx.activation != "swiglu_oai":
+        return "expert biases only with 'swiglu_oai'"
     return build.available()
 
 
@@ -130,8 +131,9 @@ def pace_register_ops(registry: Registrations) -> None:
     add("gated_mlp", kernels.gated_mlp, prepare=packing.prepare_gated_mlp,
         weight_formats=MATRIX_FORMATS,
         description="gate/up in one pass with the activation fused, then down")  # fmt: skip
-    add("moe", kernels.moe, prepare=packing.prepare_moe,
-        description="experts as packed gated MLPs: each hit expert's rows in one GEMM")  # fmt: skip
+    add("moe", kernels.moe, prepare=packing.prepare_moe, weight_formats=MATRIX_FORMATS,
+        description="experts as packed gated MLPs (GPT-OSS: packed linears + clamped SwiGLU): "
+        "each hit expert's rows in one GEMM")  # fmt: skip
     add("rms_norm", kernels.rms_norm,
         description="RMSNorm with fused residual add (fp32 math)")  # fmt: skip
     add("layer_norm", kernels.layer_norm,

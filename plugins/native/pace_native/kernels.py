@@ -132,9 +132,11 @@ def gated_mlp(x: torch.Tensor, w: GatedMLPWeight) -> torch.Tensor:
 # -- mixture of experts -------------------------------------------------------------------
 @dataclass(frozen=True)
 class MoEWeight:
-    gate_up: torch.Tensor  # [E, H, 2I], gate and up interleaved along the last dim
+    # [E, H, 2I] (gate and up interleaved along the last dim), or per expert a [2I, H] matrix
+    # in any weight format (quantized experts)
+    gate_up: torch.Tensor | tuple[torch.Tensor | QuantizedWeight, ...]
     gate_up_bias: torch.Tensor | None  # [E, 2I]
-    down: torch.Tensor  # [E, I, H]
+    down: torch.Tensor | tuple[torch.Tensor | QuantizedWeight, ...]  # [E, I, H] or E x [H, I]
     down_bias: torch.Tensor | None  # [E, H]
     alpha: float
     limit: float
@@ -154,6 +156,10 @@ def prepare_moe(
     if activation not in ops.MOE_ACTIVATIONS:
         known = ", ".join(ops.MOE_ACTIVATIONS)
         raise ValueError(f"moe activation {activation!r}; known: {known}")
+    if isinstance(gate_up, list | tuple):  # per-expert matrices (quantized experts)
+        return MoEWeight(
+            tuple(gate_up), gate_up_bias, tuple(down), down_bias, alpha, limit, activation
+        )
     return MoEWeight(
         gate_up.contiguous(), gate_up_bias, down.contiguous(), down_bias, alpha, limit, activation
     )
@@ -162,11 +168,14 @@ def prepare_moe(
 def moe(
     x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor, w: MoEWeight
 ) -> torch.Tensor:
-    """Route each token to its top-k experts; loop over the experts actually hit."""
+    """Route each token to its top-k experts; loop over the experts actually hit (quantized
+    experts are de-quantized a tile at a time, as ``matmul`` does)."""
     out = torch.zeros_like(x)
+    per_expert = isinstance(w.gate_up, tuple)
     for expert in experts.unique().tolist():
         token, slot = torch.where(experts == expert)
-        h = x[token] @ w.gate_up[expert]
+        rows = x[token]
+        h = matmul(rows, w.gate_up[expert]) if per_expert else rows @ w.gate_up[expert]
         if w.gate_up_bias is not None:
             h = h + w.gate_up_bias[expert]
         gate, up = h[..., ::2], h[..., 1::2]
@@ -175,7 +184,7 @@ def moe(
         else:
             gate, up = gate.clamp(max=w.limit), up.clamp(-w.limit, w.limit)
             h = (up + 1) * (gate * torch.sigmoid(gate * w.alpha))
-        h = h @ w.down[expert]
+        h = matmul(h, w.down[expert]) if per_expert else h @ w.down[expert]
         if w.down_bias is not None:
             h = h + w.down_bias[expert]
         out.index_add_(0, token, (h * weights[token, slot, None]).to(x.dtype))

@@ -25,7 +25,8 @@ def pace_register_ops(registry: Registrations) -> None:
         weight_formats=FORMATS)  # fmt: skip
     add("gated_mlp", "native", kernels.gated_mlp, prepare=kernels.prepare_gated_mlp,
         dtypes=DTYPES, weight_formats=FORMATS)  # fmt: skip
-    add("moe", "native", kernels.moe, prepare=kernels.prepare_moe, dtypes=DTYPES)
+    add("moe", "native", kernels.moe, prepare=kernels.prepare_moe, dtypes=DTYPES,
+        weight_formats=FORMATS)  # fmt: skip
     add("rms_norm", "native", kernels.rms_norm, dtypes=DTYPES)
     add("layer_norm", "native", kernels.layer_norm, dtypes=DTYPES)
     add("rope", "native", kernels.rope, dtypes=DTYPES)
