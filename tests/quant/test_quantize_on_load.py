@@ -214,5 +214,5 @@ def test_saving_needs_a_quantization_and_an_original(family_dirs, tmp_path):
     with pytest.raises(ConfigError, match="already a quantized checkpoint"):
         save_quantized(tmp_path / "q", tmp_path / "q2", "int4")
     with pytest.raises(ConfigError, match="quantized experts are not saved yet"):
-        save_quantized(family_dirs["qwen3-moe"], tmp_path / "moe", "int8")
+        save_quantized(family_dirs["qwen3-moe"], tmp_path / "moe", "int8-channel")
     assert not (tmp_path / "moe").exists()  # nothing half-written
