@@ -13,6 +13,7 @@ import importlib.metadata as metadata
 import json
 import os
 import platform
+import statistics
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -283,3 +284,24 @@ def with_targets(
             verdict = "met" if s["met"] else "NOT met"
             print(f"{s['target']}: worst {s['worst']:.2f}, best {s['best']:.2f} -> {verdict}")
     return payload
+
+
+def usable_kernels(op: str, dtype: torch.dtype, **attrs: Any) -> dict[str, Any]:
+    """backend -> KernelSpec for every registered kernel of ``op`` usable on this CPU."""
+    from pace_core.cpu import detect_cpu
+    from pace_core.plugins import get_host
+    from pace_core.registry import OpContext
+
+    ctx, features = OpContext(op, dtype, attrs), detect_cpu().features
+    return {s.backend: s for s in get_host().ops.where(op=op) if s.check(ctx, features) is None}
+
+
+def add_rows(rows, times, rate, ref: str | None, **fields) -> dict[str, float]:
+    """One row per backend: ``rate(seconds)`` of the median and of the best round."""
+    med = {name: statistics.median(t) for name, t in times.items()}
+    for name, t in times.items():
+        row = {**fields, "backend": name, "value": rate(med[name]), "best": rate(min(t))}
+        if ref in med:
+            row["vs_torch" if ref == "torch" else "vs_native"] = med[ref] / med[name]
+        rows.append(row)
+    return med

@@ -37,7 +37,6 @@ only): steadier on a shared machine, as time spent descheduled is not counted.
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,15 +48,18 @@ import torch
 import torch.nn.functional as F
 
 from pace_core.bench.common import (
+    add_rows,
     dtype_name,
     emit,
     interleaved,
     keep_backend,
     note,
     progress,
+    usable_kernels,
     warn,
 )
 from pace_core.bench.kernels_model import bench_model
+from pace_core.bench.kernels_moe import bench_moe
 from pace_core.errors import ConfigError
 
 SHAPES = {"576x1536": (576, 1536), "2048x8192": (2048, 8192), "4096x4096": (4096, 4096)}  # K x N
@@ -144,16 +146,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 # -- backends from the registry ---------------------------------------------------------------
-def usable_kernels(op: str, dtype: torch.dtype, **attrs: Any) -> dict[str, Any]:
-    """backend -> KernelSpec for every registered kernel of ``op`` usable on this CPU."""
-    from pace_core.cpu import detect_cpu
-    from pace_core.plugins import get_host
-    from pace_core.registry import OpContext
-
-    ctx, features = OpContext(op, dtype, attrs), detect_cpu().features
-    return {s.backend: s for s in get_host().ops.where(op=op) if s.check(ctx, features) is None}
-
-
 def reference_linears(dtype: torch.dtype) -> dict[str, LinearImpl]:
     """``torch`` F.linear and, where torch has oneDNN, ``mkldnn`` prepacked weights."""
     out = {"torch": LinearImpl(lambda w, m: w, lambda x, w: F.linear(x, w))}
@@ -175,17 +167,6 @@ def linear_impls(dtype: torch.dtype, k: int, n: int, names: list[str] | None) ->
 
 
 # -- measurement ------------------------------------------------------------------------------
-def add_rows(rows, times, rate, ref: str | None, **fields) -> dict[str, float]:
-    """One row per backend: ``rate(seconds)`` of the median and of the best round."""
-    med = {name: statistics.median(t) for name, t in times.items()}
-    for name, t in times.items():
-        row = {**fields, "backend": name, "value": rate(med[name]), "best": rate(min(t))}
-        if ref in med:
-            row["vs_torch" if ref == "torch" else "vs_native"] = med[ref] / med[name]
-        rows.append(row)
-    return med
-
-
 def sweep(call, x, packed: list) -> Callable[[], None]:
     """One timed run: a call on each matrix of the set in turn (cold weights)."""
 
@@ -430,8 +411,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 if "model" in args.sections:
                     bench_model(args, dtype, threads, rows)
                 if "moe" in args.sections:
-                    from pace_core.bench.kernels_moe import bench_moe
-
                     bench_moe(args, dtype, threads, rows)
     measured = {r["backend"] for r in rows}
     absent = [b for b in args.backends or () if b not in measured]

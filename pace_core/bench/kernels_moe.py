@@ -13,8 +13,14 @@ from typing import Any
 
 import torch
 
-from pace_core.bench.common import dtype_name, interleaved, progress
-from pace_core.bench.kernels import add_rows, keep_backend, usable_kernels
+from pace_core.bench.common import (
+    add_rows,
+    dtype_name,
+    interleaved,
+    keep_backend,
+    progress,
+    usable_kernels,
+)
 
 EXPERTS, HIDDEN, INTER, TOP_K = 128, 2048, 768, 8
 TOKENS = (1, 8, 128)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support.parity import topk_rule_ok
 from support.tiny import FACTORIES
 from transformers import AutoModelForCausalLM
 
@@ -136,3 +137,17 @@ def test_every_cache_gives_the_hf_greedy_tokens(models, cache):
     other = LLMModel(pace.path, dtype=torch.float32, kv_cache_type=cache, load_tokenizer=False)
     problem = greedy_mismatch(hf, other, PROMPT_LEN)
     assert problem is None, f"{name} on {cache}: {problem}"
+
+
+def test_bf16_greedy_within_near_ties(models):
+    """bf16: every greedy token is a near-tie choice of the fp32 HF reference on the same
+    sequence (top-5 and within 0.5 nats of the best: ``support.parity.topk_rule_ok``)."""
+    _, hf, _ = models
+    pace = LLMModel(hf.name_or_path, dtype=torch.bfloat16, load_tokenizer=False)
+    ids = prompt(PROMPT_LEN, hf.config.vocab_size).view(1, -1)
+    out = pace.generate(ids, SamplingConfig(max_new_tokens=NEW_TOKENS, ignore_eos=True))
+    tokens = out.sequences[0].token_ids
+    with torch.no_grad():
+        ref = hf(torch.cat([ids[0], torch.tensor(tokens)]).view(1, -1)).logits[0]
+    for t, token in enumerate(tokens):
+        assert topk_rule_ok(ref[PROMPT_LEN - 1 + t], token), f"step {t}: token {token}"
