@@ -25,6 +25,16 @@ SHAPES: dict[str, tuple[str, str, dict[str, Any]]] = {
         num_hidden_layers=2, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
         num_experts=128, num_experts_per_tok=8, norm_topk_prob=True, decoder_sparse_step=1,
         mlp_only_layers=[], max_position_embeddings=40960)),
+    # Mistral-7B-v0.3's layer (GQA 32/8, intermediate 14336), 2 layers
+    "mistral-7b-2l": ("MistralConfig", "MistralForCausalLM", dict(
+        vocab_size=32768, hidden_size=4096, intermediate_size=14336, num_hidden_layers=2,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=128, sliding_window=None,
+        tie_word_embeddings=False, max_position_embeddings=32768)),
+    # SmolLM3-3B's shapes (NoPE every 4th layer), 4 layers
+    "smollm3-3b-4l": ("SmolLM3Config", "SmolLM3ForCausalLM", dict(
+        vocab_size=128256, hidden_size=2048, intermediate_size=11008, num_hidden_layers=4,
+        num_attention_heads=16, num_key_value_heads=4, no_rope_layer_interval=4,
+        tie_word_embeddings=True, max_position_embeddings=65536)),
     # Moonlight-16B-A3B (a DeepSeek-V3 architecture): MLA (rank 512 + rope 64, no q_lora),
     # layer 0 dense, layer 1 MoE (64 experts x 1408, top-6, 2 shared)
     "moonlight-16b-a3b-2l": ("DeepseekV3Config", "DeepseekV3ForCausalLM", dict(
@@ -48,7 +58,7 @@ SHAPES: dict[str, tuple[str, str, dict[str, Any]]] = {
         num_local_experts=16, num_experts_per_tok=1, interleave_moe_layer_step=1,
         attention_chunk_size=8192, use_qk_norm=True, tie_word_embeddings=True,
         rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 16.0,
-                         "low_freq_factor": 1.0, "high_freq_factor": 1.0,
+                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                          "original_max_position_embeddings": 8192},
         max_position_embeddings=10485760)),
 }  # fmt: skip

@@ -17,6 +17,7 @@ each chosen expert's ``expert_scales`` entry (Gemma 4).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -27,7 +28,7 @@ from pace_core.models.layers import Bound
 from pace_core.quant import formats_of
 from pace_core.stack_spec import MoESpec, Routing
 
-__all__ = ["ROUTINGS", "MoE", "Routing", "route"]
+__all__ = ["ROUTINGS", "MoE", "Routing", "bind_experts", "expert_tensors", "layer_of", "route"]
 
 ROUTINGS = ("topk_softmax", "softmax_topk", "topk_sigmoid", "grouped_sigmoid")
 
@@ -107,6 +108,28 @@ def bind_experts(
     }
     return b.bind("moe", attrs, weights[0], biases[0], weights[1], biases[1], alpha, limit,
                   activation)  # fmt: skip
+
+
+def layer_of(prefix: str) -> int:
+    """The layer index in a module prefix such as ``model.layers.3.mlp``."""
+    return int(re.search(r"layers\.(\d+)\.", prefix + ".").group(1))
+
+
+def expert_tensors(
+    b: ModelBuilder, prefix: str, num_experts: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(gate_up [E, H, 2I] interleaved, down [E, I, H]) in op ``moe``'s layout, from the fused
+    tensors of transformers 5 or per-expert ones (``{prefix}.{e}.{gate,up,down}_proj``)."""
+    if b.weights.has(f"{prefix}.gate_up_proj"):  # fused: [E, 2I, H] (gate | up), [E, H, I]
+        gate, up = b.tensor(f"{prefix}.gate_up_proj").chunk(2, dim=1)
+        down = b.tensor(f"{prefix}.down_proj")
+    else:
+        e = range(num_experts)
+        gate = torch.stack([b.tensor(f"{prefix}.{i}.gate_proj.weight") for i in e])
+        up = torch.stack([b.tensor(f"{prefix}.{i}.up_proj.weight") for i in e])
+        down = torch.stack([b.tensor(f"{prefix}.{i}.down_proj.weight") for i in e])
+    gate_up = torch.stack((gate.transpose(1, 2), up.transpose(1, 2)), dim=-1).flatten(-2)
+    return gate_up, down.transpose(1, 2)
 
 
 def check_routing(r: Routing, experts: int) -> None:

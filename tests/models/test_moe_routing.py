@@ -35,9 +35,14 @@ def _gemma4_router(layer) -> tuple[torch.nn.Module | None, Callable]:
     return getattr(layer, "router", None), lambda out: (out[2], out[1])
 
 
+def _gpt_oss_router(layer) -> tuple[torch.nn.Module | None, Callable]:
+    """GPT-OSS's ``mlp.router`` returns (logits, weights [N, k], chosen [N, k])."""
+    return layer.mlp.router, lambda out: (out[2], out[1])
+
+
 # DeepSeek-V3's ``mlp.gate`` returns what Qwen3-MoE's does
 ROUTERS = {"qwen3-moe": _qwen3_router, "llama4": _llama4_router, "deepseek-v3": _qwen3_router,
-           "gemma4": _gemma4_router}  # fmt: skip
+           "gemma4": _gemma4_router, "gpt-oss": _gpt_oss_router}  # fmt: skip
 
 
 @pytest.mark.parametrize("variant", sorted(ROUTERS))

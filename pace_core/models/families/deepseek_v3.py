@@ -14,10 +14,10 @@ import torch
 from pace_core.models import common
 from pace_core.models.builder import ModelBuilder
 from pace_core.models.decoder import DecoderLM
-from pace_core.models.families import llama, qwen3_moe
+from pace_core.models.families import llama
 from pace_core.models.layers import Bound, PreNormBlock
 from pace_core.models.mla import LatentAttention, LowRankQuery
-from pace_core.models.moe import MoE, Routing, bind_experts, fp32_router
+from pace_core.models.moe import MoE, Routing, bind_experts, expert_tensors, fp32_router, layer_of
 from pace_core.models.rope import Rotary, rope_parameters
 
 LATENT_NORM_EPS = 1e-6  # q_a_layernorm / kv_a_layernorm (transformers' default, not the config's)
@@ -71,12 +71,12 @@ def attention(b: ModelBuilder, layer: int, prefix: str, rotary: Rotary) -> Laten
 
 def mlp(b: ModelBuilder, prefix: str) -> MoE | Bound:
     cfg = b.config
-    if qwen3_moe.layer_of(prefix) < cfg.first_k_dense_replace:
+    if layer_of(prefix) < cfg.first_k_dense_replace:
         return llama.separate_gated_mlp(b, prefix)
     if cfg.hidden_act not in ("silu", "swish"):
         raise ValueError(f"DeepSeek experts with hidden_act {cfg.hidden_act!r} are not supported")
     experts = cfg.n_routed_experts
-    gate_up, down = qwen3_moe.expert_tensors(b, f"{prefix}.experts", experts)
+    gate_up, down = expert_tensors(b, f"{prefix}.experts", experts)
     routing = Routing(
         "grouped_sigmoid",
         cfg.num_experts_per_tok,

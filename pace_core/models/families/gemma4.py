@@ -28,7 +28,6 @@ from pace_core.errors import ModelLoadError
 from pace_core.models import common
 from pace_core.models.builder import ModelBuilder
 from pace_core.models.decoder import DecoderLM
-from pace_core.models.families import qwen3_moe
 from pace_core.models.layers import (
     TORCH_ACTIVATIONS,
     Attention,
@@ -38,7 +37,7 @@ from pace_core.models.layers import (
     StepContext,
     describe_mlp,
 )
-from pace_core.models.moe import MoE, Routing, bind_experts
+from pace_core.models.moe import MoE, Routing, bind_experts, expert_tensors
 from pace_core.models.rope import Rotary
 from pace_core.stack_spec import BlockSpec
 
@@ -166,7 +165,7 @@ def _router(b: ModelBuilder, prefix: str) -> Bound:
 def _moe(b: ModelBuilder, prefix: str) -> MoE:
     cfg = b.config
     experts = cfg.num_experts
-    gate_up, down = qwen3_moe.expert_tensors(b, f"{prefix}.experts", experts)
+    gate_up, down = expert_tensors(b, f"{prefix}.experts", experts)
     act = common.activation(cfg.hidden_activation)
     routing = Routing(
         "softmax_topk", cfg.top_k_experts, normalize=True,

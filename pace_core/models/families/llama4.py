@@ -22,9 +22,9 @@ from pace_core.caches.base import ChunkedWindow, Window
 from pace_core.models import common
 from pace_core.models.builder import ModelBuilder
 from pace_core.models.decoder import DecoderLM
-from pace_core.models.families import llama, qwen3_moe
+from pace_core.models.families import llama
 from pace_core.models.layers import Bound
-from pace_core.models.moe import MoE, Routing, bind_experts
+from pace_core.models.moe import MoE, Routing, bind_experts, layer_of
 from pace_core.stack_spec import TemperatureTuning
 
 
@@ -60,7 +60,7 @@ def _experts(b: ModelBuilder, prefix: str) -> tuple[torch.Tensor, torch.Tensor]:
 
 def mlp(b: ModelBuilder, prefix: str) -> MoE | Bound:
     cfg = b.config
-    if qwen3_moe.layer_of(prefix) not in cfg.moe_layers:
+    if layer_of(prefix) not in cfg.moe_layers:
         return llama.separate_gated_mlp(b, prefix)
     if cfg.hidden_act not in ("silu", "swish"):
         raise ValueError(f"Llama 4 experts with hidden_act {cfg.hidden_act!r} are not supported")

@@ -6,15 +6,11 @@ the fused ``mlp.experts.gate_up_proj`` / ``down_proj`` of transformers 5."""
 
 from __future__ import annotations
 
-import re
-
-import torch
-
 from pace_core.models.builder import ModelBuilder
 from pace_core.models.decoder import DecoderLM
 from pace_core.models.families import llama, qwen3
 from pace_core.models.layers import Bound
-from pace_core.models.moe import MoE, Routing, bind_experts
+from pace_core.models.moe import MoE, Routing, bind_experts, expert_tensors, layer_of
 
 
 def is_sparse(config, layer: int) -> bool:
@@ -25,28 +21,6 @@ def is_sparse(config, layer: int) -> bool:
         and config.num_experts > 0
         and (layer + 1) % step == 0
     )
-
-
-def layer_of(prefix: str) -> int:
-    """The layer index in a module prefix such as ``model.layers.3.mlp``."""
-    return int(re.search(r"layers\.(\d+)\.", prefix + ".").group(1))
-
-
-def expert_tensors(
-    b: ModelBuilder, prefix: str, num_experts: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(gate_up [E, H, 2I] interleaved, down [E, I, H]) in op ``moe``'s layout, from the fused
-    tensors of transformers 5 or per-expert ones (``{prefix}.{e}.{gate,up,down}_proj``)."""
-    if b.weights.has(f"{prefix}.gate_up_proj"):  # fused: [E, 2I, H] (gate | up), [E, H, I]
-        gate, up = b.tensor(f"{prefix}.gate_up_proj").chunk(2, dim=1)
-        down = b.tensor(f"{prefix}.down_proj")
-    else:
-        e = range(num_experts)
-        gate = torch.stack([b.tensor(f"{prefix}.{i}.gate_proj.weight") for i in e])
-        up = torch.stack([b.tensor(f"{prefix}.{i}.up_proj.weight") for i in e])
-        down = torch.stack([b.tensor(f"{prefix}.{i}.down_proj.weight") for i in e])
-    gate_up = torch.stack((gate.transpose(1, 2), up.transpose(1, 2)), dim=-1).flatten(-2)
-    return gate_up, down.transpose(1, 2)
 
 
 def mlp(b: ModelBuilder, prefix: str) -> MoE | Bound:
