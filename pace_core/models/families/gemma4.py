@@ -19,7 +19,7 @@ A layer runs as one opaque block (``pace_core.stack_spec``: the fused stacks do 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -185,54 +185,66 @@ def build(b: ModelBuilder) -> DecoderLM:
     cfg = b.config
     if getattr(cfg, "use_bidirectional_attention", None) == "all":
         raise ModelLoadError("Gemma 4 with use_bidirectional_attention='all' is not causal")
-    eps = cfg.rms_norm_eps
     rotaries = _rotaries(cfg)
     embed = common.embedding(b, "model.embed_tokens.weight")
-    layers, cache_layers, stored = [], [], {}  # stored: layer type -> its last cache layer
-    for i in range(cfg.num_hidden_layers):
-        p, kind = f"model.layers.{i}", cfg.layer_types[i]
-        layer_cfg = cfg.per_layer_config[i]
-        hd, kv = layer_cfg.head_dim, layer_cfg.num_key_value_heads
-        window = cfg.sliding_window if kind == SLIDING else None
-        a = f"{p}.self_attn"
-        o_proj = b.linear(f"{a}.o_proj", bias=cfg.attention_bias)
-        if cfg.kv_sharing_modes[i] == "reuse":
-            for name in _KV_WEIGHTS:
-                if b.weights.has(f"{a}.{name}.weight"):
-                    b.weights.discard(f"{a}.{name}.weight")
-            attn = ReusedKVAttention(
-                b.linear(f"{a}.q_proj", bias=cfg.attention_bias), b.norm(f"{a}.q_norm", eps),
-                o_proj, b.kernel("attention", head_dim=hd, gqa=cfg.num_attention_heads // kv,
-                                 window=window, sinks=False, cache_layout=b.cache_layout).fn,
-                b.kernel("rope", head_dim=hd).fn, rotaries[kind], stored[kind],
-                cfg.num_attention_heads, hd, window,
-            )  # fmt: skip
-        else:
-            values = "k_proj" if cfg.attention_k_eq_v and kind != SLIDING else "v_proj"
-            qkv = b.qkv([f"{a}.q_proj", f"{a}.k_proj", f"{a}.{values}"], bias=cfg.attention_bias)
-            stored[kind] = len(cache_layers)
-            attn: Attention | ReusedKVAttention = b.attention(
-                layer=len(cache_layers), qkv=qkv, o_proj=o_proj, rotary=rotaries[kind],
-                num_heads=cfg.num_attention_heads, num_kv_heads=kv, head_dim=hd, scale=1.0,
-                window=window, q_norm=b.norm(f"{a}.q_norm", eps),
-                k_norm=b.norm(f"{a}.k_norm", eps), v_norm=b.unit_norm(hd, eps),
-            )  # fmt: skip
-            cache_layers.append((kv, hd, hd))
-        layers.append(_block(b, i, attn))
+    caches = _CacheLayers()
+    layers = [
+        _block(b, i, _attention(b, i, rotaries, caches)) for i in range(cfg.num_hidden_layers)
+    ]
     return common.assemble(
         b,
         cfg,
         embed=embed,
         layers=layers,
-        final_norm=b.norm("model.norm", eps),
+        final_norm=b.norm("model.norm", cfg.rms_norm_eps),
         head=common.lm_head(b, cfg, embed),
         rotaries=list(rotaries.values()),
         windows=[cfg.sliding_window if t == SLIDING else None for t in cfg.layer_types],
-        cache_layers=cache_layers,
+        cache_layers=caches.dims,
         embed_scale=cfg.hidden_size**0.5,
         logit_softcap=getattr(cfg, "final_logit_softcapping", None),
         per_layer_inputs=_per_layer_inputs(b),
     )
+
+
+@dataclass
+class _CacheLayers:
+    """The cache layers a build allocates, and the last one each layer type wrote."""
+
+    dims: list[tuple[int, int, int]] = field(default_factory=list)  # (KV heads, key, value)
+    last: dict[str, int] = field(default_factory=dict)
+
+
+def _attention(
+    b: ModelBuilder, i: int, rotaries: dict[str, Rotary], caches: _CacheLayers
+) -> Attention | ReusedKVAttention:
+    """Layer ``i``'s attention: its own cache layer, or (KV sharing) the last one of its type."""
+    cfg = b.config
+    kind, a, eps = cfg.layer_types[i], f"model.layers.{i}.self_attn", cfg.rms_norm_eps
+    hd, kv = cfg.per_layer_config[i].head_dim, cfg.per_layer_config[i].num_key_value_heads
+    heads, window = cfg.num_attention_heads, cfg.sliding_window if kind == SLIDING else None
+    o_proj = b.linear(f"{a}.o_proj", bias=cfg.attention_bias)
+    if cfg.kv_sharing_modes[i] == "reuse":
+        for name in _KV_WEIGHTS:  # checkpoints may carry them; transformers ignores them too
+            if b.weights.has(f"{a}.{name}.weight"):
+                b.weights.discard(f"{a}.{name}.weight")
+        attend = b.kernel("attention", head_dim=hd, gqa=heads // kv, window=window, sinks=False,
+                          cache_layout=b.cache_layout)  # fmt: skip
+        return ReusedKVAttention(
+            b.linear(f"{a}.q_proj", bias=cfg.attention_bias), b.norm(f"{a}.q_norm", eps), o_proj,
+            attend.fn, b.kernel("rope", head_dim=hd).fn, rotaries[kind], caches.last[kind],
+            heads, hd, window,
+        )  # fmt: skip
+    values = "k_proj" if cfg.attention_k_eq_v and kind != SLIDING else "v_proj"
+    caches.last[kind] = len(caches.dims)
+    caches.dims.append((kv, hd, hd))
+    return b.attention(
+        layer=caches.last[kind], o_proj=o_proj, rotary=rotaries[kind], num_heads=heads,
+        num_kv_heads=kv, head_dim=hd, scale=1.0, window=window,
+        qkv=b.qkv([f"{a}.q_proj", f"{a}.k_proj", f"{a}.{values}"], bias=cfg.attention_bias),
+        q_norm=b.norm(f"{a}.q_norm", eps), k_norm=b.norm(f"{a}.k_norm", eps),
+        v_norm=b.unit_norm(hd, eps),
+    )  # fmt: skip
 
 
 def _block(b: ModelBuilder, i: int, attn: Any) -> Gemma4Block:
