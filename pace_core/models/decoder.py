@@ -70,6 +70,7 @@ class DecoderLM:
         self, ids: torch.Tensor, step: StepContext, *, all_logits: bool = False
     ) -> torch.Tensor:
         """Logits ``[B, V]`` for the last position, or ``[B, T, V]`` with ``all_logits``."""
+        step.last_only = not all_logits
         x = self.embed(ids)
         if self.embed_scale is not None:
             x = x * torch.tensor(self.embed_scale, dtype=x.dtype)

@@ -60,6 +60,8 @@ class StepContext:
     meta: Any = None  # the cache's StepMeta (fused decoder stacks read it)
     views: dict[int, Any] = field(default_factory=dict)  # cache layer -> this step's view
     per_layer: torch.Tensor | None = None  # [B, T, layers, P] per-layer inputs (Gemma 4)
+    # only the last position's output is used: layers that write no cache may compute it alone
+    last_only: bool = False
 
 
 class Bound:

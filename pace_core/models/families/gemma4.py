@@ -61,12 +61,36 @@ class ReusedKVAttention:
     window: int | None
 
     def __call__(self, x: torch.Tensor, step: StepContext) -> torch.Tensor:
-        b, t, _ = x.shape
+        b, t, _ = x.shape  # t: the step's positions, or its last one (Gemma4Block)
         q = self.q_norm(self.q_proj(x).view(b, t, self.num_heads, self.head_dim))[0]
-        cos, sin = step.rope[id(self.rotary)]
+        cos, sin = (table[:, -t:] for table in step.rope[id(self.rotary)])
         q, _ = self.rope_fn(q, q[:, :, :0], cos, sin, self.rotary.interleaved)
-        out = self.attend(q.transpose(1, 2), step.views[self.source], 1.0, None, self.window)
+        view = step.views[self.source]
+        if t < view.meta.width:
+            view = _LastQueries(view, t)
+        out = self.attend(q.transpose(1, 2), view, 1.0, None, self.window)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+
+class _LastQueries:
+    """A cache view whose step mask keeps only the last ``t`` query positions."""
+
+    def __init__(self, view: Any, t: int) -> None:
+        self._view, self.meta = view, _LastQueryMeta(view.meta, t)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._view, name)
+
+
+class _LastQueryMeta:
+    def __init__(self, meta: Any, t: int) -> None:
+        self._meta, self._t = meta, t
+
+    def mask(self, window: Any) -> torch.Tensor:
+        return self._meta.mask(window)[:, :, -self._t :]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._meta, name)
 
 
 @dataclass(frozen=True)
@@ -105,9 +129,13 @@ class Gemma4Block:
 
     def __init__(self, index: int, norms: dict[str, Norm], attn: Any, mlp: Bound,
                  moe: MoE | None, ple: tuple[Bound, Bound] | None, activation: str,
-                 scalar: torch.Tensor | None) -> None:  # fmt: skip
+                 scalar: torch.Tensor | None, first_shared: bool) -> None:  # fmt: skip
         self.index, self.norms, self.attn, self.mlp, self.moe = index, norms, attn, mlp, moe
         self.ple, self.act, self.scalar = ple, TORCH_ACTIVATIONS[activation], scalar
+        # the first KV-sharing layer: from here on no layer writes the cache, so when only the
+        # last position's output is used (not scoring, not verifying drafts) the layers compute
+        # that position alone (as transformers does)
+        self.first_shared = first_shared
 
     def _norm(self, name: str, x: torch.Tensor) -> torch.Tensor:
         return self.norms[name](x)[0]
@@ -128,12 +156,14 @@ class Gemma4Block:
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None, step: StepContext):
         if residual is not None:
             x = x + residual
+        if self.first_shared and step.last_only and x.shape[1] > 1:
+            x = x[:, -1:]
         h = self.attn(self._norm("input_layernorm", x), step)
         x = x + self._norm("post_attention_layernorm", h)
         x = x + self._norm("post_feedforward_layernorm", self._ffn(x))
         if self.ple is not None:
             gate, proj = self.ple
-            h = self.act(gate(x)) * step.per_layer[:, :, self.index]
+            h = self.act(gate(x)) * step.per_layer[:, -x.shape[1] :, self.index]
             x = x + self._norm("post_per_layer_input_norm", proj(h))
         if self.scalar is not None:
             x = x * self.scalar
@@ -269,6 +299,7 @@ def _block(b: ModelBuilder, i: int, attn: Any) -> Gemma4Block:
         ple,
         common.activation(cfg.hidden_activation),
         scalar,
+        i == cfg.num_hidden_layers - cfg.num_kv_shared_layers and cfg.num_kv_shared_layers > 0,
     )
 
 
