@@ -1,4 +1,5 @@
-"""Each cache type × native attention equals SDPA over the full K/V (prefill, decode, chunks)."""
+"""Each cache type × native attention equals SDPA over the full K/V (prefill, decode, chunks),
+with sliding and chunked windows; latent caches (no values) × native latent attention too."""
 
 from __future__ import annotations
 
@@ -7,16 +8,19 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from pace_native.kernels import attention
+from pace_native.kernels import attention, latent_attention
 
+from pace_core.caches.base import ChunkedWindow
 from pace_core.caches.blocks import PagedCache, SlabPoolCache
 from pace_core.caches.contiguous import BMCCache, DynamicCache
 
 CACHES = {
-    "dynamic": lambda h, d, dt: DynamicCache([h], [d], dt),
-    "bmc": lambda h, d, dt: BMCCache([h], [d], dt, max_seq_len=64),
-    "paged": lambda h, d, dt: PagedCache([h], [d], dt, block_size=4, max_tokens=512),
-    "slab_pool": lambda h, d, dt: SlabPoolCache([h], [d], dt, block_size=8, max_tokens=512),
+    "dynamic": lambda h, d, dt, **kw: DynamicCache([h], [d], dt, **kw),
+    "bmc": lambda h, d, dt, **kw: BMCCache([h], [d], dt, max_seq_len=64, **kw),
+    "paged": lambda h, d, dt, **kw: PagedCache([h], [d], dt, block_size=4, max_tokens=512, **kw),
+    "slab_pool": lambda h, d, dt, **kw: SlabPoolCache(
+        [h], [d], dt, block_size=8, max_tokens=512, **kw
+    ),
 }
 
 
@@ -26,7 +30,9 @@ def reference(q, k, v, scale, window, sinks):
     qpos = torch.arange(s - t, s)[:, None]
     kpos = torch.arange(s)[None]
     mask = kpos <= qpos
-    if window is not None:
+    if isinstance(window, ChunkedWindow):
+        mask &= kpos // window.size == qpos // window.size
+    elif window is not None:
         mask &= qpos - kpos < window
     groups = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
@@ -40,8 +46,10 @@ def reference(q, k, v, scale, window, sinks):
     return probs @ v.float()
 
 
-def run_steps(cache, seqs, chunks, hq, scale, window, sinks, dtype):
-    """Feed each sequence's K/V/Q in ``chunks`` (list of per-step token counts per row)."""
+def run_steps(cache, seqs, chunks, hq, scale, window, sinks, dtype, attend=None):
+    """Feed each sequence's K/V/Q in ``chunks`` (list of per-step token counts per row);
+    ``attend(q, view)`` defaults to native attention with the given scale/sinks/window."""
+    attend = attend or (lambda q, view: attention(q, view, scale, sinks, window))
     ids = cache.add_sequences(len(seqs))
     done = [0] * len(seqs)
     outs = [[] for _ in seqs]
@@ -51,7 +59,7 @@ def run_steps(cache, seqs, chunks, hq, scale, window, sinks, dtype):
         d = seqs[0][0].shape[-1]
         hk = seqs[0][0].shape[0]
         k = torch.zeros(b, hk, width, d, dtype=dtype)
-        v = torch.zeros_like(k)
+        v = torch.zeros(b, hk, width, seqs[0][1].shape[-1], dtype=dtype)
         q = torch.zeros(b, hq, width, d, dtype=dtype)
         for i, (ks, vs, qs) in enumerate(seqs):
             n = step[i]
@@ -60,7 +68,7 @@ def run_steps(cache, seqs, chunks, hq, scale, window, sinks, dtype):
             q[i, :, width - n :] = qs[:, done[i] : done[i] + n]
         cache.begin_step(ids, step, width)
         view = cache.update(0, k, v)
-        out = attention(q, view, scale, sinks, window)
+        out = attend(q, view)
         cache.end_step()
         for i, n in enumerate(step):
             outs[i].append(out[i, :, width - n :])
@@ -72,7 +80,8 @@ def run_steps(cache, seqs, chunks, hq, scale, window, sinks, dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(
     ("hq", "hk", "d", "window", "with_sinks"),
-    [(4, 4, 64, None, False), (6, 2, 128, None, True), (7, 1, 256, 5, False), (4, 2, 64, 3, True)],
+    [(4, 4, 64, None, False), (6, 2, 128, None, True), (7, 1, 256, 5, False), (4, 2, 64, 3, True),
+     (4, 2, 64, ChunkedWindow(4), False)],
 )
 def test_cache_attention_matches_reference(cache_type, dtype, hq, hk, d, window, with_sinks):
     gen = torch.Generator().manual_seed(hq * 100 + d)
@@ -98,6 +107,29 @@ def test_cache_attention_matches_reference(cache_type, dtype, hq, hk, d, window,
         n = got.shape[1]
         assert torch.allclose(got.float(), want[:, :n], atol=tol, rtol=tol)
         assert n == ks.shape[1]
+
+
+@pytest.mark.parametrize("cache_type", list(CACHES))
+def test_latent_cache_attention_matches_reference(cache_type):
+    """MLA rows: one KV head of [latent | rope] keys and no values (``value_dims`` 0); latent
+    attention's values are the keys' first ``rank`` dims, over every cache type."""
+    gen = torch.Generator().manual_seed(5)
+    rank, rope, hq, lens = 32, 8, 4, [11, 6, 9]
+    d = rank + rope
+    seqs = [(torch.randn(1, n, d, generator=gen), torch.zeros(1, n, 0),
+             torch.randn(hq, n, d, generator=gen)) for n in lens]  # fmt: skip
+    cache = CACHES[cache_type](1, d, torch.float32, value_dims=[0])
+    assert cache.values[0].shape[-1] == 0  # no value storage at all
+    chunks = [[4, 2, 5], [3, 2, 2], [1, 1, 1], [1, 1, 1], [1, 0, 0], [1, 0, 0]]
+    chunks = [[min(c, n - sum(s[i] for s in chunks[:j])) for i, (c, n) in
+               enumerate(zip(row, lens))] for j, row in enumerate(chunks)]  # fmt: skip
+    chunks = [c for c in chunks if max(c) > 0]
+    outs = run_steps(cache, seqs, chunks, hq, 0.2, None, None, torch.float32,
+                     attend=lambda q, view: latent_attention(q, view, 0.2, rank))  # fmt: skip
+    for (ks, _, qs), got in zip(seqs, outs):
+        want = reference(qs[None], ks[None], ks[None, ..., :rank], 0.2, None, None)[0]
+        assert got.shape == (hq, ks.shape[1], rank)
+        assert torch.allclose(got, want, atol=1e-5, rtol=1e-5)
 
 
 def test_contiguous_cache_prefill_uses_sdpa_semantics():
