@@ -114,7 +114,8 @@ OPS: dict[str, OpSpec] = {
             ("x[N,H]", "experts[N,k] int64", "weights[N,k]", "w"),
             "[N,H]",
             "mixture-of-experts MLP: gated experts with gate/up interleaved, activation "
-            "'swiglu_oai' (GPT-OSS, clamped) or a gated_mlp one; biases may be None",
+            "'swiglu_oai' (GPT-OSS, clamped) or a gated_mlp one; biases may be None; quantized "
+            "experts come as per-expert lists of [2I,H] / [H,I] matrices; weights fp32 or dtype",
             context=(
                 "experts", "top_k", "activation", "biases", "hidden", "intermediate",
                 "weight_format",
@@ -147,7 +148,8 @@ OPS: dict[str, OpSpec] = {
             "attention",
             ("q[B,Hq,T,D]", "kv: cache view", "scale", "sinks[Hq]|None", "window|None"),
             "[B,Hq,T,D]",
-            "attention over the KV cache view (layout-specific), GQA, sliding window, sinks",
+            "attention over the KV cache view (layout-specific), GQA, sinks; window: None, a "
+            "sliding int or a caches.base.ChunkedWindow (masks from kv.meta.mask(window))",
             context=("head_dim", "gqa", "window", "sinks", "cache_layout"),
         ),
         OpSpec(

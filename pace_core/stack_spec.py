@@ -17,8 +17,8 @@ with ``r`` the residual and ``attn``/``mlp`` as described by their specs::
     parallel:   h, r = norms[0](x, r); x = attn(h) + mlp(h)
     post_norm:  x = x + r (if any); h = norms[0](attn(x), x)[0]; x = norms[1](mlp(h), h)[0]
                 r = None
-    opaque:     only the block's own code runs it (no norms, attention None, mlp an
-                OpaqueMLP of the block): Gemma 4's per-layer inputs, layer scalar, KV reuse
+    opaque:     only the block's own code runs it (no norms, attention None; mlp describes
+                its dense MLP only): Gemma 4's per-layer inputs, layer scalar, KV reuse, MoE
 
 and attention is: ``q, k, v = qkv(h)`` as ``[B, T, heads, head_dim]``; ``q_norm``/``k_norm``
 (no residual); ``rope`` (before the norms when ``norms_after_rope``); queries times
@@ -161,6 +161,7 @@ class Routing:
     top_groups: int = 1  # ... of which the best this many are eligible
     choice_bias: torch.Tensor | None = None  # grouped_sigmoid: fp32 [E] added for the choice
     expert_scales: torch.Tensor | None = None  # [E]: each chosen weight times its expert's
+    fp32_weights: bool = False  # keep the weights fp32 (else the router's dtype), as HF does
 
 
 @dataclass(frozen=True)

@@ -112,6 +112,11 @@ class BlockCache:
     ) -> None:
         self.block_size = block_size
         value_dims = list(head_dims if value_dims is None else value_dims)
+        if not len(num_kv_heads) == len(head_dims) == len(value_dims):
+            raise ConfigError(
+                f"per-layer cache dims disagree: {len(num_kv_heads)} KV head counts, "
+                f"{len(head_dims)} key dims, {len(value_dims)} value dims"
+            )
         elt = torch.empty(0, dtype=dtype).element_size()
         self.bytes_per_block = sum(
             h * (d + dv) * elt * block_size
@@ -353,7 +358,8 @@ class BlockCache:
         """``[H, tokens, D]`` of one sequence from a pool (a copy)."""
         blocks = torch.tensor(self.blocks[seq_id], dtype=torch.long)
         h, d = pool.shape[1], pool.shape[3]
-        return pool[blocks].transpose(0, 1).reshape(h, -1, d)[:, : self.lens[seq_id]]
+        rows = len(blocks) * self.block_size  # explicit: d may be 0 (latent caches keep no values)
+        return pool[blocks].transpose(0, 1).reshape(h, rows, d)[:, : self.lens[seq_id]]
 
     def get_kv_states(self, seq_id: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         return [

@@ -71,11 +71,14 @@ class ModelBuilder:
         self.profiler: OpProfiler | None = None
 
     def kernel(self, op: str, **attrs: Any):
-        res = self.resolver.resolve(OpContext(op, self.dtype, attrs))
+        return self._use(self.resolver.resolve(OpContext(op, self.dtype, attrs)))
+
+    def _use(self, res: Resolution):
+        """Record a resolution in the plan; its kernel (timed when profiling)."""
         self.plan.record(res)
         if self.profiler is None:
             return res.kernel
-        return replace(res.kernel, fn=self.profiler.wrap(op, res.backend, res.kernel.fn))
+        return replace(res.kernel, fn=self.profiler.wrap(res.op, res.backend, res.kernel.fn))
 
     def bind(self, op: str, attrs: dict[str, Any], *weights: Any) -> Bound:
         """Resolve ``op``, run its prepare step on ``weights`` and bind the kernel.
@@ -85,14 +88,17 @@ class ModelBuilder:
         """
         if fmt := attrs.get("weight_format"):
             self.matrix_formats.update(fmt.split("+"))
-        while True:
-            k = self.kernel(op, **attrs)
+        while True:  # only the kernel that prepared enters the plan
+            res = self.resolver.resolve(OpContext(op, self.dtype, attrs))
+            k = res.kernel
             try:
-                return Bound(k.fn, k.prepare(*weights))
+                prepared = k.prepare(*weights)
             except Exception as exc:
                 if k.backend == "native" or self.resolver.config.strict:
                     raise
                 self.resolver.disable(k, f"prepare failed: {type(exc).__name__}: {exc}")
+                continue
+            return Bound(self._use(res).fn, prepared)
 
     def tensor(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
         return self.weights.take(name, dtype or self.dtype)
@@ -178,7 +184,7 @@ class ModelBuilder:
     def stack(self, layers: Sequence[Callable]) -> Bound:
         """Bind ``decoder_stack`` to the blocks; the resolver sees what it would fuse."""
         layer_ops = ("linear", "qkv_proj", "gated_mlp", "moe", "rms_norm", "layer_norm", "rope",
-                     "attention")  # fmt: skip
+                     "attention", "latent_attention")  # fmt: skip
         attrs = {
             # block kinds (``pace_core.stack_spec.BLOCK_KINDS``; a family's own: its class name)
             "blocks": frozenset(getattr(layer, "kind", type(layer).__name__) for layer in layers),

@@ -67,7 +67,7 @@ def route(logits: torch.Tensor, r: Routing) -> tuple[torch.Tensor, torch.Tensor]
         weights = weights * r.scale
     if r.expert_scales is not None:
         weights = weights * r.expert_scales[chosen]
-    return chosen, weights if r.kind == "grouped_sigmoid" else weights.to(logits.dtype)
+    return chosen, weights if r.fp32_weights else weights.to(logits.dtype)
 
 
 def bind_experts(
@@ -101,7 +101,7 @@ def bind_experts(
         "experts": len(weights[0]),
         "top_k": top_k,
         "activation": activation,
-        "biases": biases != (None, None),
+        "biases": any(bias is not None for bias in biases),
         "hidden": hidden,
         "intermediate": intermediate,
         "weight_format": formats_of(weights[0] if isinstance(weights[0], list) else [weights[0]]),
@@ -175,7 +175,8 @@ class MoE:
         flat = x.reshape(-1, shape[-1])
         chosen, weights = self.route(flat)
         w = self.experts.weight
-        if self.scale_input:  # one row per (token, slot), its input weighed, unit output weight
+        if self.scale_input:  # one row per (token, slot), its input weighed, unit output weight:
+            # the op is called with k = 1 over N * k rows (its resolved top_k is the model's)
             n, k = chosen.shape
             rows = (flat[:, None, :] * weights[..., None].to(flat.dtype)).reshape(n * k, -1)
             ones = torch.ones(n * k, 1, dtype=flat.dtype)

@@ -48,15 +48,13 @@ def save_quantized(
     host = get_host()
     recorded: dict[str, Any] = {}
     hf_config = load_config(source)
+    _refuse_experts(source, hf_config, q)
     resolver = host.resolver(OperatorConfig.coerce("default=native"))  # no packed copies
     build_model(source, hf_config, parse_dtype(dtype), host, resolver, quiet=True,
                 quantization=q, record=recorded)  # fmt: skip
     experts = sorted(n for n in recorded if re.search(r"\.experts\.\d+\.", n))
-    if experts:
-        raise ConfigError(
-            f"{source} has MoE experts ({experts[0]}, ...): quantized experts are not saved "
-            "yet; load the original with quantization=... instead (quantize on load)"
-        )
+    if experts:  # a family whose config names its experts otherwise
+        raise ConfigError(_EXPERTS_NOT_SAVED.format(source=source, what=experts[0]))
     tensors, described = pack(recorded)
     recorded.clear()
     store = WeightStore.from_dir(source)
@@ -73,3 +71,18 @@ def save_quantized(
     config["quantization_config"] = q.to_json()
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return out
+
+
+_EXPERTS_NOT_SAVED = (
+    "{source} has MoE experts ({what}): quantized experts are not saved yet; load the original "
+    "with quantization=... instead (quantize on load), or skip=['experts']"
+)
+_EXPERT_COUNTS = ("num_experts", "n_routed_experts", "num_local_experts")
+
+
+def _refuse_experts(source: Path, hf_config: Any, q: Any) -> None:
+    """Before any work: an MoE checkpoint whose experts would be quantized cannot be saved."""
+    text = getattr(hf_config, "text_config", None) or hf_config
+    counts = [getattr(text, name, None) for name in _EXPERT_COUNTS]
+    if any(counts) and not q.skips("model.layers.0.mlp.experts"):
+        raise ConfigError(_EXPERTS_NOT_SAVED.format(source=source, what="config: MoE"))

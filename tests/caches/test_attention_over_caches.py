@@ -126,7 +126,9 @@ def test_latent_cache_attention_matches_reference(cache_type):
     chunks = [c for c in chunks if max(c) > 0]
     outs = run_steps(cache, seqs, chunks, hq, 0.2, None, None, torch.float32,
                      attend=lambda q, view: latent_attention(q, view, 0.2, rank))  # fmt: skip
-    for (ks, _, qs), got in zip(seqs, outs):
+    for seq, (ks, _, qs), got in zip(range(len(lens)), seqs, outs):
+        keys, values = cache.get_kv_states(seq)[0]  # what speculative rollback reads
+        assert torch.equal(keys, ks) and values.shape == (1, ks.shape[1], 0)
         want = reference(qs[None], ks[None], ks[None, ..., :rank], 0.2, None, None)[0]
         assert got.shape == (hq, ks.shape[1], rank)
         assert torch.allclose(got, want, atol=1e-5, rtol=1e-5)

@@ -11,6 +11,7 @@ import math
 
 import torch
 
+from pace_core.errors import ModelLoadError
 from pace_core.models import common
 from pace_core.models.builder import ModelBuilder
 from pace_core.models.decoder import DecoderLM
@@ -85,6 +86,7 @@ def mlp(b: ModelBuilder, prefix: str) -> MoE | Bound:
         groups=cfg.n_group,
         top_groups=cfg.topk_group,
         choice_bias=b.tensor(f"{prefix}.gate.e_score_correction_bias", torch.float32),
+        fp32_weights=True,
     )
     shared = None
     if cfg.n_shared_experts:
@@ -102,6 +104,14 @@ def mlp(b: ModelBuilder, prefix: str) -> MoE | Bound:
 
 def build(b: ModelBuilder) -> DecoderLM:
     cfg = b.config
+    qc = getattr(cfg, "quantization_config", None)
+    method = qc.get("quant_method") if isinstance(qc, dict) else getattr(qc, "quant_method", None)
+    if method not in (None, "pace"):
+        raise ModelLoadError(
+            f"DeepSeek checkpoint quantized as {method!r} (the released V3/R1 weights are FP8): "
+            "pace loads bf16/fp32 checkpoints (convert first) and quantizes on load"
+        )
+    _drop_prediction_layers(b)
     eps = cfg.rms_norm_eps
     rotary = Rotary(cfg, cfg.qk_rope_head_dim, interleaved=bool(cfg.rope_interleave))
     embed = common.embedding(b, "model.embed_tokens.weight")
@@ -129,5 +139,9 @@ def build(b: ModelBuilder) -> DecoderLM:
     )
 
 
-# The multi-token-prediction layer of the released checkpoints (transformers ignores it too).
-build.harmless_extras = (r"model\.layers\.61\..*",)
+def _drop_prediction_layers(b: ModelBuilder) -> None:
+    """The multi-token-prediction layers released checkpoints carry past the decoder's
+    ``num_hidden_layers`` (transformers ignores them too)."""
+    for name in b.weights.names():
+        if name.startswith("model.layers.") and layer_of(name) >= b.config.num_hidden_layers:
+            b.weights.discard(name)

@@ -2,7 +2,8 @@
 
 * plain-weight RMSNorms (no ``1 + w``), attention scale 1, a weightless RMSNorm on each value
   head; global layers with their own head size and KV heads (``config.per_layer_config``),
-  "proportional" rope (only the first ``partial_rotary_factor`` of each head rotates), and
+  "proportional" rope (a ``partial_rotary_factor`` share of the frequencies, the rest
+  identity), and
   with ``attention_k_eq_v`` values taken from the key projection;
 * KV sharing: the last ``num_kv_shared_layers`` layers compute queries only and attend over
   the keys/values the last earlier layer of their type cached this step (no cache of their
@@ -198,7 +199,7 @@ def _moe(b: ModelBuilder, prefix: str) -> MoE:
     gate_up, down = expert_tensors(b, f"{prefix}.experts", experts)
     act = common.activation(cfg.hidden_activation)
     routing = Routing(
-        "softmax_topk", cfg.top_k_experts, normalize=True,
+        "softmax_topk", cfg.top_k_experts, normalize=True, fp32_weights=True,
         expert_scales=b.tensor(f"{prefix}.router.per_expert_scale", torch.float32),
     )  # fmt: skip
     return MoE(

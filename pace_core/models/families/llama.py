@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from pace_core.caches.base import Window
 from pace_core.models import common
 from pace_core.models.builder import ModelBuilder
 from pace_core.models.decoder import DecoderLM
@@ -38,7 +39,7 @@ def build(
     o_bias: bool | None = None,
     qkv: QKVReader = separate_qkv,
     mlp: MLPReader = separate_gated_mlp,
-    window: Callable[[Any, int], int | None] = common.layer_window,
+    window: Callable[[Any, int], Window] = common.layer_window,
     attention_extra: Callable[[ModelBuilder, int, str], dict[str, Any]] | None = None,
     uses_rope: Callable[[Any, int], bool] | None = None,
     mlp_name: str = "mlp",
