@@ -126,6 +126,7 @@ class CacheSpec:
     layout: str
     plugin: str = ""
     description: str = ""
+    value_dims: bool = False  # honours the ``value_dims`` option (per-layer value widths)
 
 
 @dataclass(frozen=True)
@@ -313,9 +314,19 @@ class Registrations:
         return spec
 
     def add_cache(
-        self, name: str, factory: Callable[..., Any], *, layout: str, description: str = ""
+        self,
+        name: str,
+        factory: Callable[..., Any],
+        *,
+        layout: str,
+        description: str = "",
+        value_dims: bool = False,
     ) -> None:
-        self.caches.append(CacheSpec(name, factory, layout, self.plugin, description))
+        """``value_dims``: the factory honours ``value_dims=[...]`` (value rows narrower than
+        the keys, 0 for the latent rows of MLA models); models that need it refuse others."""
+        self.caches.append(
+            CacheSpec(name, factory, layout, self.plugin, description, value_dims)
+        )
 
     def add_model(
         self, model_type: str, builder: Callable[..., Any], description: str = ""

@@ -17,22 +17,26 @@ def pace_register_kv_caches(registry: Registrations) -> None:
         DynamicCache,
         layout="contiguous",
         description="contiguous per-sequence rows, geometric growth",
+        value_dims=True,
     )
     registry.add_cache(
         "bmc",
         BMCCache,
         layout="contiguous",
         description="contiguous rows grown in sqrt(max_seq_len) segments",
+        value_dims=True,
     )
     registry.add_cache(
         "paged",
         PagedCache,
         layout="paged",
         description="shared pool of 64-token blocks, per-sequence block tables",
+        value_dims=True,
     )
     registry.add_cache(
         "slab_pool",
         SlabPoolCache,
         layout="slab",
         description="pre-allocated pool of L2-sized blocks, O(1) free list",
+        value_dims=True,
     )

@@ -124,6 +124,11 @@ class LLMModel:
             profiler=self.profiler,
             quantization=self.quantization,
         )
+        if self.model.value_dims is not None and not self.cache_spec.value_dims:
+            raise ConfigError(
+                f"kv_cache_type {self.kv_cache_type!r} does not take value_dims, which this "
+                f"{self.config.model_type} model's latent cache rows need; use a built-in type"
+            )
         self.tokenizer = tokenizer
         if tokenizer is None and load_tokenizer:
             self.tokenizer = loader.load_tokenizer(self.path)

@@ -16,7 +16,8 @@ import pytest
 import torch
 
 import pace_core
-from pace_core import hookimpl
+from pace_core import LLMModel, hookimpl
+from pace_core.caches.contiguous import DynamicCache
 from pace_core.errors import ConfigError, OpResolutionError
 from pace_core.opconfig import OperatorConfig, OpResolver
 from pace_core.ops import CONTRACT_VERSION, OPS
@@ -240,6 +241,27 @@ def test_failed_plugin_name_can_be_registered_again():
     assert host.register(RaisesInOps(), "halfway").status == "failed"
     assert host.register(Good(), "halfway").status == "ok"
     assert "halfway" in backends(host.ops, "rms_norm")
+
+
+class KeysAndValuesOnly:
+    PACE_CONTRACT_VERSION = CONTRACT_VERSION
+
+    @hookimpl
+    def pace_register_kv_caches(self, registry):
+        registry.add_cache("keys_and_values", DynamicCache, layout="contiguous")
+
+
+def test_a_latent_model_refuses_a_cache_that_ignores_value_dims(tmp_path):
+    """DeepSeek's MLA caches keys only (value_dims 0): a plugin cache that does not declare
+    value_dims would allocate values of the key width and fail at the first step."""
+    from support.tiny import FACTORIES
+
+    assert get_host().register(KeysAndValuesOnly(), "kvonly").status == "ok"
+    path = FACTORIES["deepseek-v3"](tmp_path)
+    with pytest.raises(ConfigError, match=r"kv_cache_type 'keys_and_values' does not take "
+                                          r"value_dims.*deepseek_v3"):  # fmt: skip
+        LLMModel(path, dtype=torch.float32, load_tokenizer=False,
+                 kv_cache_type="keys_and_values")  # fmt: skip
 
 
 def _plugin(**kernels):
