@@ -11,7 +11,7 @@ from pace_core.caches.base import Window
 from pace_core.errors import ModelLoadError
 from pace_core.models.builder import ModelBuilder
 from pace_core.models.decoder import DecoderLM
-from pace_core.models.layers import Attention, Bound, DenseMLP, Norm
+from pace_core.models.layers import Attention, Bound, DenseMLP, Norm, PreNormBlock
 from pace_core.models.rope import Rotary
 from pace_core.ops import HF_ACTIVATIONS
 from pace_core.quant import formats_of
@@ -99,6 +99,16 @@ def dense_mlp(
     """``fc2(act(fc1(x)))`` from two linear layers (OPT ``fc1/fc2``, GPT-J ``fc_in/fc_out``)."""
     act = activation(hf_activation)
     return DenseMLP(b.linear(fc1, bias=bias), b.linear(fc2, bias=bias), act)
+
+
+def pre_norm_block(b: ModelBuilder, prefix: str, attn: Any, mlp: Callable) -> PreNormBlock:
+    """``attn`` and ``mlp`` between ``{prefix}.input_layernorm`` and
+    ``{prefix}.post_attention_layernorm`` (RMSNorms with ``config.rms_norm_eps``)."""
+    eps = b.config.rms_norm_eps
+    return PreNormBlock(
+        b.norm(f"{prefix}.input_layernorm", eps), attn,
+        b.norm(f"{prefix}.post_attention_layernorm", eps), mlp,
+    )  # fmt: skip
 
 
 def rotaries_by_type(

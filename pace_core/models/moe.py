@@ -60,9 +60,8 @@ def route(logits: torch.Tensor, r: Routing) -> tuple[torch.Tensor, torch.Tensor]
         biased = scores if r.choice_bias is None else scores + r.choice_bias
         chosen = _grouped_choice(biased, r)
         weights = scores.gather(1, chosen)
-    if r.normalize:
-        eps = 1e-20 if r.kind == "grouped_sigmoid" else 0.0
-        weights = weights / (weights.sum(dim=-1, keepdim=True) + eps)
+    if r.normalize:  # the 1e-20 guards DeepSeek's all-zero sigmoids; a no-op on other sums
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
     if r.scale != 1.0:
         weights = weights * r.scale
     if r.expert_scales is not None:

@@ -16,7 +16,7 @@ from pace_core.models import common
 from pace_core.models.builder import ModelBuilder
 from pace_core.models.decoder import DecoderLM
 from pace_core.models.families import llama
-from pace_core.models.layers import Bound, PreNormBlock
+from pace_core.models.layers import Bound
 from pace_core.models.mla import LatentAttention, LowRankQuery
 from pace_core.models.moe import MoE, Routing, bind_experts, expert_tensors, fp32_router, layer_of
 from pace_core.models.rope import Rotary, rope_parameters
@@ -118,14 +118,8 @@ def build(b: ModelBuilder) -> DecoderLM:
     layers = []
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}"
-        layers.append(
-            PreNormBlock(
-                b.norm(f"{p}.input_layernorm", eps),
-                attention(b, i, f"{p}.self_attn", rotary),
-                b.norm(f"{p}.post_attention_layernorm", eps),
-                mlp(b, f"{p}.mlp"),
-            )
-        )
+        attn = attention(b, i, f"{p}.self_attn", rotary)
+        layers.append(common.pre_norm_block(b, p, attn, mlp(b, f"{p}.mlp")))
     return common.assemble(
         b,
         cfg,

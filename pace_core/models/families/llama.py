@@ -14,7 +14,7 @@ from pace_core.caches.base import Window
 from pace_core.models import common
 from pace_core.models.builder import ModelBuilder
 from pace_core.models.decoder import DecoderLM
-from pace_core.models.layers import Bound, PreNormBlock
+from pace_core.models.layers import Bound
 
 # (builder, attention prefix, qkv bias) -> fused Q/K/V projection
 QKVReader = Callable[[ModelBuilder, str, bool], Bound]
@@ -72,14 +72,7 @@ def build(
             window=window,
             **(attention_extra(b, i, f"{p}.self_attn") if attention_extra else {}),
         )
-        layers.append(
-            PreNormBlock(
-                b.norm(f"{p}.input_layernorm", eps),
-                attn,
-                b.norm(f"{p}.post_attention_layernorm", eps),
-                mlp(b, f"{p}.{mlp_name}"),
-            )
-        )
+        layers.append(common.pre_norm_block(b, p, attn, mlp(b, f"{p}.{mlp_name}")))
     return common.assemble(
         b,
         cfg,
