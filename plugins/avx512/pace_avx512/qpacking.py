@@ -11,10 +11,10 @@ fp16 (relative <= 2^-11).
 
 Per block of 16 rows, one contiguous run: the codes of every group, then fp16 scales
 ``[G][16]`` (``[2G][16]`` for q6_k), then (4-bit with mins) fp16 mins ``[G][16]``, padded to
-64 bytes. int8 stores a group as 16 k-pairs of 32 signed bytes, byte ``2j + e`` = row j,
-k = 2p + e (the int16 ``vpdpwssd`` operand); 4-bit stores it as 4 lines of 64 bytes, line v
-holding k-quad 2v in the low nibbles and 2v + 1 in the high ones, byte ``4j + e`` = row j,
-k = 4 quad + e (the unsigned-byte ``vpdpbusd`` operand).
+64 bytes. Codes are unsigned bytes in k-quads (the ``vpdpbusd`` operand): byte ``4j + e`` of a
+quad = row j, k = 4 quad + e. 8-bit codes are stored as ``q + 128``, a group as 8 quads of 64
+bytes; 4-bit codes as 4 lines of 64 bytes, line v holding quad 2v in the low nibbles and
+2v + 1 in the high ones.
 """
 
 from __future__ import annotations
@@ -36,12 +36,10 @@ KINDS = {"int4": 0, "int8": 1, "int8-g16": 2, "int4-sym": 3}  # csrc/qlinear.cpp
 _INT8_KINDS = (KINDS["int8"], KINDS["int8-g16"])
 
 
-def activation_levels(kind: int, rows: int) -> float:
+def activation_levels(rows: int) -> float:
     """Levels of the activation codes a ``qlinear`` call of ``rows`` rows uses (csrc/qlinear.cpp):
-    int16 for 8-bit weights; for 4-bit ones 15-bit (two int8 planes), or int8 from the
-    extension's ``int8_activation_rows`` rows when that is set (> 0)."""
-    if kind in _INT8_KINDS:
-        return 32767.0
+    15-bit (two int8 planes), or int8 from the extension's ``int8_activation_rows`` rows when
+    that is set (> 0)."""
     start = build.load_extension().int8_activation_rows()
     return 127.0 if 0 < start <= rows else 16383.0
 CHUNK_ROWS = 1024  # rows converted at a time (bounds the temporaries)
@@ -60,16 +58,18 @@ class QPackedLinear:
         """Rows ``ids`` of the de-quantized ``[N, K]`` matrix (a tied embedding's lookup)."""
         g = self.in_features // GROUP
         int8, sub = self.kind in _INT8_KINDS, 2 if self.kind == KINDS["int8-g16"] else 1
-        code_bytes, run = (512, 2) if int8 else (256, 4)  # k per row and run of codes
+        code_bytes = 512 if int8 else 256
         blocks, lane = self.weight[ids // ROWS], ids % ROWS
         codes = blocks[:, : g * code_bytes].reshape(-1, g, code_bytes)
         if int8:
-            runs = codes.view(torch.int8).view(-1, g, GROUP // run, ROWS, run)
+            quads = codes.view(-1, g, 8, ROWS, 4)
         else:  # line v: quad 2v in the low nibbles, 2v + 1 in the high ones
             lines = codes.view(-1, g, 4, 1, 64)
-            runs = torch.cat([lines & 0x0F, lines >> 4], dim=3).view(-1, g, GROUP // run, ROWS, run)
-        index = lane.view(-1, 1, 1, 1, 1).expand(-1, g, GROUP // run, 1, run)
-        q = runs.gather(3, index).reshape(-1, g * sub, GROUP // sub).float()
+            quads = torch.cat([lines & 0x0F, lines >> 4], dim=3).view(-1, g, 8, ROWS, 4)
+        index = lane.view(-1, 1, 1, 1, 1).expand(-1, g, 8, 1, 4)
+        q = quads.gather(3, index).reshape(-1, g * sub, GROUP // sub).float()
+        if int8:
+            q = q - 128.0
         meta = blocks[:, g * code_bytes :]
         out = q * _lane(meta, 0, g * sub, lane).unsqueeze(-1)
         if self.kind == KINDS["int4"]:
@@ -153,11 +153,14 @@ def _block_bytes(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor |
     """One chunk (rows a multiple of 16) as ``[blocks, block_stride]`` bytes."""
     n, k = codes.shape
     nb, g = n // ROWS, k // GROUP
-    if int8:  # [nb, G, pair, row, 2]
-        lines = codes.view(nb, ROWS, g, 16, 2).permute(0, 2, 3, 1, 4).contiguous().view(torch.uint8)
-    else:  # [nb, G, quad, row, 4]; line v: quad 2v | quad 2v + 1 << 4
-        quads = codes.view(nb, ROWS, g, 8, 4).permute(0, 2, 3, 1, 4).reshape(nb, g, 4, 2, 64)
-        lines = quads[:, :, :, 0] | (quads[:, :, :, 1] << 4)
+    if int8:  # unsigned q + 128
+        codes = (codes.to(torch.int16) + 128).to(torch.uint8)
+    quads = codes.view(nb, ROWS, g, 8, 4).permute(0, 2, 3, 1, 4)  # [nb, G, quad, row, 4]
+    if int8:
+        lines = quads.contiguous()
+    else:  # line v: quad 2v | quad 2v + 1 << 4
+        halves = quads.reshape(nb, g, 4, 2, 64)
+        lines = halves[:, :, :, 0] | (halves[:, :, :, 1] << 4)
     parts = [lines.reshape(nb, -1)]
     for table in (scales, mins):
         if table is not None:

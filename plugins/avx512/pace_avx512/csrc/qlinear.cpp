@@ -1,26 +1,24 @@
 // Linear over quantized weights with AVX512-VNNI: y = x @ W^T + bias, W in groups of 32 along
-// K with a scale (and, for 4-bit, a min) per row and group.
+// K with a scale (and a min) per row and group.
 //
-// The activation rows are quantized once per call per group of 32 (round to nearest even),
-// with the sum of their codes; integer dot products with the weight codes are exact in int32
-// over the group, then scaled in fp32:
-//   int8:  w = q * s       sum w x = s xs sum q xq   (s per 32 k, or per 16 k: GGUF q6_k)
-//   4-bit: w = q * s + m   sum w x = s xs sum q xq + m xs sum xq      (q in 0..15)
-// int8 weights take int16 activations (scale amax / 32767: error ~1e-5 relative, far below
-// the weights' own): the codes are widened to int16 in registers and each vpdpwssd multiplies
-// 16 rows x a k-pair by the activation pair broadcast to all lanes. 4-bit weights take int8
-// activations (scale amax / 127, as llama.cpp's q8 activations: ~0.3% relative per group,
-// well below 4-bit weights' ~5%): the nibbles feed vpdpbusd as unsigned bytes with no
-// widening, 16 rows x a k-quad by the activation quad per instruction, 4x the weights per
-// instruction of the int16 path, so decode stays bound by the weight stream and prefill runs
-// 2x the MACs.
+// Every weight code is an unsigned byte u with w = u * s + m: 4-bit codes (0..15) with their
+// min (q4_0 / symmetric int4: m = -8 s), 8-bit codes stored as q + 128 (m = -128 s). The
+// activation rows are quantized once per call per group of 32 (round to nearest even) with the
+// sum of their codes per 16, so that
+//   sum w x = s xs sum u xq + m xs sum xq,
+// the first sum exact in int32 by vpdpbusd (16 rows x a k-quad of unsigned weight bytes times
+// the activation quad broadcast, per instruction; 4-bit nibbles need only a mask or a shift).
+// The activations are 15-bit (scale amax / 16383, error ~3e-5 relative, far below any weight
+// format's own) held as two int8 planes, c = 128 hi + lo, so each quad takes two vpdpbusd;
+// optionally (tuning().int8_activation_rows) calls of many rows use int8 activations (amax /
+// 127, as llama.cpp's q8 activations: one vpdpbusd per quad, ~0.5% error per group).
 //
 // Packed layout (pace_avx512/qpacking.py), per block of 16 rows, one contiguous run of
 // `block_stride` bytes: codes of every group, then fp16 scales [G * SUB][16] (SUB = 2 for
-// scales per 16 k), then (4-bit with mins) fp16 mins [G][16].
-//   int8:  16 k-pairs of 32 signed bytes, pair p at byte 32 p: byte 2j + e = row j, k = 2p + e;
-//   4-bit: 4 lines of 64 bytes, line v = k-quad 2v in the low nibbles and 2v + 1 in the high
-//          ones: byte 4j + e = row j, k = 4 quad + e.
+// scales per 16 k: GGUF q6_k), then (4-bit with mins) fp16 mins [G][16]. In a group, byte
+// 4j + e of a k-quad = row j, k = 4 quad + e:
+//   8-bit: 8 quads of 64 bytes, quad q at byte 64 q;
+//   4-bit: 4 lines of 64 bytes, line v = quad 2v in the low nibbles and 2v + 1 in the high ones.
 // Threads take contiguous ranges of row blocks, so each streams one sequential run, prefetched
 // 16 KB ahead (simd.h prefetch_stream); a decode row keeps 4 accumulator chains per block.
 #include <omp.h>
@@ -49,25 +47,22 @@ using C1 = std::integral_constant<int, 1>;
 using C2 = std::integral_constant<int, 2>;
 using C3 = std::integral_constant<int, 3>;
 
-// Activation rows quantized per group of 32: int16 codes for int8 weights, int8 codes for
-// 4-bit weights (see the top of the file).
-// SPLIT (4-bit weights, few rows): 15-bit codes c = 128 hi + lo as two int8 planes, hi in
-// [-128, 127] at codes[0, M K), lo in [0, 127] at codes[M K, 2 M K): two vpdpbusd per quad
-// give int16-class precision without widening the weights.
-template <typename Code>
+// Activation rows quantized per group of 32. SPLIT (the default): 15-bit codes c = 128 hi + lo
+// as two int8 planes, hi in [-128, 127] at codes[0, M K), lo in [0, 127] at codes[M K, 2 M K):
+// two vpdpbusd per quad give int16-class precision. Else int8 codes (scale amax / 127).
 struct QuantizedRows {
-  std::vector<Code> codes;    // [M][K] (SPLIT: [2][M][K])
+  std::vector<int8_t> codes;  // [M][K] (SPLIT: [2][M][K])
   std::vector<float> scales;  // [M][G]
-  std::vector<float> sums;    // [M][G]: scale * sum of codes (the row's group sum as seen)
+  std::vector<float> sums;    // [M][2G]: scale * sum of the codes of each 16 (as seen)
 };
 
-template <bool SPLIT, typename Code, typename T>
-void quantize_rows(const T* x, int64_t ldx, int64_t M, int64_t K, QuantizedRows<Code>& q) {
-  constexpr float LEVELS = sizeof(Code) == 2 ? 32767.0f : SPLIT ? 16383.0f : 127.0f;
+template <bool SPLIT, typename T>
+void quantize_rows(const T* x, int64_t ldx, int64_t M, int64_t K, QuantizedRows& q) {
+  constexpr float LEVELS = SPLIT ? 16383.0f : 127.0f;
   const int64_t G = K / QGROUP;
   q.codes.resize((SPLIT ? 2 : 1) * M * K);
   q.scales.resize(M * G);
-  q.sums.resize(M * G);
+  q.sums.resize(M * G * 2);
   for (int64_t m = 0; m < M; ++m) {
     for (int64_t g = 0; g < G; ++g) {
       const T* src = x + m * ldx + g * QGROUP;
@@ -76,11 +71,8 @@ void quantize_rows(const T* x, int64_t ldx, int64_t M, int64_t K, QuantizedRows<
       const float scale = amax / LEVELS, inv = amax > 0 ? LEVELS / amax : 0.0f;
       const __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, _mm512_set1_ps(inv)));
       const __m512i qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, _mm512_set1_ps(inv)));
-      Code* dst = q.codes.data() + m * K + g * QGROUP;
-      if constexpr (sizeof(Code) == 2) {
-        _mm256_storeu_si256((__m256i*)dst, _mm512_cvtsepi32_epi16(qa));
-        _mm256_storeu_si256((__m256i*)(dst + 16), _mm512_cvtsepi32_epi16(qb));
-      } else if constexpr (SPLIT) {
+      int8_t* dst = q.codes.data() + m * K + g * QGROUP;
+      if constexpr (SPLIT) {
         const __m512i seven = _mm512_set1_epi32(127);
         _mm_storeu_si128((__m128i*)dst, _mm512_cvtsepi32_epi8(_mm512_srai_epi32(qa, 7)));
         _mm_storeu_si128((__m128i*)(dst + 16), _mm512_cvtsepi32_epi8(_mm512_srai_epi32(qb, 7)));
@@ -90,36 +82,32 @@ void quantize_rows(const T* x, int64_t ldx, int64_t M, int64_t K, QuantizedRows<
         _mm_storeu_si128((__m128i*)dst, _mm512_cvtsepi32_epi8(qa));
         _mm_storeu_si128((__m128i*)(dst + 16), _mm512_cvtsepi32_epi8(qb));
       }
-      const int32_t sum = _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
       q.scales[m * G + g] = scale;
-      q.sums[m * G + g] = scale * (float)sum;
+      q.sums[(m * G + g) * 2] = scale * (float)_mm512_reduce_add_epi32(qa);
+      q.sums[(m * G + g) * 2 + 1] = scale * (float)_mm512_reduce_add_epi32(qb);
     }
   }
 }
 
-template <typename Code>
 struct QArgs {
   const uint8_t* w;
   int64_t block_stride;  // bytes per block of 16 rows
   int64_t G;             // groups per row
-  const QuantizedRows<Code>* x;
+  const QuantizedRows* x;
   int64_t K;
   int64_t M;  // activation rows
 };
 
 // Weight kinds (pace_avx512/qpacking.py KINDS): 4-bit with mins, int8 with a scale per 32 k,
-// int8 with a scale per 16 k, 4-bit symmetric ((q - 8) s: the min -8 s is not stored).
+// int8 with a scale per 16 k, 4-bit symmetric ((q - 8) s: the min -8 s is not stored). int8
+// codes are stored as unsigned q + 128 (the min -128 s is not stored).
 enum Kind : int { KIND_INT4 = 0, KIND_INT8 = 1, KIND_INT8_G16 = 2, KIND_INT4_SYM = 3 };
 
 constexpr bool is_int8(int kind) { return kind == KIND_INT8 || kind == KIND_INT8_G16; }
 
-// Activation codes a kind takes: int16 for int8 weights, int8 for 4-bit ones.
-template <int KIND>
-using CodeOf = std::conditional_t<is_int8(KIND), int16_t, int8_t>;
-
 // total[MT] (16 rows of block `b`) for activation rows [m0, m0 + MT).
 template <int KIND, bool SPLIT, int MT>
-inline void qtile(const QArgs<CodeOf<KIND>>& a, int64_t b, int64_t m0, __m512 (&total)[MT]) {
+inline void qtile(const QArgs& a, int64_t b, int64_t m0, __m512 (&total)[MT]) {
   constexpr bool INT8 = is_int8(KIND);
   constexpr int SUB = KIND == KIND_INT8_G16 ? 2 : 1;  // scales per group of 32
   // Independent accumulator chains per activation row: with few rows a single chain of
@@ -146,12 +134,6 @@ inline void qtile(const QArgs<CodeOf<KIND>>& a, int64_t b, int64_t m0, __m512 (&
     if constexpr (SPLIT)
       PACE_UNROLL for (int c = 0; c < CH; ++c)
         PACE_UNROLL for (int m = 0; m < MT; ++m) low_acc[c][m] = _mm512_setzero_si512();
-    // acc[chain][m] += 16 rows x k-pair p (int16 words w) . the pair of row m broadcast
-    auto dot = [&](const __m512i w, int64_t p, auto chain) {
-      constexpr int c = decltype(chain)::value % CH;
-      PACE_UNROLL for (int m = 0; m < MT; ++m)
-        acc[c][m] = _mm512_dpwssd_epi32(acc[c][m], w, _mm512_set1_epi32(xq[m][g * 16 + p]));
-    };
     // acc[chain][m] += 16 rows x k-quad (unsigned bytes w) . the quad of row m broadcast
     auto dot4 = [&](const __m512i w, int64_t quad, auto chain) {
       constexpr int c = decltype(chain)::value % CH;
@@ -161,10 +143,9 @@ inline void qtile(const QArgs<CodeOf<KIND>>& a, int64_t b, int64_t m0, __m512 (&
           low_acc[c][m] = _mm512_dpbusd_epi32(low_acc[c][m], w, _mm512_set1_epi32(xl[m][g * 8 + quad]));
       }
     };
-    // total[m] += (sum of the chains of m) * the 16 rows' scale `si` * row m's activation
+    // total[m] += (sum of the chains of m) * the 16 rows' scale `s` * row m's activation
     // scale; the chains restart at 0
-    auto flush = [&](int64_t si) {
-      const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(scales + si * 16)));
+    auto flush = [&](const __m512 s) {
       PACE_UNROLL for (int m = 0; m < MT; ++m) {
         __m512i sum = acc[0][m];
         PACE_UNROLL for (int c = 1; c < CH; ++c) sum = _mm512_add_epi32(sum, acc[c][m]);
@@ -180,18 +161,28 @@ inline void qtile(const QArgs<CodeOf<KIND>>& a, int64_t b, int64_t m0, __m512 (&
         PACE_UNROLL for (int c = 0; c < CH; ++c) acc[c][m] = _mm512_setzero_si512();
       }
     };
-    if constexpr (INT8) {
+    // total[m] += the 16 rows' min `mn` * row m's activation sum over 16 k x `span`
+    auto add_min = [&](const __m512 mn, int64_t first16, int span) {
+      PACE_UNROLL for (int m = 0; m < MT; ++m) {
+        const float* sums = a.x->sums.data() + ((m0 + m) * a.G + g) * 2 + first16;
+        total[m] = _mm512_fmadd_ps(mn, _mm512_set1_ps(span == 2 ? sums[0] + sums[1] : sums[0]), total[m]);
+      }
+    };
+    auto scale_at = [&](int64_t si) {
+      return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(scales + si * 16)));
+    };
+    if constexpr (INT8) {  // quad q at byte 64 q; w = (u - 128) s
       PACE_UNROLL for (int sub = 0; sub < SUB; ++sub) {
-        auto pair = [&](int64_t p, auto chain) {
-          dot(_mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)(cg + 32 * p))), p, chain);
-        };
-        PACE_UNROLL for (int p = sub * 16 / SUB; p < (sub + 1) * 16 / SUB; p += 4) {
-          pair(p, C0{});
-          pair(p + 1, C1{});
-          pair(p + 2, C2{});
-          pair(p + 3, C3{});
+        auto quad = [&](int64_t q, auto chain) { dot4(_mm512_loadu_si512(cg + 64 * q), q, chain); };
+        PACE_UNROLL for (int q = sub * 8 / SUB; q < (sub + 1) * 8 / SUB; q += 4) {
+          quad(q, C0{});
+          quad(q + 1, C1{});
+          quad(q + 2, C2{});
+          quad(q + 3, C3{});
         }
-        flush(g * SUB + sub);
+        const __m512 s = scale_at(g * SUB + sub);
+        flush(s);
+        add_min(_mm512_mul_ps(s, _mm512_set1_ps(-128.0f)), sub, SUB == 1 ? 2 : 1);
       }
     } else {
       auto line = [&](int64_t v, auto lo_chain, auto hi_chain) {
@@ -203,14 +194,11 @@ inline void qtile(const QArgs<CodeOf<KIND>>& a, int64_t b, int64_t m0, __m512 (&
       line(1, C2{}, C3{});
       line(2, C0{}, C1{});
       line(3, C2{}, C3{});
-      flush(g);
-      const __m512 mn =
-          KIND == KIND_INT4_SYM
-              ? _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(scales + g * 16))),
-                              _mm512_set1_ps(-8.0f))
-              : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(mins + g * 16)));
-      PACE_UNROLL for (int m = 0; m < MT; ++m)
-        total[m] = _mm512_fmadd_ps(mn, _mm512_set1_ps(a.x->sums[(m0 + m) * a.G + g]), total[m]);
+      const __m512 s = scale_at(g);
+      flush(s);
+      add_min(KIND == KIND_INT4_SYM ? _mm512_mul_ps(s, _mm512_set1_ps(-8.0f))
+                                    : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(mins + g * 16))),
+              0, 2);
     }
   }
 }
@@ -233,7 +221,7 @@ struct QStore {
 };
 
 template <int KIND, bool SPLIT, int MT, typename Store>
-inline void rows_tail(const QArgs<CodeOf<KIND>>& a, const Store& st, int64_t b, int64_t m0, int64_t mt) {
+inline void rows_tail(const QArgs& a, const Store& st, int64_t b, int64_t m0, int64_t mt) {
   if constexpr (MT > 0) {
     if (mt == MT) {
       __m512 total[MT];
@@ -246,7 +234,7 @@ inline void rows_tail(const QArgs<CodeOf<KIND>>& a, const Store& st, int64_t b, 
 }
 
 template <int KIND, bool SPLIT, typename Store>
-void qdrive(const QArgs<CodeOf<KIND>>& a, const Store& st, int64_t M, int64_t blocks, int nthreads) {
+void qdrive(const QArgs& a, const Store& st, int64_t M, int64_t blocks, int nthreads) {
   constexpr int MT = 4;
 #pragma omp parallel num_threads(nthreads) if (nthreads > 1)
   {
@@ -269,16 +257,16 @@ void qdrive(const QArgs<CodeOf<KIND>>& a, const Store& st, int64_t M, int64_t bl
 template <int KIND, bool SPLIT, typename T>
 void qlinear_kind(const T* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* w,
                   int64_t block_stride, const QStore<T>& st, int64_t N, int nthreads) {
-  thread_local QuantizedRows<CodeOf<KIND>> rows;
+  thread_local QuantizedRows rows;
   quantize_rows<SPLIT>(x, ldx, M, K, rows);
   const int64_t blocks = (N + 15) / 16;
-  const QArgs<CodeOf<KIND>> a{w, block_stride, K / QGROUP, &rows, K, M};
+  const QArgs a{w, block_stride, K / QGROUP, &rows, K, M};
   qdrive<KIND, SPLIT>(a, st, M, blocks, pick_threads(nthreads, blocks * block_stride, M, blocks));
 }
 
-// 4-bit weights: 15-bit split activations, or int8 from `int8_activation_rows` rows (if set).
+// 15-bit split activations, or int8 from `int8_activation_rows` rows (if set).
 template <int KIND, typename T>
-void qlinear_4bit(const T* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* w,
+void qlinear_rows(const T* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* w,
                   int64_t block_stride, const QStore<T>& st, int64_t N, int nthreads) {
   const int64_t from = tuning().int8_activation_rows;
   if (from <= 0 || M < from)
@@ -292,10 +280,10 @@ void qlinear(const T* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* w,
              int64_t block_stride, int kind, const float* bias, int64_t N, T* y, int64_t ldy,
              int nthreads) {
   const QStore<T> st{y, ldy, bias, N};
-  if (kind == KIND_INT8) qlinear_kind<KIND_INT8, false>(x, ldx, M, K, w, block_stride, st, N, nthreads);
-  else if (kind == KIND_INT8_G16) qlinear_kind<KIND_INT8_G16, false>(x, ldx, M, K, w, block_stride, st, N, nthreads);
-  else if (kind == KIND_INT4_SYM) qlinear_4bit<KIND_INT4_SYM>(x, ldx, M, K, w, block_stride, st, N, nthreads);
-  else qlinear_4bit<KIND_INT4>(x, ldx, M, K, w, block_stride, st, N, nthreads);
+  if (kind == KIND_INT8) qlinear_rows<KIND_INT8>(x, ldx, M, K, w, block_stride, st, N, nthreads);
+  else if (kind == KIND_INT8_G16) qlinear_rows<KIND_INT8_G16>(x, ldx, M, K, w, block_stride, st, N, nthreads);
+  else if (kind == KIND_INT4_SYM) qlinear_rows<KIND_INT4_SYM>(x, ldx, M, K, w, block_stride, st, N, nthreads);
+  else qlinear_rows<KIND_INT4>(x, ldx, M, K, w, block_stride, st, N, nthreads);
 }
 
 }  // namespace
