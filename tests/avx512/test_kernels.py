@@ -285,7 +285,7 @@ def test_moe_clamped_swiglu_with_biases(ext, dtype):
 @pytest.mark.parametrize("preset", ["int8", "int4"])
 def test_moe_quantized_experts(ext, preset):
     """Per-expert quantized matrices: avx512's VNNI gated MLPs equal native's de-quantized
-    loop (within the int16 activation rounding of two chained matmuls)."""
+    loop (within the 15-bit activation rounding of two chained matmuls)."""
     from pace_core.quant import QuantizationConfig, quantize
     from pace_core.quant.config import coerce_quantization
 

@@ -41,7 +41,7 @@ DTYPES = (torch.float32, torch.bfloat16)
 BASE = build.BASE_FEATURES
 # bf16 matmuls use vdpbf16ps where the CPU has AVX512-BF16 (the `avx512bf16` build target) and
 # widen bf16 to fp32 for FMAs where it does not (build.py's `avx512` target): no bf16 check.
-# The quantized-weight kernels (vpdpwssd, vpdpbusd) need VNNI, checked per weight format.
+# The quantized-weight kernels (vpdpbusd) need VNNI, checked per weight format.
 INT8_DOT = "avx512_vnni"
 MATRIX_FORMATS = ("dense", *qpacking.FORMATS)
 CACHE_LAYOUTS = ("contiguous", "paged", "slab")
@@ -52,7 +52,7 @@ STACK_LAYOUTS = CACHE_LAYOUTS
 def _quantized_problem(ctx: OpContext, fmt: str) -> str | None:
     """Why the VNNI kernels cannot take this op's quantized weights, or None."""
     if not detect_cpu().has(INT8_DOT):
-        return f"missing CPU features: {INT8_DOT} (quantized kernels use vpdpwssd and vpdpbusd)"
+        return f"missing CPU features: {INT8_DOT} (quantized kernels use vpdpbusd)"
     rows = ("hidden", "intermediate") if ctx.op in ("gated_mlp", "moe") else ("in_features",)
     for attr in rows:
         k = getattr(ctx, attr, None)  # absent when `pace ops` asks generally
@@ -124,8 +124,8 @@ def pace_register_ops(registry: Registrations) -> None:
 
     add("linear", kernels.linear, prepare=packing.prepare_linear, weight_formats=MATRIX_FORMATS,
         description="GEMV/GEMM over packed weights (bf16: vdpbf16ps, or FMA on widened "
-        "bf16 without AVX512-BF16; fp32: FMA; 8-bit formats: vpdpwssd on int16 activations; "
-        "4-bit formats: vpdpbusd on int8 activations)")  # fmt: skip
+        "bf16 without AVX512-BF16; fp32: FMA; int8/int4 and GGUF formats: vpdpbusd on "
+        "15-bit activations)")  # fmt: skip
     add("qkv_proj", kernels.qkv_proj, prepare=packing.prepare_qkv, weight_formats=MATRIX_FORMATS,
         description="one GEMV/GEMM over the packed [wq; wk; wv]")  # fmt: skip
     add("gated_mlp", kernels.gated_mlp, prepare=packing.prepare_gated_mlp,

@@ -35,6 +35,8 @@ FORMATS = ("int8", "int4", "q8_0", "q5_0", "q4_0", "q4_1", "q4_k", "q6_k")
 KINDS = {"int4": 0, "int8": 1, "int8-g16": 2, "int4-sym": 3}  # csrc/qlinear.cpp Kind
 _INT8_KINDS = (KINDS["int8"], KINDS["int8-g16"])
 
+CHUNK_ROWS = 1024  # rows converted at a time (bounds the temporaries)
+
 
 def activation_levels(rows: int) -> float:
     """Levels of the activation codes a ``qlinear`` call of ``rows`` rows uses (csrc/qlinear.cpp):
@@ -42,7 +44,6 @@ def activation_levels(rows: int) -> float:
     that is set (> 0)."""
     start = build.load_extension().int8_activation_rows()
     return 127.0 if 0 < start <= rows else 16383.0
-CHUNK_ROWS = 1024  # rows converted at a time (bounds the temporaries)
 
 
 @dataclass(frozen=True)

@@ -429,7 +429,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("parallel_width", []() { return parallel_width(threads()); },
         "threads an OpenMP region of the kernels gets at torch.get_num_threads()");
   m.def("set_int8_activation_rows", [](int64_t v) { tuning().int8_activation_rows = v; },
-        py::arg("rows"), "4-bit weights: activation rows from which a call quantizes them to int8");
+        py::arg("rows"), "quantized weights: calls of at least this many activation rows use int8 activations (0: never)");
   m.def("int8_activation_rows", []() { return tuning().int8_activation_rows; });
   m.def("set_min_work_per_thread", [](int64_t v) { tuning().min_work_per_thread = v; },
         "tuning: weight-byte equivalents below which an extra thread is not used");

@@ -102,7 +102,7 @@ int pick_threads(int nthreads, int64_t weight_bytes, int64_t M, int64_t units);
 // Tuning knobs for benchmarks/experiments (defaults are the measured best).
 struct Tuning {
   int64_t min_work_per_thread = 1 << 17;  // bytes-equivalent below which a thread is not worth it
-  // 4-bit weights: calls of at least this many rows quantize activations to int8 (faster
+  // Quantized weights: calls of at least this many rows quantize activations to int8 (faster
   // prefill, llama.cpp-class error); 0 = never (15-bit split activations, see qlinear.cpp)
   int64_t int8_activation_rows = 0;
 };
