@@ -19,6 +19,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "attention_pairs.h"
 #include "kernels.h"
 #include "simd.h"
 
@@ -181,6 +182,9 @@ struct ScoreRow {
 // 4 query rows x up to 64 keys (scores) or 64 output dims (P.V) of fp32 accumulators, so each
 // loaded key / value vector feeds 4 rows and no horizontal sums are needed.
 constexpr int64_t TILE_ROWS = 16;
+// Items of at most this many query rows read bf16 keys and values as pairs in registers on
+// CPUs without AVX512-BF16 (attention_pairs.h); larger ones widen each block once for all rows.
+constexpr int64_t PAIR_ROWS = 8;
 
 // The block's bf16 keys as 32-bit k-pairs, key-minor: kt[p * 64 + j] = (k_j[2p], k_j[2p+1]);
 // keys past n are zero.
@@ -358,6 +362,26 @@ ALWAYS_INLINE void row_scores(const ItemRows<T>& it, int64_t s0, int64_t n, int6
   }
 }
 
+// row_scores for split query rows over bf16 key rows widened in registers (attention_pairs.h).
+template <typename T>
+ALWAYS_INLINE void pair_scores(const ItemRows<T>& it, int64_t s0, int64_t n,
+                               const bf16_t* const* bkeys) {
+  const AttnArgs<T>& a = it.a;
+  for (int64_t j0 = 0; j0 < n; j0 += 16) {
+    const int64_t nk = std::min<int64_t>(16, n - j0);
+    for (int64_t r = 0; r < it.rows; ++r) {
+      const __mmask16 live = mask_bits(it.mask(r, s0 + j0), a.ms[2], nk);
+      __m512 s = _mm512_set1_ps(NINF);
+      if (live) {
+        __m512 dots[16];
+        pairs::key_dots(it.qf + r * it.Dp, bkeys + j0, nk, it.D, dots);
+        s = _mm512_mask_mov_ps(s, live, reduce16(dots));
+      }
+      _mm512_mask_storeu_ps(it.sc + r * BS + j0, lane_mask(nk), s);
+    }
+  }
+}
+
 // Online softmax over the block's n scores of every row: when the max grows, what was
 // accumulated is rescaled by e^(m_old - m_new); the scores become e^(s - m), summed into l.
 template <typename T>
@@ -448,13 +472,28 @@ void attend_item(const AttnArgs<T>& a, int64_t b, int64_t g, int64_t t0, int64_t
   const float* vals[BS];
   const bool tiled = rows >= TILE_ROWS && D % 2 == 0;
   std::vector<uint32_t> kt_buf(tiled && kDotBf16<T> && pre.kt == nullptr ? (D / 2) * 64 : 0);
+  // bf16 without AVX512-BF16, few rows: keys and values widened in registers
+  constexpr bool kPairs = std::is_same_v<T, bf16_t> && !kDotBf16<T>;
+  const bool in_pairs = kPairs && rows <= PAIR_ROWS && D % 32 == 0 && pre.v == nullptr;
   start_rows(it, with_sinks);
+  if (in_pairs) pairs::split_rows(it.qf, rows, Dp, D);
   int64_t lo, hi;
   live_keys(a, b, t0, nt, lo, hi);
   lo = std::max(lo, k0), hi = std::min(hi, k1);
   if (pre.kt != nullptr) lo = lo / BS * BS;  // prepared blocks are 64-key aligned
   for (int64_t s0 = lo; s0 < hi; s0 += BS) {
     const int64_t n = std::min(BS, hi - s0);
+    if constexpr (kPairs) {
+      if (in_pairs) {
+        const bf16_t* bvals[BS];
+        rows_raw(a.k, a.ks, a, b, g, s0, n, bkeys);
+        pair_scores(it, s0, n, bkeys);
+        softmax_block(it, n);
+        rows_raw(a.v, a.vs, a, b, g, s0, n, bvals);
+        pairs::add_all_values(it.acc, Dp, it.sc, BS, rows, n, bvals, D);
+        continue;
+      }
+    }
     int64_t r_done = 0;  // rows whose scores the tiles computed
     if constexpr (kDotBf16<T>) {
       rows_raw(a.k, a.ks, a, b, g, s0, n, bkeys);
@@ -479,6 +518,7 @@ void attend_item(const AttnArgs<T>& a, int64_t b, int64_t g, int64_t t0, int64_t
     }
     add_values(it, n, vals);
   }
+  if (in_pairs) pairs::join_rows(it.acc, rows, Dp, D);
   finish_rows(it, part);
 }
 
