@@ -403,3 +403,20 @@ def test_packed_rows_are_the_matrix_rows_bit_for_bit(dtype, n, k, seed):
     packed = packing.prepare_linear(w)
     ids = torch.randint(0, n, (7,), generator=gen)
     assert torch.equal(packed.rows(ids), w[ids])
+
+
+@pytest.mark.parametrize("act", ops.ACTIVATIONS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gated_activation_on_views(ext, act, dtype):
+    """act(gate) * up on the two halves of one [gate | up] output (3-d and 2-d views, a tail
+    of 5 lanes): fp32 math rounded once, against torch in fp32."""
+    torch_act = {"silu": torch.nn.functional.silu, "gelu": torch.nn.functional.gelu,
+                 "gelu_tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
+                 "relu": torch.relu}[act]  # fmt: skip
+    for shape in ((2, 3, 2 * 37), (4, 2 * 37), (2 * 37,)):
+        gu = tensor(7, *shape, dtype=dtype, scale=3.0)
+        gate, up = gu.narrow(-1, 0, 37), gu.narrow(-1, 37, 37)
+        got = ext.gated_activation(gate, up, ops.ACTIVATIONS.index(act))
+        want = torch_act(gate.float()) * up.float()
+        assert got.shape == gate.shape and got.dtype == dtype
+        assert_within(got, want, rel(dtype) * want.abs() + 1e-6 * want.abs().max())

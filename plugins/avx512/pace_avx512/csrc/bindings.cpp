@@ -6,9 +6,6 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/from_blob.h>
-#include <ATen/ops/gelu.h>
-#include <ATen/ops/relu.h>
-#include <ATen/ops/silu.h>
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -106,15 +103,42 @@ Tensor linear(const Tensor& x, const Tensor& w, const OptTensor& bias, int64_t n
 }
 
 // act(gate) * up, the activation by its code (simd.h ACT_NAMES): the middle of a gated MLP
-// whose halves come from separate matmuls (quantized weights).
+// whose halves come from separate matmuls (quantized weights). gate and up are [..., I] with
+// unit last stride (views of one [gate | up] output); fp32 math, one rounding at the store,
+// as the fused gated_mlp epilogue.
+template <typename T>
+void act_mul_rows(const T* gate, const T* up, int64_t ld, int64_t rows, int64_t inter, int act,
+                  T* out) {
+  at::parallel_for(0, rows, std::max<int64_t>(1, 32768 / std::max<int64_t>(1, inter)),
+                   [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r)
+      for (int64_t i = 0; i < inter; i += 16) {
+        const __mmask16 m = lane_mask(inter - i);
+        const __m512 g = load(gate + r * ld + i, m), u = load(up + r * ld + i, m);
+        store(out + r * inter + i, _mm512_mul_ps(activate(g, act), u), m);
+      }
+  });
+}
+
 Tensor gated_activation(const Tensor& gate, const Tensor& up, int64_t act) {
-  switch (act) {
-    case ACT_SILU: return at::silu(gate).mul_(up);
-    case ACT_GELU: return at::gelu(gate).mul_(up);
-    case ACT_GELU_TANH: return at::gelu(gate, "tanh").mul_(up);
-    case ACT_RELU: return at::relu(gate).mul_(up);
-    default: TORCH_CHECK(false, "pace_avx512: unknown activation code ", act);
-  }
+  TORCH_CHECK(act >= 0 && act < ACT_COUNT, "pace_avx512: unknown activation code ", act);
+  TORCH_CHECK(gate.sizes() == up.sizes() && gate.scalar_type() == up.scalar_type(),
+              "pace_avx512: gate ", gate.sizes(), " and up ", up.sizes(), " differ");
+  const int64_t inter = gate.size(-1), rows = inter ? gate.numel() / inter : 0;
+  const auto rows_view = [&](const Tensor& t) {  // [rows, inter] with unit last stride
+    return t.stride(-1) == 1 && t.dim() >= 2 && t.reshape({rows, inter}).is_alias_of(t)
+               ? t.reshape({rows, inter})
+               : t.contiguous().view({rows, inter});
+  };
+  Tensor out = at::empty(gate.sizes(), gate.options());
+  if (rows == 0 || inter == 0) return out;
+  Tensor g = rows_view(gate), u = rows_view(up);
+  if (g.stride(0) != u.stride(0)) u = u.contiguous(), g = g.contiguous();
+  if (is_bf16(gate))
+    act_mul_rows(ptr<bf16_t>(g), ptr<bf16_t>(u), g.stride(0), rows, inter, (int)act, ptr<bf16_t>(out));
+  else
+    act_mul_rows(ptr<float>(g), ptr<float>(u), g.stride(0), rows, inter, (int)act, ptr<float>(out));
+  return out;
 }
 
 // y[..., N] = x[..., K] @ W^T + bias over a quantized W packed by pace_avx512/qpacking.py:
