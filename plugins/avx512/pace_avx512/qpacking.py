@@ -57,34 +57,9 @@ class QPackedLinear:
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows ``ids`` of the de-quantized ``[N, K]`` matrix (a tied embedding's lookup)."""
-        g = self.in_features // GROUP
-        int8, sub = self.kind in _INT8_KINDS, 2 if self.kind == KINDS["int8-g16"] else 1
-        code_bytes = 512 if int8 else 256
-        blocks, lane = self.weight[ids // ROWS], ids % ROWS
-        codes = blocks[:, : g * code_bytes].reshape(-1, g, code_bytes)
-        if int8:
-            quads = codes.view(-1, g, 8, ROWS, 4)
-        else:  # line v: quad 2v in the low nibbles, 2v + 1 in the high ones
-            lines = codes.view(-1, g, 4, 1, 64)
-            quads = torch.cat([lines & 0x0F, lines >> 4], dim=3).view(-1, g, 8, ROWS, 4)
-        index = lane.view(-1, 1, 1, 1, 1).expand(-1, g, 8, 1, 4)
-        q = quads.gather(3, index).reshape(-1, g * sub, GROUP // sub).float()
-        if int8:
-            q = q - 128.0
-        meta = blocks[:, g * code_bytes :]
-        out = q * _lane(meta, 0, g * sub, lane).unsqueeze(-1)
-        if self.kind == KINDS["int4"]:
-            out = out + _lane(meta, g * ROWS * 2, g, lane).unsqueeze(-1)
-        elif self.kind == KINDS["int4-sym"]:  # (q - 8) s
-            out = out - 8.0 * _lane(meta, 0, g, lane).unsqueeze(-1)
-        return out.reshape(ids.numel(), self.in_features).to(self.dtype)
-
-
-def _lane(meta: torch.Tensor, offset: int, g: int, lane: torch.Tensor) -> torch.Tensor:
-    """The fp16 ``[G][16]`` table at byte ``offset`` of each block, at each row's lane."""
-    table = meta[:, offset : offset + g * ROWS * 2].contiguous().view(torch.float16)
-    index = lane.view(-1, 1, 1).expand(-1, g, 1)
-    return table.view(-1, g, ROWS).gather(2, index).squeeze(2).float()
+        ext = build.load_extension()
+        out = ext.qpacked_rows(self.weight, ids, self.out_features, self.in_features, self.kind)
+        return out.to(self.dtype)
 
 
 def problem(format_: str, k: int) -> str | None:

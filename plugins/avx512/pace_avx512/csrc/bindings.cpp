@@ -141,6 +141,21 @@ Tensor gated_activation(const Tensor& gate, const Tensor& up, int64_t act) {
   return out;
 }
 
+// Rows `ids` of the [n, k] matrix a quantized packed weight holds (layout in qlinear.cpp), fp32.
+Tensor qpacked_rows_op(const Tensor& w, const Tensor& ids, int64_t n, int64_t k, int64_t kind) {
+  TORCH_CHECK(w.scalar_type() == at::kByte && w.dim() == 2 && w.is_contiguous() && kind >= 0 &&
+                  kind <= 3 && k % 32 == 0 && w.size(0) == (n + 15) / 16 &&
+                  ids.scalar_type() == at::kLong,
+              "pace_avx512: qpacked_rows needs a quantized packed weight and int64 ids");
+  const Tensor idc = ids.contiguous().view(-1);
+  const int64_t* id = idc.data_ptr<int64_t>();
+  for (int64_t i = 0; i < idc.numel(); ++i)
+    TORCH_CHECK(id[i] >= 0 && id[i] < n, "pace_avx512: row ", id[i], " outside ", n);
+  Tensor out = at::empty({idc.numel(), k}, w.options().dtype(at::kFloat));
+  qpacked_rows(w.data_ptr<uint8_t>(), w.size(1), (int)kind, k, id, idc.numel(), out.data_ptr<float>());
+  return out;
+}
+
 // y[..., N] = x[..., K] @ W^T + bias over a quantized W packed by pace_avx512/qpacking.py:
 // uint8 [blocks of 16 rows, block_stride bytes] (layout in qlinear.cpp).
 Tensor qlinear(const Tensor& x, const Tensor& w, const OptTensor& bias, int64_t n, int64_t kind) {
@@ -442,6 +457,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   register_decoder_stack(m);
   m.def("gated_activation", &gated_activation, py::arg("gate"), py::arg("up"), py::arg("act"),
         "act(gate) * up by activation code");
+  m.def("qpacked_rows", &qpacked_rows_op, py::arg("w"), py::arg("ids"), py::arg("n"),
+        py::arg("k"), py::arg("kind"), "rows of a quantized packed weight, de-quantized to fp32");
   m.def("qlinear", &qlinear, py::arg("x"), py::arg("w"), py::arg("bias"), py::arg("n"),
         py::arg("kind"), "y = x @ W^T + bias over a quantized packed W (AVX512-VNNI)");
   m.def("huge_page_copy", &huge_page_copy, py::arg("t"), py::arg("shape") = std::vector<int64_t>{},

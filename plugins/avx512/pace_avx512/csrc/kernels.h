@@ -45,6 +45,11 @@ void qlinear_fp32(const float* x, int64_t ldx, int64_t M, int64_t K, const uint8
                   int64_t block_stride, int kind, const float* bias, int64_t N, float* y,
                   int64_t ldy, int nthreads);
 
+// Rows `ids` [n] of the de-quantized [N, K] matrix a quantized packed weight holds, as fp32
+// [n, K] (a tied embedding's lookup): the same values as pace_core's de-quantizer.
+void qpacked_rows(const uint8_t* w, int64_t block_stride, int kind, int64_t K,
+                  const int64_t* ids, int64_t n, float* out);
+
 // RMSNorm over rows of H: s = x + res (rounded to the activation dtype), written to `sum`
 // when res is given; y = s * rsqrt(mean(s^2) + eps) * w (fp32 math, one final rounding).
 void rms_norm_bf16(const bf16_t* x, const bf16_t* res, const float* w, float eps, int64_t rows,
