@@ -420,3 +420,30 @@ def test_gated_activation_on_views(ext, act, dtype):
         want = torch_act(gate.float()) * up.float()
         assert got.shape == gate.shape and got.dtype == dtype
         assert_within(got, want, rel(dtype) * want.abs() + 1e-6 * want.abs().max())
+
+
+@pytest.mark.parametrize("d", [32, 96, 128])
+@pytest.mark.parametrize("hq", [1, 3, 8, 9])
+def test_attention_decode_items_of_few_rows(ext, d, hq):
+    """bf16 decode items of 1-9 query rows (one KV head): on CPUs without AVX512-BF16 up to 8
+    rows read keys and values as bf16 pairs widened in registers (attention_pairs.h), 9 widen
+    each block; D with a 32-dim tail, sinks, a fully masked 64-key block, ragged rows and the
+    keys split over 2 threads. Equal to native in fp32 within bf16 rounding."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        b, t, hk, s = 2, 1, 1, 600
+        q = tensor(1, b, hq, t, d, dtype=torch.bfloat16)
+        k = tensor(2, b, hk, s, d, dtype=torch.bfloat16)
+        v = tensor(3, b, hk, s, d, dtype=torch.bfloat16)
+        keys = torch.arange(s)
+        live = (keys < torch.tensor([s, 301])[:, None]) & ~((keys >= 64) & (keys < 128))
+        mask = live[:, None, None, :]
+        sink = tensor(5, hq, dtype=torch.bfloat16)
+        got = kernels.attention(q, cache_view(k, v, mask, "contiguous", seed=1), d**-0.5, sink)
+        ref_view = cache_view(k.float(), v.float(), mask, "contiguous", seed=1)
+        ref = native.attention(q.float(), ref_view, d**-0.5, sink.float())
+        assert got.shape == (b, hq, t, d)
+        assert_within(got, ref, rel(torch.bfloat16) * ref.abs() + 1e-5 * v.float().abs().max())
+    finally:
+        torch.set_num_threads(threads)

@@ -1,14 +1,14 @@
 """pace-avx512's quantized linear (AVX512-VNNI) against an exact model of what it computes.
 
 The kernel quantizes each activation row per group of 32 (round half to even) to 15 bits
-(``amax / 16383``), or, when ``int8_activation_rows`` is set, to int8 (``amax / 127``) in calls
-of that many rows, takes integer dot products with the weight codes and scales per group in
-fp32. The reference
-does the same in float64 from the same codes: the two agree to fp32 rounding (``rtol 1e-5``),
-so any layout, nibble-order, offset or tail bug shows. Separately, the packed weight's rows
-de-quantize to exactly what ``QuantizedWeight.dequantize`` gives
-(``q4_k`` within its fp16 scale rounding), and end to end a tiny quantized model on avx512
-agrees with the native plan within the activation-quantization error.
+(``amax / 16383``), or, when ``int8_activation_rows`` is set, to int8 (``amax / 127``) in
+calls of that many rows; it takes integer dot products with the weight codes and scales per
+group in fp32. The reference does the same in float64 from the same codes: the two agree to
+fp32 rounding (``rtol 1e-5``), so any layout, nibble-order, offset or tail bug shows.
+Separately, the packed weight's rows de-quantize to exactly what
+``QuantizedWeight.dequantize`` gives (``q4_k``/``q6_k`` within their fp16 scale rounding), and
+end to end a tiny quantized model on avx512 agrees with the native plan within the
+activation-quantization error.
 
 Runs on any AVX-512 CPU with VNNI (no AVX512-BF16 needed: bf16 activations are widened).
 """
@@ -76,7 +76,7 @@ def test_qlinear_matches_its_model(ext, kind, dtype, int8_from):
     q = weight(kind, n, k)
     packed = qpacking.prepare_linear(q, bias=torch.linspace(-1, 1, n))
     w = packed.rows(torch.arange(n)).float()  # the packed rows, as the kernel reads them
-    for m in (1, 3, 4, 9, 16, 19):  # GEMV, tails of 3 and 1, full tiles; int8 from 16
+    for m in (1, 2, 3, 4, 9, 16, 18, 19):  # every tile height (1-4 rows); int8 from 16
         x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(dtype)
         x[0, :32] = 0.0  # an all-zero activation group
         got = ext.qlinear(x, packed.weight, packed.bias, n, packed.kind)

@@ -15,7 +15,7 @@ from pace_core import jit
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = ("bindings.cpp", "stack.cpp", "linear.cpp", "qlinear.cpp", "norm.cpp", "rope.cpp",
-           "attention.cpp", "stream.cpp")  # fmt: skip
+           "attention.cpp", "activation.cpp", "stream.cpp")  # fmt: skip
 HEADERS = ("attention_pairs.h", "kernels.h", "simd.h", "tensor_ops.h")
 BASE_FEATURES = ("avx512f", "avx512bw", "avx512vl", "fma")
 BASE_FLAGS = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma", "-mf16c")

@@ -58,7 +58,8 @@ class QPackedLinear:
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows ``ids`` of the de-quantized ``[N, K]`` matrix (a tied embedding's lookup)."""
         ext = build.load_extension()
-        out = ext.qpacked_rows(self.weight, ids, self.out_features, self.in_features, self.kind)
+        out = ext.qpacked_rows(self.weight, ids.long(), self.out_features, self.in_features,
+                               self.kind)
         return out.to(self.dtype)
 
 

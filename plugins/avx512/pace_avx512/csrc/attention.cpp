@@ -5,7 +5,8 @@
 //
 // One work item is (batch row, KV head, tile of query positions): all `group * tile` query
 // rows of that KV head use each block of BS keys/values while it is in L1, so K and V are read
-// once per KV head (bf16 blocks are widened to fp32 once, for all rows). Only the keys some row
+// once per KV head (bf16 blocks are widened to fp32 once, for all rows; without AVX512-BF16,
+// items of few rows widen bf16 pairs in registers instead: attention_pairs.h). Only the keys some row
 // of the tile may see are visited (a causal prefill tile stops at its last position). Scores of
 // 16 keys come from 16 partial dot products reduced together (no per-key horizontal sum); an
 // online softmax (running max m, running sum l, rescaled accumulator) means no [rows, S] score
@@ -374,7 +375,7 @@ ALWAYS_INLINE void pair_scores(const ItemRows<T>& it, int64_t s0, int64_t n,
       __m512 s = _mm512_set1_ps(NINF);
       if (live) {
         __m512 dots[16];
-        pairs::key_dots(it.qf + r * it.Dp, bkeys + j0, nk, it.D, dots);
+        bf16_pairs::key_dots(it.qf + r * it.Dp, bkeys + j0, nk, it.D, dots);
         s = _mm512_mask_mov_ps(s, live, reduce16(dots));
       }
       _mm512_mask_storeu_ps(it.sc + r * BS + j0, lane_mask(nk), s);
@@ -476,7 +477,7 @@ void attend_item(const AttnArgs<T>& a, int64_t b, int64_t g, int64_t t0, int64_t
   constexpr bool kPairs = std::is_same_v<T, bf16_t> && !kDotBf16<T>;
   const bool in_pairs = kPairs && rows <= PAIR_ROWS && D % 32 == 0 && pre.v == nullptr;
   start_rows(it, with_sinks);
-  if (in_pairs) pairs::split_rows(it.qf, rows, Dp, D);
+  if (in_pairs) bf16_pairs::split_rows(it.qf, rows, Dp, D);
   int64_t lo, hi;
   live_keys(a, b, t0, nt, lo, hi);
   lo = std::max(lo, k0), hi = std::min(hi, k1);
@@ -490,7 +491,7 @@ void attend_item(const AttnArgs<T>& a, int64_t b, int64_t g, int64_t t0, int64_t
         pair_scores(it, s0, n, bkeys);
         softmax_block(it, n);
         rows_raw(a.v, a.vs, a, b, g, s0, n, bvals);
-        pairs::add_all_values(it.acc, Dp, it.sc, BS, rows, n, bvals, D);
+        bf16_pairs::add_all_values(it.acc, Dp, it.sc, BS, rows, n, bvals, D);
         continue;
       }
     }
@@ -518,7 +519,7 @@ void attend_item(const AttnArgs<T>& a, int64_t b, int64_t g, int64_t t0, int64_t
     }
     add_values(it, n, vals);
   }
-  if (in_pairs) pairs::join_rows(it.acc, rows, Dp, D);
+  if (in_pairs) bf16_pairs::join_rows(it.acc, rows, Dp, D);
   finish_rows(it, part);
 }
 

@@ -11,7 +11,7 @@
 #include "simd.h"
 
 namespace pace_avx512 {
-namespace pairs {
+namespace bf16_pairs {
 
 // Rows of D floats, in place: natural order -> split order (per 32 dims: evens, then odds).
 inline void split_rows(float* x, int64_t rows, int64_t stride, int64_t D) {
@@ -104,5 +104,5 @@ inline void add_all_values(float* acc, int64_t stride, const float* p, int64_t p
   }
 }
 
-}  // namespace pairs
+}  // namespace bf16_pairs
 }  // namespace pace_avx512

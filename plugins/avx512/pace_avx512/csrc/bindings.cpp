@@ -102,24 +102,8 @@ Tensor linear(const Tensor& x, const Tensor& w, const OptTensor& bias, int64_t n
   return y;
 }
 
-// act(gate) * up, the activation by its code (simd.h ACT_NAMES): the middle of a gated MLP
-// whose halves come from separate matmuls (quantized weights). gate and up are [..., I] with
-// unit last stride (views of one [gate | up] output); fp32 math, one rounding at the store,
-// as the fused gated_mlp epilogue.
-template <typename T>
-void act_mul_rows(const T* gate, const T* up, int64_t ld, int64_t rows, int64_t inter, int act,
-                  T* out) {
-  at::parallel_for(0, rows, std::max<int64_t>(1, 32768 / std::max<int64_t>(1, inter)),
-                   [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r)
-      for (int64_t i = 0; i < inter; i += 16) {
-        const __mmask16 m = lane_mask(inter - i);
-        const __m512 g = load(gate + r * ld + i, m), u = load(up + r * ld + i, m);
-        store(out + r * inter + i, _mm512_mul_ps(activate(g, act), u), m);
-      }
-  });
-}
-
+// act(gate) * up, the activation by its code (simd.h ACT_NAMES), on [..., I] views with unit
+// last stride (activation.cpp).
 Tensor gated_activation(const Tensor& gate, const Tensor& up, int64_t act) {
   TORCH_CHECK(act >= 0 && act < ACT_COUNT, "pace_avx512: unknown activation code ", act);
   TORCH_CHECK(gate.sizes() == up.sizes() && gate.scalar_type() == up.scalar_type(),
@@ -135,9 +119,11 @@ Tensor gated_activation(const Tensor& gate, const Tensor& up, int64_t act) {
   Tensor g = rows_view(gate), u = rows_view(up);
   if (g.stride(0) != u.stride(0)) u = u.contiguous(), g = g.contiguous();
   if (is_bf16(gate))
-    act_mul_rows(ptr<bf16_t>(g), ptr<bf16_t>(u), g.stride(0), rows, inter, (int)act, ptr<bf16_t>(out));
+    gated_act_bf16(ptr<bf16_t>(g), ptr<bf16_t>(u), g.stride(0), rows, inter, (int)act,
+                   ptr<bf16_t>(out), threads());
   else
-    act_mul_rows(ptr<float>(g), ptr<float>(u), g.stride(0), rows, inter, (int)act, ptr<float>(out));
+    gated_act_fp32(ptr<float>(g), ptr<float>(u), g.stride(0), rows, inter, (int)act,
+                   ptr<float>(out), threads());
   return out;
 }
 
@@ -145,14 +131,16 @@ Tensor gated_activation(const Tensor& gate, const Tensor& up, int64_t act) {
 Tensor qpacked_rows_op(const Tensor& w, const Tensor& ids, int64_t n, int64_t k, int64_t kind) {
   TORCH_CHECK(w.scalar_type() == at::kByte && w.dim() == 2 && w.is_contiguous() && kind >= 0 &&
                   kind <= 3 && k % 32 == 0 && w.size(0) == (n + 15) / 16 &&
-                  ids.scalar_type() == at::kLong,
-              "pace_avx512: qpacked_rows needs a quantized packed weight and int64 ids");
+                  w.size(1) >= k / 32 * qgroup_bytes(kind) && ids.scalar_type() == at::kLong,
+              "pace_avx512: qpacked_rows needs a quantized packed weight ", w.sizes(),
+              " of N=", n, " K=", k, " kind ", kind, " and int64 ids");
   const Tensor idc = ids.contiguous().view(-1);
   const int64_t* id = idc.data_ptr<int64_t>();
   for (int64_t i = 0; i < idc.numel(); ++i)
     TORCH_CHECK(id[i] >= 0 && id[i] < n, "pace_avx512: row ", id[i], " outside ", n);
   Tensor out = at::empty({idc.numel(), k}, w.options().dtype(at::kFloat));
-  qpacked_rows(w.data_ptr<uint8_t>(), w.size(1), (int)kind, k, id, idc.numel(), out.data_ptr<float>());
+  qpacked_rows(w.data_ptr<uint8_t>(), w.size(1), (int)kind, k, id, idc.numel(), out.data_ptr<float>(),
+               threads());
   return out;
 }
 
@@ -165,7 +153,7 @@ Tensor qlinear(const Tensor& x, const Tensor& w, const OptTensor& bias, int64_t 
   const int64_t G = K / 32, blocks = (n + 15) / 16;
   TORCH_CHECK(w.scalar_type() == at::kByte && w.dim() == 2 && w.is_contiguous() &&
                   kind >= 0 && kind <= 3 && w.size(0) == blocks &&
-                  w.size(1) >= G * (kind == 0 ? 320 : kind == 1 ? 544 : kind == 2 ? 576 : 288),
+                  w.size(1) >= G * qgroup_bytes(kind),
               "pace_avx512: quantized weight ", w.sizes(), " does not match N=", n, " K=", K);
   Tensor y = rows_out(x, n);
   const int64_t M = K ? x.numel() / K : 0;

@@ -46,9 +46,21 @@ void qlinear_fp32(const float* x, int64_t ldx, int64_t M, int64_t K, const uint8
                   int64_t ldy, int nthreads);
 
 // Rows `ids` [n] of the de-quantized [N, K] matrix a quantized packed weight holds, as fp32
-// [n, K] (a tied embedding's lookup): the same values as pace_core's de-quantizer.
+// [n, K] (a tied embedding's lookup): the values the kernels multiply by (pace_core's
+// de-quantizer's, but for q4_k/q6_k scales rounded to fp16 at packing).
 void qpacked_rows(const uint8_t* w, int64_t block_stride, int kind, int64_t K,
-                  const int64_t* ids, int64_t n, float* out);
+                  const int64_t* ids, int64_t n, float* out, int nthreads);
+// Bytes per row block and group of 32 k of a quantized kind: codes, then fp16 scales (and mins).
+inline int64_t qgroup_bytes(int64_t kind) {
+  return kind == 0 ? 320 : kind == 1 ? 544 : kind == 2 ? 576 : 288;
+}
+
+// out[r] = act(gate[r]) * up[r] for `rows` rows of `inter` values, gate/up rows `ld` apart and
+// out contiguous (activation.cpp); act by its code (simd.h ACT_NAMES).
+void gated_act_bf16(const bf16_t* gate, const bf16_t* up, int64_t ld, int64_t rows, int64_t inter,
+                    int act, bf16_t* out, int nthreads);
+void gated_act_fp32(const float* gate, const float* up, int64_t ld, int64_t rows, int64_t inter,
+                    int act, float* out, int nthreads);
 
 // RMSNorm over rows of H: s = x + res (rounded to the activation dtype), written to `sum`
 // when res is given; y = s * rsqrt(mean(s^2) + eps) * w (fp32 math, one final rounding).

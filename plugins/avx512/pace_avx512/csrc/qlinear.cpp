@@ -20,11 +20,12 @@
 //   8-bit: 8 quads of 64 bytes, quad q at byte 64 q;
 //   4-bit: 4 lines of 64 bytes, line v = quad 2v in the low nibbles and 2v + 1 in the high ones.
 // Threads take contiguous ranges of row blocks, so each streams one sequential run, prefetched
-// 16 KB ahead (simd.h prefetch_stream); a decode row keeps 4 accumulator chains per block.
-#include <ATen/Parallel.h>
+// 16 KB ahead (simd.h prefetch_stream); a single activation row keeps 4 accumulator chains
+// per group (2-3 rows: 2 chains; 4: one each).
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <type_traits>
 #include <vector>
 
@@ -57,6 +58,12 @@ struct QuantizedRows {
   std::vector<float> sums;    // [M][2G]: scale * sum of the codes of each 16 (as seen)
 };
 
+// One per thread, shared by every kind and mode (it grows to the largest call's rows).
+QuantizedRows& scratch_rows() {
+  thread_local QuantizedRows rows;
+  return rows;
+}
+
 template <bool SPLIT, typename T>
 void quantize_rows(const T* x, int64_t ldx, int64_t M, int64_t K, QuantizedRows& q) {
   constexpr float LEVELS = SPLIT ? 16383.0f : 127.0f;
@@ -69,7 +76,8 @@ void quantize_rows(const T* x, int64_t ldx, int64_t M, int64_t K, QuantizedRows&
       const T* src = x + m * ldx + g * QGROUP;
       const __m512 a = load(src, 0xFFFF), b = load(src + 16, 0xFFFF);
       const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
-      const float scale = amax / LEVELS, inv = amax > 0 ? LEVELS / amax : 0.0f;
+      float inv = amax > 0 ? LEVELS / amax : 0.0f, scale = amax / LEVELS;
+      if (!std::isfinite(inv)) inv = 0.0f, scale = 0.0f;  // a group of denormals: all codes 0
       const __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, _mm512_set1_ps(inv)));
       const __m512i qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, _mm512_set1_ps(inv)));
       int8_t* dst = q.codes.data() + m * K + g * QGROUP;
@@ -118,6 +126,8 @@ inline void qtile(const QArgs& a, int64_t b, int64_t m0, __m512 (&total)[MT]) {
   const uint8_t* codes = a.w + b * a.block_stride;
   const uint16_t* scales = (const uint16_t*)(codes + a.G * code_bytes);
   const uint16_t* mins = scales + a.G * 16;
+  // the block's bytes per group (codes and tables), for the prefetch to cover the whole run
+  const int64_t group_stride = a.block_stride / a.G;
   const int32_t* xq[MT];
   const int32_t* xl[MT];  // SPLIT: the low plane
   PACE_UNROLL for (int m = 0; m < MT; ++m) {
@@ -129,7 +139,7 @@ inline void qtile(const QArgs& a, int64_t b, int64_t m0, __m512 (&total)[MT]) {
   for (int64_t g = 0; g < a.G; ++g) {
     __m512i acc[CH][MT], low_acc[SPLIT ? CH : 1][MT];
     const uint8_t* cg = codes + g * code_bytes;
-    prefetch_stream(cg, code_bytes);
+    prefetch_stream(codes + g * group_stride, group_stride);
     PACE_UNROLL for (int c = 0; c < CH; ++c)
       PACE_UNROLL for (int m = 0; m < MT; ++m) acc[c][m] = _mm512_setzero_si512();
     if constexpr (SPLIT)
@@ -253,12 +263,12 @@ void qdrive(const QArgs& a, const Store& st, int64_t M, int64_t blocks, int nthr
   }
 }
 
-// Quantize the activation rows as KIND takes them (a per-thread buffer reused across calls:
-// no allocation per decode step), then run the tiles.
+// Quantize the activation rows (into the per-thread buffer reused across calls: no allocation
+// per decode step), then run the tiles.
 template <int KIND, bool SPLIT, typename T>
 void qlinear_kind(const T* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* w,
                   int64_t block_stride, const QStore<T>& st, int64_t N, int nthreads) {
-  thread_local QuantizedRows rows;
+  QuantizedRows& rows = scratch_rows();
   quantize_rows<SPLIT>(x, ldx, M, K, rows);
   const int64_t blocks = (N + 15) / 16;
   const QArgs a{w, block_stride, K / QGROUP, &rows, K, M};
@@ -290,11 +300,12 @@ void qlinear(const T* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* w,
 }  // namespace
 
 void qpacked_rows(const uint8_t* w, int64_t block_stride, int kind, int64_t K,
-                  const int64_t* ids, int64_t n, float* out) {
+                  const int64_t* ids, int64_t n, float* out, int nthreads) {
   const int64_t G = K / QGROUP, code_bytes = is_int8(kind) ? 512 : 256;
   const int sub = kind == KIND_INT8_G16 ? 2 : 1;
-  at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
+  const int nt = (int)std::max<int64_t>(1, std::min<int64_t>(nthreads, n / 16));
+#pragma omp parallel for num_threads(nt) if (nt > 1)
+    for (int64_t i = 0; i < n; ++i) {
       const uint8_t* block = w + (ids[i] / 16) * block_stride;
       const int64_t lane = ids[i] % 16;
       const uint16_t* scales = (const uint16_t*)(block + G * code_bytes);
@@ -317,7 +328,6 @@ void qpacked_rows(const uint8_t* w, int64_t block_stride, int kind, int64_t K,
         }
       }
     }
-  });
 }
 
 void qlinear_bf16(const bf16_t* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* w,
