@@ -413,8 +413,10 @@ def test_gated_activation_on_views(ext, act, dtype):
     torch_act = {"silu": torch.nn.functional.silu, "gelu": torch.nn.functional.gelu,
                  "gelu_tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
                  "relu": torch.relu}[act]  # fmt: skip
-    for shape in ((2, 3, 2 * 37), (4, 2 * 37), (2 * 37,)):
+    for shape in ((2, 3, 2 * 37), (4, 2 * 37), (2 * 37,), (4, 4 * 37)):
         gu = tensor(7, *shape, dtype=dtype, scale=3.0)
+        if shape[-1] == 4 * 37:  # halves with a last stride of 2: copied first
+            gu = gu[..., ::2]
         gate, up = gu.narrow(-1, 0, 37), gu.narrow(-1, 37, 37)
         got = ext.gated_activation(gate, up, ops.ACTIVATIONS.index(act))
         want = torch_act(gate.float()) * up.float()

@@ -13,30 +13,31 @@
 namespace pace_avx512 {
 namespace bf16_pairs {
 
-// Rows of D floats, in place: natural order -> split order (per 32 dims: evens, then odds).
-inline void split_rows(float* x, int64_t rows, int64_t stride, int64_t D) {
-  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-  const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+// Rows of D floats, in place: each 32 floats (lo = the first 16, hi = the next 16) become
+// permutex2var(lo, first, hi), permutex2var(lo, second, hi).
+inline void permute_rows(float* x, int64_t rows, int64_t stride, int64_t D, __m512i first,
+                         __m512i second) {
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < D; c += 32) {
       float* p = x + r * stride + c;
       const __m512 lo = _mm512_loadu_ps(p), hi = _mm512_loadu_ps(p + 16);
-      _mm512_storeu_ps(p, _mm512_permutex2var_ps(lo, even, hi));
-      _mm512_storeu_ps(p + 16, _mm512_permutex2var_ps(lo, odd, hi));
+      _mm512_storeu_ps(p, _mm512_permutex2var_ps(lo, first, hi));
+      _mm512_storeu_ps(p + 16, _mm512_permutex2var_ps(lo, second, hi));
     }
 }
 
-// The inverse of split_rows.
+// Natural order -> split order (per 32 dims: the 16 even ones, then the 16 odd ones).
+inline void split_rows(float* x, int64_t rows, int64_t stride, int64_t D) {
+  permute_rows(x, rows, stride, D,
+               _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30),
+               _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31));
+}
+
+// Split order -> natural order (the inverse of split_rows).
 inline void join_rows(float* x, int64_t rows, int64_t stride, int64_t D) {
-  const __m512i first = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-  const __m512i second = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < D; c += 32) {
-      float* p = x + r * stride + c;
-      const __m512 e = _mm512_loadu_ps(p), o = _mm512_loadu_ps(p + 16);
-      _mm512_storeu_ps(p, _mm512_permutex2var_ps(e, first, o));
-      _mm512_storeu_ps(p + 16, _mm512_permutex2var_ps(e, second, o));
-    }
+  permute_rows(x, rows, stride, D,
+               _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23),
+               _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31));
 }
 
 // The even and odd elements of 32 bf16 values as two fp32 vectors.

@@ -110,9 +110,8 @@ Tensor gated_activation(const Tensor& gate, const Tensor& up, int64_t act) {
               "pace_avx512: gate ", gate.sizes(), " and up ", up.sizes(), " differ");
   const int64_t inter = gate.size(-1), rows = inter ? gate.numel() / inter : 0;
   const auto rows_view = [&](const Tensor& t) {  // [rows, inter] with unit last stride
-    return t.stride(-1) == 1 && t.dim() >= 2 && t.reshape({rows, inter}).is_alias_of(t)
-               ? t.reshape({rows, inter})
-               : t.contiguous().view({rows, inter});
+    const Tensor r = t.reshape({rows, inter});  // a view of a [gate | up] half, or a copy
+    return r.stride(1) == 1 ? r : r.contiguous();
   };
   Tensor out = at::empty(gate.sizes(), gate.options());
   if (rows == 0 || inter == 0) return out;
