@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import mmap
 import os
 import re
 import shutil
@@ -21,6 +20,7 @@ from typing import Any
 import torch
 
 from pace_core.errors import ModelLoadError
+from pace_core.models.gguf_header import GGUFHeader, TensorInfo
 from pace_core.models.weights import Loader, WeightStore
 from pace_core.quant import QuantizedWeight
 from pace_core.quant.gguf_blocks import BY_GGML_TYPE
@@ -72,27 +72,14 @@ def find_gguf(path: Path) -> Path | None:
 
 
 @functools.lru_cache(maxsize=2)
-def _cached_reader(file: str, mtime_ns: int, size: int) -> Any:
-    try:
-        from gguf import GGUFReader
-    except ImportError:
-        raise ModelLoadError(
-            "reading GGUF files needs the gguf package: pip install 'pace-core[models]'"
-        ) from None
-
-    try:
-        return GGUFReader(file, "c")  # copy-on-write map: writable views, shared pages
-    except Exception as exc:
-        raise ModelLoadError(
-            f"cannot read GGUF file {file} ({type(exc).__name__}: {exc}); it may be truncated "
-            "or corrupt — re-download it"
-        ) from None
+def _cached_header(file: str, mtime_ns: int, size: int) -> GGUFHeader:
+    return GGUFHeader(Path(file))
 
 
-def _reader(file: Path) -> Any:
-    """The parsed GGUF (metadata parsing is slow: shared by config and weight loading)."""
+def _header(file: Path) -> GGUFHeader:
+    """The parsed header of ``file``, shared by config and weight loading."""
     stat = file.stat()
-    return _cached_reader(str(file), stat.st_mtime_ns, stat.st_size)
+    return _cached_header(str(file), stat.st_mtime_ns, stat.st_size)
 
 
 def release_pages(file: Path) -> None:
@@ -101,17 +88,16 @@ def release_pages(file: Path) -> None:
     Kernels that repacked a tensor never read its pages again; tensors still used as views
     of the map (pace-native's) fault their pages back in when read. The map is private and
     never written, so nothing is lost (``MADV_DONTNEED`` on clean pages)."""
-    mapped = getattr(_reader(file).data, "_mmap", None)
-    if mapped is not None and hasattr(mapped, "madvise"):
-        mapped.madvise(mmap.MADV_DONTNEED)
-    _cached_reader.cache_clear()  # its parsed metadata (the vocabulary's fields) too
+    _header(file).release_pages()
+    _cached_header.cache_clear()
 
 
-def architecture(reader: Any) -> str:
-    field = reader.fields.get("general.architecture")
-    if field is None:
-        raise ModelLoadError("GGUF file has no general.architecture; it is not a model file")
-    arch = bytes(field.parts[field.data[0]]).decode()
+def architecture(header: GGUFHeader) -> str:
+    arch = header.metadata.get("general.architecture")
+    if not isinstance(arch, str):
+        raise ModelLoadError(
+            f"GGUF file {header.path} has no general.architecture; it is not a model file"
+        )
     if arch not in MODULE_NAMES:
         raise ModelLoadError(
             f"GGUF architecture {arch!r} is not supported; pace reads GGUF files of "
@@ -124,7 +110,7 @@ def load_config(file: Path) -> Any:
     """The model config from GGUF metadata, as transformers reads it (see :func:`_converted`)."""
     from transformers import AutoConfig
 
-    architecture(_reader(file))
+    architecture(_header(file))
     try:
         return _converted(file, "config", AutoConfig)
     except Exception as exc:
@@ -187,22 +173,24 @@ def _unpermute_rows(rows: int, heads: int) -> torch.Tensor:
     return torch.arange(rows).view(heads, half, 2).transpose(1, 2).reshape(-1)
 
 
-def _tensor(t: Any) -> torch.Tensor | QuantizedWeight:
+_FLOATS = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+
+
+def _tensor(header: GGUFHeader, t: TensorInfo) -> torch.Tensor | QuantizedWeight:
     """One GGUF tensor: a float tensor, or a :class:`QuantizedWeight` over the file's bytes."""
-    kind = BY_GGML_TYPE[int(t.tensor_type)]
-    data = torch.from_numpy(t.data)
-    shape = tuple(int(d) for d in reversed(t.shape.tolist()))  # GGUF lists dims fastest-first
+    kind = BY_GGML_TYPE[t.ggml_type]
+    data, shape = header.data(t), t.shape
     if kind.block_elems == 1:  # f32 / f16 / bf16
-        if kind.name == "bf16":
-            data = data.view(torch.bfloat16)
-        return data.reshape(shape)
+        return data.view(_FLOATS[kind.name]).reshape(shape)
     if len(shape) != 2:
         raise ModelLoadError(f"GGUF tensor {t.name} is {kind.name} with shape {shape}: not 2-D")
     return QuantizedWeight(kind.name, shape, torch.float32, data.reshape(shape[0], -1))
 
 
-def _load(t: Any, rows: torch.Tensor | None, offset: float) -> torch.Tensor | QuantizedWeight:
-    w = _tensor(t)
+def _load(
+    header: GGUFHeader, t: TensorInfo, rows: torch.Tensor | None, offset: float
+) -> torch.Tensor | QuantizedWeight:
+    w = _tensor(header, t)
     if rows is not None:
         w = w.rows(rows) if isinstance(w, QuantizedWeight) else w[rows]
     if offset:
@@ -217,28 +205,28 @@ def load_weights(file: Path, config: Any) -> WeightStore:
     name pace does not map stays under its GGUF name, so the builder's strict check reports
     it as unexpected (tolerated with ``strict=False``).
     """
-    reader = _reader(file)
-    arch = architecture(reader)
+    header = _header(file)
+    arch = architecture(header)
     table = MODULE_NAMES[arch]
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
     loaders: dict[str, Loader] = {}
     unknown_types = set()
-    for t in reader.tensors:
-        if int(t.tensor_type) not in BY_GGML_TYPE:
-            unknown_types.add(t.tensor_type.name)
+    for t in header.tensors:
+        if t.ggml_type not in BY_GGML_TYPE:
+            unknown_types.add(t.type_name)
             continue
         if t.name in HARMLESS:
             continue
         name = _hf_name(t.name, table)
         if name is None:  # kept under its GGUF name: reported as unexpected (strict=False: ignored)
-            loaders[t.name] = partial(_load, t, None, 0.0)
+            loaders[t.name] = partial(_load, header, t, None, 0.0)
             continue
         rows = None
         if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
             n = heads if "q_proj" in name else kv_heads
-            rows = _unpermute_rows(int(t.shape[-1]), n)
+            rows = _unpermute_rows(t.shape[0], n)
         offset = -1.0 if arch == "gemma3" and name.endswith("norm.weight") else 0.0
-        loaders[name] = partial(_load, t, rows, offset)
+        loaders[name] = partial(_load, header, t, rows, offset)
     if unknown_types:
         supported = ", ".join(bt.name.upper() for bt in BY_GGML_TYPE.values())
         raise ModelLoadError(
