@@ -129,7 +129,7 @@ class LLMModel:
                 f"kv_cache_type {self.kv_cache_type!r} does not take value_dims, which this "
                 f"{self.config.model_type} model's latent cache rows need; use a built-in type"
             )
-        self.tokenizer = tokenizer
+        self.tokenizer = tokenizer  # after the weights: its heap does not add to their peak
         if tokenizer is None and load_tokenizer:
             self.tokenizer = loader.load_tokenizer(self.path)
         self.generation_config = read_generation_config(self.path)

@@ -188,7 +188,11 @@ def _tensor(header: GGUFHeader, t: TensorInfo) -> torch.Tensor | QuantizedWeight
 
 
 def _load(
-    header: GGUFHeader, t: TensorInfo, rows: torch.Tensor | None, offset: float
+    header: GGUFHeader,
+    t: TensorInfo,
+    rows: torch.Tensor | None,
+    offset: float,
+    dtype: torch.dtype | None = None,  # the store converts (these tensors are small or mapped)
 ) -> torch.Tensor | QuantizedWeight:
     w = _tensor(header, t)
     if rows is not None:

@@ -17,10 +17,14 @@ from typing import Any
 import torch
 
 from pace_core.errors import ModelLoadError
+from pace_core.models.heap import TrimEvery
 from pace_core.quant import QuantizedWeight, checkpoint
 
 Weight = torch.Tensor | QuantizedWeight
-Loader = Callable[[], Weight]
+Loader = Callable[[torch.dtype | None], Weight]
+"""Reads one weight; given a dtype, a loader may convert while reading (cheaper than a full
+copy of the stored tensor next to the converted one) or return it as stored."""
+CONVERT_CHUNK_BYTES = 64 << 20  # stored bytes read at a time when converting while reading
 
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 BIN_INDEX = "pytorch_model.bin.index.json"
@@ -60,14 +64,15 @@ def _file_loaders(path: Path) -> dict[str, Loader]:
             metadata = header.pop("__metadata__", None)
             names = set(header)
 
-            def get(name: str) -> torch.Tensor:
-                return _read_safetensor(path, start, header[name])
+            def get(name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
+                return _read_safetensor(path, start, header[name], dtype)
 
             loaders: dict[str, Loader] = {name: partial(get, name) for name in names}
             for name, info in checkpoint.unpack(metadata).items():
                 for part in (f"{name}_scales", f"{name}_mins"):
                     loaders.pop(part, None)
-                loaders[name] = partial(checkpoint.assemble, get, name, info, names)
+                loaders[name] = partial(_as_stored, partial(checkpoint.assemble, get, name, info,
+                                                            names))  # fmt: skip
             return loaders
         tensors = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
         return {name: partial(_identity, tensor) for name, tensor in tensors.items()}
@@ -95,27 +100,61 @@ def _safetensors_header(path: Path) -> tuple[dict[str, Any], int]:
         return json.loads(f.read(size)), 8 + size
 
 
-def _read_safetensor(path: Path, start: int, info: dict[str, Any]) -> torch.Tensor:
+def _read_safetensor(
+    path: Path, start: int, info: dict[str, Any], dtype: torch.dtype | None = None
+) -> torch.Tensor:
     """One tensor read with plain file reads into fresh memory: no mapping of the file stays
     in the process (safetensors' own loader keeps its map, and with it the whole file, in RSS
-    until the load ends)."""
+    until the load ends). Converted to ``dtype`` a chunk of rows at a time when it is a
+    float type other than the stored one: the stored tensor never exists whole next to the
+    converted one (Gemma 3's fp32 embedding table: 671 MB that a bf16 load never holds)."""
     begin, end = info["data_offsets"]
-    dtype = _SAFETENSORS_DTYPES.get(info["dtype"])
-    if dtype is None:
+    stored = _SAFETENSORS_DTYPES.get(info["dtype"])
+    if stored is None:
         raise ModelLoadError(f"{path}: tensor dtype {info['dtype']} is not supported")
-    out = torch.empty(end - begin, dtype=torch.uint8)
+    shape = info["shape"]
+    convert = dtype is not None and dtype != stored and stored.is_floating_point
+    if not convert or not shape or end - begin <= CONVERT_CHUNK_BYTES:
+        out = torch.empty(end - begin, dtype=torch.uint8)
+        with open(path, "rb") as f:
+            _read_into(f, start + begin, out, path)
+        return out.view(stored).reshape(shape)
+    out = torch.empty(shape, dtype=dtype)
+    row_bytes = (end - begin) // shape[0]
+    rows = max(1, CONVERT_CHUNK_BYTES // max(row_bytes, 1))
+    scratch = torch.empty(rows * row_bytes, dtype=torch.uint8)
     with open(path, "rb") as f:
-        f.seek(start + begin)
-        if f.readinto(memoryview(out.numpy())) != end - begin:
-            raise ModelLoadError(
-                f"{path} is truncated or corrupt (its tensor data ends early): re-download or "
-                "re-convert it"
-            )
-    return out.view(dtype).reshape(info["shape"])
+        for first in range(0, shape[0], rows):
+            n = min(rows, shape[0] - first)
+            chunk = scratch[: n * row_bytes]
+            _read_into(f, start + begin + first * row_bytes, chunk, path)
+            out[first : first + n].copy_(chunk.view(stored).reshape(n, *shape[1:]))
+    return out
 
 
-def _identity(tensor: Weight) -> Weight:
+def _read_into(f: Any, offset: int, out: torch.Tensor, path: Path) -> None:
+    f.seek(offset)
+    if f.readinto(memoryview(out.numpy())) != out.numel():
+        raise ModelLoadError(
+            f"{path} is truncated or corrupt (its tensor data ends early): re-download or "
+            "re-convert it"
+        )
+
+
+def _nbytes(weight: Weight) -> int:
+    if isinstance(weight, QuantizedWeight):
+        return weight.data.numel() * weight.data.element_size()
+    return weight.numel() * weight.element_size()
+
+
+def _identity(tensor: Weight, dtype: torch.dtype | None = None) -> Weight:
+    """A loader of a tensor already in memory (``take`` converts it)."""
     return tensor
+
+
+def _as_stored(read: Callable[[], Weight], dtype: torch.dtype | None = None) -> Weight:
+    """A loader that reads its weight as stored (``take`` converts it)."""
+    return read()
 
 
 class WeightStore:
@@ -132,6 +171,7 @@ class WeightStore:
         self.source = source
         self.missing: list[str] = []
         self._progress: Any = None
+        self._trim = TrimEvery()
 
     def show_progress(self, desc: str = "Loading weights") -> None:
         """A progress bar over the tensors taken, shown once the load has run 2 s."""
@@ -175,7 +215,8 @@ class WeightStore:
         self._taken.add(name)
         if self._progress is not None:
             self._progress.update()
-        tensor = loader()
+        tensor = loader(dtype)
+        self._trim.add(_nbytes(tensor))  # the previous weights' transients are free by now
         if dtype is None:
             return tensor
         if isinstance(tensor, QuantizedWeight):

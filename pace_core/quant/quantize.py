@@ -30,14 +30,31 @@ def quantize(w: torch.Tensor, config: QuantizationConfig, *, name: str = "") -> 
             f"(QuantizationConfig(skip=[{name.rsplit('.', 1)[0]!r}]))"
         )
     rows = max(1, CHUNK_ELEMENTS // k)
-    if n > rows:
-        parts = [quantize(w[i : i + rows], config, name=name) for i in range(0, n, rows)]
-        return QuantizedWeight.cat(parts)
+    parts = _quantize_rows(w[:rows], config, group)
+    if n > rows:  # chunk by chunk into one set of outputs: no list of parts to concatenate
+        whole = tuple(None if t is None else t.new_empty((n, *t.shape[1:])) for t in parts)
+        for start in range(0, n, rows):
+            part = parts if start == 0 else _quantize_rows(w[start : start + rows], config, group)
+            for out, t in zip(whole, part, strict=True):
+                if out is not None:
+                    out[start : start + t.shape[0]] = t
+        parts = whole
+    codes, scales, mins = parts
+    return QuantizedWeight(config.format, (n, k), w.dtype, codes, scales, mins, group)
+
+
+Parts = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
+"""(codes, scales, mins) of some rows; ``mins`` only for int4 with mins."""
+
+
+def _quantize_rows(w: torch.Tensor, config: QuantizationConfig, group: int) -> Parts:
+    """Codes, scales and mins of the rows of ``w`` (stored as :class:`QuantizedWeight` does)."""
+    n, k = w.shape
     groups = w.detach().float().reshape(n, k // group, group)
     if config.bits == 8:
         scales = _fp16(groups.abs().amax(-1) / 127.0)
         codes = _divide(groups, scales).round().clamp(-127, 127).to(torch.int8)
-        return QuantizedWeight("int8", (n, k), w.dtype, codes.view(n, k), scales, None, group)
+        return codes.view(n, k), scales, None
     if config.symmetric:
         # the code range is [-8, 7]: map the group's largest magnitude (with its sign) to -8
         # as llama.cpp's Q4_0 does, which uses all 16 levels
@@ -48,8 +65,7 @@ def quantize(w: torch.Tensor, config: QuantizationConfig, *, name: str = "") -> 
     else:
         scales, mins, codes = _affine_int4(groups)
     codes = codes.to(torch.uint8).view(n, k // 2, 2)
-    packed = codes[..., 0] | (codes[..., 1] << 4)
-    return QuantizedWeight("int4", (n, k), w.dtype, packed, scales, mins, group)
+    return codes[..., 0] | (codes[..., 1] << 4), scales, mins
 
 
 SPANS = range(15, 7, -1)  # candidate numbers of steps between a group's min and max

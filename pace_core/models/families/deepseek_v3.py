@@ -115,6 +115,7 @@ def build(b: ModelBuilder) -> DecoderLM:
     eps = cfg.rms_norm_eps
     rotary = Rotary(cfg, cfg.qk_rope_head_dim, interleaved=bool(cfg.rope_interleave))
     embed = common.embedding(b, "model.embed_tokens.weight")
+    head = common.lm_head(b, cfg, embed)  # next to the table it may share: one copy at a time
     layers = []
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}"
@@ -126,7 +127,7 @@ def build(b: ModelBuilder) -> DecoderLM:
         embed=embed,
         layers=layers,
         final_norm=b.norm("model.norm", eps),
-        head=common.lm_head(b, cfg, embed),
+        head=head,
         rotaries=[rotary],
         windows=[None] * cfg.num_hidden_layers,
         cache_layers=[(1, cfg.kv_lora_rank + cfg.qk_rope_head_dim, 0)] * len(layers),

@@ -25,6 +25,7 @@ def build(b: ModelBuilder) -> DecoderLM:
 
     rotaries = common.rotaries_by_type(cfg, hd)
     embed = common.embedding(b, "model.embed_tokens.weight")
+    head = common.lm_head(b, cfg, embed)  # next to the table it may share: one copy at a time
     layers = []
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}"
@@ -57,7 +58,7 @@ def build(b: ModelBuilder) -> DecoderLM:
         embed=embed,
         layers=layers,
         final_norm=norm("model.norm"),
-        head=common.lm_head(b, cfg, embed),
+        head=head,
         rotaries=list(rotaries.values()),
         embed_scale=cfg.hidden_size**0.5,
         logit_softcap=getattr(cfg, "final_logit_softcapping", None),

@@ -218,6 +218,7 @@ def build(b: ModelBuilder) -> DecoderLM:
         raise ModelLoadError("Gemma 4 with use_bidirectional_attention='all' is not causal")
     rotaries = _rotaries(cfg)
     embed = common.embedding(b, "model.embed_tokens.weight")
+    head = common.lm_head(b, cfg, embed)  # next to the table it may share: one copy at a time
     caches = _CacheLayers()
     layers = [
         _block(b, i, _attention(b, i, rotaries, caches)) for i in range(cfg.num_hidden_layers)
@@ -228,7 +229,7 @@ def build(b: ModelBuilder) -> DecoderLM:
         embed=embed,
         layers=layers,
         final_norm=b.norm("model.norm", cfg.rms_norm_eps),
-        head=common.lm_head(b, cfg, embed),
+        head=head,
         rotaries=list(rotaries.values()),
         windows=[cfg.sliding_window if t == SLIDING else None for t in cfg.layer_types],
         cache_layers=caches.dims,

@@ -59,6 +59,7 @@ def build(
     rotaries = common.rotaries_by_type(cfg, hd, interleaved=interleaved_rope)
     rotary = rotaries[None]
     embed = common.embedding(b, "model.embed_tokens.weight")
+    head = common.lm_head(b, cfg, embed)  # next to the table it may share: one copy at a time
     layers, windows = [], [window(cfg, i) for i in range(cfg.num_hidden_layers)]
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}"
@@ -79,7 +80,7 @@ def build(
         embed=embed,
         layers=layers,
         final_norm=b.norm("model.norm", eps),
-        head=common.lm_head(b, cfg, embed),
+        head=head,
         rotaries=[rotary],
         windows=windows,
     )

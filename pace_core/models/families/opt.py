@@ -45,6 +45,7 @@ def build(b: ModelBuilder) -> DecoderLM:
     # OPTForCausalLM saves ``model.decoder.*``; the original facebook/opt checkpoints ``decoder.*``.
     root = "model.decoder" if b.weights.has("model.decoder.embed_tokens.weight") else "decoder"
     embed = common.embedding(b, f"{root}.embed_tokens.weight")
+    head = common.lm_head(b, cfg, embed)  # next to the table it may share: one copy at a time
     positions = LearnedPositions(
         common.embedding(b, f"{root}.embed_positions.weight", quantize=False)
     )
@@ -71,7 +72,7 @@ def build(b: ModelBuilder) -> DecoderLM:
         embed=embed,
         layers=layers,
         final_norm=_layer_norm(b, f"{root}.final_layer_norm") if has_final_norm else None,
-        head=common.lm_head(b, cfg, embed),
+        head=head,
         rotaries=[],
         position_embed=positions,
         project_in=b.linear(f"{root}.project_in") if projected else None,

@@ -157,7 +157,7 @@ def pack(w: QuantizedWeight) -> tuple[torch.Tensor, int]:
     symmetric = w.format == "q4_0" or (w.format == "int4" and w.mins is None)
     int8 = {"int8": "int8", "q8_0": "int8", "q5_0": "int8", "q6_k": "int8-g16"}
     kind = KINDS[int8.get(w.format, "int4-sym" if symmetric else "int4")]
-    chunks = []
+    packed = None  # allocated once the first chunk gives the block stride: no second copy
     for start in range(0, n, CHUNK_ROWS):
         rows = slice(start, min(n, start + CHUNK_ROWS))
         codes, scales, mins = _codes_scales_mins(w, rows)
@@ -166,9 +166,11 @@ def pack(w: QuantizedWeight) -> tuple[torch.Tensor, int]:
             codes = F.pad(codes, (0, 0, 0, pad))
             scales = F.pad(scales, (0, 0, 0, pad))
             mins = None if mins is None else F.pad(mins, (0, 0, 0, pad))
-        chunks.append(_block_bytes(codes, scales, mins, kind in _INT8_KINDS))
-    packed = chunks[0] if len(chunks) == 1 else torch.cat(chunks)
-    return build.load_extension().huge_page_copy(packed), kind
+        blocks = _block_bytes(codes, scales, mins, kind in _INT8_KINDS)
+        if packed is None:
+            packed = build.load_extension().huge_page_empty(-(-n // ROWS), blocks.shape[1])
+        packed[start // ROWS : start // ROWS + blocks.shape[0]] = blocks
+    return packed, kind
 
 
 def prepare_linear(w: QuantizedWeight, bias: torch.Tensor | None = None) -> QPackedLinear:

@@ -381,15 +381,14 @@ struct Chunk {
 
 // The copy is made straight from `t` (any strides: a permuted view is packed as it is copied,
 // with no contiguous intermediate) and returned with `shape` (t's own when empty).
-Tensor huge_page_copy(const Tensor& t, c10::IntArrayRef shape) {
+// `bytes` (rounded up to 64) from the arena of transparent huge pages, uninitialized; null when
+// the arena cannot grow. The chunk stays alive as long as a tensor over it does.
+static Tensor huge_page_alloc(size_t bytes, const std::vector<int64_t>& sizes,
+                              const c10::TensorOptions& options) {
   static std::mutex lock;
   static std::shared_ptr<Chunk> current;
   constexpr size_t kAlign = size_t(2) << 20, kChunk = size_t(64) << 20;
-  const Tensor& src = t;
-  const std::vector<int64_t> sizes = shape.empty() ? t.sizes().vec() : shape.vec();
-  TORCH_CHECK(c10::multiply_integers(sizes) == t.numel(), "huge_page_copy: shape ", sizes,
-              " does not hold the ", t.numel(), " elements of the tensor");
-  const size_t bytes = src.numel() * src.element_size(), need = (bytes + 63) / 64 * 64;
+  const size_t need = (bytes + 63) / 64 * 64;
   std::shared_ptr<Chunk> chunk;
   char* p = nullptr;
   {
@@ -398,7 +397,7 @@ Tensor huge_page_copy(const Tensor& t, c10::IntArrayRef shape) {
       auto fresh = std::make_shared<Chunk>();
       fresh->size = std::max(kChunk, (need + kAlign - 1) / kAlign * kAlign);
       fresh->base = static_cast<char*>(std::aligned_alloc(kAlign, fresh->size));
-      if (fresh->base == nullptr) return src.contiguous().reshape(sizes).clone();  // plain copy
+      if (fresh->base == nullptr) return Tensor();
       madvise(fresh->base, fresh->size, MADV_HUGEPAGE);  // advice only: ignored if THP is off
       current = fresh;
     }
@@ -406,10 +405,27 @@ Tensor huge_page_copy(const Tensor& t, c10::IntArrayRef shape) {
     p = chunk->base + chunk->used;
     chunk->used += need;
   }
-  Tensor out = at::from_blob(p, sizes, [chunk](void*) mutable { chunk.reset(); }, src.options());
-  if (src.is_contiguous()) std::memcpy(p, src.data_ptr(), bytes);
-  else out.view(src.sizes()).copy_(src);
+  return at::from_blob(p, sizes, [chunk](void*) mutable { chunk.reset(); }, options);
+}
+
+Tensor huge_page_copy(const Tensor& t, c10::IntArrayRef shape) {
+  const std::vector<int64_t> sizes = shape.empty() ? t.sizes().vec() : shape.vec();
+  TORCH_CHECK(c10::multiply_integers(sizes) == t.numel(), "huge_page_copy: shape ", sizes,
+              " does not hold the ", t.numel(), " elements of the tensor");
+  const size_t bytes = t.numel() * t.element_size();
+  Tensor out = huge_page_alloc(bytes, sizes, t.options());
+  if (!out.defined()) return t.contiguous().reshape(sizes).clone();  // plain copy
+  if (t.is_contiguous()) std::memcpy(out.data_ptr(), t.data_ptr(), bytes);
+  else out.view(t.sizes()).copy_(t);
   return out;
+}
+
+Tensor huge_page_empty(int64_t rows, int64_t row_bytes) {
+  TORCH_CHECK(rows >= 0 && row_bytes >= 0, "huge_page_empty: negative size");
+  const std::vector<int64_t> sizes{rows, row_bytes};
+  const auto options = at::TensorOptions().dtype(at::kByte);
+  Tensor out = huge_page_alloc(size_t(rows) * size_t(row_bytes), sizes, options);
+  return out.defined() ? out : at::empty(sizes, options);
 }
 
 }  // namespace pace_avx512
@@ -450,6 +466,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("kind"), "y = x @ W^T + bias over a quantized packed W (AVX512-VNNI)");
   m.def("huge_page_copy", &huge_page_copy, py::arg("t"), py::arg("shape") = std::vector<int64_t>{},
         "copy a tensor into an arena of transparent huge pages (packed weights)");
+  m.def("huge_page_empty", &huge_page_empty, py::arg("rows"), py::arg("row_bytes"),
+        "uninitialized uint8 [rows, row_bytes] from the same arena (filled a chunk at a time)");
   m.def("stream_read", [](const Tensor& t) {
     TORCH_CHECK(t.is_contiguous(), "stream_read needs a contiguous tensor");
     return stream_read(t.data_ptr(), t.numel() * t.element_size(), threads());
