@@ -121,7 +121,16 @@ def load_tokenizer(file: Path) -> Any:
     """The tokenizer from GGUF metadata, as transformers converts it (see :func:`_converted`)."""
     from transformers import AutoTokenizer
 
-    return _converted(file, "tokenizer", AutoTokenizer)
+    try:
+        return _converted(file, "tokenizer", AutoTokenizer)
+    except Exception as exc:
+        model = _header(file).metadata.get("tokenizer.ggml.model", "?")
+        raise ModelLoadError(
+            f"cannot build the tokenizer of GGUF file {file} (tokenizer.ggml.model {model!r}; "
+            f"{type(exc).__name__}: {exc}); pass the original model's tokenizer "
+            "(LLMModel(..., tokenizer=AutoTokenizer.from_pretrained(hf_dir))) or "
+            "load_tokenizer=False to work with token ids"
+        ) from None
 
 
 def _converted(file: Path, what: str, auto: Any) -> Any:

@@ -221,6 +221,13 @@ def test_truncated_file(llama_gguf, tmp_path):
         load(cut)
 
 
+def test_gguf_without_a_usable_tokenizer(llama_gguf):
+    """The tiny files carry no tokenizer metadata: a clear error with the two ways out."""
+    expected = r"cannot build the tokenizer of GGUF file .*ok\.gguf .*tokenizer=.* load_tokenizer=False"
+    with pytest.raises(ModelLoadError, match=expected):
+        LLMModel(llama_gguf, dtype=torch.float32)
+
+
 def test_unknown_tensor_name(hf_dirs, tmp_path):
     extra = {"blk.0.post_ffw_norm.weight": np.ones(256)}  # a Gemma tensor in a Llama file
     out = write_gguf(hf_dirs["llama"], tmp_path / "extra.gguf", "q8_0", extra=extra)
