@@ -116,19 +116,28 @@ def _transformers(model: Any, ids: torch.Tensor, new_tokens: int) -> Callable[[]
 
 
 class _LlamaCpp:
-    """One llama.cpp runner per thread count over the model's GGUF."""
+    """llama.cpp runners over the model's GGUF, one per thread count and batch size (batches
+    of several sequences decode together in one context)."""
 
     def __init__(self, gguf: Any, n_ctx: int) -> None:
         self.gguf, self.n_ctx, self.runners = gguf, n_ctx, {}
 
     def __call__(self, ids: torch.Tensor, new_tokens: int) -> Callable[[], Any]:
-        from pace_core.bench.peers import LlamaCppRunner
+        from pace_core.bench.peers import LlamaCppBatchRunner, LlamaCppRunner
 
-        threads = torch.get_num_threads()
-        if threads not in self.runners:
-            self.runners[threads] = LlamaCppRunner(self.gguf, threads, self.n_ctx)
-        runner, tokens = self.runners[threads], ids[0].tolist()
-        return lambda: runner.generate(tokens, new_tokens)
+        threads, batch = torch.get_num_threads(), ids.shape[0]
+        key = (threads, batch)
+        if key not in self.runners:
+            self.runners[key] = (
+                LlamaCppRunner(self.gguf, threads, self.n_ctx) if batch == 1
+                else LlamaCppBatchRunner(self.gguf, threads, batch, self.n_ctx)
+            )  # fmt: skip
+        runner = self.runners[key]
+        if batch == 1:
+            tokens = ids[0].tolist()
+            return lambda: runner.generate(tokens, new_tokens)
+        prompts = ids.tolist()
+        return lambda: runner.generate(prompts, new_tokens)
 
 
 def pace_label(cache: str, args: argparse.Namespace) -> str:
@@ -172,7 +181,7 @@ def load_engines(name: str, args: argparse.Namespace) -> dict[str, Any]:
 def measure_point(engines: dict[str, Any], ids: torch.Tensor, args) -> dict[str, dict]:
     """TTFT and generation time of every engine, timed round-robin; derived rates."""
     batch, prompt_len = ids.shape
-    usable = {e: make for e, make in engines.items() if e != "llama.cpp" or batch == 1}
+    usable = engines
     fns = {}
     for engine, make in usable.items():
         fns[(engine, "ttft")] = make(ids, 1)

@@ -245,6 +245,75 @@ class LlamaCppRunner:
         }
 
 
+class LlamaCppBatchRunner:
+    """Greedy decode of ``n_seq`` sequences at once in one llama.cpp context (llama.cpp's own
+    batched decoding, as its ``llama-batched`` example does): all prompts in one
+    ``llama_decode``, then one ``llama_decode`` of ``n_seq`` tokens per step, each sequence in
+    its own part of the KV cache."""
+
+    def __init__(self, gguf: str | Path, n_threads: int, n_seq: int, n_ctx: int) -> None:
+        ll = find_llama_cpp()
+        if ll is None:
+            raise PeerUnavailable("llama-cpp-python is not installed: run `make bench-peers`")
+        import numpy as np
+
+        self._ll, self._np, self.n_seq = ll, np, n_seq
+        self.llm = ll.Llama(model_path=str(gguf), n_ctx=64, n_threads=n_threads,
+                            n_threads_batch=n_threads, verbose=False)  # fmt: skip
+        params = ll.llama_context_default_params()
+        per_seq = -(-n_ctx // 256) * 256  # llama.cpp pads contexts to 256: split them evenly
+        params.n_ctx = params.n_batch = n_seq * per_seq
+        params.n_ubatch = 512
+        params.n_seq_max = n_seq
+        params.n_threads = params.n_threads_batch = n_threads
+        params.no_perf = True
+        self.ctx = ll.llama_init_from_model(self.llm._model.model, params)
+        if not self.ctx:
+            raise PeerUnavailable(f"llama.cpp could not create a context for {n_seq} sequences")
+        self.batch = ll.llama_batch_init(params.n_batch, 0, 1)
+        self.n_vocab = self.llm.n_vocab()
+
+    def close(self) -> None:
+        if self.ctx:
+            self._ll.llama_batch_free(self.batch)
+            self._ll.llama_free(self.ctx)
+            self.ctx = None
+
+    def __del__(self) -> None:
+        self.close()
+
+    def _decode(self, entries: list[tuple[int, int, int, bool]]) -> None:
+        """One ``llama_decode`` of (token, position, sequence, wants logits) entries."""
+        b = self.batch
+        for k, (token, pos, seq, logits) in enumerate(entries):
+            b.token[k], b.pos[k], b.n_seq_id[k] = token, pos, 1
+            b.seq_id[k][0], b.logits[k] = seq, logits
+        b.n_tokens = len(entries)
+        if self._ll.llama_decode(self.ctx, b) != 0:
+            raise RuntimeError("llama_decode failed")
+
+    def _argmax(self, index: int) -> int:
+        """The greedy token after the batch entry ``index`` (its position in the batch)."""
+        row = self._ll.llama_get_logits_ith(self.ctx, index)
+        return int(self._np.ctypeslib.as_array(row, shape=(self.n_vocab,)).argmax())
+
+    def generate(self, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
+        """Prefill every prompt (one call) and decode ``new_tokens`` greedy tokens each (the
+        first from the prefill)."""
+        self._ll.llama_memory_clear(self._ll.llama_get_memory(self.ctx), True)
+        entries = [(t, pos, seq, pos == len(p) - 1)
+                   for seq, p in enumerate(prompts) for pos, t in enumerate(p)]  # fmt: skip
+        self._decode(entries)
+        last = [k for k, entry in enumerate(entries) if entry[3]]  # each prompt end, in the batch
+        outputs = [[self._argmax(k)] for k in last]
+        for step in range(1, new_tokens):
+            self._decode([(out[-1], len(p) + step - 1, seq, True)
+                          for seq, (p, out) in enumerate(zip(prompts, outputs))])  # fmt: skip
+            for i, out in enumerate(outputs):
+                out.append(self._argmax(i))
+        return outputs
+
+
 def status() -> dict[str, Any]:
     """What is found: versions and the converter's location."""
     llama = find_llama_cpp()

@@ -232,16 +232,17 @@ def plot_serving(payload: Mapping[str, Any], out: Path) -> list[Path]:
 # -- quantized ------------------------------------------------------------------------------
 def plot_quantized(payload: Mapping[str, Any], out: Path) -> list[Path]:
     """Per model: decode (top) and prefill (bottom) tok/s per format, pace and llama.cpp bars
-    side by side, one column per thread count (the first prompt length)."""
+    side by side, one column per thread count and batch (the first prompt length)."""
     plt, rows, written = _pyplot(), payload["results"], []
     for model in _unique(rows, "model"):
         sub = [r for r in rows if r["model"] == model]
         prompt = _unique(sub, "prompt_len")[0]
-        threads = _unique(sub, "threads")
-        fig, axes = plt.subplots(2, len(threads), figsize=(6 * len(threads), 8), squeeze=False)
+        columns = sorted({(r["threads"], r.get("batch", 1)) for r in sub})
+        fig, axes = plt.subplots(2, len(columns), figsize=(6 * len(columns), 8), squeeze=False)
         formats = _unique(sub, "format")
-        for col, t in enumerate(threads):
-            points = [r for r in sub if r["threads"] == t and r["prompt_len"] == prompt]
+        for col, (t, batch) in enumerate(columns):
+            points = [r for r in sub if r["threads"] == t and r.get("batch", 1) == batch
+                      and r["prompt_len"] == prompt]  # fmt: skip
             for i, engine in enumerate(_unique(points, "engine")):
                 mine = {r["format"]: r for r in points if r["engine"] == engine}
                 xs = [j + 0.4 * i for j, f in enumerate(formats) if f in mine]
@@ -252,7 +253,7 @@ def plot_quantized(payload: Mapping[str, Any], out: Path) -> list[Path]:
                 ax = axes[row][col]
                 ax.set_xticks([j + 0.2 for j in range(len(formats))], formats, fontsize=8)
                 ax.set_ylabel(what)
-                ax.set_title(f"{what}, {t} thread(s), prompt {prompt}")
+                ax.set_title(f"{what}, {t} thread(s), batch {batch}, prompt {prompt}")
                 ax.grid(True, axis="y", alpha=0.3)
                 ax.legend(fontsize=8)
         fig.suptitle(f"quantized {model} ({_title(payload)})", fontsize=10)

@@ -1,7 +1,8 @@
 """Quantized weights: pace and llama.cpp on the same GGUF files, plus pace's quantize-on-load.
 
 For each model, every format runs as the engines that can run it, all timed round-robin per
-(threads, prompt length) point (medians), batch 1, greedy:
+(threads, prompt length, batch) point (medians), greedy; a batch of several sequences decodes
+together (llama.cpp: its batched decoding, every sequence in one context):
 
 - ``bf16``: pace on the checkpoint; llama.cpp on its BF16 GGUF (converted from the checkpoint);
 - ``q8_0``, ``q4_0``, ``q4_k_m``: the BF16 GGUF quantized by llama.cpp's own quantizer, run by
@@ -13,7 +14,8 @@ Ratios: ``decode_vs_llama`` / ``prefill_vs_llama`` (pace over llama.cpp on the s
 ``decode_vs_bf16`` / ``prefill_vs_bf16`` (over pace bf16 in the same run). The summary states
 the targets of the quantized-kernels issue as met or not.
 
-    pace bench quantized --models smollm2 gemma3-270m --threads 1 2 --prompt-lens 128 512
+    pace bench quantized --models smollm2 gemma3-270m --threads 1 2 --prompt-lens 128 512 \
+        --batches 1 8
 """
 
 from __future__ import annotations
@@ -46,11 +48,11 @@ TARGETS = (  # (ratio column, formats, minimum)
     ("prefill_vs_llama", ("q8_0", "q4_0", "q4_k_m", "original"), 1.5),
 )
 COLUMNS = [
-    "model", "format", "engine", "threads", "prompt_len", "prefill_tok_s", "decode_tok_s",
+    "model", "format", "engine", "threads", "prompt_len", "batch", "prefill_tok_s", "decode_tok_s",
     "decode_vs_llama", "prefill_vs_llama", "decode_vs_bf16", "prefill_vs_bf16", "weights_mb",
 ]  # fmt: skip
-QUICK = {"models": ["smollm2"], "threads": [1], "prompt_lens": [128], "new_tokens": 16,
-         "repeats": 2, "formats": ["bf16", "q8_0", "int4"]}  # fmt: skip
+QUICK = {"models": ["smollm2"], "threads": [1], "prompt_lens": [128], "batches": [1],
+         "new_tokens": 16, "repeats": 2, "formats": ["bf16", "q8_0", "int4"]}  # fmt: skip
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -60,6 +62,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    choices=["pace", "llama.cpp"])  # fmt: skip
     p.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     p.add_argument("--prompt-lens", nargs="+", type=int, default=[128, 512])
+    p.add_argument("--batches", nargs="+", type=int, default=[1, 8],
+                   help="sequences decoded together (random prompts of the same length)")
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=5)
 
@@ -139,21 +143,21 @@ def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     args.new_tokens = max(args.new_tokens, 2)
     rows = []
-    points = [(t, p) for t in args.threads for p in args.prompt_lens]
+    points = [(t, p, b) for t in args.threads for p in args.prompt_lens for b in args.batches]
     for name in args.models:
         engines, sizes = load_engines(name, args)
         vocab = vocab_size(model_path(name))
         gen = torch.Generator().manual_seed(0)
-        for threads, prompt_len in progress(points, f"quantized {name}", args.quiet):
+        for threads, prompt_len, batch in progress(points, f"quantized {name}", args.quiet):
             torch.set_num_threads(threads)
-            ids = random_prompts(vocab, 1, prompt_len, gen)
+            ids = random_prompts(vocab, batch, prompt_len, gen)
             measured = measure_point(engines, ids, args)
             with_ratios(measured)
             for label, r in measured.items():
                 engine, fmt = label.split(" ", 1)
                 rows.append({"model": name, "format": fmt, "engine": engine, "threads": threads,
-                             "prompt_len": prompt_len, "weights_mb": sizes.get(label),
-                             **r})  # fmt: skip
+                             "prompt_len": prompt_len, "batch": batch,
+                             "weights_mb": sizes.get(label), **r})  # fmt: skip
     return with_targets(emit("quantized", rows, COLUMNS, args), summary(rows), args.quiet)
 
 

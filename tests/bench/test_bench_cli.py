@@ -210,6 +210,24 @@ def test_llama_cpp_runner_decodes_the_converted_model(smollm2_dir):
     assert stats["prefill_tok_s"] > 0 and stats["decode_tok_s"] > 0
 
 
+@pytest.mark.skipif(peers.find_llama_cpp() is None, reason="llama-cpp-python not installed")
+def test_llama_cpp_batch_runner_decodes_each_sequence_as_alone(smollm2_dir):
+    """Sequences of different lengths decoded together give what each gives alone (English
+    prompts: clear argmaxes, so the batched kernels' rounding cannot flip a token)."""
+    if peers.find_converter() is None:
+        pytest.skip("llama.cpp converter not extracted (make bench-peers)")
+    from transformers import AutoTokenizer
+
+    gguf = peers.gguf_for(smollm2_dir)
+    tok = AutoTokenizer.from_pretrained(str(smollm2_dir))
+    texts = ["The capital of France is", "One, two, three, four, five,",
+             "Water boils at a temperature of one hundred degrees"]  # fmt: skip
+    prompts = [tok(t)["input_ids"] for t in texts]
+    alone = peers.LlamaCppRunner(gguf, n_threads=1, n_ctx=64)
+    together = peers.LlamaCppBatchRunner(gguf, n_threads=1, n_seq=len(prompts), n_ctx=64)
+    assert together.generate(prompts, 5) == [alone.generate(p, 5) for p in prompts]
+
+
 def test_structured_compares_grammar_and_free_decoding(smollm2_dir, tmp_path):
     argv = ["bench", "structured", "--models", str(smollm2_dir), "--batches", "2",
             "--tokens", "6", "--repeats", "1", "--threads", "1", "--dtype", "float32",
