@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -72,3 +73,34 @@ def test_bf16_load_casts_weights(tiny_llama_dir):
     assert model.model.lm_head.weight.weight.dtype == torch.bfloat16
     out = model.generate(torch.tensor([[1, 5, 9]]))
     assert out.sequences[0].token_ids
+
+
+def test_conversion_while_reading_equals_reading_then_converting(tmp_path, monkeypatch):
+    """A tensor converted to another float type is read a few rows at a time (here 1 KB):
+    the result is the stored tensor converted, whatever the chunking; a short file is named."""
+    from safetensors.torch import save_file
+
+    from pace_core.errors import ModelLoadError
+    from pace_core.models import weights
+
+    table = torch.randn(37, 19)  # 76-byte fp32 rows: 13 rows per 1 KB chunk, a ragged last one
+    save_file({"t": table, "v": torch.randn(5)}, str(tmp_path / "model.safetensors"))
+    monkeypatch.setattr(weights, "CONVERT_CHUNK_BYTES", 1024)
+    store = weights.WeightStore.from_dir(tmp_path)
+    assert torch.equal(store.take("t", torch.bfloat16), table.to(torch.bfloat16))
+    assert store.take("v", torch.bfloat16).dtype == torch.bfloat16
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(path.read_bytes()[:-200])  # cuts into the tensors' data
+    with pytest.raises(ModelLoadError, match=r"truncated or corrupt .*re-download"):
+        weights.WeightStore.from_dir(tmp_path).take("t", torch.bfloat16)
+
+
+def test_the_heap_is_trimmed_every_so_many_bytes_taken(monkeypatch):
+    from pace_core.models import heap
+
+    calls = []
+    monkeypatch.setattr(heap, "trim", lambda: calls.append(1))
+    every = heap.TrimEvery(100)
+    for _ in range(9):
+        every.add(30)  # trims at 120 and 240 (each time the count restarts from 0)
+    assert len(calls) == 2
