@@ -153,8 +153,11 @@ def load_engines(name: str, args: argparse.Namespace) -> dict[str, Any]:
     engines: dict[str, Any] = {}
     if "pace" in args.engines:
         for cache in args.kv_cache_types:
+            # prefix caching off: the same prompt runs every repeat, and a block cache would
+            # serve it from its prefix cache instead of prefilling it (measured: "prefill"
+            # 5.9x dynamic's on paged)
             pace = LLMModel(path, dtype=dtype, opconfig=args.opconfig, kv_cache_type=cache,
-                            quiet=True, load_tokenizer=False)  # fmt: skip
+                            quiet=True, load_tokenizer=False, prefix_caching=False)  # fmt: skip
             engines[pace_label(cache, args)] = lambda ids, n, m=pace: _pace(m, ids, n)
     if "transformers" in args.engines:
         from transformers import AutoModelForCausalLM
