@@ -184,14 +184,13 @@ def load_engines(name: str, args: argparse.Namespace) -> dict[str, Any]:
 def measure_point(engines: dict[str, Any], ids: torch.Tensor, args) -> dict[str, dict]:
     """TTFT and generation time of every engine, timed round-robin; derived rates."""
     batch, prompt_len = ids.shape
-    usable = engines
     fns = {}
-    for engine, make in usable.items():
+    for engine, make in engines.items():
         fns[(engine, "ttft")] = make(ids, 1)
         fns[(engine, "total")] = make(ids, args.new_tokens)
     times = interleaved(fns, args.repeats)
     out = {}
-    for engine in usable:
+    for engine in engines:
         ttft = statistics.median(times[(engine, "ttft")])
         total = statistics.median(times[(engine, "total")])
         out[engine] = {

@@ -187,6 +187,13 @@ def _c_stdout_silenced(quiet: bool) -> Iterator[None]:
         os.close(saved)
 
 
+def greedy_token(logits: Any, n_vocab: int) -> int:
+    """The argmax of a llama.cpp logits row (a ctypes float pointer of ``n_vocab`` values)."""
+    import numpy as np
+
+    return int(np.ctypeslib.as_array(logits, shape=(n_vocab,)).argmax())
+
+
 class LlamaCppRunner:
     """A GGUF model in llama.cpp with ``n_threads``: timed prefill and greedy decode.
 
@@ -198,9 +205,6 @@ class LlamaCppRunner:
         llama_cpp = find_llama_cpp()
         if llama_cpp is None:
             raise PeerUnavailable("llama-cpp-python is not installed: run `make bench-peers`")
-        import numpy as np
-
-        self._np = np
         self.llm = llama_cpp.Llama(
             model_path=str(gguf),
             n_ctx=n_ctx,
@@ -216,8 +220,7 @@ class LlamaCppRunner:
         self.llm.eval(tokens)
 
     def _next_token(self) -> int:
-        logits = self.llm._ctx.get_logits()  # the last evaluated token's row
-        return int(self._np.ctypeslib.as_array(logits, shape=(self.llm.n_vocab(),)).argmax())
+        return greedy_token(self.llm._ctx.get_logits(), self.llm.n_vocab())  # the last row
 
     def generate(self, tokens: list[int], new_tokens: int) -> list[int]:
         """Prefill ``tokens`` then decode ``new_tokens`` greedily (the first from the prefill)."""
@@ -255,9 +258,7 @@ class LlamaCppBatchRunner:
         ll = find_llama_cpp()
         if ll is None:
             raise PeerUnavailable("llama-cpp-python is not installed: run `make bench-peers`")
-        import numpy as np
-
-        self._ll, self._np, self.n_seq = ll, np, n_seq
+        self._ll, self.n_seq = ll, n_seq
         self.llm = ll.Llama(model_path=str(gguf), n_ctx=64, n_threads=n_threads,
                             n_threads_batch=n_threads, verbose=False)  # fmt: skip
         params = ll.llama_context_default_params()
@@ -294,8 +295,7 @@ class LlamaCppBatchRunner:
 
     def _argmax(self, index: int) -> int:
         """The greedy token after the batch entry ``index`` (its position in the batch)."""
-        row = self._ll.llama_get_logits_ith(self.ctx, index)
-        return int(self._np.ctypeslib.as_array(row, shape=(self.n_vocab,)).argmax())
+        return greedy_token(self._ll.llama_get_logits_ith(self.ctx, index), self.n_vocab)
 
     def generate(self, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
         """Prefill every prompt (one call) and decode ``new_tokens`` greedy tokens each (the

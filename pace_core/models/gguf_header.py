@@ -14,6 +14,7 @@ n_dims u32, dims u64 each, ggml type u32, offset u64 from the data start); paddi
 
 from __future__ import annotations
 
+import math
 import mmap
 import struct
 from dataclasses import dataclass
@@ -64,10 +65,7 @@ class TensorInfo:
     def nbytes(self) -> int:
         """Stored bytes (the type must be one pace reads)."""
         kind = BY_GGML_TYPE[self.ggml_type]
-        elements = 1
-        for d in self.shape:
-            elements *= d
-        return elements // kind.block_elems * kind.block_bytes
+        return math.prod(self.shape) // kind.block_elems * kind.block_bytes
 
 
 class _Cursor:

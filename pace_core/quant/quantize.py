@@ -11,6 +11,10 @@ from pace_core.quant.weight import QuantizedWeight
 CHUNK_ELEMENTS = 1 << 21  # rows quantized at a time: bounds the fp32 temporaries (~8 MB each)
 
 
+Parts = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
+"""(codes, scales, mins) of some rows; ``mins`` only for int4 with mins."""
+
+
 def quantize(w: torch.Tensor, config: QuantizationConfig, *, name: str = "") -> QuantizedWeight:
     """``w`` ``[N, K]`` (float) in the format of ``config``; de-quantizes to ``w.dtype``.
 
@@ -30,21 +34,21 @@ def quantize(w: torch.Tensor, config: QuantizationConfig, *, name: str = "") -> 
             f"(QuantizationConfig(skip=[{name.rsplit('.', 1)[0]!r}]))"
         )
     rows = max(1, CHUNK_ELEMENTS // k)
-    parts = _quantize_rows(w[:rows], config, group)
-    if n > rows:  # chunk by chunk into one set of outputs: no list of parts to concatenate
-        whole = tuple(None if t is None else t.new_empty((n, *t.shape[1:])) for t in parts)
-        for start in range(0, n, rows):
-            part = parts if start == 0 else _quantize_rows(w[start : start + rows], config, group)
-            for out, t in zip(whole, part, strict=True):
-                if out is not None:
-                    out[start : start + t.shape[0]] = t
-        parts = whole
-    codes, scales, mins = parts
-    return QuantizedWeight(config.format, (n, k), w.dtype, codes, scales, mins, group)
+    parts = _quantize_rows(w, config, group) if n <= rows else _in_chunks(w, config, group, rows)
+    return QuantizedWeight(config.format, (n, k), w.dtype, *parts, group)
 
 
-Parts = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
-"""(codes, scales, mins) of some rows; ``mins`` only for int4 with mins."""
+def _in_chunks(w: torch.Tensor, config: QuantizationConfig, group: int, rows: int) -> Parts:
+    """:func:`_quantize_rows` ``rows`` at a time, into one set of outputs (no concatenation)."""
+    whole: list[torch.Tensor | None] = []
+    for start in range(0, w.shape[0], rows):
+        part = _quantize_rows(w[start : start + rows], config, group)
+        if not whole:
+            whole = [None if t is None else t.new_empty((w.shape[0], *t.shape[1:])) for t in part]
+        for out, t in zip(whole, part, strict=True):
+            if out is not None:
+                out[start : start + t.shape[0]] = t
+    return whole[0], whole[1], whole[2]
 
 
 def _quantize_rows(w: torch.Tensor, config: QuantizationConfig, group: int) -> Parts:

@@ -216,3 +216,20 @@ def test_saving_needs_a_quantization_and_an_original(family_dirs, tmp_path):
     with pytest.raises(ConfigError, match="quantized experts are not saved yet"):
         save_quantized(family_dirs["qwen3-moe"], tmp_path / "moe", "int8-channel")
     assert not (tmp_path / "moe").exists()  # nothing half-written
+
+
+@pytest.mark.parametrize("preset", ["int8", "int8-channel", "int4", "int4-sym"])
+def test_quantizing_in_chunks_equals_quantizing_whole(preset, monkeypatch):
+    """Large matrices are quantized a few rows at a time into one output: same bytes."""
+    import importlib
+
+    quantize_module = importlib.import_module("pace_core.quant.quantize")  # not the function
+
+    w = torch.randn(37, 64)
+    whole = quantize(w, coerce_quantization(preset))
+    monkeypatch.setattr(quantize_module, "CHUNK_ELEMENTS", 5 * 64)  # 5 rows, a ragged last
+    chunked = quantize(w, coerce_quantization(preset))
+    for a, b in ((whole.data, chunked.data), (whole.scales, chunked.scales),
+                 (whole.mins, chunked.mins)):  # fmt: skip
+        assert (a is None and b is None) or torch.equal(a, b)
+    assert torch.equal(chunked.dequantize(), whole.dequantize())

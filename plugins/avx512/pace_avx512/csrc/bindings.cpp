@@ -126,13 +126,19 @@ Tensor gated_activation(const Tensor& gate, const Tensor& up, int64_t act) {
   return out;
 }
 
+// A quantized weight packed by pace_avx512/qpacking.py for an [n, K] matrix of `kind`.
+static void check_qpacked(const Tensor& w, int64_t n, int64_t K, int64_t kind) {
+  TORCH_CHECK(K % 32 == 0, "pace_avx512: quantized weights need K a multiple of 32, got ", K);
+  TORCH_CHECK(w.scalar_type() == at::kByte && w.dim() == 2 && w.is_contiguous() && kind >= 0 &&
+                  kind <= 3 && w.size(0) == (n + 15) / 16 && w.size(1) >= K / 32 * qgroup_bytes(kind),
+              "pace_avx512: quantized weight ", w.sizes(), " does not match N=", n, " K=", K,
+              " kind ", kind);
+}
+
 // Rows `ids` of the [n, k] matrix a quantized packed weight holds (layout in qlinear.cpp), fp32.
 Tensor qpacked_rows_op(const Tensor& w, const Tensor& ids, int64_t n, int64_t k, int64_t kind) {
-  TORCH_CHECK(w.scalar_type() == at::kByte && w.dim() == 2 && w.is_contiguous() && kind >= 0 &&
-                  kind <= 3 && k % 32 == 0 && w.size(0) == (n + 15) / 16 &&
-                  w.size(1) >= k / 32 * qgroup_bytes(kind) && ids.scalar_type() == at::kLong,
-              "pace_avx512: qpacked_rows needs a quantized packed weight ", w.sizes(),
-              " of N=", n, " K=", k, " kind ", kind, " and int64 ids");
+  check_qpacked(w, n, k, kind);
+  TORCH_CHECK(ids.scalar_type() == at::kLong, "pace_avx512: qpacked_rows needs int64 ids");
   const Tensor idc = ids.contiguous().view(-1);
   const int64_t* id = idc.data_ptr<int64_t>();
   for (int64_t i = 0; i < idc.numel(); ++i)
@@ -148,12 +154,7 @@ Tensor qpacked_rows_op(const Tensor& w, const Tensor& ids, int64_t n, int64_t k,
 Tensor qlinear(const Tensor& x, const Tensor& w, const OptTensor& bias, int64_t n, int64_t kind) {
   const int64_t K = x.size(-1);
   const bool bf = is_bf16(x);
-  TORCH_CHECK(K % 32 == 0, "pace_avx512: quantized linear needs K a multiple of 32, got ", K);
-  const int64_t G = K / 32, blocks = (n + 15) / 16;
-  TORCH_CHECK(w.scalar_type() == at::kByte && w.dim() == 2 && w.is_contiguous() &&
-                  kind >= 0 && kind <= 3 && w.size(0) == blocks &&
-                  w.size(1) >= G * qgroup_bytes(kind),
-              "pace_avx512: quantized weight ", w.sizes(), " does not match N=", n, " K=", K);
+  check_qpacked(w, n, K, kind);
   Tensor y = rows_out(x, n);
   const int64_t M = K ? x.numel() / K : 0;
   if (M == 0 || n == 0) return y;
@@ -379,8 +380,6 @@ struct Chunk {
   ~Chunk() { std::free(base); }
 };
 
-// The copy is made straight from `t` (any strides: a permuted view is packed as it is copied,
-// with no contiguous intermediate) and returned with `shape` (t's own when empty).
 // `bytes` (rounded up to 64) from the arena of transparent huge pages, uninitialized; null when
 // the arena cannot grow. The chunk stays alive as long as a tensor over it does.
 static Tensor huge_page_alloc(size_t bytes, const std::vector<int64_t>& sizes,
@@ -408,6 +407,8 @@ static Tensor huge_page_alloc(size_t bytes, const std::vector<int64_t>& sizes,
   return at::from_blob(p, sizes, [chunk](void*) mutable { chunk.reset(); }, options);
 }
 
+// The copy is made straight from `t` (any strides: a permuted view is packed as it is copied,
+// with no contiguous intermediate) and returned with `shape` (t's own when empty).
 Tensor huge_page_copy(const Tensor& t, c10::IntArrayRef shape) {
   const std::vector<int64_t> sizes = shape.empty() ? t.sizes().vec() : shape.vec();
   TORCH_CHECK(c10::multiply_integers(sizes) == t.numel(), "huge_page_copy: shape ", sizes,

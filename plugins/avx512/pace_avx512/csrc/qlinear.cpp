@@ -305,29 +305,29 @@ void qpacked_rows(const uint8_t* w, int64_t block_stride, int kind, int64_t K,
   const int sub = kind == KIND_INT8_G16 ? 2 : 1;
   const int nt = (int)std::max<int64_t>(1, std::min<int64_t>(nthreads, n / 16));
 #pragma omp parallel for num_threads(nt) if (nt > 1)
-    for (int64_t i = 0; i < n; ++i) {
-      const uint8_t* block = w + (ids[i] / 16) * block_stride;
-      const int64_t lane = ids[i] % 16;
-      const uint16_t* scales = (const uint16_t*)(block + G * code_bytes);
-      const uint16_t* mins = scales + G * 16;
-      float* row = out + i * K;
-      for (int64_t g = 0; g < G; ++g) {
-        const uint8_t* cg = block + g * code_bytes + 4 * lane;
-        for (int64_t k = 0; k < QGROUP; ++k) {
-          const int64_t quad = k / 4, e = k % 4;
-          const float s = _cvtsh_ss(scales[(g * sub + k * sub / QGROUP) * 16 + lane]);
-          float v;
-          if (is_int8(kind)) {  // u = q + 128
-            v = (float)((int)cg[64 * quad + e] - 128) * s;
-          } else {  // line quad / 2: even quads in the low nibbles
-            const uint8_t byte = cg[64 * (quad / 2) + e];
-            v = (float)(quad % 2 ? byte >> 4 : byte & 0x0F) * s;
-            v = kind == KIND_INT4_SYM ? v - 8.0f * s : v + _cvtsh_ss(mins[g * 16 + lane]);
-          }
-          row[g * QGROUP + k] = v;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint8_t* block = w + (ids[i] / 16) * block_stride;
+    const int64_t lane = ids[i] % 16;
+    const uint16_t* scales = (const uint16_t*)(block + G * code_bytes);
+    const uint16_t* mins = scales + G * 16;
+    float* row = out + i * K;
+    for (int64_t g = 0; g < G; ++g) {
+      const uint8_t* cg = block + g * code_bytes + 4 * lane;
+      for (int64_t k = 0; k < QGROUP; ++k) {
+        const int64_t quad = k / 4, e = k % 4;
+        const float s = _cvtsh_ss(scales[(g * sub + k * sub / QGROUP) * 16 + lane]);
+        float v;
+        if (is_int8(kind)) {  // u = q + 128
+          v = (float)((int)cg[64 * quad + e] - 128) * s;
+        } else {  // line quad / 2: even quads in the low nibbles
+          const uint8_t byte = cg[64 * (quad / 2) + e];
+          v = (float)(quad % 2 ? byte >> 4 : byte & 0x0F) * s;
+          v = kind == KIND_INT4_SYM ? v - 8.0f * s : v + _cvtsh_ss(mins[g * 16 + lane]);
         }
+        row[g * QGROUP + k] = v;
       }
     }
+  }
 }
 
 void qlinear_bf16(const bf16_t* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* w,
