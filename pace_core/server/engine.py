@@ -320,9 +320,9 @@ class EngineCore:
         decodes = len(self.running)
         start = time.perf_counter()
         logits = self._forward(self.running, chunks)
-        if chunks:  # the budget's rate: tokens of step work per second, decodes included
-            step_tokens = decodes + sum(n for _, n in chunks)
-            self.prefill_budget.record(step_tokens, time.perf_counter() - start)
+        if chunks:
+            prompt_tokens = sum(n for _, n in chunks)
+            self.prefill_budget.record(prompt_tokens, time.perf_counter() - start, decodes)
         ready = self._advance(chunks, logits[decodes:])
         return (logits[:decodes] if decodes else None), ready
 

@@ -165,7 +165,7 @@ def test_stats_events(llm, engine):
 def test_prefill_is_sliced_while_sequences_decode(llm, engine):
     core, rec = engine(max_prefill_tokens=64, prefill_slice_ms=10)
     core.prefill_budget.rate = 2000.0  # tokens/s: a 10 ms slice is 20 tokens
-    core.prefill_budget.record = lambda tokens, seconds: None  # keep the rate fixed
+    core.prefill_budget.record = lambda *args: None  # keep the rate fixed
     long_prompt = list(range(100, 170))  # 70 tokens: 20 + 20 + 20 + 10 while A decodes
     with one_thread():
         core.submit([_spec(llm, "A", "Hello there", 30)])

@@ -30,6 +30,24 @@ def test_slice_is_clamped_and_the_rate_is_averaged():
     assert budget.rate == pytest.approx(30_070)
 
 
+def test_the_rate_is_the_marginal_one_of_prefill_only_forwards():
+    """A mixed forward's average rate counts its fixed part (weights, LM head) against a few
+    prompt tokens; a budget from it would keep chunks small. Only prefill-only forwards of
+    ``rate_min_tokens`` and more measure the rate; the mixed average stands in until then."""
+    budget = PrefillBudget(max_tokens=512, slice_ms=50, rate_min_tokens=64)
+    budget.record(tokens=16, seconds=0.05, decodes=8)  # 24 tokens of step work in 50 ms
+    assert budget.rate is None and budget.mixed_rate == pytest.approx(480)
+    assert budget.tokens(decoding=True) == 24  # the stand-in: 50 ms at 480 tok/s
+    budget.record(tokens=32, seconds=0.05)  # prefill alone, too short to amortize the fixed part
+    assert budget.rate is None
+    budget.record(tokens=128, seconds=0.128)  # 1000 tok/s
+    assert budget.rate == pytest.approx(1000)
+    budget.record(tokens=16, seconds=0.1, decodes=30)  # later mixed forwards leave it alone
+    assert budget.rate == pytest.approx(1000)
+    assert budget.tokens(decoding=True) == 50
+    assert PrefillBudget(max_tokens=8, slice_ms=50).rate_min_tokens == 8
+
+
 def test_slicing_off_and_bad_values():
     off = PrefillBudget(max_tokens=64, slice_ms=0)
     off.record(10, 1.0)
