@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from pace_core.sampling.argmax import greedy_argmax
 from pace_core.sampling.config import SamplingConfig
 from pace_core.sampling.grammar import (
     GrammarCompiler,
@@ -334,13 +335,13 @@ class BatchSampler:
         b = x.shape[0]
         n_sample = len(self._sample_rows)
         if n_sample == 0:
-            return x.argmax(dim=-1)
+            return greedy_argmax(x)
         gens: list[Any] = [self.generators[i] for i in self._sample_rows]
         if n_sample == b:
             return sample_from_logits(x, gens, inplace=scratch)
         tokens = torch.empty(b, dtype=torch.long, device=x.device)
         g_idx, s_idx = self._greedy_idx, self._sample_idx
-        tokens.index_copy_(0, g_idx, x.index_select(0, g_idx).argmax(dim=-1))
+        tokens.index_copy_(0, g_idx, greedy_argmax(x.index_select(0, g_idx)))
         sampled = sample_from_logits(x.index_select(0, s_idx), gens, inplace=True)
         return tokens.index_copy_(0, s_idx, sampled)
 

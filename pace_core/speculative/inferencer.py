@@ -12,6 +12,7 @@ import torch
 from pace_core.engine.generate import forward_step, left_pad
 from pace_core.models import limits
 from pace_core.models.decoder import DecoderLM
+from pace_core.sampling.argmax import greedy_argmax
 from pace_core.speculative.protocol import DecodeOutput, PrefillOutput, TokenSampler
 
 __all__ = ["KVRows", "ModelInferencer"]
@@ -113,7 +114,7 @@ class ModelInferencer:
     @staticmethod
     def _pick(logits: torch.Tensor, sampler: TokenSampler | None) -> Any:
         if sampler is None:
-            tokens = logits.argmax(dim=-1)
+            tokens = greedy_argmax(logits)
             return tokens, torch.zeros_like(tokens, dtype=torch.bool)
         result = sampler.step(logits)
         return result.tokens, result.finished

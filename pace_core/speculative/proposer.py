@@ -21,6 +21,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from pace_core.sampling.argmax import greedy_argmax
 from pace_core.sampling.sampler import sample_from_logits
 
 __all__ = [
@@ -119,7 +120,7 @@ def choose_drafts(
     """One draft token per row from raw draft ``logits [B, V]``: greedy rows take the argmax,
     sampling rows draw from ``softmax(logits / T)``; returns the tokens and each sampling row's
     ``q`` (float32 ``[V]``; ``None`` for greedy rows)."""
-    tokens = logits.argmax(dim=-1)
+    tokens = greedy_argmax(logits)
     probs: list[torch.Tensor | None] = [None] * logits.shape[0]
     for b, s in enumerate(sampling):
         if s.greedy or s.generator is None:

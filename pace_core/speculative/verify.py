@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from pace_core.errors import ConfigError
+from pace_core.sampling.argmax import greedy_argmax
 from pace_core.sampling.processors import BUILTIN_PROCESSORS
 from pace_core.sampling.sampler import sample_from_logits
 from pace_core.sampling.state import TokenState
@@ -127,7 +128,7 @@ def verify_row(
     """
     k = len(drafts)
     if generator is None:
-        best = processed[: k + 1].argmax(dim=-1).tolist()
+        best = greedy_argmax(processed[: k + 1]).tolist()
         m = 0
         while m < k and drafts[m] == best[m]:
             m += 1
