@@ -51,6 +51,7 @@ import torch
 
 from pace_core.engine.generate import forward_step
 from pace_core.engine.sequence import SequenceTracker
+from pace_core.models import heap
 from pace_core.sampling.sampler import BatchSampler
 from pace_core.server.engine_config import EngineConfig, context_window, engine_cache
 from pace_core.server.events import (
@@ -151,6 +152,7 @@ class EngineCore:
     def run(self) -> None:
         if self.config.threads:
             torch.set_num_threads(self.config.threads)
+        heap.keep_step_transients()
         while not self._stopped:
             self.run_once(block=True)
         self._fail_active("server is shutting down", status=503)

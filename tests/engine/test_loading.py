@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -104,3 +106,33 @@ def test_the_heap_is_trimmed_every_so_many_bytes_taken(monkeypatch):
     for _ in range(9):
         every.add(30)  # trims at 120 and 240 (each time the count restarts from 0)
     assert len(calls) == 2
+
+
+_KEEP_SCRIPT = """
+import sys, torch
+from pace_core.models import heap
+
+def rss_mb():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096 / 2**20
+
+if sys.argv[1] == "keep":
+    assert heap.keep_step_transients()
+torch.empty(40 << 20, dtype=torch.uint8).fill_(1)  # a step's 40 MB transient, freed
+print(rss_mb())
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc policy")
+def test_a_serving_process_keeps_step_transients_between_steps():
+    """Above glibc's mmap threshold a freed block goes back to the OS and the next step faults
+    its pages in again; after keep_step_transients it stays in the heap for the next step."""
+
+    def kept_mb(mode: str) -> float:
+        out = subprocess.run(
+            [sys.executable, "-c", _KEEP_SCRIPT, mode], capture_output=True, text=True, check=True
+        )
+        return float(out.stdout.split()[-1])
+
+    default, kept = kept_mb("default"), kept_mb("keep")
+    assert kept - default > 30  # the 40 MB transient stayed resident after it was freed
