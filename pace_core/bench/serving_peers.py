@@ -195,11 +195,17 @@ def _range(cores: str) -> str:
     return cores
 
 
+def amd_pace_cache(dtype: str) -> str:
+    """The KV cache AMD PACE serves ``dtype`` with."""
+    return "SLAB_POOL" if dtype in ("bfloat16", "bf16") else "PAGED"
+
+
 def amd_pace_spec(
     model_dir: Path, *, dtype: str, threads: int, max_running: int, kv_cache_gb: int = 2
 ) -> ServerSpec:
-    """AMD PACE's ``pace-server``: continuous batching on a SLAB_POOL cache of ``kv_cache_gb``,
-    its engine (numactl-bound to the same cores) and its router both on 127.0.0.1 (free ports);
+    """AMD PACE's ``pace-server``: continuous batching on a SLAB_POOL cache of ``kv_cache_gb``
+    (PAGED for float32: its SLAB_POOL takes bfloat16 keys only and fails every request), its
+    engine (numactl-bound to the same cores) and its router both on 127.0.0.1 (free ports);
     the OpenAI API is on the router, the model id is the path given."""
     program = find_peer("amd-pace")
     if program is None:
@@ -208,7 +214,7 @@ def amd_pace_spec(
     port, engine_port = free_port(), free_port()
     cmd = [
         str(program), "--server_model", str(model_dir), "--dtype", dtype,
-        "--kv_cache_type", "SLAB_POOL", "--serve_type", "continuous_batch",
+        "--kv_cache_type", amd_pace_cache(dtype), "--serve_type", "continuous_batch",
         "--kv_cache_memory_gb", str(kv_cache_gb), "--max_num_running_reqs", str(max_running),
         "--server_host", "127.0.0.1", "--server_port", str(engine_port),
         "--router_host", "127.0.0.1", "--router_port", str(port),

@@ -75,6 +75,9 @@ def test_peer_specs_bind_the_same_cores(no_peers, tmp_path):
     assert amd.cmd[amd.cmd.index("--kv_cache_memory_gb") + 1] == "3"
     assert amd.cmd[amd.cmd.index("--numa_physcpubind") + 1] == cores
     assert amd.cmd[amd.cmd.index("--router_port") + 1] == str(amd.port)
+    assert amd.cmd[amd.cmd.index("--kv_cache_type") + 1] == "SLAB_POOL"
+    amd32 = serving_peers.amd_pace_spec(tmp_path, dtype="float32", threads=1, max_running=8)
+    assert amd32.cmd[amd32.cmd.index("--kv_cache_type") + 1] == "PAGED"  # its slabs: bf16 only
 
 
 def test_fixed_workload_is_seeded_and_bounded_in_tokens():
