@@ -18,8 +18,8 @@ BLOCK = 64
 
 def greedy_argmax(logits: Tensor) -> Tensor:
     """``logits.argmax(dim=-1)`` for logits ``[..., V]``: LongTensor ``[...]``."""
-    vocab = logits.shape[-1]
-    if vocab % BLOCK or vocab < 4 * BLOCK or not logits.is_cpu or logits.dim() < 1:
+    vocab = logits.shape[-1] if logits.dim() else 0
+    if vocab % BLOCK or vocab < 4 * BLOCK or not logits.is_cpu:
         return logits.argmax(dim=-1)
     lead = logits.shape[:-1]
     blocks = logits.contiguous().view(-1, vocab // BLOCK, BLOCK)

@@ -47,3 +47,4 @@ def test_leading_dimensions_are_kept():
     assert torch.equal(greedy_argmax(x), x.argmax(dim=-1))
     one = torch.randn(8 * BLOCK)
     assert greedy_argmax(one).shape == () and int(greedy_argmax(one)) == int(one.argmax())
+    assert greedy_argmax(torch.randn(0, 4 * BLOCK)).shape == (0,)  # no rows
