@@ -4,7 +4,8 @@ it while serving (:func:`keep_step_transients`).
 A load converts and packs tensors one at a time; their transients (tens of MB each) are
 freed, but glibc keeps such memory mapped (its mmap threshold grows with the allocations it
 sees), so without a trim they add up in the process's RSS: SmolLM2 fp32 grew by ~350 MB of
-freed transients over its 30 layers. A no-op where the C library has no ``malloc_trim``.
+freed transients over its 30 layers. Each call is a no-op where the C library lacks it
+(``malloc_trim``, ``mallopt``).
 """
 
 from __future__ import annotations
