@@ -9,10 +9,10 @@ permutation of ``llama`` and the ``+ 1`` folded into Gemma norm weights.
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
 import re
 import shutil
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -121,8 +121,10 @@ def load_tokenizer(file: Path) -> Any:
     """The tokenizer from GGUF metadata, as transformers converts it (see :func:`_converted`)."""
     from transformers import AutoTokenizer
 
+    from pace_core.models import tokenizer
+
     try:
-        return _converted(file, "tokenizer", AutoTokenizer)
+        return _converted(file, "tokenizer", AutoTokenizer, tokenizer.load)
     except Exception as exc:
         model = _header(file).metadata.get("tokenizer.ggml.model", "?")
         raise ModelLoadError(
@@ -133,15 +135,18 @@ def load_tokenizer(file: Path) -> Any:
         ) from None
 
 
-def _converted(file: Path, what: str, auto: Any) -> Any:
+def _converted(
+    file: Path, what: str, auto: Any, load_saved: Callable[[Path], Any] | None = None
+) -> Any:
     """``auto.from_pretrained`` of ``file``'s metadata, converted once per file and saved under
     ``$PACE_CACHE_DIR/gguf-meta/`` (transformers parses every metadata field, the whole
     vocabulary included, for either: seconds and a few hundred MB of transient memory that
-    loading the saved copy does not cost)."""
+    loading the saved copy does not cost). The saved copy is read by ``load_saved`` (default
+    ``auto.from_pretrained``)."""
     saved = _meta_cache(file) / what
     if saved.is_dir():
         try:
-            obj = auto.from_pretrained(str(saved))
+            obj = load_saved(saved) if load_saved else auto.from_pretrained(str(saved))
         except (OSError, ValueError):  # a damaged cache entry: convert again
             shutil.rmtree(saved, ignore_errors=True)
         else:
@@ -159,13 +164,9 @@ def _converted(file: Path, what: str, auto: Any) -> Any:
 
 
 def _meta_cache(file: Path) -> Path:
-    from pace_core.paths import cache_root
+    from pace_core.paths import derived_entry
 
-    path = file.resolve()
-    stat = path.stat()
-    key = f"{path}:{stat.st_size}:{stat.st_mtime_ns}"
-    digest = hashlib.sha256(key.encode()).hexdigest()[:20]
-    return cache_root() / "gguf-meta" / f"{file.stem}-{digest}"
+    return derived_entry("gguf-meta", file, file.stem)
 
 
 def _hf_name(gguf_name: str, table: dict[str, str]) -> str | None:

@@ -86,16 +86,16 @@ def load_config(path: Path) -> Any:
 
 
 def load_tokenizer(path: Path) -> Any:
-    """The tokenizer of a model directory or GGUF file.
+    """The tokenizer of a model directory (:func:`pace_core.models.tokenizer.load`) or GGUF file.
 
-    Parsing a large vocabulary leaves most of its transient heap mapped (Gemma 3's 262k tokens
-    and 515k merges: +350 MB RSS, +70 MB once returned), so the heap is trimmed after it."""
+    Parsing a large vocabulary leaves part of its transient heap mapped, so the heap is trimmed
+    after it."""
     if path.suffix == gguf_source.SUFFIX:
         tokenizer = gguf_source.load_tokenizer(path)
     else:
-        from transformers import AutoTokenizer
+        from pace_core.models import tokenizer as lean
 
-        tokenizer = AutoTokenizer.from_pretrained(str(path))
+        tokenizer = lean.load(path)
     heap.trim()
     return tokenizer
 

@@ -135,13 +135,11 @@ class Server:
     ) -> Server:
         """A front door for engines that load the model elsewhere (processes, Ray Serve
         replicas): loads only the tokenizer and the model's limits from its directory."""
-        from transformers import AutoTokenizer
-
-        from pace_core.models.loader import load_config
+        from pace_core.models.loader import load_config, load_tokenizer
 
         path = Path(model_args["model"])
         hf_config = load_config(path)
-        tokenizer = AutoTokenizer.from_pretrained(str(path))
+        tokenizer = load_tokenizer(path)
         vocab = getattr(text_config(hf_config), "vocab_size", None) or len(tokenizer)
         return cls(
             tokenizer,
