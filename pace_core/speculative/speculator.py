@@ -80,10 +80,10 @@ def load_draft_tokenizer(path: Path) -> Any | None:
     """The tokenizer next to a draft checkpoint, or None (then only widths are checked)."""
     if not any((path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
         return None
-    from transformers import AutoTokenizer
+    from pace_core.models.loader import load_tokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(str(path))
+        return load_tokenizer(path)
     except Exception as exc:  # a draft without a usable tokenizer: width check only
         log.warning("cannot load the draft tokenizer of %s (%s); checking widths only", path, exc)
         return None
