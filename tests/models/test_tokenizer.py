@@ -62,7 +62,7 @@ def test_smollm2_as_auto_tokenizer_gives_it(smollm2_dir, full_loads):
     ours = lean.load(smollm2_dir)
     assert not full_loads
     assert_same_tokenizer(ours, AutoTokenizer.from_pretrained(str(smollm2_dir)))
-    file = lean.prepared(smollm2_dir / "tokenizer.json") / "tokenizer.json"
+    file = lean.prepared(smollm2_dir / "tokenizer.json") / lean.TOKENIZER_FILE
     assert isinstance(json.loads(file.read_text())["model"]["merges"][0], str)
     # a second load reads the converted copy again (same entry, nothing re-converted)
     before = file.stat().st_mtime_ns
@@ -119,6 +119,15 @@ def test_a_class_that_rebuilds_another_pipeline_loads_through_auto_tokenizer(tmp
         full_loads.clear()
         for text in ("abc ab a b c", "<s>abcab</s> c", "cba  abc", "a b"):
             assert ours(text)["input_ids"] == ref(text)["input_ids"], (cls, text)
+
+
+def test_an_unwritable_cache_loads_through_auto_tokenizer(smollm2_dir, tmp_path, monkeypatch,
+                                                         full_loads):  # fmt: skip
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("PACE_CACHE_DIR", str(blocker / "pace"))  # no directory can be made there
+    assert lean.prepared(smollm2_dir / "tokenizer.json") is None
+    assert lean.load(smollm2_dir)(SAMPLE)["input_ids"] and full_loads
 
 
 def test_a_malformed_tokenizer_file_is_named(tmp_path):
