@@ -9,7 +9,7 @@
 // reads a single sequential stream: no prefetcher restarts at block boundaries, which cost
 // ~25% on small-K decode GEMVs with one stream per block. With several row tiles (batched
 // decode, prefill) the first tile of a group would wait on DRAM while the others run from L2:
-// the later tiles prefetch the thread's next group into L2, a few lines per k step.
+// the tiles prefetch the thread's next group into L2, a few lines per k step.
 //
 // bf16 weights use vdpbf16ps (16 lanes x 2 products per instruction). Measured on Zen 4 it
 // peaks at 2x the FLOP rate of fp32 FMA on bf16 weights widened in registers, so it is used
@@ -199,18 +199,18 @@ inline void tail_rows(const Args& a, const Epi& e, int64_t mt, int64_t m0, int64
   }
 }
 
-// All M rows against the column blocks [b0, b0 + NB); the row tiles after the first prefetch
-// `next` (the thread's next group, or null) in equal slices.
+// All M rows against the column blocks [b0, b0 + NB); with several row tiles each prefetches
+// an equal slice of `next` (the thread's next group, or null).
 template <template <int, int> class Kernel, int MTMAX, int NB, class Args, class Epi>
 inline void column_tile(const Args& a, const Epi& e, int64_t M, int64_t b0, const char* next) {
   const int64_t tiles = (M + MTMAX - 1) / MTMAX;
   const int64_t lines = a.gstride * (int64_t)sizeof(*a.w) / 64;
-  const int64_t slice = tiles > 1 ? (lines + tiles - 2) / (tiles - 1) : 0;  // lines per tile
+  const int64_t slice = (lines + tiles - 1) / tiles;  // lines per tile
   const int64_t per_step = (slice + a.steps - 1) / a.steps;
   auto share = [&](int64_t m0) {  // tile m0 / MTMAX's slice of `next`
     const int64_t t = m0 / MTMAX;
-    if (t == 0 || !next) return NextGroup{};
-    return NextGroup{next + 64 * slice * (t - 1), per_step, std::min(slice, lines - slice * (t - 1))};
+    if (tiles == 1 || !next) return NextGroup{};
+    return NextGroup{next + 64 * slice * t, per_step, std::min(slice, lines - slice * t)};
   };
   int64_t m0 = 0;
   for (; m0 + MTMAX <= M; m0 += MTMAX) tile<Kernel, MTMAX, NB>(a, e, m0, b0, share(m0));
