@@ -51,8 +51,7 @@ def compact(source: Path, dest: Path) -> None:
     """Write ``dest``'s added tokens and skeleton and, when the merges are pairs none of whose
     parts holds a space, ``dest/tokenizer.json`` with the merges as ``"a b"`` strings (else no
     copy: the source is read as it is)."""
-    with open(source, encoding="utf-8") as f:
-        data = json.load(f)
+    data = _read(source)
     dest.mkdir(parents=True, exist_ok=True)
     model = data.get("model") or {}
     merges = model.get("merges")
@@ -68,6 +67,11 @@ def compact(source: Path, dest: Path) -> None:
 def _write(file: Path, value: Any) -> None:
     with open(file, "w", encoding="utf-8") as f:
         json.dump(value, f, ensure_ascii=False)
+
+
+def _read(file: Path) -> Any:
+    with open(file, encoding="utf-8") as f:
+        return json.load(f)
 
 
 def prepared(source: Path) -> Path | None:
@@ -107,7 +111,8 @@ def load(path: Path) -> Any:
     from transformers import AddedToken, AutoTokenizer, TokenizersBackend
 
     source = path / TOKENIZER_FILE
-    config = _tokenizer_config(path)
+    config_file = path / "tokenizer_config.json"
+    config = _read(config_file) if config_file.is_file() else {}
     cls = _named_class(config)
     if cls is None or not source.is_file():
         return AutoTokenizer.from_pretrained(str(path))
@@ -115,14 +120,14 @@ def load(path: Path) -> Any:
     if entry is None:
         return AutoTokenizer.from_pretrained(str(path))
     skeleton = entry / SKELETON_FILE
-    model = json.loads(skeleton.read_text(encoding="utf-8")).get("model", {})
+    model = _read(skeleton).get("model", {})
     if model.get("type") != "BPE":
         return AutoTokenizer.from_pretrained(str(path))  # nothing to gain: no merges
     kwargs: dict[str, Any] = {}
     if "added_tokens_decoder" not in config:
-        added = json.loads((entry / ADDED_TOKENS_FILE).read_text(encoding="utf-8"))
         kwargs["added_tokens_decoder"] = {
-            t["id"]: AddedToken(**{k: v for k, v in t.items() if k != "id"}) for t in added
+            t["id"]: AddedToken(**{k: v for k, v in t.items() if k != "id"})
+            for t in _read(entry / ADDED_TOKENS_FILE)
         }
     probe = cls.from_pretrained(str(path), tokenizer_file=str(skeleton), **kwargs)
     file = entry / TOKENIZER_FILE
@@ -130,7 +135,8 @@ def load(path: Path) -> Any:
     tokenizer = TokenizersBackend.from_pretrained(
         str(path), tokenizer_file=str(file if file.is_file() else source), **kwargs
     )
-    if _pipeline(probe) == _pipeline(tokenizer) and _options(probe) == _options(model):
+    probe_model = json.loads(probe.backend_tokenizer.to_str())["model"]
+    if _pipeline(probe) == _pipeline(tokenizer) and _options(probe_model) == _options(model):
         return tokenizer
     del tokenizer  # not what the class builds: the reference load, without it alongside
     return AutoTokenizer.from_pretrained(str(path))
@@ -167,19 +173,9 @@ def _pipeline(tokenizer: Any) -> list[bytes | None]:
     return [None if part is None else part.__getstate__() for part in parts]
 
 
-def _options(model: Any) -> dict[str, Any]:
-    """A BPE model's options (all but its vocabulary and merges), of a tokenizer or JSON."""
-    if not isinstance(model, dict):
-        model = json.loads(model.backend_tokenizer.to_str())["model"]
+def _options(model: dict[str, Any]) -> dict[str, Any]:
+    """A BPE model's serialized options: all but its vocabulary and merges."""
     return {k: v for k, v in model.items() if k not in ("vocab", "merges")}
-
-
-def _tokenizer_config(path: Path) -> dict[str, Any]:
-    file = path / "tokenizer_config.json"
-    if not file.is_file():
-        return {}
-    with open(file, encoding="utf-8") as f:
-        return json.load(f)
 
 
 if __name__ == "__main__":
