@@ -87,6 +87,28 @@ def test_qlinear_matches_its_model(ext, kind, dtype, int8_from):
 
 
 @pytest.mark.parametrize("kind", [*PACE, *GGUF])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_decode_row_over_many_blocks(ext, kind, threads):
+    """The single-row path reads several blocks side by side (and the rest one at a time):
+    every block, the tail rows and (where the format allows) an odd number of groups."""
+    n = 300  # 19 blocks (a tail of 12 rows); K: an odd number of groups of 32 where allowed
+    k = {"q4_k": 256, "q6_k": 256, "int8-g64": 192, "int4-sym-g128": 384}.get(kind, 160)
+    packed = qpacking.prepare_linear(weight(kind, n, k), bias=torch.linspace(-1, 1, n))
+    w = packed.rows(torch.arange(n)).float()
+    x = torch.randn(1, k, generator=torch.Generator().manual_seed(7))
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        ext.set_min_work_per_thread(1)  # every thread takes part, however small the matrix
+        got = ext.qlinear(x, packed.weight, packed.bias, n, packed.kind)
+    finally:
+        ext.set_min_work_per_thread(1 << 17)
+        torch.set_num_threads(before)
+    want = reference(x, w, qpacking.activation_levels(1)) + packed.bias
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max())
+
+
+@pytest.mark.parametrize("kind", [*PACE, *GGUF])
 def test_packed_rows_are_the_weight(kind):
     q = weight(kind, 37, 512)
     packed = qpacking.prepare_linear(q)

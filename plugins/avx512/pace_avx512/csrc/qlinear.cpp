@@ -19,9 +19,10 @@
 // 4j + e of a k-quad = row j, k = 4 quad + e:
 //   8-bit: 8 quads of 64 bytes, quad q at byte 64 q;
 //   4-bit: 4 lines of 64 bytes, line v = quad 2v in the low nibbles and 2v + 1 in the high ones.
-// Threads take contiguous ranges of row blocks, so each streams one sequential run, prefetched
-// 16 KB ahead (simd.h prefetch_stream); a single activation row keeps 4 accumulator chains
-// per group (2-3 rows: 2 chains; 4: one each).
+// Threads take contiguous ranges of row blocks, each a sequential run prefetched 16 KB ahead
+// (simd.h prefetch_stream). A single activation row (decode) reads its thread's range as 4
+// runs side by side (`qrow`); the tiles of other calls have 4 rows, the leftover 1-3 rows keep
+// 4 or 2 accumulator chains per group.
 #include <omp.h>
 
 #include <algorithm>
@@ -113,6 +114,93 @@ struct QArgs {
 enum Kind : int { KIND_INT4 = 0, KIND_INT8 = 1, KIND_INT8_G16 = 2, KIND_INT4_SYM = 3 };
 
 constexpr bool is_int8(int kind) { return kind == KIND_INT8 || kind == KIND_INT8_G16; }
+
+// The decode GEMV: the single activation row (split) against the blocks bs[0..NB), total[j]
+// for block bs[j]. Its speed is set by memory and by the per-group work no other row shares:
+// - the NB blocks advance group by group, NB sequential streams per thread as `stream_read`
+//   reads them (one stream reached ~85% of its bandwidth), each activation quad broadcast
+//   once for all NB;
+// - 4-bit: a high nibble is used in place (`& 0xF0`, 16 times its code) with accumulators of
+//   its own, so a line costs two ANDs; the flush weighs the low-nibble sums by 16 and the
+//   scale by 1 / 16 (|16 (128 hi + lo) sums| < 16 * 2^15 * 15 * 32 < 2^31);
+// - accumulators are fresh each group (or sub-group of 16 k): consecutive groups are
+//   independent chains for the out-of-order core.
+template <int KIND, int NB>
+inline void qrow(const QArgs& a, const int64_t (&bs)[NB], __m512 (&total)[NB]) {
+  constexpr bool INT8 = is_int8(KIND);
+  constexpr int SUB = KIND == KIND_INT8_G16 ? 2 : 1;  // scales per group of 32
+  constexpr int64_t CODE_BYTES = INT8 ? 512 : 256;
+  const int64_t group_stride = a.block_stride / a.G;
+  const int32_t* hi = (const int32_t*)a.x->codes.data();
+  const int32_t* lo = (const int32_t*)(a.x->codes.data() + a.M * a.K);
+  const float* xs = a.x->scales.data();
+  const float* sums = a.x->sums.data();
+  const __m512i low = _mm512_set1_epi8(0x0F), high = _mm512_set1_epi8((char)0xF0);
+  const uint8_t* block[NB];
+  PACE_UNROLL for (int j = 0; j < NB; ++j) {
+    block[j] = a.w + bs[j] * a.block_stride;
+    total[j] = _mm512_setzero_ps();
+  }
+  auto scale = [&](int j, int64_t si) {  // the fp16 scales of block j, index si (per SUB)
+    const uint16_t* scales = (const uint16_t*)(block[j] + a.G * CODE_BYTES);
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(scales + si * 16)));
+  };
+  for (int64_t g = 0; g < a.G; ++g) {
+    PACE_UNROLL for (int j = 0; j < NB; ++j)
+      prefetch_stream(block[j] + g * group_stride, group_stride);
+    if constexpr (INT8) {  // quad q at byte 64 q; w = (u - 128) s
+      PACE_UNROLL for (int sub = 0; sub < SUB; ++sub) {
+        __m512i acc[NB][2];  // [block][activation plane]
+        PACE_UNROLL for (int j = 0; j < NB; ++j) acc[j][0] = acc[j][1] = _mm512_setzero_si512();
+        PACE_UNROLL for (int q = sub * 8 / SUB; q < (sub + 1) * 8 / SUB; ++q) {
+          const __m512i xh = _mm512_set1_epi32(hi[g * 8 + q]), xl = _mm512_set1_epi32(lo[g * 8 + q]);
+          PACE_UNROLL for (int j = 0; j < NB; ++j) {
+            const __m512i w = _mm512_loadu_si512(block[j] + g * CODE_BYTES + 64 * q);
+            acc[j][0] = _mm512_dpbusd_epi32(acc[j][0], w, xh);
+            acc[j][1] = _mm512_dpbusd_epi32(acc[j][1], w, xl);
+          }
+        }
+        const __m512 sx = _mm512_set1_ps(xs[g]);
+        const __m512 xsum = _mm512_set1_ps(-128.0f * (SUB == 2 ? sums[2 * g + sub] : sums[2 * g] + sums[2 * g + 1]));
+        PACE_UNROLL for (int j = 0; j < NB; ++j) {
+          const __m512i sum = _mm512_add_epi32(_mm512_slli_epi32(acc[j][0], 7), acc[j][1]);
+          const __m512 s = scale(j, g * SUB + sub);
+          total[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(s, sx), total[j]);
+          total[j] = _mm512_fmadd_ps(s, xsum, total[j]);
+        }
+      }
+    } else {  // line v = quad 2v in the low nibbles, 2v + 1 in the high ones
+      __m512i acc[NB][2][2];  // [block][nibble: even quads, odd quads x16][activation plane]
+      PACE_UNROLL for (int j = 0; j < NB; ++j)
+        acc[j][0][0] = acc[j][0][1] = acc[j][1][0] = acc[j][1][1] = _mm512_setzero_si512();
+      PACE_UNROLL for (int v = 0; v < 4; ++v) {
+        const int64_t q = g * 8 + 2 * v;
+        const __m512i xh0 = _mm512_set1_epi32(hi[q]), xl0 = _mm512_set1_epi32(lo[q]);
+        const __m512i xh1 = _mm512_set1_epi32(hi[q + 1]), xl1 = _mm512_set1_epi32(lo[q + 1]);
+        PACE_UNROLL for (int j = 0; j < NB; ++j) {
+          const __m512i raw = _mm512_loadu_si512(block[j] + g * CODE_BYTES + 64 * v);
+          const __m512i even = _mm512_and_si512(raw, low), odd = _mm512_and_si512(raw, high);
+          acc[j][0][0] = _mm512_dpbusd_epi32(acc[j][0][0], even, xh0);
+          acc[j][0][1] = _mm512_dpbusd_epi32(acc[j][0][1], even, xl0);
+          acc[j][1][0] = _mm512_dpbusd_epi32(acc[j][1][0], odd, xh1);
+          acc[j][1][1] = _mm512_dpbusd_epi32(acc[j][1][1], odd, xl1);
+        }
+      }
+      const __m512 sx = _mm512_set1_ps(xs[g] / 16.0f);
+      const __m512 xsum = _mm512_set1_ps(sums[2 * g] + sums[2 * g + 1]);
+      PACE_UNROLL for (int j = 0; j < NB; ++j) {
+        // 16 (128 hi + lo) over the 32 k = 128 (16 E_hi + O_hi) + (16 E_lo + O_lo)
+        const __m512i h = _mm512_add_epi32(_mm512_slli_epi32(acc[j][0][0], 4), acc[j][1][0]);
+        const __m512i l = _mm512_add_epi32(_mm512_slli_epi32(acc[j][0][1], 4), acc[j][1][1]);
+        const __m512i sum = _mm512_add_epi32(_mm512_slli_epi32(h, 7), l);
+        const __m512 s = scale(j, g);
+        total[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(s, sx), total[j]);
+        const __m512 mn = KIND == KIND_INT4_SYM ? _mm512_mul_ps(s, _mm512_set1_ps(-8.0f)) : scale(j, a.G + g);
+        total[j] = _mm512_fmadd_ps(mn, xsum, total[j]);
+      }
+    }
+  }
+}
 
 // total[MT] (16 rows of block `b`) for activation rows [m0, m0 + MT).
 template <int KIND, bool SPLIT, int MT>
@@ -244,6 +332,24 @@ inline void rows_tail(const QArgs& a, const Store& st, int64_t b, int64_t m0, in
   }
 }
 
+// One activation row (split): the thread's blocks [b, end) as NB contiguous
+// runs read side by side (NB streams), then the few left over one at a time.
+template <int KIND, int NB, typename Store>
+inline void qrow_blocks(const QArgs& a, const Store& st, int64_t b, int64_t end) {
+  const int64_t run = (end - b) / NB;
+  for (int64_t i = 0; i < run; ++i) {
+    int64_t bs[NB];
+    PACE_UNROLL for (int j = 0; j < NB; ++j) bs[j] = b + j * run + i;
+    __m512 total[NB];
+    qrow<KIND, NB>(a, bs, total);
+    PACE_UNROLL for (int j = 0; j < NB; ++j) {
+      __m512 one[1] = {total[j]};
+      st.template operator()<1>(one, bs[j], 0);
+    }
+  }
+  if constexpr (NB > 1) qrow_blocks<KIND, 1>(a, st, b + NB * run, end);
+}
+
 template <int KIND, bool SPLIT, typename Store>
 void qdrive(const QArgs& a, const Store& st, int64_t M, int64_t blocks, int nthreads) {
   constexpr int MT = 4;
@@ -251,7 +357,10 @@ void qdrive(const QArgs& a, const Store& st, int64_t M, int64_t blocks, int nthr
   {
     const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
     const int64_t end = blocks * (t + 1) / nt;
-    for (int64_t b = blocks * t / nt; b < end; ++b) {
+    if (SPLIT && M == 1) {
+      qrow_blocks<KIND, 4>(a, st, blocks * t / nt, end);
+    }
+    for (int64_t b = SPLIT && M == 1 ? end : blocks * t / nt; b < end; ++b) {
       int64_t m0 = 0;
       for (; m0 + MT <= M; m0 += MT) {
         __m512 total[MT];
