@@ -296,6 +296,16 @@ def usable_kernels(op: str, dtype: torch.dtype, **attrs: Any) -> dict[str, Any]:
     return {s.backend: s for s in get_host().ops.where(op=op) if s.check(ctx, features) is None}
 
 
+def sweep(call, x, packed: list) -> Callable[[], None]:
+    """One timed run: a call on each matrix of the set in turn (cold weights)."""
+
+    def run():
+        for p in packed:
+            call(x, p)
+
+    return run
+
+
 def add_rows(rows, times, rate, ref: str | None, **fields) -> dict[str, float]:
     """One row per backend: ``rate(seconds)`` of the median and of the best round."""
     med = {name: statistics.median(t) for name, t in times.items()}

@@ -20,6 +20,9 @@ two references for ``linear``: ``torch`` (F.linear on the [N, K] weight) and ``m
 - moe (not in the default set): op ``moe`` per backend at Qwen3-30B-A3B's expert shapes
   (128 x 2048 x 768, top-8; cold) for 1, 8 and 128 routed tokens (``vs_native``: over the
   per-expert torch loop), with the hit experts' weight GB/s.
+- qgemv (not in the default set): decode GEMVs over quantized weights (``int8``, ``int4``,
+  ``q8_0``, ``q4_0``), cold, GB/s of the format's bytes and their ``of_dram`` share
+  (:mod:`pace_core.bench.kernels_quant`).
 - model (not in the default set): a whole model (``--model``) per backend plan:
   ``{"default": "native"}``, every op of each installed backend on it, and ``auto``; prefill
   time of a ``--model-prompt``-token prompt and decode tok/s over ``--model-tokens`` tokens.
@@ -32,6 +35,7 @@ only): steadier on a shared machine, as time spent descheduled is not counted.
     pace bench kernels                                  # everything, ~5 minutes on 2 cores
     pace bench kernels --dtypes bfloat16 --threads 2 --sections gemv
     pace bench kernels --shapes 64x128 --cold-mib 1 --repeats 1     # smoke test
+    pace bench kernels --sections qgemv --shapes 576x49152 4096x4096 --gemv-m 1 --cold-mib 512
 """
 
 from __future__ import annotations
@@ -55,16 +59,18 @@ from pace_core.bench.common import (
     keep_backend,
     note,
     progress,
+    sweep,
     usable_kernels,
     warn,
 )
 from pace_core.bench.kernels_model import bench_model
 from pace_core.bench.kernels_moe import bench_moe
+from pace_core.bench.kernels_quant import bench_qgemv
 from pace_core.errors import ConfigError
 
 SHAPES = {"576x1536": (576, 1536), "2048x8192": (2048, 8192), "4096x4096": (4096, 4096)}  # K x N
 REFERENCES = ("torch", "mkldnn")
-SECTIONS = ("gemv", "gemm", "ops", "mlp", "model", "moe")
+SECTIONS = ("gemv", "gemm", "ops", "mlp", "model", "moe", "qgemv")
 COLUMNS = [
     "section",
     "dtype",
@@ -167,16 +173,6 @@ def linear_impls(dtype: torch.dtype, k: int, n: int, names: list[str] | None) ->
 
 
 # -- measurement ------------------------------------------------------------------------------
-def sweep(call, x, packed: list) -> Callable[[], None]:
-    """One timed run: a call on each matrix of the set in turn (cold weights)."""
-
-    def run():
-        for p in packed:
-            call(x, p)
-
-    return run
-
-
 def _stream_read() -> Callable[[torch.Tensor], Any] | None:
     """pace-avx512's streaming-read reference, when that plugin is usable here."""
     if "avx512" not in usable_kernels("linear", torch.bfloat16):
@@ -412,6 +408,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     bench_model(args, dtype, threads, rows)
                 if "moe" in args.sections:
                     bench_moe(args, dtype, threads, rows)
+                if "qgemv" in args.sections:
+                    bench_qgemv(args, dtype, threads, dram, rows)
     measured = {r["backend"] for r in rows}
     absent = [b for b in args.backends or () if b not in measured]
     if absent:

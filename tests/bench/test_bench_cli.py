@@ -87,6 +87,27 @@ def test_backends_filter(tmp_path):
     assert {r["backend"] for r in rows if r["section"] == "gemv"} == {"native", "torch"}
 
 
+def test_qgemv_rows_per_format_and_backend_that_takes_it(tmp_path):
+    """Every quantized format, every backend whose linear takes it, with its DRAM share."""
+    from pace_core.bench.kernels_quant import FORMATS
+
+    argv = [*TINY_KERNELS[:-3], "--sections", "qgemv", "--out", str(tmp_path), "--no-plots"]
+    assert main([*argv, "--quiet"]) == 0
+    rows = json.loads((tmp_path / "kernels.json").read_text())["results"]
+    dram = {r["backend"]: r["value"] for r in rows if r["section"] == "dram-read"}
+    qgemv = [r for r in rows if r["section"] == "qgemv"]
+    for fmt in FORMATS:
+        got = {r["backend"]: r for r in qgemv if r["shape"].endswith(fmt)}
+        ctx = OpContext("linear", torch.float32, {"in_features": K, "out_features": N,
+                                                  "weight_format": fmt})  # fmt: skip
+        specs = plugins.get_host().ops.where(op="linear")
+        usable = {s.backend for s in specs if s.check(ctx, detect_cpu().features) is None}
+        assert set(got) == usable and "native" in usable, fmt
+        for row in got.values():
+            assert row["unit"] == "GB/s" and row["value"] > 0
+            assert row["of_dram"] == pytest.approx(row["value"] / max(dram.values()))
+
+
 def test_plot_redraws_from_json(kernels_run, tmp_path):
     out, _ = kernels_run
     assert main(["bench", "plot", str(out), "--out", str(tmp_path), "--quiet"]) == 0

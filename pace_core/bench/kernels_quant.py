@@ -1,0 +1,71 @@
+"""The ``qgemv`` section of ``pace bench kernels``: decode GEMVs over quantized weights.
+
+For every ``--shapes`` K x N and quantized format (pace's ``int8`` and ``int4`` presets, GGUF
+``q8_0`` and ``q4_0`` written by pace's block writers), every backend whose ``linear`` takes
+that format here multiplies ``--gemv-m`` activation rows by a set of ``--cold-mib`` of such
+matrices in turn (cold: each call reads its weights from DRAM), round-robin. ``value`` is
+GB/s of the format's own bytes (``QuantizedWeight.nbytes``: codes, scales and mins, as the
+file holds them), so ``of_dram`` is the share of the streaming-read reference (the
+``dram-read`` rows) that the kernel reaches, the bar pace-avx512's quantized GEMV is held to.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from pace_core.bench.common import (
+    add_rows,
+    dtype_name,
+    interleaved,
+    progress,
+    sweep,
+    usable_kernels,
+)
+from pace_core.quant import QuantizationConfig, QuantizedWeight, quantize
+from pace_core.quant.gguf_blocks import quantize_q4_0, quantize_q8_0
+
+FORMATS = ("int8", "int4", "q8_0", "q4_0")
+
+
+def quantized(fmt: str, w: torch.Tensor) -> QuantizedWeight:
+    """``w`` [N, K] in format ``fmt`` (one of :data:`FORMATS`)."""
+    if fmt == "int8":
+        return quantize(w, QuantizationConfig(bits=8, group_size=32))
+    if fmt == "int4":
+        return quantize(w, QuantizationConfig(bits=4, group_size=32, symmetric=False))
+    writer = {"q8_0": quantize_q8_0, "q4_0": quantize_q4_0}[fmt]
+    return QuantizedWeight(fmt, tuple(w.shape), w.dtype, writer(w.float()))
+
+
+def bench_qgemv(args: Any, dtype: torch.dtype, threads: int, dram: float, rows: list) -> None:
+    """GB/s (format bytes) per backend, format, shape and M, with its share of ``dram``."""
+    cases = [(shape, fmt) for shape in args.shapes for fmt in FORMATS]
+    for shape, fmt in progress(cases, f"qgemv {dtype_name(dtype)} t={threads}", args.quiet):
+        k, n = (int(v) for v in shape.lower().split("x"))  # checked by --shapes' parser
+        specs = usable_kernels("linear", dtype, in_features=k, out_features=n, weight_format=fmt)
+        specs = {b: s for b, s in specs.items() if args.backends is None or b in args.backends}
+        if not specs:
+            continue
+        gen = torch.Generator().manual_seed(0)
+        first = quantized(fmt, (torch.randn(n, k, generator=gen) / k**0.5).to(dtype))
+        count = max(3, -(-(args.cold_mib << 20) // first.nbytes))
+        weights = [first] + [
+            quantized(fmt, (torch.randn(n, k, generator=gen) / k**0.5).to(dtype))
+            for _ in range(count - 1)
+        ]
+        packed = {b: [s.prepare(w, None) for w in weights] for b, s in specs.items()}
+        for m in args.gemv_m:
+            x = torch.randn(m, k, generator=gen).to(dtype)
+            fns = {b: sweep(specs[b].fn, x, packed[b]) for b in specs}
+            times = interleaved(fns, args.repeats, args.clock_fn)
+            before = len(rows)
+            work = first.nbytes * count
+            add_rows(rows, times, lambda s, w=work: w / s / 1e9, "native", section="qgemv",
+                     dtype=dtype_name(dtype), shape=f"{shape} {fmt}", M=m, threads=threads,
+                     unit="GB/s")  # fmt: skip
+            for row in rows[before:]:
+                row["of_dram"] = row["value"] / dram
+        del packed, weights
+
