@@ -296,6 +296,15 @@ def usable_kernels(op: str, dtype: torch.dtype, **attrs: Any) -> dict[str, Any]:
     return {s.backend: s for s in get_host().ops.where(op=op) if s.check(ctx, features) is None}
 
 
+def stream_read_fn() -> Callable[[torch.Tensor], Any] | None:
+    """pace-avx512's streaming-read reference (DRAM bandwidth), when that plugin is usable."""
+    if "avx512" not in usable_kernels("linear", torch.bfloat16):
+        return None
+    from pace_avx512.build import load_extension
+
+    return load_extension().stream_read
+
+
 def sweep(call, x, packed: list) -> Callable[[], None]:
     """One timed run: a call on each matrix of the set in turn (cold weights)."""
 

@@ -59,6 +59,7 @@ from pace_core.bench.common import (
     keep_backend,
     note,
     progress,
+    stream_read_fn,
     sweep,
     usable_kernels,
     warn,
@@ -173,20 +174,11 @@ def linear_impls(dtype: torch.dtype, k: int, n: int, names: list[str] | None) ->
 
 
 # -- measurement ------------------------------------------------------------------------------
-def _stream_read() -> Callable[[torch.Tensor], Any] | None:
-    """pace-avx512's streaming-read reference, when that plugin is usable here."""
-    if "avx512" not in usable_kernels("linear", torch.bfloat16):
-        return None
-    from pace_avx512.build import load_extension
-
-    return load_extension().stream_read
-
-
 def dram_read(args, threads: int, rows: list) -> float:
     """GB/s of plain streaming reads over 4 x ``--cold-mib`` of bf16; the best median."""
     big = torch.ones(4 * (args.cold_mib << 20) // 2, dtype=torch.bfloat16)
     fns: dict[str, Callable[[], Any]] = {"torch.sum": big.sum}
-    stream = _stream_read()
+    stream = stream_read_fn()
     if stream is not None:
         fns["avx512.stream_read"] = partial(stream, big)
     times = interleaved(fns, args.repeats, args.clock_fn)

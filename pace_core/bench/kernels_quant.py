@@ -3,14 +3,18 @@
 For every ``--shapes`` K x N and quantized format (pace's ``int8`` and ``int4`` presets, GGUF
 ``q8_0`` and ``q4_0`` written by pace's block writers), every backend whose ``linear`` takes
 that format here multiplies ``--gemv-m`` activation rows by a set of ``--cold-mib`` of such
-matrices in turn (cold: each call reads its weights from DRAM), round-robin. ``value`` is
-GB/s of the format's own bytes (``QuantizedWeight.nbytes``: codes, scales and mins, as the
-file holds them), so ``of_dram`` is the share of the streaming-read reference (the
-``dram-read`` rows) that the kernel reaches, the bar pace-avx512's quantized GEMV is held to.
+matrices in turn (cold: each call reads its weights from DRAM), round-robin with a streaming
+read of as many bytes (``avx512.stream_read``, where pace-avx512 is usable: the reference is
+timed in the same rounds, so a noisy host moves both alike). ``value`` is GB/s of the
+format's own bytes (``QuantizedWeight.nbytes``: codes, scales and mins, as the file holds
+them) and ``of_dram`` its share of that reference (else of the ``dram-read`` rows): the bar
+pace-avx512's quantized GEMV is held to.
 """
 
 from __future__ import annotations
 
+import copy
+from functools import partial
 from typing import Any
 
 import torch
@@ -20,6 +24,7 @@ from pace_core.bench.common import (
     dtype_name,
     interleaved,
     progress,
+    stream_read_fn,
     sweep,
     usable_kernels,
 )
@@ -27,6 +32,7 @@ from pace_core.quant import QuantizationConfig, QuantizedWeight, quantize
 from pace_core.quant.gguf_blocks import quantize_q4_0, quantize_q8_0
 
 FORMATS = ("int8", "int4", "q8_0", "q4_0")
+REFERENCE = "avx512.stream_read"
 
 
 def quantized(fmt: str, w: torch.Tensor) -> QuantizedWeight:
@@ -51,21 +57,23 @@ def bench_qgemv(args: Any, dtype: torch.dtype, threads: int, dram: float, rows: 
         gen = torch.Generator().manual_seed(0)
         first = quantized(fmt, (torch.randn(n, k, generator=gen) / k**0.5).to(dtype))
         count = max(3, -(-(args.cold_mib << 20) // first.nbytes))
-        weights = [first] + [
-            quantized(fmt, (torch.randn(n, k, generator=gen) / k**0.5).to(dtype))
-            for _ in range(count - 1)
-        ]
+        weights = [first] + [copy.deepcopy(first) for _ in range(count - 1)]  # own memory each
         packed = {b: [s.prepare(w, None) for w in weights] for b, s in specs.items()}
+        work = first.nbytes * count
+        stream, same_bytes = stream_read_fn(), torch.ones(work, dtype=torch.uint8)
         for m in args.gemv_m:
             x = torch.randn(m, k, generator=gen).to(dtype)
             fns = {b: sweep(specs[b].fn, x, packed[b]) for b in specs}
+            if stream is not None:
+                fns[REFERENCE] = partial(stream, same_bytes)
             times = interleaved(fns, args.repeats, args.clock_fn)
             before = len(rows)
-            work = first.nbytes * count
             add_rows(rows, times, lambda s, w=work: w / s / 1e9, "native", section="qgemv",
                      dtype=dtype_name(dtype), shape=f"{shape} {fmt}", M=m, threads=threads,
                      unit="GB/s")  # fmt: skip
-            for row in rows[before:]:
-                row["of_dram"] = row["value"] / dram
-        del packed, weights
+            added = rows[before:]
+            reference = next((r["value"] for r in added if r["backend"] == REFERENCE), dram)
+            for row in added:
+                row["of_dram"] = row["value"] / reference
+        del packed, weights, same_bytes
 
