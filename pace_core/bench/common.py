@@ -296,6 +296,14 @@ def usable_kernels(op: str, dtype: torch.dtype, **attrs: Any) -> dict[str, Any]:
     return {s.backend: s for s in get_host().ops.where(op=op) if s.check(ctx, features) is None}
 
 
+def parse_shape(text: str) -> tuple[int, int]:
+    """``"KxN"`` -> (K, N) (a weight shape option of the kernel benchmarks)."""
+    k, sep, n = text.lower().partition("x")
+    if not sep or not k.isdigit() or not n.isdigit():
+        raise argparse.ArgumentTypeError(f"shape {text!r}: write KxN, e.g. 576x1536")
+    return int(k), int(n)
+
+
 def stream_read_fn() -> Callable[[torch.Tensor], Any] | None:
     """pace-avx512's streaming-read reference (DRAM bandwidth), when that plugin is usable."""
     if "avx512" not in usable_kernels("linear", torch.bfloat16):

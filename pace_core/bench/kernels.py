@@ -58,6 +58,7 @@ from pace_core.bench.common import (
     interleaved,
     keep_backend,
     note,
+    parse_shape,
     progress,
     stream_read_fn,
     sweep,
@@ -107,14 +108,6 @@ class LinearImpl:
 
     prepare: Callable[[torch.Tensor, int], Any]
     call: Callable[[torch.Tensor, Any], torch.Tensor]
-
-
-def parse_shape(text: str) -> tuple[int, int]:
-    """``"KxN"`` -> (K, N)."""
-    k, sep, n = text.lower().partition("x")
-    if not sep or not k.isdigit() or not n.isdigit():
-        raise argparse.ArgumentTypeError(f"shape {text!r}: write KxN, e.g. 576x1536")
-    return int(k), int(n)
 
 
 def shape_arg(text: str) -> str:

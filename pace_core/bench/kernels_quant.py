@@ -23,6 +23,8 @@ from pace_core.bench.common import (
     add_rows,
     dtype_name,
     interleaved,
+    keep_backend,
+    parse_shape,
     progress,
     stream_read_fn,
     sweep,
@@ -46,12 +48,13 @@ def quantized(fmt: str, w: torch.Tensor) -> QuantizedWeight:
 
 
 def bench_qgemv(args: Any, dtype: torch.dtype, threads: int, dram: float, rows: list) -> None:
-    """GB/s (format bytes) per backend, format, shape and M, with its share of ``dram``."""
+    """GB/s (format bytes) per backend, format, shape and M, with its share of the streaming
+    read timed alongside (``dram``, the ``dram-read`` rows' best, without pace-avx512)."""
     cases = [(shape, fmt) for shape in args.shapes for fmt in FORMATS]
     for shape, fmt in progress(cases, f"qgemv {dtype_name(dtype)} t={threads}", args.quiet):
-        k, n = (int(v) for v in shape.lower().split("x"))  # checked by --shapes' parser
+        k, n = parse_shape(shape)
         specs = usable_kernels("linear", dtype, in_features=k, out_features=n, weight_format=fmt)
-        specs = {b: s for b, s in specs.items() if args.backends is None or b in args.backends}
+        specs = {b: s for b, s in specs.items() if keep_backend(args.backends, b)}
         if not specs:
             continue
         gen = torch.Generator().manual_seed(0)

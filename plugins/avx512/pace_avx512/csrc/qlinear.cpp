@@ -332,8 +332,8 @@ inline void rows_tail(const QArgs& a, const Store& st, int64_t b, int64_t m0, in
   }
 }
 
-// One activation row (split): the thread's blocks [b, end) as NB contiguous
-// runs read side by side (NB streams), then the few left over one at a time.
+// One activation row (split): the thread's blocks [b, end) as NB contiguous runs read side
+// by side (NB streams), then the few left over one at a time.
 template <int KIND, int NB, typename Store>
 inline void qrow_blocks(const QArgs& a, const Store& st, int64_t b, int64_t end) {
   const int64_t run = (end - b) / NB;
@@ -356,18 +356,19 @@ void qdrive(const QArgs& a, const Store& st, int64_t M, int64_t blocks, int nthr
 #pragma omp parallel num_threads(nthreads) if (nthreads > 1)
   {
     const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-    const int64_t end = blocks * (t + 1) / nt;
-    if (SPLIT && M == 1) {
-      qrow_blocks<KIND, 4>(a, st, blocks * t / nt, end);
-    }
-    for (int64_t b = SPLIT && M == 1 ? end : blocks * t / nt; b < end; ++b) {
-      int64_t m0 = 0;
-      for (; m0 + MT <= M; m0 += MT) {
-        __m512 total[MT];
-        qtile<KIND, SPLIT, MT>(a, b, m0, total);
-        st.template operator()<MT>(total, b, m0);
+    const int64_t begin = blocks * t / nt, end = blocks * (t + 1) / nt;
+    if (SPLIT && M == 1) {  // the decode GEMV
+      qrow_blocks<KIND, 4>(a, st, begin, end);
+    } else {
+      for (int64_t b = begin; b < end; ++b) {
+        int64_t m0 = 0;
+        for (; m0 + MT <= M; m0 += MT) {
+          __m512 total[MT];
+          qtile<KIND, SPLIT, MT>(a, b, m0, total);
+          st.template operator()<MT>(total, b, m0);
+        }
+        if (m0 < M) rows_tail<KIND, SPLIT, MT - 1>(a, st, b, m0, M - m0);
       }
-      if (m0 < M) rows_tail<KIND, SPLIT, MT - 1>(a, st, b, m0, M - m0);
     }
   }
 }
