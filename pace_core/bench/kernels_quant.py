@@ -30,7 +30,7 @@ from pace_core.bench.common import (
     sweep,
     usable_kernels,
 )
-from pace_core.quant import QuantizationConfig, QuantizedWeight, quantize
+from pace_core.quant import PRESETS, QuantizedWeight, quantize
 from pace_core.quant.gguf_blocks import quantize_q4_0, quantize_q8_0
 
 FORMATS = ("int8", "int4", "q8_0", "q4_0")
@@ -38,11 +38,9 @@ REFERENCE = "avx512.stream_read"
 
 
 def quantized(fmt: str, w: torch.Tensor) -> QuantizedWeight:
-    """``w`` [N, K] in format ``fmt`` (one of :data:`FORMATS`)."""
-    if fmt == "int8":
-        return quantize(w, QuantizationConfig(bits=8, group_size=32))
-    if fmt == "int4":
-        return quantize(w, QuantizationConfig(bits=4, group_size=32, symmetric=False))
+    """``w`` [N, K] in format ``fmt`` (one of :data:`FORMATS`: pace presets, GGUF blocks)."""
+    if fmt in PRESETS:
+        return quantize(w, PRESETS[fmt])
     writer = {"q8_0": quantize_q8_0, "q4_0": quantize_q4_0}[fmt]
     return QuantizedWeight(fmt, tuple(w.shape), w.dtype, writer(w.float()))
 
@@ -63,20 +61,21 @@ def bench_qgemv(args: Any, dtype: torch.dtype, threads: int, dram: float, rows: 
         weights = [first] + [copy.deepcopy(first) for _ in range(count - 1)]  # own memory each
         packed = {b: [s.prepare(w, None) for w in weights] for b, s in specs.items()}
         work = first.nbytes * count
-        stream, same_bytes = stream_read_fn(), torch.ones(work, dtype=torch.uint8)
+        stream = stream_read_fn()
+        reference = None if stream is None else partial(stream, torch.ones(work, dtype=torch.uint8))
         for m in args.gemv_m:
             x = torch.randn(m, k, generator=gen).to(dtype)
             fns = {b: sweep(specs[b].fn, x, packed[b]) for b in specs}
-            if stream is not None:
-                fns[REFERENCE] = partial(stream, same_bytes)
+            if reference is not None:
+                fns[REFERENCE] = reference
             times = interleaved(fns, args.repeats, args.clock_fn)
             before = len(rows)
             add_rows(rows, times, lambda s, w=work: w / s / 1e9, "native", section="qgemv",
                      dtype=dtype_name(dtype), shape=f"{shape} {fmt}", M=m, threads=threads,
                      unit="GB/s")  # fmt: skip
             added = rows[before:]
-            reference = next((r["value"] for r in added if r["backend"] == REFERENCE), dram)
+            read = next((r["value"] for r in added if r["backend"] == REFERENCE), dram)
             for row in added:
-                row["of_dram"] = row["value"] / reference
-        del packed, weights, same_bytes
+                row["of_dram"] = row["value"] / read
+        del packed, weights, reference
 

@@ -96,13 +96,13 @@ def test_decode_row_over_many_blocks(ext, kind, threads):
     packed = qpacking.prepare_linear(weight(kind, n, k), bias=torch.linspace(-1, 1, n))
     w = packed.rows(torch.arange(n)).float()
     x = torch.randn(1, k, generator=torch.Generator().manual_seed(7))
-    before = torch.get_num_threads()
+    before, work = torch.get_num_threads(), ext.min_work_per_thread()
     torch.set_num_threads(threads)
     try:
         ext.set_min_work_per_thread(1)  # every thread takes part, however small the matrix
         got = ext.qlinear(x, packed.weight, packed.bias, n, packed.kind)
     finally:
-        ext.set_min_work_per_thread(1 << 17)
+        ext.set_min_work_per_thread(work)
         torch.set_num_threads(before)
     want = reference(x, w, qpacking.activation_levels(1)) + packed.bias
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max())

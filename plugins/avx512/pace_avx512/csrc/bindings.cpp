@@ -480,4 +480,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int8_activation_rows", []() { return tuning().int8_activation_rows; });
   m.def("set_min_work_per_thread", [](int64_t v) { tuning().min_work_per_thread = v; },
         "tuning: weight-byte equivalents below which an extra thread is not used");
+  m.def("min_work_per_thread", []() { return tuning().min_work_per_thread; });
 }

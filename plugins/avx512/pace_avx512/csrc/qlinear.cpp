@@ -115,6 +115,11 @@ enum Kind : int { KIND_INT4 = 0, KIND_INT8 = 1, KIND_INT8_G16 = 2, KIND_INT4_SYM
 
 constexpr bool is_int8(int kind) { return kind == KIND_INT8 || kind == KIND_INT8_G16; }
 
+// 16 fp16 values (the 16 rows' scales or mins of one group) as fp32.
+inline __m512 fp16x16(const uint16_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p));
+}
+
 // The decode GEMV: the single activation row (split) against the blocks bs[0..NB), total[j]
 // for block bs[j]. Its speed is set by memory and by the per-group work no other row shares:
 // - the NB blocks advance group by group, NB sequential streams per thread as `stream_read`
@@ -143,7 +148,7 @@ inline void qrow(const QArgs& a, const int64_t (&bs)[NB], __m512 (&total)[NB]) {
   }
   auto scale = [&](int j, int64_t si) {  // the fp16 scales of block j, index si (per SUB)
     const uint16_t* scales = (const uint16_t*)(block[j] + a.G * CODE_BYTES);
-    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(scales + si * 16)));
+    return fp16x16(scales + si * 16);
   };
   for (int64_t g = 0; g < a.G; ++g) {
     PACE_UNROLL for (int j = 0; j < NB; ++j)
@@ -268,7 +273,7 @@ inline void qtile(const QArgs& a, int64_t b, int64_t m0, __m512 (&total)[MT]) {
       }
     };
     auto scale_at = [&](int64_t si) {
-      return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(scales + si * 16)));
+      return fp16x16(scales + si * 16);
     };
     if constexpr (INT8) {  // quad q at byte 64 q; w = (u - 128) s
       PACE_UNROLL for (int sub = 0; sub < SUB; ++sub) {
@@ -296,7 +301,7 @@ inline void qtile(const QArgs& a, int64_t b, int64_t m0, __m512 (&total)[MT]) {
       const __m512 s = scale_at(g);
       flush(s);
       add_min(KIND == KIND_INT4_SYM ? _mm512_mul_ps(s, _mm512_set1_ps(-8.0f))
-                                    : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(mins + g * 16))),
+                                    : fp16x16(mins + g * 16),
               0, 2);
     }
   }
