@@ -1,16 +1,19 @@
-"""pace-avx512's quantized linear (AVX512-VNNI) against an exact model of what it computes.
+"""pace-avx512's quantized linear against an exact model of what it computes.
 
-The kernel quantizes each activation row per group of 32 (round half to even) to 15 bits
-(``amax / 16383``), or, when ``int8_activation_rows`` is set, to int8 (``amax / 127``) in
-calls of that many rows; it takes integer dot products with the weight codes and scales per
-group in fp32. The reference does the same in float64 from the same codes: the two agree to
-fp32 rounding (``rtol 1e-5``), so any layout, nibble-order, offset or tail bug shows.
+The VNNI path (csrc/qlinear.cpp) quantizes each activation row per group of 32 (round half to
+even) to 15 bits (``amax / 16383``), or, when ``int8_activation_rows`` is set, to int8
+(``amax / 127``) in calls of that many rows; it takes integer dot products with the weight
+codes and scales per group in fp32. The bf16 panel path (csrc/qpanel.cpp: bf16 activations,
+AVX512-BF16 builds, calls of ``qpanel_rows`` rows or more) rounds the de-quantized weights to
+bf16 and multiplies the activations as they are. The reference does the same in float64 from
+the same codes: the two agree to fp32 rounding (``rtol 1e-5``; a bf16 output adds one bf16
+rounding), so any layout, nibble-order, offset or tail bug shows.
 Separately, the packed weight's rows de-quantize to exactly what
 ``QuantizedWeight.dequantize`` gives (``q4_k``/``q6_k`` within their fp16 scale rounding), and
 end to end a tiny quantized model on avx512 agrees with the native plan within the
 activation-quantization error.
 
-Runs on any AVX-512 CPU with VNNI (no AVX512-BF16 needed: bf16 activations are widened).
+Runs on any AVX-512 CPU with VNNI (the panel cases are skipped without AVX512-BF16).
 """
 
 from __future__ import annotations
@@ -50,8 +53,13 @@ def weight(kind: str, n: int, k: int) -> QuantizedWeight:
     return QuantizedWeight(kind, (n, k), torch.float32, torch.from_numpy(data).reshape(n, -1))
 
 
-def reference(x: torch.Tensor, w: torch.Tensor, levels: float) -> torch.Tensor:
-    """``x @ w.T`` with x quantized as the kernel does (fp32 steps), summed in float64."""
+def reference(x: torch.Tensor, w: torch.Tensor, path: str) -> torch.Tensor:
+    """``x @ w.T`` as ``path`` (``qpacking.qlinear_path``) computes it, summed in float64: x
+    quantized per group of 32 as the VNNI kernel does (fp32 steps), or, on the bf16 panel, the
+    weights rounded to bf16 and x as it is."""
+    if path == "bf16-panel":
+        return (x.double() @ w.bfloat16().double().T).float()
+    levels = 127.0 if path == "int8" else 16383.0
     m, k = x.shape
     g = x.float().view(m, k // 32, 32)
     amax = g.abs().amax(-1, keepdim=True)
@@ -60,27 +68,39 @@ def reference(x: torch.Tensor, w: torch.Tensor, levels: float) -> torch.Tensor:
     return (xq.view(m, k).double() @ w.double().T).float()
 
 
-@pytest.fixture(params=[0, 16], ids=["split-activations", "int8-activations-from-16"])
-def int8_from(ext, request):
-    """15-bit activations always (the default), or int8 from 16 rows."""
-    before = ext.int8_activation_rows()
-    ext.set_int8_activation_rows(request.param)
+MODES = {  # (int8_activation_rows, qpanel_rows)
+    "split-activations": (0, 0),
+    "int8-activations-from-16": (16, 0),
+    "bf16-panel-from-4": (0, 4),
+}
+
+
+@pytest.fixture(params=list(MODES))
+def mode(ext, request):
+    """15-bit activations always, int8 from 16 rows, or (bf16) the bf16 panel from 4 rows."""
+    int8_from, panel_from = MODES[request.param]
+    if panel_from and not ext.has_bf16:
+        pytest.skip("the bf16 panel path needs an AVX512-BF16 build")
+    before = ext.int8_activation_rows(), ext.qpanel_rows()
+    ext.set_int8_activation_rows(int8_from)
+    ext.set_qpanel_rows(panel_from)
     yield request.param
-    ext.set_int8_activation_rows(before)
+    ext.set_int8_activation_rows(before[0])
+    ext.set_qpanel_rows(before[1])
 
 
 @pytest.mark.parametrize("kind", [*PACE, *GGUF])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_qlinear_matches_its_model(ext, kind, dtype, int8_from):
+def test_qlinear_matches_its_model(ext, kind, dtype, mode):
     n, k = 100, 512  # N: 6 full blocks of 16 + a tail of 4; K: 16 groups (2 q4_k super-blocks)
     q = weight(kind, n, k)
     packed = qpacking.prepare_linear(q, bias=torch.linspace(-1, 1, n))
     w = packed.rows(torch.arange(n)).float()  # the packed rows, as the kernel reads them
-    for m in (1, 2, 3, 4, 9, 16, 18, 19):  # every tile height (1-4 rows); int8 from 16
+    for m in (1, 2, 3, 4, 9, 16, 18, 19):  # every tile height (1-4, panel 1-6 rows)
         x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(dtype)
         x[0, :32] = 0.0  # an all-zero activation group
         got = ext.qlinear(x, packed.weight, packed.bias, n, packed.kind)
-        want = reference(x, w, qpacking.activation_levels(m)) + packed.bias
+        want = reference(x, w, qpacking.qlinear_path(m, dtype)) + packed.bias
         assert got.dtype == dtype and got.shape == (m, n)
         tol = 1e-5 if dtype == torch.float32 else 2**-8  # one bf16 rounding at the end
         torch.testing.assert_close(got.float(), want, rtol=tol, atol=tol * want.abs().max())
@@ -88,14 +108,17 @@ def test_qlinear_matches_its_model(ext, kind, dtype, int8_from):
 
 @pytest.mark.parametrize("kind", [*PACE, *GGUF])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_decode_row_over_many_blocks(ext, kind, threads):
-    """The single-row path reads several blocks side by side (and the rest one at a time):
-    every block, the tail rows and (where the format allows) an odd number of groups."""
+@pytest.mark.parametrize(("rows", "dtype"), [(1, torch.float32), (19, torch.bfloat16)])
+def test_many_blocks_over_threads(ext, kind, threads, rows, dtype):
+    """Every block, the tail rows and (where the format allows) an odd number of groups, as
+    the threads split them: one row (the decode path reads several blocks side by side, the
+    rest one at a time) and 19 bf16 rows (the default prefill path: the bf16 panel where built,
+    over 5 groups of 4 blocks, the last one short)."""
     n = 300  # 19 blocks (a tail of 12 rows); K: an odd number of groups of 32 where allowed
     k = {"q4_k": 256, "q6_k": 256, "int8-g64": 192, "int4-sym-g128": 384}.get(kind, 160)
     packed = qpacking.prepare_linear(weight(kind, n, k), bias=torch.linspace(-1, 1, n))
     w = packed.rows(torch.arange(n)).float()
-    x = torch.randn(1, k, generator=torch.Generator().manual_seed(7))
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(7)).to(dtype)
     before, work = torch.get_num_threads(), ext.min_work_per_thread()
     torch.set_num_threads(threads)
     try:
@@ -104,8 +127,9 @@ def test_decode_row_over_many_blocks(ext, kind, threads):
     finally:
         ext.set_min_work_per_thread(work)
         torch.set_num_threads(before)
-    want = reference(x, w, qpacking.activation_levels(1)) + packed.bias
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max())
+    want = reference(x, w, qpacking.qlinear_path(rows, dtype)) + packed.bias
+    tol = 1e-5 if dtype == torch.float32 else 2**-8
+    torch.testing.assert_close(got.float(), want, rtol=tol, atol=tol * want.abs().max())
 
 
 @pytest.mark.parametrize("kind", [*PACE, *GGUF])

@@ -38,12 +38,19 @@ _INT8_KINDS = (KINDS["int8"], KINDS["int8-g16"])
 CHUNK_ROWS = 1024  # rows converted at a time (bounds the temporaries)
 
 
-def activation_levels(rows: int) -> float:
-    """Levels of the activation codes a ``qlinear`` call of ``rows`` rows uses (csrc/qlinear.cpp):
-    15-bit (two int8 planes), or int8 from the extension's ``int8_activation_rows`` rows when
-    that is set (> 0)."""
-    start = build.load_extension().int8_activation_rows()
-    return 127.0 if 0 < start <= rows else 16383.0
+def qlinear_path(rows: int, dtype: torch.dtype) -> str:
+    """How a ``qlinear`` call of ``rows`` activation rows of ``dtype`` computes: ``"int8"``
+    activations (``amax / 127``) from the extension's ``int8_activation_rows`` rows when that
+    is set (> 0); else, for bf16 in an AVX512-BF16 build from ``qpanel_rows`` rows,
+    ``"bf16-panel"`` (csrc/qpanel.cpp: weights de-quantized to bf16, activations as they are);
+    else ``"split"`` (csrc/qlinear.cpp: 15-bit activations, ``amax / 16383``)."""
+    ext = build.load_extension()
+    int8_from, panel_from = ext.int8_activation_rows(), ext.qpanel_rows()
+    if 0 < int8_from <= rows:
+        return "int8"
+    if dtype == torch.bfloat16 and ext.has_bf16 and 0 < panel_from <= rows:
+        return "bf16-panel"
+    return "split"
 
 
 @dataclass(frozen=True)

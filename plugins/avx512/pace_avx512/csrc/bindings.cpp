@@ -478,6 +478,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_int8_activation_rows", [](int64_t v) { tuning().int8_activation_rows = v; },
         py::arg("rows"), "quantized weights: calls of at least this many activation rows use int8 activations (0: never)");
   m.def("int8_activation_rows", []() { return tuning().int8_activation_rows; });
+  m.def("set_qpanel_rows", [](int64_t v) { tuning().qpanel_rows = v; }, py::arg("rows"),
+        "quantized weights, bf16 activations, AVX512-BF16 builds: calls of at least this many rows de-quantize weight panels to bf16 (0: never)");
+  m.def("qpanel_rows", []() { return tuning().qpanel_rows; });
   m.def("set_min_work_per_thread", [](int64_t v) { tuning().min_work_per_thread = v; },
         "tuning: weight-byte equivalents below which an extra thread is not used");
   m.def("min_work_per_thread", []() { return tuning().min_work_per_thread; });

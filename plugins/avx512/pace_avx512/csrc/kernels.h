@@ -50,10 +50,27 @@ void qlinear_fp32(const float* x, int64_t ldx, int64_t M, int64_t K, const uint8
 // de-quantizer's, but for q4_k/q6_k scales rounded to fp16 at packing).
 void qpacked_rows(const uint8_t* w, int64_t block_stride, int kind, int64_t K,
                   const int64_t* ids, int64_t n, float* out, int nthreads);
+// Quantized weight kinds (pace_avx512/qpacking.py KINDS): 4-bit with mins, int8 with a scale
+// per 32 k, int8 with a scale per 16 k, 4-bit symmetric ((q - 8) s: the min -8 s is not
+// stored). int8 codes are stored as unsigned q + 128 (the min -128 s is not stored).
+enum Kind : int { KIND_INT4 = 0, KIND_INT8 = 1, KIND_INT8_G16 = 2, KIND_INT4_SYM = 3 };
+constexpr int64_t QGROUP = 32;  // k per quantization group
+constexpr bool is_int8(int kind) { return kind == KIND_INT8 || kind == KIND_INT8_G16; }
+constexpr int64_t qcode_bytes(int kind) { return is_int8(kind) ? 512 : 256; }  // per block, group
+constexpr int qscales_per_group(int kind) { return kind == KIND_INT8_G16 ? 2 : 1; }
+
 // Bytes per row block and group of 32 k of a quantized kind: codes, then fp16 scales (and mins).
 inline int64_t qgroup_bytes(int64_t kind) {
   return kind == 0 ? 320 : kind == 1 ? 544 : kind == 2 ? 576 : 288;
 }
+
+// The bf16 panel path of qlinear_bf16 (qpanel.cpp, AVX512-BF16 builds): each thread
+// de-quantizes a group of 4 row blocks to bf16 in the dense packed layout, in L2, and runs the
+// dense vdpbf16ps tiles on it. Returns false (nothing computed) when this build lacks
+// AVX512-BF16 or M is below `tuning().qpanel_rows`.
+bool qlinear_bf16_panel(const bf16_t* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* w,
+                        int64_t block_stride, int kind, const float* bias, int64_t N, bf16_t* y,
+                        int64_t ldy, int nthreads);
 
 // out[r] = act(gate[r]) * up[r] for `rows` rows of `inter` values, gate/up rows `ld` apart and
 // out contiguous (activation.cpp); act by its code (simd.h ACT_NAMES).
@@ -122,6 +139,9 @@ struct Tuning {
   // Quantized weights: calls of at least this many rows quantize activations to int8 (faster
   // prefill, llama.cpp-class error); 0 = never (15-bit split activations, see qlinear.cpp)
   int64_t int8_activation_rows = 0;
+  // Quantized weights, bf16 activations, AVX512-BF16 builds: calls of at least this many rows
+  // de-quantize weight panels to bf16 and run vdpbf16ps (qpanel.cpp); 0 = never
+  int64_t qpanel_rows = 16;
 };
 Tuning& tuning();
 

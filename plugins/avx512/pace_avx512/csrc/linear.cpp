@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "gemm_tiles.h"
 #include "kernels.h"
 #include "simd.h"
 
@@ -33,189 +34,6 @@ Tuning& tuning() {
 }
 
 namespace {
-
-#define PACE_UNROLL _Pragma("GCC unroll 16")
-
-// A slice of `count` cache lines of the next group's weights, prefetched into L2 `lines` per
-// k step of a tile (none when `count` is 0).
-struct NextGroup {
-  const char* base = nullptr;
-  int64_t lines = 0;
-  int64_t count = 0;
-
-  inline void step(int64_t k) const {
-    for (int64_t i = k * lines; i < std::min(count, (k + 1) * lines); ++i)
-      _mm_prefetch(base + 64 * i, _MM_HINT_T1);
-  }
-};
-
-// ---- micro-kernels: acc[MT][NB] = x[MT rows] . W[NB blocks] over all of K ----------------
-template <int MT, int NB>
-struct Bf16Kernel {
-  const bf16_t* x;
-  int64_t ldx;
-  const bf16_t* w;
-  int64_t gstride;  // elements per group of 4 blocks = Kp/2 * 128
-  int64_t pairs;    // Kp / 2
-  NextGroup next;
-
-  inline void run(int64_t m0, int64_t b0, __m512 (&acc)[MT][NB]) const {
-#ifdef PACE_HAS_BF16
-    const bf16_t* xr = x + m0 * ldx;
-    const bf16_t* wb = w + (b0 / GROUP) * gstride + (b0 % GROUP) * 32;
-    PACE_UNROLL for (int m = 0; m < MT; ++m)
-      PACE_UNROLL for (int n = 0; n < NB; ++n) acc[m][n] = _mm512_setzero_ps();
-    for (int64_t p = 0; p < pairs; ++p) {
-      next.step(p);
-      __m512bh wv[NB];
-      PACE_UNROLL for (int n = 0; n < NB; ++n)
-        wv[n] = (__m512bh)_mm512_loadu_si512(wb + 32 * n + 32 * GROUP * p);
-      PACE_UNROLL for (int m = 0; m < MT; ++m) {
-        int32_t xp;  // the k-pair (x[2p], x[2p+1]) of row m, broadcast to all 16 lanes
-        std::memcpy(&xp, xr + m * ldx + 2 * p, 4);
-        const __m512bh xb = (__m512bh)_mm512_set1_epi32(xp);
-        PACE_UNROLL for (int n = 0; n < NB; ++n) acc[m][n] = _mm512_dpbf16_ps(acc[m][n], xb, wv[n]);
-      }
-    }
-#else
-    (void)m0, (void)b0, (void)acc;  // built without AVX512-BF16: Bf16WideKernel runs instead
-#endif
-  }
-};
-
-// bf16 weights without AVX512-BF16: x is the activation widened to fp32 (rows of Kp floats).
-template <int MT, int NB>
-struct Bf16WideKernel {
-  const float* x;
-  int64_t ldx;
-  const bf16_t* w;
-  int64_t gstride;  // elements per group of 4 blocks = Kp/2 * 128
-  int64_t pairs;    // Kp / 2
-  NextGroup next;
-
-  inline void run(int64_t m0, int64_t b0, __m512 (&acc)[MT][NB]) const {
-    const float* xr = x + m0 * ldx;
-    const bf16_t* wb = w + (b0 / GROUP) * gstride + (b0 % GROUP) * 32;
-    const __m512i high = _mm512_set1_epi32((int)0xFFFF0000u);
-    PACE_UNROLL for (int m = 0; m < MT; ++m)
-      PACE_UNROLL for (int n = 0; n < NB; ++n) acc[m][n] = _mm512_setzero_ps();
-    for (int64_t p = 0; p < pairs; ++p) {
-      next.step(p);
-      PACE_UNROLL for (int n = 0; n < NB; ++n) {
-        const __m512i wv = _mm512_loadu_si512(wb + 32 * n + 32 * GROUP * p);
-        const __m512 even = _mm512_castsi512_ps(_mm512_slli_epi32(wv, 16));
-        const __m512 odd = _mm512_castsi512_ps(_mm512_and_si512(wv, high));
-        PACE_UNROLL for (int m = 0; m < MT; ++m) {
-          acc[m][n] = _mm512_fmadd_ps(_mm512_set1_ps(xr[m * ldx + 2 * p]), even, acc[m][n]);
-          acc[m][n] = _mm512_fmadd_ps(_mm512_set1_ps(xr[m * ldx + 2 * p + 1]), odd, acc[m][n]);
-        }
-      }
-    }
-  }
-};
-
-template <int MT, int NB>
-struct Fp32Kernel {
-  const float* x;
-  int64_t ldx;
-  const float* w;
-  int64_t gstride;  // elements per group of 4 blocks = K * 64
-  int64_t k;
-  NextGroup next;
-
-  inline void run(int64_t m0, int64_t b0, __m512 (&acc)[MT][NB]) const {
-    const float* xr = x + m0 * ldx;
-    const float* wb = w + (b0 / GROUP) * gstride + (b0 % GROUP) * 16;
-    PACE_UNROLL for (int m = 0; m < MT; ++m)
-      PACE_UNROLL for (int n = 0; n < NB; ++n) acc[m][n] = _mm512_setzero_ps();
-    for (int64_t i = 0; i < k; ++i) {
-      next.step(i);
-      __m512 wv[NB];
-      PACE_UNROLL for (int n = 0; n < NB; ++n) wv[n] = _mm512_loadu_ps(wb + 16 * n + 16 * GROUP * i);
-      PACE_UNROLL for (int m = 0; m < MT; ++m) {
-        const __m512 xb = _mm512_set1_ps(xr[m * ldx + i]);
-        PACE_UNROLL for (int n = 0; n < NB; ++n) acc[m][n] = _mm512_fmadd_ps(xb, wv[n], acc[m][n]);
-      }
-    }
-  }
-};
-
-// ---- epilogues ----------------------------------------------------------------------------
-
-template <typename T>
-struct LinearEpilogue {  // y = acc + bias
-  T* y;
-  int64_t ldy;
-  const float* bias;
-  int64_t n;
-
-  template <int MT, int NB>
-  inline void store_tile(__m512 (&acc)[MT][NB], int64_t m0, int64_t b0) const {
-    PACE_UNROLL for (int j = 0; j < NB; ++j) {
-      const int64_t col = (b0 + j) * 16;
-      const __mmask16 mask = lane_mask(n - col);
-      const __m512 b = bias ? _mm512_loadu_ps(bias + col) : _mm512_setzero_ps();
-      PACE_UNROLL for (int m = 0; m < MT; ++m)
-        store(y + (m0 + m) * ldy + col, _mm512_add_ps(acc[m][j], b), mask);
-    }
-  }
-};
-
-template <typename T>
-struct GatedEpilogue {  // h = act(gate) * up, blocks (2j, 2j+1) = (gate, up) of group b0/2 + j
-  T* h;
-  int64_t ldh;
-  int64_t inter;
-  int act;
-
-  template <int MT, int NB>
-  inline void store_tile(__m512 (&acc)[MT][NB], int64_t m0, int64_t b0) const {
-    static_assert(NB % 2 == 0, "gated tiles hold (gate, up) block pairs");
-    PACE_UNROLL for (int j = 0; j < NB / 2; ++j) {
-      const int64_t col = (b0 / 2 + j) * 16;
-      const __mmask16 mask = lane_mask(inter - col);
-      PACE_UNROLL for (int m = 0; m < MT; ++m)
-        store(h + (m0 + m) * ldh + col,
-              _mm512_mul_ps(activate(acc[m][2 * j], act), acc[m][2 * j + 1]), mask);
-    }
-  }
-};
-
-// ---- drivers ------------------------------------------------------------------------------
-template <template <int, int> class Kernel, int MT, int NB, class Args, class Epi>
-inline void tile(const Args& a, const Epi& e, int64_t m0, int64_t b0, NextGroup next) {
-  __m512 acc[MT][NB];
-  Kernel<MT, NB>{a.x, a.ldx, a.w, a.gstride, a.steps, next}.run(m0, b0, acc);
-  e.template store_tile<MT, NB>(acc, m0, b0);
-}
-
-// Rows [m0, m0 + mt) with mt < MTMAX: pick the matching tile height at run time.
-template <template <int, int> class Kernel, int MT, int NB, class Args, class Epi>
-inline void tail_rows(const Args& a, const Epi& e, int64_t mt, int64_t m0, int64_t b0,
-                      NextGroup next) {
-  if constexpr (MT > 0) {
-    if (mt == MT) tile<Kernel, MT, NB>(a, e, m0, b0, next);
-    else tail_rows<Kernel, MT - 1, NB>(a, e, mt, m0, b0, next);
-  }
-}
-
-// All M rows against the column blocks [b0, b0 + NB); with several row tiles each prefetches
-// an equal slice of `next` (the thread's next group, or null).
-template <template <int, int> class Kernel, int MTMAX, int NB, class Args, class Epi>
-inline void column_tile(const Args& a, const Epi& e, int64_t M, int64_t b0, const char* next) {
-  const int64_t tiles = (M + MTMAX - 1) / MTMAX;
-  const int64_t lines = a.gstride * (int64_t)sizeof(*a.w) / 64;
-  const int64_t slice = (lines + tiles - 1) / tiles;  // lines per tile
-  const int64_t per_step = (slice + a.steps - 1) / a.steps;
-  auto share = [&](int64_t m0) {  // tile m0 / MTMAX's slice of `next`
-    const int64_t t = m0 / MTMAX;
-    if (tiles == 1 || !next) return NextGroup{};
-    return NextGroup{next + 64 * slice * t, per_step, std::min(slice, lines - slice * t)};
-  };
-  int64_t m0 = 0;
-  for (; m0 + MTMAX <= M; m0 += MTMAX) tile<Kernel, MTMAX, NB>(a, e, m0, b0, share(m0));
-  if (m0 < M) tail_rows<Kernel, MTMAX - 1, NB>(a, e, M - m0, m0, b0, share(m0));
-}
 
 // Split the groups of 4 column blocks over threads in contiguous ranges; each group is one
 // tile of 4 blocks (gate/up pairs never straddle a group).
@@ -231,15 +49,6 @@ void drive(const Args& a, const Epi& e, int64_t M, int64_t groups, int nthreads)
     }
   }
 }
-
-template <typename XT, typename WT>
-struct Args {
-  const XT* x;
-  int64_t ldx;
-  const WT* w;
-  int64_t gstride;  // elements per group
-  int64_t steps;    // k-pairs (bf16) or k (fp32)
-};
 
 // Tile heights: decode streams one group (4 independent accumulator chains per row);
 // prefill uses 6 x 4 = 24 accumulators (+ 4 weight registers).

@@ -42,8 +42,6 @@ namespace {
 
 #define PACE_UNROLL _Pragma("GCC unroll 16")
 
-constexpr int64_t QGROUP = 32;  // k per quantization group
-
 // Accumulator chain tags (reduced modulo the chains a tile uses).
 using C0 = std::integral_constant<int, 0>;
 using C1 = std::integral_constant<int, 1>;
@@ -107,18 +105,6 @@ struct QArgs {
   int64_t K;
   int64_t M;  // activation rows
 };
-
-// Weight kinds (pace_avx512/qpacking.py KINDS): 4-bit with mins, int8 with a scale per 32 k,
-// int8 with a scale per 16 k, 4-bit symmetric ((q - 8) s: the min -8 s is not stored). int8
-// codes are stored as unsigned q + 128 (the min -128 s is not stored).
-enum Kind : int { KIND_INT4 = 0, KIND_INT8 = 1, KIND_INT8_G16 = 2, KIND_INT4_SYM = 3 };
-
-constexpr bool is_int8(int kind) { return kind == KIND_INT8 || kind == KIND_INT8_G16; }
-
-// 16 fp16 values (the 16 rows' scales or mins of one group) as fp32.
-inline __m512 fp16x16(const uint16_t* p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p));
-}
 
 // The decode GEMV: the single activation row (split) against the blocks bs[0..NB), total[j]
 // for block bs[j]. Its speed is set by memory and by the per-group work no other row shares:
@@ -405,6 +391,12 @@ template <typename T>
 void qlinear(const T* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* w,
              int64_t block_stride, int kind, const float* bias, int64_t N, T* y, int64_t ldy,
              int nthreads) {
+  if constexpr (std::is_same_v<T, bf16_t>) {  // prefill on AVX512-BF16: dense bf16 tiles
+    const int64_t int8_from = tuning().int8_activation_rows;
+    if ((int8_from <= 0 || M < int8_from) &&
+        qlinear_bf16_panel(x, ldx, M, K, w, block_stride, kind, bias, N, y, ldy, nthreads))
+      return;
+  }
   const QStore<T> st{y, ldy, bias, N};
   if (kind == KIND_INT8) qlinear_rows<KIND_INT8>(x, ldx, M, K, w, block_stride, st, N, nthreads);
   else if (kind == KIND_INT8_G16) qlinear_rows<KIND_INT8_G16>(x, ldx, M, K, w, block_stride, st, N, nthreads);
@@ -416,8 +408,8 @@ void qlinear(const T* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* w,
 
 void qpacked_rows(const uint8_t* w, int64_t block_stride, int kind, int64_t K,
                   const int64_t* ids, int64_t n, float* out, int nthreads) {
-  const int64_t G = K / QGROUP, code_bytes = is_int8(kind) ? 512 : 256;
-  const int sub = kind == KIND_INT8_G16 ? 2 : 1;
+  const int64_t G = K / QGROUP, code_bytes = qcode_bytes(kind);
+  const int sub = qscales_per_group(kind);
   const int nt = (int)std::max<int64_t>(1, std::min<int64_t>(nthreads, n / 16));
 #pragma omp parallel for num_threads(nt) if (nt > 1)
   for (int64_t i = 0; i < n; ++i) {

@@ -48,6 +48,11 @@ static inline __m512 load(const bf16_t* p, __mmask16 m) { return load_bf16(p, m)
 static inline void store(float* p, __m512 v, __mmask16 m) { _mm512_mask_storeu_ps(p, m, v); }
 static inline void store(bf16_t* p, __m512 v, __mmask16 m) { store_bf16(p, v, m); }
 
+// 16 fp16 values (e.g. the 16 rows' scales or mins of one quantization group) as fp32.
+static inline __m512 fp16x16(const uint16_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p));
+}
+
 // Software prefetch of a weight stream `STREAM_PREFETCH_BYTES` ahead into L2, one call per
 // 64-byte line read. Without it a GEMV waits on memory between bursts of compute (measured on
 // Sapphire/Emerald Rapids: int4 GEMV 6 -> 10+ GB/s per core). Prefetches past the end of the
