@@ -82,15 +82,14 @@ void dequantize_block(const uint8_t* block, int64_t G, bf16_t* dense) {
   }
 }
 
-// Blocks [b0, b0 + count) (count <= GROUP) as one dense group; missing blocks are zero.
+// Blocks [b0, b0 + count) (count <= GROUP) as one dense group. The columns of missing blocks
+// keep whatever the buffer held: each column has its own accumulators and the epilogue stores
+// only columns below N.
 template <int KIND>
 void dequantize_group(const uint8_t* w, int64_t block_stride, int64_t G, int64_t b0,
                       int64_t count, bf16_t* dense) {
   for (int64_t n = 0; n < count; ++n)
     dequantize_block<KIND>(w + (b0 + n) * block_stride, G, dense + 32 * n);
-  if (count < GROUP)
-    for (int64_t p = 0; p < G * QGROUP / 2; ++p)
-      std::fill(dense + p * PAIR_STRIDE + 32 * count, dense + (p + 1) * PAIR_STRIDE, (bf16_t)0);
 }
 
 template <int KIND>
