@@ -38,12 +38,13 @@ inline void put_pair(bf16_t* dst, __m512 even, __m512 odd) {
   _mm512_storeu_si512(dst, _mm512_permutexvar_epi16(_mm512_load_si512(ORDER), halves));
 }
 
-// Byte `e` (0-3) of each row's 32-bit lane, shifted down by `shift` more bits, masked, as fp32.
+// One code per row: each row's 32-bit lane shifted down by `bits` and masked, as fp32.
 inline __m512 code(__m512i line, int bits, int mask) {
   return _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(line, bits), _mm512_set1_epi32(mask)));
 }
 
-// One block of 16 rows (all G groups) into the dense group at block position n.
+// One block of 16 rows (all G groups) into its 16 columns of a dense group (`dense` points
+// at them: k-pair p of the block at dense + p * PAIR_STRIDE).
 template <int KIND>
 void dequantize_block(const uint8_t* block, int64_t G, bf16_t* dense) {
   constexpr int SUB = qscales_per_group(KIND);
