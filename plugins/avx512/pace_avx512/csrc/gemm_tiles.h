@@ -44,22 +44,21 @@ struct Args {  // what a micro-kernel reads
 };
 
 // ---- micro-kernels: acc[MT][NB] = x[MT rows] . W[NB blocks] over all of K ----------------
+// Each kernel reads Args (x rows, their stride, the packed weights, the elements per group and
+// the k steps) and prefetches `next` as it goes.
 template <int MT, int NB>
-struct Bf16Kernel {
-  const bf16_t* x;
-  int64_t ldx;
-  const bf16_t* w;
-  int64_t gstride;  // elements per group of 4 blocks = Kp/2 * 128
-  int64_t pairs;    // Kp / 2
+struct Bf16Kernel {  // steps = Kp / 2 k-pairs, gstride = Kp/2 * 128
+  Args<bf16_t, bf16_t> a;
   NextGroup next;
 
   inline void run(int64_t m0, int64_t b0, __m512 (&acc)[MT][NB]) const {
 #ifdef PACE_HAS_BF16
-    const bf16_t* xr = x + m0 * ldx;
-    const bf16_t* wb = w + (b0 / GROUP) * gstride + (b0 % GROUP) * 32;
+    const int64_t ldx = a.ldx;
+    const bf16_t* xr = a.x + m0 * ldx;
+    const bf16_t* wb = a.w + (b0 / GROUP) * a.gstride + (b0 % GROUP) * 32;
     PACE_UNROLL for (int m = 0; m < MT; ++m)
       PACE_UNROLL for (int n = 0; n < NB; ++n) acc[m][n] = _mm512_setzero_ps();
-    for (int64_t p = 0; p < pairs; ++p) {
+    for (int64_t p = 0; p < a.steps; ++p) {
       next.step(p);
       __m512bh wv[NB];
       PACE_UNROLL for (int n = 0; n < NB; ++n)
@@ -79,21 +78,18 @@ struct Bf16Kernel {
 
 // bf16 weights without AVX512-BF16: x is the activation widened to fp32 (rows of Kp floats).
 template <int MT, int NB>
-struct Bf16WideKernel {
-  const float* x;
-  int64_t ldx;
-  const bf16_t* w;
-  int64_t gstride;  // elements per group of 4 blocks = Kp/2 * 128
-  int64_t pairs;    // Kp / 2
+struct Bf16WideKernel {  // steps = Kp / 2 k-pairs, gstride = Kp/2 * 128
+  Args<float, bf16_t> a;
   NextGroup next;
 
   inline void run(int64_t m0, int64_t b0, __m512 (&acc)[MT][NB]) const {
-    const float* xr = x + m0 * ldx;
-    const bf16_t* wb = w + (b0 / GROUP) * gstride + (b0 % GROUP) * 32;
+    const int64_t ldx = a.ldx;
+    const float* xr = a.x + m0 * ldx;
+    const bf16_t* wb = a.w + (b0 / GROUP) * a.gstride + (b0 % GROUP) * 32;
     const __m512i high = _mm512_set1_epi32((int)0xFFFF0000u);
     PACE_UNROLL for (int m = 0; m < MT; ++m)
       PACE_UNROLL for (int n = 0; n < NB; ++n) acc[m][n] = _mm512_setzero_ps();
-    for (int64_t p = 0; p < pairs; ++p) {
+    for (int64_t p = 0; p < a.steps; ++p) {
       next.step(p);
       PACE_UNROLL for (int n = 0; n < NB; ++n) {
         const __m512i wv = _mm512_loadu_si512(wb + 32 * n + 32 * GROUP * p);
@@ -109,20 +105,17 @@ struct Bf16WideKernel {
 };
 
 template <int MT, int NB>
-struct Fp32Kernel {
-  const float* x;
-  int64_t ldx;
-  const float* w;
-  int64_t gstride;  // elements per group of 4 blocks = K * 64
-  int64_t k;
+struct Fp32Kernel {  // steps = K, gstride = K * 64
+  Args<float, float> a;
   NextGroup next;
 
   inline void run(int64_t m0, int64_t b0, __m512 (&acc)[MT][NB]) const {
-    const float* xr = x + m0 * ldx;
-    const float* wb = w + (b0 / GROUP) * gstride + (b0 % GROUP) * 16;
+    const int64_t ldx = a.ldx;
+    const float* xr = a.x + m0 * ldx;
+    const float* wb = a.w + (b0 / GROUP) * a.gstride + (b0 % GROUP) * 16;
     PACE_UNROLL for (int m = 0; m < MT; ++m)
       PACE_UNROLL for (int n = 0; n < NB; ++n) acc[m][n] = _mm512_setzero_ps();
-    for (int64_t i = 0; i < k; ++i) {
+    for (int64_t i = 0; i < a.steps; ++i) {
       next.step(i);
       __m512 wv[NB];
       PACE_UNROLL for (int n = 0; n < NB; ++n) wv[n] = _mm512_loadu_ps(wb + 16 * n + 16 * GROUP * i);
@@ -179,7 +172,7 @@ struct GatedEpilogue {  // h = act(gate) * up, blocks (2j, 2j+1) = (gate, up) of
 template <template <int, int> class Kernel, int MT, int NB, class Args, class Epi>
 inline void tile(const Args& a, const Epi& e, int64_t m0, int64_t b0, NextGroup next) {
   __m512 acc[MT][NB];
-  Kernel<MT, NB>{a.x, a.ldx, a.w, a.gstride, a.steps, next}.run(m0, b0, acc);
+  Kernel<MT, NB>{a, next}.run(m0, b0, acc);
   e.template store_tile<MT, NB>(acc, m0, b0);
 }
 

@@ -60,8 +60,8 @@ constexpr int64_t qcode_bytes(int kind) { return is_int8(kind) ? 512 : 256; }  /
 constexpr int qscales_per_group(int kind) { return kind == KIND_INT8_G16 ? 2 : 1; }
 
 // Bytes per row block and group of 32 k of a quantized kind: codes, then fp16 scales (and mins).
-inline int64_t qgroup_bytes(int64_t kind) {
-  return kind == 0 ? 320 : kind == 1 ? 544 : kind == 2 ? 576 : 288;
+constexpr int64_t qgroup_bytes(int kind) {
+  return qcode_bytes(kind) + 32 * qscales_per_group(kind) + (kind == KIND_INT4 ? 32 : 0);
 }
 
 // The bf16 panel path of qlinear_bf16 (qpanel.cpp, AVX512-BF16 builds): each thread

@@ -119,8 +119,8 @@ struct QArgs {
 template <int KIND, int NB>
 inline void qrow(const QArgs& a, const int64_t (&bs)[NB], __m512 (&total)[NB]) {
   constexpr bool INT8 = is_int8(KIND);
-  constexpr int SUB = KIND == KIND_INT8_G16 ? 2 : 1;  // scales per group of 32
-  constexpr int64_t CODE_BYTES = INT8 ? 512 : 256;
+  constexpr int SUB = qscales_per_group(KIND);
+  constexpr int64_t CODE_BYTES = qcode_bytes(KIND);
   const int64_t group_stride = a.block_stride / a.G;
   const int32_t* hi = (const int32_t*)a.x->codes.data();
   const int32_t* lo = (const int32_t*)(a.x->codes.data() + a.M * a.K);
@@ -197,11 +197,11 @@ inline void qrow(const QArgs& a, const int64_t (&bs)[NB], __m512 (&total)[NB]) {
 template <int KIND, bool SPLIT, int MT>
 inline void qtile(const QArgs& a, int64_t b, int64_t m0, __m512 (&total)[MT]) {
   constexpr bool INT8 = is_int8(KIND);
-  constexpr int SUB = KIND == KIND_INT8_G16 ? 2 : 1;  // scales per group of 32
+  constexpr int SUB = qscales_per_group(KIND);
   // Independent accumulator chains per activation row: with few rows a single chain of
   // dot products waits on its own latency (~5 cycles) every instruction.
   constexpr int CH = MT >= 4 ? 1 : MT >= 2 ? 2 : 4;
-  const int64_t code_bytes = INT8 ? 512 : 256;
+  constexpr int64_t code_bytes = qcode_bytes(KIND);
   const uint8_t* codes = a.w + b * a.block_stride;
   const uint16_t* scales = (const uint16_t*)(codes + a.G * code_bytes);
   const uint16_t* mins = scales + a.G * 16;
@@ -376,15 +376,20 @@ void qlinear_kind(const T* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* 
   qdrive<KIND, SPLIT>(a, st, M, blocks, pick_threads(nthreads, blocks * block_stride, M, blocks));
 }
 
-// 15-bit split activations, or int8 from `int8_activation_rows` rows (if set).
+// Whether a call of M rows quantizes its activations to int8 (`int8_activation_rows`, if set).
+inline bool int8_activations(int64_t M) {
+  const int64_t from = tuning().int8_activation_rows;
+  return from > 0 && M >= from;
+}
+
+// 15-bit split activations, or int8 (int8_activations).
 template <int KIND, typename T>
 void qlinear_rows(const T* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* w,
                   int64_t block_stride, const QStore<T>& st, int64_t N, int nthreads) {
-  const int64_t from = tuning().int8_activation_rows;
-  if (from <= 0 || M < from)
-    qlinear_kind<KIND, true>(x, ldx, M, K, w, block_stride, st, N, nthreads);
-  else
+  if (int8_activations(M))
     qlinear_kind<KIND, false>(x, ldx, M, K, w, block_stride, st, N, nthreads);
+  else
+    qlinear_kind<KIND, true>(x, ldx, M, K, w, block_stride, st, N, nthreads);
 }
 
 template <typename T>
@@ -392,8 +397,7 @@ void qlinear(const T* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* w,
              int64_t block_stride, int kind, const float* bias, int64_t N, T* y, int64_t ldy,
              int nthreads) {
   if constexpr (std::is_same_v<T, bf16_t>) {  // prefill on AVX512-BF16: dense bf16 tiles
-    const int64_t int8_from = tuning().int8_activation_rows;
-    if ((int8_from <= 0 || M < int8_from) &&
+    if (!int8_activations(M) &&
         qlinear_bf16_panel(x, ldx, M, K, w, block_stride, kind, bias, N, y, ldy, nthreads))
       return;
   }
