@@ -202,6 +202,25 @@ def test_fused_decoder_stack_equals_the_python_loop(family, dtype, tmp_path, ext
         assert torch.equal(got.logits[row], want.logits[row])
 
 
+def test_fused_stack_declines_odd_bf16_sizes(tmp_path, ext, clean_env):
+    """bf16 weights multiply k-pairs and the C++ step's rows carry no pad lane: an odd
+    intermediate size keeps the per-layer kernels, says why, and gives the same tokens."""
+    from support.tiny import DIMS, NO_SPECIAL, save
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(**{**DIMS, **NO_SPECIAL, "intermediate_size": 75})
+    path = save(LlamaForCausalLM, cfg, tmp_path)
+    model = load(path, torch.bfloat16, {"default": "avx512"})
+    sites = [s for s in model.op_plan.sites if s[0] == "decoder_stack"]
+    assert [s[1] for s in sites] == ["native"] and "odd K" in sites[0][2], sites
+    ref = load(path, torch.bfloat16, {"default": "avx512", "decoder_stack": "native"})
+    sampling = SamplingConfig(max_new_tokens=4, ignore_eos=True)
+    ids = prompt(6, seed=1)[0] % 60 + 3
+    assert model.generate(ids[None], sampling).generated_token_ids == ref.generate(
+        ids[None], sampling
+    ).generated_token_ids
+
+
 def test_fused_stack_declines_with_reasons(tiny_llama, ext, clean_env):
     from pace_avx512.plugin import _stack_supports
 

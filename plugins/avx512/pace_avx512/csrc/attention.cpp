@@ -446,7 +446,7 @@ ALWAYS_INLINE void finish_rows(const ItemRows<T>& it, const Partial* part) {
     return;
   }
   for (int64_t r = 0; r < rows; ++r) {
-    T* dst = a.out + ((it.b * a.hq + it.head(r)) * a.tq + it.pos(r)) * D;
+    T* dst = a.out + it.b * a.os[0] + it.head(r) * a.os[1] + it.pos(r) * a.os[2];
     const __m512 inv = _mm512_set1_ps(1.0f / it.l[r]);  // a fully masked row gives inf/NaN, like SDPA
     for (int64_t i = 0; i < D; i += 16)
       store(dst + i, _mm512_mul_ps(_mm512_loadu_ps(it.acc + r * Dp + i), inv), lane_mask(D - i));
@@ -546,7 +546,7 @@ void merge_splits(const AttnArgs<T>& a, int64_t b, int64_t g, int64_t splits, co
         o[c] = _mm512_fmadd_ps(_mm512_set1_ps(w), _mm512_loadu_ps(p + r * Dp + 16 * c), o[c]);
     }
     const int64_t h = g * group + r / a.tq, t = r % a.tq;
-    T* dst = a.out + ((b * a.hq + h) * a.tq + t) * D;
+    T* dst = a.out + b * a.os[0] + h * a.os[1] + t * a.os[2];
     const __m512 inv = _mm512_set1_ps(1.0f / L);
     for (int64_t c = 0; c < nv; ++c) store(dst + 16 * c, _mm512_mul_ps(o[c], inv), lane_mask(D - 16 * c));
   }

@@ -127,7 +127,7 @@ Tensor gated_activation(const Tensor& gate, const Tensor& up, int64_t act) {
 }
 
 // A quantized weight packed by pace_avx512/qpacking.py for an [n, K] matrix of `kind`.
-static void check_qpacked(const Tensor& w, int64_t n, int64_t K, int64_t kind) {
+void check_qpacked(const Tensor& w, int64_t n, int64_t K, int64_t kind) {
   TORCH_CHECK(K % 32 == 0, "pace_avx512: quantized weights need K a multiple of 32, got ", K);
   TORCH_CHECK(w.scalar_type() == at::kByte && w.dim() == 2 && w.is_contiguous() && kind >= 0 &&
                   kind <= 3 && w.size(0) == (n + 15) / 16 && w.size(1) >= K / 32 * qgroup_bytes(kind),
@@ -294,6 +294,7 @@ void run_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
   a.b = q.size(0), a.hq = q.size(1), a.tq = q.size(2), a.d = q.size(3);
   a.hk = k.size(1), a.s = m.size(3);
   a.out = ptr<T>(out);
+  for (int i = 0; i < 3; ++i) a.os[i] = out.stride(i);
   attention<T>(a, threads());
 }
 

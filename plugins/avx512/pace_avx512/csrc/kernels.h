@@ -119,7 +119,8 @@ struct AttnArgs {
   const float* sinks;  // [hq] or null
   float scale;
   int64_t b, hq, hk, tq, s, d;
-  T* out;  // [b, hq, tq, d] contiguous
+  T* out;
+  int64_t os[3];  // strides (elements) of out's b, h, t; d contiguous
 };
 template <typename T>
 void attention(const AttnArgs<T>& a, int nthreads);

@@ -14,165 +14,28 @@
 // 33 x 128), and each run of consecutive rows with the same token count attends as one call
 // over views of the step's masks, rope tables and block table. Each row writes its real
 // tokens only into the cache, like the cache's own update(); padded positions come back 0.
-#include <ATen/ops/cat.h>
+// A step allocates its intermediate rows once and runs every layer on raw pointers
+// (raw_ops.h, stack_layers.h): no tensor op per layer. The ~80 per layer it took before (views,
+// outputs, casts) cost ~0.5 ms of a 6.5 ms SmolLM2 q4_0 token on one Zen 4 core.
+#include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 
+#include <algorithm>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "kernels.h"
+#include "stack_layers.h"
 #include "tensor_ops.h"
 
 namespace pace_avx512 {
 namespace {
 
 namespace py = pybind11;
-
-struct NormSpec {
-  bool on = false;
-  Tensor weight;
-  OptTensor bias;
-  double eps = 0;
-  bool rms = true;
-
-  std::tuple<Tensor, Tensor> operator()(const Tensor& x, const OptTensor& residual) const {
-    return norm(x, weight, bias, eps, residual, rms);
-  }
-};
-
-struct LinearSpec {
-  Tensor weight;
-  OptTensor bias;
-  int64_t n = 0;
-  int64_t kind = -1;  // -1: dense packed (packing.PackedLinear); else a qpacking.KINDS value
-
-  Tensor operator()(const Tensor& x) const {
-    return kind < 0 ? linear(x, weight, bias, n) : qlinear(x, weight, bias, n, kind);
-  }
-};
-
-// A projection held as one matrix, or (quantized, formats differing) one per part whose
-// outputs are concatenated: QKV as (q, k, v), gate/up as (gate, up).
-struct Projection {
-  std::vector<LinearSpec> parts;
-
-  Tensor operator()(const Tensor& x) const {
-    if (parts.size() == 1) return parts[0](x);
-    std::vector<Tensor> outs;
-    for (const auto& p : parts) outs.push_back(p(x));
-    return at::cat(outs, -1);
-  }
-};
-
-struct LayerSpec {
-  bool sandwich = false;
-  std::vector<NormSpec> norms;  // pre-norm: norm1, norm2; sandwich: pre/post attn, pre/post mlp
-  Projection qkv;
-  LinearSpec o;
-  int64_t nq = 0, nk = 0, nv = 0;  // columns of q, k, v in the qkv output
-  NormSpec q_norm, k_norm;
-  Tensor gate_up, down;  // dense: the packed interleaved gate/up and down
-  Projection q_gate_up;  // quantized: [gate; up] (or gate, up) and down, activation in between
-  LinearSpec q_down;
-  bool quantized_mlp = false;
-  int64_t inter = 0, hidden = 0, act = 0;
-  int64_t layer = 0, hq = 0, hk = 0, d = 0;
-  double scale = 1.0;
-  int64_t rope = -1;  // index into the step's rope tables, -1: none
-  bool interleaved = false;
-  int64_t mask = 0;  // index into the step's masks (one per distinct window)
-  OptTensor sinks;
-};
-
-// The layers are read once, when the stack is built, from the descriptions of
-// pace_core/stack_spec.py (the blocks' describe()) and the packed weights of
-// pace_avx512/packing.py they hold, by attribute name.
-template <typename T>
-T field(const py::handle& o, const char* name) {
-  return o.attr(name).cast<T>();
-}
-
-OptTensor optional_tensor(const py::handle& o, const char* name) {
-  const py::object v = o.attr(name);
-  return v.is_none() ? OptTensor() : OptTensor(v.cast<Tensor>());
-}
-
-NormSpec norm_spec(const py::handle& spec) {  // a stack_spec.NormSpec or None
-  NormSpec s;
-  if (spec.is_none()) return s;
-  const auto op = field<std::string>(spec, "op");
-  TORCH_CHECK(op == "rms_norm" || op == "layer_norm", "pace_avx512: decoder stack norm op ", op);
-  s.on = true;
-  s.weight = field<Tensor>(spec, "weight");
-  s.bias = optional_tensor(spec, "bias");
-  s.eps = field<double>(spec, "eps");
-  s.rms = op == "rms_norm";
-  return s;
-}
-
-// A packing.PackedLinear, or a qpacking.QPackedLinear (which has a `kind`).
-LinearSpec linear_spec(const py::handle& packed) {
-  const bool quantized = py::hasattr(packed, "kind");
-  return {field<Tensor>(packed, "weight"), optional_tensor(packed, "bias"),
-          field<int64_t>(packed, "out_features"), quantized ? field<int64_t>(packed, "kind") : -1};
-}
-
-// One packed linear, or a tuple of them (quantized parts in different formats).
-Projection projection(const py::handle& packed) {
-  Projection p;
-  if (py::isinstance<py::tuple>(packed))
-    for (const auto& part : packed) p.parts.push_back(linear_spec(part));
-  else
-    p.parts.push_back(linear_spec(packed));
-  return p;
-}
-
-// A stack_spec.BlockSpec; `rope` and `mask` index the step's rope tables and masks.
-LayerSpec layer_spec(const py::handle& block, int64_t rope, int64_t mask) {
-  LayerSpec L;
-  const auto kind = field<std::string>(block, "kind");
-  TORCH_CHECK(kind == "pre_norm" || kind == "sandwich", "pace_avx512: decoder stack runs pre-norm "
-              "and sandwich blocks, not ", kind);
-  L.sandwich = kind == "sandwich";
-  for (const auto& n : block.attr("norms")) L.norms.push_back(norm_spec(n));
-  TORCH_CHECK(L.norms.size() == (L.sandwich ? 4u : 2u), "pace_avx512: decoder stack norms");
-  const py::object attn = block.attr("attention");
-  L.layer = field<int64_t>(attn, "layer");
-  L.hq = field<int64_t>(attn, "num_heads");
-  L.hk = field<int64_t>(attn, "num_kv_heads");
-  L.d = field<int64_t>(attn, "head_dim");
-  L.scale = field<double>(attn, "scale");
-  const OptTensor sinks = optional_tensor(attn, "sinks");
-  if (sinks) L.sinks = sinks->to(at::kFloat).contiguous();
-  L.q_norm = norm_spec(attn.attr("q_norm"));
-  L.k_norm = norm_spec(attn.attr("k_norm"));
-  const py::object rotary = attn.attr("rope");
-  L.rope = rotary.is_none() ? -1 : rope;
-  L.interleaved = !rotary.is_none() && field<bool>(rotary, "interleaved");
-  L.mask = mask;
-  const py::object qkv = attn.attr("qkv").attr("weight");  // a packing.PackedQKV
-  L.qkv = projection(qkv.attr("linear"));
-  L.nq = L.hq * L.d, L.nk = L.nv = L.hk * L.d;
-  TORCH_CHECK(field<std::vector<int64_t>>(qkv, "sizes") == std::vector<int64_t>({L.nq, L.nk, L.nv}),
-              "pace_avx512: decoder stack QKV sizes differ from the heads");
-  L.o = linear_spec(attn.attr("o_proj").attr("weight"));
-  // a packing.PackedGatedMLP, or a qpacking.QPackedGatedMLP (gate_up/down packed linears)
-  const py::object mlp = block.attr("mlp").attr("kernel").attr("weight");
-  L.inter = field<int64_t>(mlp, "intermediate");
-  L.hidden = field<int64_t>(mlp, "hidden");
-  L.act = field<int64_t>(mlp, "activation");
-  L.quantized_mlp = py::hasattr(mlp.attr("down"), "kind");  // a qpacking.QPackedLinear
-  if (L.quantized_mlp) {
-    L.q_gate_up = projection(mlp.attr("gate_up"));
-    L.q_down = linear_spec(mlp.attr("down"));
-  } else {
-    L.gate_up = field<Tensor>(mlp, "gate_up");
-    L.down = field<Tensor>(mlp, "down");
-  }
-  return L;
-}
 
 struct Step {  // what one forward step provides
   const std::vector<Tensor>& keys;    // per layer: [B, Hk, capacity, D] or a pool [blocks, Hk, bs, D]
@@ -206,17 +69,19 @@ std::vector<RowGroup> row_groups(const std::vector<int64_t>& counts) {
   return groups;
 }
 
-// Group g's tokens of x [n, c, H, D] (D contiguous) into the cache at positions starts[b] + j:
-// plain row copies, no tensor ops (a decode step writes 2 * H rows of D here).
-// Contiguous: row b's position p is [b, h, p]; block pool: [table[b, p / bs], h, p % bs].
-void write_cache(const Tensor& cache, const Tensor& x, const Step& s, const RowGroup& g) {
-  TORCH_CHECK(cache.is_contiguous() && x.stride(3) == 1 && cache.scalar_type() == x.scalar_type(),
-              "pace_avx512: decoder stack cache write layout");
-  const int64_t H = x.size(2), D = x.size(3);
-  const int64_t cap = cache.size(2), row = D * x.element_size();
-  char* dst = static_cast<char*>(cache.data_ptr());
-  const char* src = static_cast<const char*>(x.data_ptr());
-  const int64_t es = x.element_size();
+template <typename T>
+T* data(const Tensor& t) {
+  return static_cast<T*>(t.data_ptr());
+}
+
+// Group g's k or v rows (its tokens' rows `ld` apart in the qkv rows, heads D apart) into the
+// cache at positions starts[b] + j: plain row copies. Contiguous: row b's position p is
+// [b, h, p]; block pool: [table[b, p / bs], h, p % bs].
+template <typename T>
+void write_cache(const Tensor& cache, const T* x, int64_t ld, int64_t H, int64_t D, const Step& s,
+                 const RowGroup& g) {
+  T* dst = data<T>(cache);
+  const int64_t st0 = cache.stride(0), st1 = cache.stride(1), st2 = cache.stride(2);
   const int64_t* table = s.table ? s.table->data_ptr<int64_t>() : nullptr;
   const int64_t table_stride = s.table ? s.table->stride(0) : 0;
   for (int64_t b = g.b0; b < g.b1; ++b)
@@ -225,63 +90,84 @@ void write_cache(const Tensor& cache, const Tensor& x, const Step& s, const RowG
       // (slot, offset): the cache row and position within it that hold token `pos`
       const int64_t slot = table ? table[b * table_stride + pos / s.block_size] : b;
       const int64_t off = table ? pos % s.block_size : pos;
+      const T* row = x + ((b - g.b0) * g.count + j) * ld;
       for (int64_t h = 0; h < H; ++h)
-        std::memcpy(dst + (((slot * H + h) * cap + off) * D) * es,
-                    src + ((b - g.b0) * x.stride(0) + j * x.stride(1) + h * x.stride(2)) * es, row);
+        std::memcpy(dst + slot * st0 + h * st1 + off * st2, row + h * D, D * sizeof(T));
     }
 }
 
-// Attention of one row group over the packed qkv rows of its tokens: [n * c, hq * d].
-Tensor attend_group(const LayerSpec& L, const Tensor& qkv, const Step& s, const RowGroup& g,
-                    int64_t T) {
-  const int64_t n = g.b1 - g.b0, c = g.count;
-  const Tensor rows = qkv.narrow(0, g.offset, n * c);
-  Tensor q = rows.narrow(-1, 0, L.nq).view({n, c, L.hq, L.d});
-  Tensor k = rows.narrow(-1, L.nq, L.nk).view({n, c, L.hk, L.d});
-  const Tensor v = rows.narrow(-1, L.nq + L.nk, L.nv).view({n, c, L.hk, L.d});
-  if (L.q_norm.on) q = std::get<0>(L.q_norm(q, c10::nullopt));
-  if (L.k_norm.on) k = std::get<0>(L.k_norm(k, c10::nullopt));
-  if (L.rope >= 0) {  // the group's rows and last c positions of the step's [B, T, R] tables
-    const auto& [cos, sin] = s.ropes[L.rope];
-    const auto part = [&](const Tensor& t) {
-      return t.size(0) == 1 ? t.narrow(1, T - c, c) : t.narrow(0, g.b0, n).narrow(1, T - c, c);
-    };
-    std::tie(q, k) = rope(q, k, part(cos), part(sin), L.interleaved);
+// One step's rows, [N, width] each, reused by every layer.
+template <typename T>
+struct Rows {
+  T* h;    // a norm's output, the projections' input
+  T* qkv;  // q | k | v of each token
+  T* att;  // attention output, heads side by side
+  T* y;    // output projection
+  T* gu;   // quantized MLP: gate | up
+  T* act;  // act(gate) * up
+};
+
+// Group g's attention over its tokens' qkv rows: QK-norms and rope in place, k and v into the
+// caches, the output into its rows of `att`. `ropes`: the step's tables in T, [B or 1, T, R].
+template <typename T>
+void attend_group(const LayerSpec& L, const Step& s, const std::vector<std::pair<Tensor, Tensor>>& ropes,
+                  const RowGroup& g, int64_t steps, Rows<T>& w, int nt) {
+  const int64_t n = g.b1 - g.b0, c = g.count, ldq = L.nq + L.nk + L.nv;
+  T* q = w.qkv + g.offset * ldq;
+  T* k = q + L.nq;
+  const T* v = k + L.nk;
+  if (L.q_norm.on || L.k_norm.on)
+    for (int64_t r = 0; r < n * c; ++r) {  // a token's heads are rows of d
+      if (L.q_norm.on) L.q_norm(q + r * ldq, (const T*)nullptr, L.hq, L.d, q + r * ldq, (T*)nullptr, 1);
+      if (L.k_norm.on) L.k_norm(k + r * ldq, (const T*)nullptr, L.hk, L.d, k + r * ldq, (T*)nullptr, 1);
+    }
+  if (L.rope >= 0) {  // the group's rows and last c positions of the step's tables
+    const auto& [cos, sin] = ropes[L.rope];
+    const int64_t R = cos.size(2), bs = cos.size(0) == 1 ? 0 : steps * R;
+    TORCH_CHECK(R <= L.d, "pace_avx512: decoder stack rope table of ", R, " dims > head dim ", L.d);
+    const int64_t off = g.b0 * bs + (steps - c) * R, qs[3] = {c * ldq, ldq, L.d}, cs[2] = {bs, R};
+    rope_rows(q, qs, L.hq, k, qs, L.hk, data<T>(cos) + off, data<T>(sin) + off, cs, n, c, R,
+              L.interleaved, nt);
   }
   const Tensor& keys = s.keys[L.layer];
   const Tensor& values = s.values[L.layer];
-  write_cache(keys, k, s, g);
-  write_cache(values, v, s, g);
-  const Tensor& full = s.masks[L.mask];  // [B or 1, 1, T, S]
-  const Tensor mask = (full.size(0) == 1 ? full : full.narrow(0, g.b0, n)).narrow(2, T - c, c);
-  const Tensor out =
-      s.table ? attend(q.transpose(1, 2), keys, values, mask, L.scale, L.sinks,
-                       s.table->narrow(0, g.b0, n), s.block_size)
-              : attend(q.transpose(1, 2), keys.narrow(0, g.b0, n).narrow(2, 0, s.length),
-                       values.narrow(0, g.b0, n).narrow(2, 0, s.length), mask, L.scale, L.sinks,
-                       c10::nullopt, 0);
-  return out.transpose(1, 2).reshape({n * c, L.hq * L.d});
-}
-
-// h: the step's packed tokens [N, H].
-Tensor attention_block(const LayerSpec& L, const Tensor& h, const Step& s,
-                       const std::vector<RowGroup>& groups, int64_t T) {
-  const Tensor qkv = L.qkv(h);
-  if (groups.size() == 1) return L.o(attend_group(L, qkv, s, groups[0], T));
-  Tensor out = at::empty({h.size(0), L.hq * L.d}, h.options());
-  for (const RowGroup& g : groups)
-    out.narrow(0, g.offset, (g.b1 - g.b0) * g.count).copy_(attend_group(L, qkv, s, g, T));
-  return L.o(out);
+  write_cache(keys, k, ldq, L.hk, L.d, s, g);
+  write_cache(values, v, ldq, L.hk, L.d, s, g);
+  const Tensor& mask = s.masks[L.mask];  // [B or 1, 1, T, S]
+  const int64_t mb = mask.size(0) == 1 ? 0 : mask.stride(0);
+  AttnArgs<T> a{};
+  a.q = q;
+  a.k = data<T>(keys), a.v = data<T>(values);
+  for (int i = 0; i < 3; ++i) a.ks[i] = keys.stride(i), a.vs[i] = values.stride(i);
+  if (s.table) {
+    a.table = s.table->data_ptr<int64_t>() + g.b0 * s.table->stride(0);
+    a.table_stride = s.table->stride(0), a.block_size = s.block_size;
+  } else {
+    a.k += g.b0 * a.ks[0], a.v += g.b0 * a.vs[0];
+  }
+  a.qs[0] = c * ldq, a.qs[1] = L.d, a.qs[2] = ldq;  // b, h, t
+  a.mask = mask.data_ptr<bool>() + g.b0 * mb + (steps - c) * mask.stride(2);
+  a.ms[0] = mb, a.ms[1] = mask.stride(2), a.ms[2] = mask.stride(3);
+  a.sinks = L.sinks.defined() ? L.sinks.data_ptr<float>() : nullptr;
+  a.scale = (float)L.scale;
+  a.b = n, a.hq = L.hq, a.hk = L.hk, a.tq = c, a.s = mask.size(3), a.d = L.d;
+  a.out = w.att + g.offset * L.nq;
+  a.os[0] = c * L.nq, a.os[1] = L.d, a.os[2] = L.nq;
+  attention<T>(a, nt);
 }
 
 // The caches of a step: contiguous [B, Hk, >= length, D] per layer, or block pools of one
 // block count, the table's ids inside them and its rows long enough for every row's keys.
 void check_caches(const std::vector<Tensor>& keys, const std::vector<Tensor>& values,
-                  const OptTensor& table, int64_t block_size, int64_t B, int64_t length) {
+                  const OptTensor& table, int64_t block_size, int64_t B, int64_t length,
+                  at::ScalarType dtype) {
   TORCH_CHECK(keys.size() == values.size(), "pace_avx512: decoder stack key and value caches");
   for (size_t i = 0; i < keys.size(); ++i)
-    TORCH_CHECK(keys[i].dim() == 4 && values[i].sizes() == keys[i].sizes(),
-                "pace_avx512: decoder stack cache ", i, " shapes");
+    TORCH_CHECK(keys[i].dim() == 4 && values[i].sizes() == keys[i].sizes() &&
+                    keys[i].is_contiguous() && values[i].is_contiguous() &&
+                    keys[i].scalar_type() == dtype && values[i].scalar_type() == dtype,
+                "pace_avx512: decoder stack cache ", i, " must be contiguous ", dtype, " K/V of "
+                "one shape, got ", keys[i].sizes(), " ", keys[i].scalar_type());
   if (!table) {
     for (const Tensor& c : keys)
       TORCH_CHECK(c.size(0) == B && c.size(2) >= length, "pace_avx512: cache rows");
@@ -305,11 +191,48 @@ void check_caches(const std::vector<Tensor>& keys, const std::vector<Tensor>& va
     }
 }
 
-Tensor mlp(const LayerSpec& L, const Tensor& h) {
-  if (!L.quantized_mlp) return gated_mlp(h, L.gate_up, L.down, L.inter, L.hidden, L.act);
-  const Tensor gu = L.q_gate_up(h);
-  const Tensor gate = gu.narrow(-1, 0, L.inter), up = gu.narrow(-1, L.inter, L.inter);
-  return L.q_down(gated_activation(gate, up, L.act));
+// The step's masks ([B or 1, 1, T, S <= length] bool) and rope tables ([B or 1, T, R], R even),
+// the tables converted to the activation dtype once for every layer.
+std::vector<std::pair<Tensor, Tensor>> check_tables(const std::vector<Tensor>& masks,
+                                                    const std::vector<std::pair<Tensor, Tensor>>& ropes,
+                                                    int64_t B, int64_t T, int64_t length,
+                                                    at::ScalarType dtype) {
+  for (const Tensor& m : masks)
+    TORCH_CHECK(m.scalar_type() == at::kBool && m.dim() == 4 && (m.size(0) == 1 || m.size(0) == B) &&
+                    m.size(1) == 1 && m.size(2) == T && m.size(3) <= length,
+                "pace_avx512: decoder stack mask ", m.sizes(), " for ", B, " rows of ", T,
+                " positions and ", length, " keys");
+  std::vector<std::pair<Tensor, Tensor>> tables;
+  for (const auto& [cos, sin] : ropes) {
+    TORCH_CHECK(cos.dim() == 3 && cos.sizes() == sin.sizes() && (cos.size(0) == 1 || cos.size(0) == B) &&
+                    cos.size(1) == T && cos.size(2) % 2 == 0,
+                "pace_avx512: decoder stack rope tables ", cos.sizes(), " for ", B, " rows of ", T);
+    tables.emplace_back(cos.to(dtype).contiguous(), sin.to(dtype).contiguous());
+  }
+  return tables;
+}
+
+// act(x @ gate^T) * (x @ up^T) @ down^T for the step's N rows of h into out.
+template <typename T>
+void mlp(const LayerSpec& L, const T* h, int64_t N, Rows<T>& w, T* out, int nt) {
+  if (L.quantized_mlp) {
+    L.q_gate_up(h, N, w.gu, nt);
+    gated_act_rows(w.gu, w.gu + L.inter, 2 * L.inter, N, L.inter, (int)L.act, w.act, nt);
+    L.q_down(w.act, N, out, L.hidden, nt);
+  } else {  // the activation fused in the gate/up pass
+    gated_rows(h, L.hidden, N, L.hidden, L.gate_up.data_ptr(), L.inter, (int)L.act, w.act, L.inter, nt);
+    L.dense_down(w.act, N, out, L.hidden, nt);
+  }
+}
+
+// The attention block of the step's N rows of h into out.
+template <typename T>
+void attention_block(const LayerSpec& L, const T* h, int64_t N, const Step& s,
+                     const std::vector<std::pair<Tensor, Tensor>>& ropes,
+                     const std::vector<RowGroup>& groups, int64_t steps, Rows<T>& w, T* out, int nt) {
+  L.qkv(h, N, w.qkv, nt);
+  for (const RowGroup& g : groups) attend_group(L, s, ropes, g, steps, w, nt);
+  L.o(w.att, N, out, L.hidden, nt);
 }
 
 class DecoderStack {
@@ -337,7 +260,25 @@ class DecoderStack {
     for (int64_t b = 0; b < B; ++b)
       TORCH_CHECK(counts[b] >= 0 && counts[b] <= T && starts[b] >= 0 && starts[b] + counts[b] <= length,
                   "pace_avx512: decoder stack row ", b, " writes outside its cache");
-    check_caches(keys, values, block_table, block_size, B, length);
+    const at::ScalarType dtype = x.scalar_type();
+    TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kFloat,
+                "pace_avx512: decoder stack activations must be float32 or bfloat16, got ", dtype);
+    TORCH_CHECK(!residual || (residual->sizes() == x.sizes() && residual->scalar_type() == dtype),
+                "pace_avx512: decoder stack residual ", residual ? residual->sizes() : x.sizes(),
+                " differs from x ", x.sizes());
+    check_caches(keys, values, block_table, block_size, B, length, dtype);
+    const auto tables = check_tables(masks, ropes, B, T, length, dtype);
+    for (const LayerSpec& L : layers_) {
+      TORCH_CHECK(L.layer < (int64_t)keys.size() && L.mask < (int64_t)masks.size() &&
+                      L.rope < (int64_t)ropes.size(),
+                  "pace_avx512: decoder stack step is missing caches, masks or rope tables");
+      TORCH_CHECK(keys[L.layer].size(1) == L.hk && keys[L.layer].size(3) == L.d,
+                  "pace_avx512: decoder stack cache ", L.layer, " ", keys[L.layer].sizes(),
+                  " does not hold ", L.hk, " heads of ", L.d);
+      TORCH_CHECK(L.hidden == x.size(2) && (L.dense_dtype == at::ScalarType::Undefined || L.dense_dtype == dtype),
+                  "pace_avx512: decoder stack weights are for ", L.dense_dtype, " rows of ",
+                  L.hidden, ", not ", dtype, " rows of ", x.size(2));
+    }
     const Step s{keys, values, starts, counts, length, masks, ropes, block_table, block_size};
     const std::vector<RowGroup> groups = row_groups(counts);
     const int64_t H = x.size(2);
@@ -353,39 +294,65 @@ class DecoderStack {
     }
     const auto pack = [&](const Tensor& t) {
       const Tensor flat = t.reshape({B * T, H});
-      return index.defined() ? flat.index_select(0, index) : flat;
+      return (index.defined() ? flat.index_select(0, index) : flat).contiguous();
     };
-    x = pack(x);
-    if (residual) residual = pack(*residual);
-    for (const LayerSpec& L : layers_) {
-      TORCH_CHECK(L.layer < (int64_t)keys.size() && L.layer < (int64_t)values.size() &&
-                      L.mask < (int64_t)masks.size() && L.rope < (int64_t)ropes.size(),
-                  "pace_avx512: decoder stack step is missing caches, masks or rope tables");
-      if (N == 0) break;
-      const auto& n = L.norms;
-      if (!L.sandwich) {
-        auto [h, res] = n[0](x, residual);
-        std::tie(h, res) = n[1](attention_block(L, h, s, groups, T), res);
-        x = mlp(L, h);
-        residual = res;
-      } else {
-        auto [h, res] = n[0](x, residual);
-        h = std::get<0>(n[1](attention_block(L, h, s, groups, T), c10::nullopt));
-        std::tie(h, res) = n[2](h, res);
-        x = std::get<0>(n[3](mlp(L, h), c10::nullopt));
-        residual = res;
-      }
+    Tensor xr = pack(x);
+    OptTensor rr = residual ? OptTensor(pack(*residual)) : OptTensor();
+    if (N > 0 && !layers_.empty()) {
+      if (dtype == at::kBFloat16) std::tie(xr, rr) = run_rows<bf16_t>(xr, rr, s, tables, groups, T);
+      else std::tie(xr, rr) = run_rows<float>(xr, rr, s, tables, groups, T);
     }
     const auto unpack = [&](const Tensor& t) {  // back to [B, T, H], padded positions 0
       if (!index.defined()) return t.reshape({B, T, H});
       return at::zeros({B * T, H}, t.options()).index_copy_(0, index, t).view({B, T, H});
     };
-    return {unpack(x), residual ? OptTensor(unpack(*residual)) : OptTensor()};
+    return {unpack(xr), rr ? OptTensor(unpack(*rr)) : OptTensor()};
   }
 
   size_t size() const { return layers_.size(); }
 
  private:
+  // Every layer over the step's packed rows x [N, H] (and residual): no tensor op per layer, the
+  // intermediate rows allocated once. Returns the last block's (x, residual) as new tensors.
+  template <typename T>
+  std::tuple<Tensor, Tensor> run_rows(const Tensor& x, const OptTensor& residual, const Step& s,
+                                      const std::vector<std::pair<Tensor, Tensor>>& ropes,
+                                      const std::vector<RowGroup>& groups, int64_t steps) const {
+    const int64_t N = x.size(0), H = x.size(1);
+    const int nt = at::get_num_threads();
+    int64_t wq = 0, wa = 0, wg = 0, wi = 0;
+    for (const LayerSpec& L : layers_)
+      wq = std::max(wq, L.qkv.width()), wa = std::max(wa, L.nq),
+      wg = std::max(wg, L.quantized_mlp ? 2 * L.inter : 0), wi = std::max(wi, L.inter);
+    const int64_t widths[6] = {H, wq, wa, H, wg, wi};  // Rows' fields, in order
+    int64_t total = 0;
+    for (const int64_t wd : widths) total += (N * wd + 31) / 32 * 32;  // 64-byte aligned starts
+    const Tensor scratch = at::empty({total}, x.options());
+    T* p = data<T>(scratch);
+    T* fields[6];
+    for (int i = 0; i < 6; ++i) fields[i] = p, p += (N * widths[i] + 31) / 32 * 32;
+    Rows<T> w{fields[0], fields[1], fields[2], fields[3], fields[4], fields[5]};
+    Tensor X = at::empty({N, H}, x.options()), R = at::empty({N, H}, x.options());
+    const T* xp = data<T>(x);  // the step's input, read only
+    const T* rp = residual ? data<T>(*residual) : nullptr;
+    for (const LayerSpec& L : layers_) {
+      const auto& n = L.norms;  // R = x + residual (x alone at first), h = norm(R)
+      n[0](xp, rp, N, H, w.h, rp ? data<T>(R) : nullptr, nt);
+      if (!rp) std::memcpy(data<T>(R), xp, N * H * sizeof(T));
+      attention_block(L, w.h, N, s, ropes, groups, steps, w, w.y, nt);
+      if (!L.sandwich) {
+        n[1](w.y, data<T>(R), N, H, w.h, data<T>(R), nt);
+      } else {  // post-attention norm alone, then the pre-MLP norm with the residual
+        n[1](w.y, (const T*)nullptr, N, H, w.y, (T*)nullptr, nt);
+        n[2](w.y, data<T>(R), N, H, w.h, data<T>(R), nt);
+      }
+      mlp(L, w.h, N, w, data<T>(X), nt);
+      if (L.sandwich) n[3](data<T>(X), (const T*)nullptr, N, H, data<T>(X), (T*)nullptr, nt);
+      xp = data<T>(X), rp = data<T>(R);
+    }
+    return {X, R};
+  }
+
   std::vector<LayerSpec> layers_;
 };
 

@@ -22,6 +22,8 @@ std::tuple<Tensor, Tensor> norm(const Tensor& x, const Tensor& weight, const Opt
                                 double eps, const OptTensor& residual, bool rms);
 std::tuple<Tensor, Tensor> rope(Tensor q, Tensor k, const Tensor& cos, const Tensor& sin,
                                 bool interleaved);
+// Raises unless w is a quantized weight packed by qpacking.py for an [n, K] matrix of `kind`.
+void check_qpacked(const Tensor& w, int64_t n, int64_t K, int64_t kind);
 Tensor attend(Tensor q, Tensor k, Tensor v, const Tensor& mask, double scale,
               const OptTensor& sinks, const OptTensor& block_table, int64_t block_size);
 
