@@ -5,10 +5,11 @@
 //
 // One work item is (batch row, KV head, tile of query positions): all `group * tile` query
 // rows of that KV head use each block of BS keys/values while it is in L1, so K and V are read
-// once per KV head (bf16 blocks are widened to fp32 once, for all rows; without AVX512-BF16,
-// items of few rows widen bf16 pairs in registers instead: attention_pairs.h). Only the keys some row
-// of the tile may see are visited (a causal prefill tile stops at its last position). Scores of
-// 16 keys come from 16 partial dot products reduced together (no per-key horizontal sum); an
+// once per KV head (bf16 blocks are widened to fp32 once, for all rows; items of few rows
+// widen bf16 value pairs in registers instead, and key pairs too without AVX512-BF16:
+// attention_pairs.h). Only the keys some row of the tile may see are visited (a causal
+// prefill tile stops at its last position). Scores of 16 keys come from 16 partial dot
+// products reduced together (no per-key horizontal sum); an
 // online softmax (running max m, running sum l, rescaled accumulator) means no [rows, S] score
 // matrix is kept (flash-attention style). A sink joins the softmax denominator only: it starts
 // as (m = sink, l = 1). All math is fp32.
@@ -473,9 +474,12 @@ void attend_item(const AttnArgs<T>& a, int64_t b, int64_t g, int64_t t0, int64_t
   const float* vals[BS];
   const bool tiled = rows >= TILE_ROWS && D % 2 == 0;
   std::vector<uint32_t> kt_buf(tiled && kDotBf16<T> && pre.kt == nullptr ? (D / 2) * 64 : 0);
-  // bf16 without AVX512-BF16, few rows: keys and values widened in registers
+  // bf16, few rows: values widened in registers (attention_pairs.h), and without
+  // AVX512-BF16 the keys too; the accumulators are then in split order until the end
   constexpr bool kPairs = std::is_same_v<T, bf16_t> && !kDotBf16<T>;
-  const bool in_pairs = kPairs && rows <= PAIR_ROWS && D % 32 == 0 && pre.v == nullptr;
+  const bool value_pairs = std::is_same_v<T, bf16_t> && rows <= PAIR_ROWS && D % 32 == 0 &&
+                           pre.v == nullptr;
+  const bool in_pairs = kPairs && value_pairs;
   start_rows(it, with_sinks);
   if (in_pairs) bf16_pairs::split_rows(it.qf, rows, Dp, D);
   int64_t lo, hi;
@@ -511,6 +515,14 @@ void attend_item(const AttnArgs<T>& a, int64_t b, int64_t g, int64_t t0, int64_t
     }
     row_scores(it, s0, n, r_done, keys, bkeys);
     softmax_block(it, n);
+    if constexpr (std::is_same_v<T, bf16_t>) {
+      if (value_pairs) {
+        const bf16_t* bvals[BS];
+        rows_raw(a.v, a.vs, a, b, g, s0, n, bvals);
+        bf16_pairs::add_all_values(it.acc, Dp, it.sc, BS, rows, n, bvals, D);
+        continue;
+      }
+    }
     if (pre.v != nullptr) {
       const float* vb = pre.v + ((b * a.hk + g) * pre.blocks * BS + s0) * Dp;
       for (int64_t j = 0; j < n; ++j) vals[j] = vb + j * Dp;
@@ -519,7 +531,7 @@ void attend_item(const AttnArgs<T>& a, int64_t b, int64_t g, int64_t t0, int64_t
     }
     add_values(it, n, vals);
   }
-  if (in_pairs) bf16_pairs::join_rows(it.acc, rows, Dp, D);
+  if (value_pairs) bf16_pairs::join_rows(it.acc, rows, Dp, D);
   finish_rows(it, part);
 }
 

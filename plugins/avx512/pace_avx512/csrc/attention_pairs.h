@@ -1,5 +1,5 @@
-// Decode attention over bf16 caches on CPUs without AVX512-BF16: keys and values are read as
-// bf16 pairs and widened in registers (a 32-bit lane (x[2p], x[2p+1]) gives x[2p] = lane << 16
+// Decode attention over bf16 caches: values (and on CPUs without AVX512-BF16, where scores
+// cannot use vdpbf16ps, keys too) are read as bf16 pairs and widened in registers (a 32-bit lane (x[2p], x[2p+1]) gives x[2p] = lane << 16
 // and x[2p+1] = lane & 0xFFFF0000 as fp32), instead of widening every block into an fp32
 // scratch copy first. The query rows and the output accumulators are kept "split": per chunk
 // of 32 dims, the 16 even dims then the 16 odd ones, so a pair of loads feeds two FMAs with no
