@@ -132,6 +132,30 @@ def test_many_blocks_over_threads(ext, kind, threads, rows, dtype):
     torch.testing.assert_close(got.float(), want, rtol=tol, atol=tol * want.abs().max())
 
 
+@pytest.mark.parametrize("int8_from", [0, 1])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_rows_in_chunks(ext, int8_from, threads):
+    """Many rows of a long K: the tiles take the rows in chunks whose activation codes fit L2
+    (qlinear.cpp ROW_CHUNK_BYTES, 256 KB: 128 split / 256 int8 rows of K = 1024), every chunk
+    over all of a thread's blocks, the last one short with a tail row (301 rows)."""
+    n, k, rows = 40, 1024, 301
+    packed = qpacking.prepare_linear(weight("q4_0", n, k), bias=torch.linspace(-1, 1, n))
+    w = packed.rows(torch.arange(n)).float()
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(3))
+    before = torch.get_num_threads(), ext.min_work_per_thread(), ext.int8_activation_rows()
+    torch.set_num_threads(threads)
+    try:
+        ext.set_min_work_per_thread(1)
+        ext.set_int8_activation_rows(int8_from)
+        got = ext.qlinear(x, packed.weight, packed.bias, n, packed.kind)
+    finally:
+        torch.set_num_threads(before[0])
+        ext.set_min_work_per_thread(before[1])
+        ext.set_int8_activation_rows(before[2])
+    want = reference(x, w, "int8" if int8_from else "split") + packed.bias
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max())
+
+
 @pytest.mark.parametrize("kind", [*PACE, *GGUF])
 def test_packed_rows_are_the_weight(kind):
     q = weight(kind, 37, 512)
