@@ -1,6 +1,6 @@
 // Tensor-level entry points (defined in bindings.cpp): checks, allocation, dispatch to the
 // raw kernels of kernels.h. Python calls them through pybind11; the fused decoder stack
-// (stack.cpp) calls them directly.
+// (stack.cpp) runs the raw kernels itself (raw_ops.h) and uses check_qpacked.
 #pragma once
 
 #include <ATen/core/Tensor.h>
