@@ -44,7 +44,8 @@ struct Step {  // what one forward step provides
   const std::vector<int64_t>& counts;  // ... onwards: its last counts[b] query positions
   int64_t length;                     // keys per row after the step (S)
   const std::vector<Tensor>& masks;   // [B, 1, T, S] per distinct window
-  const std::vector<std::pair<Tensor, Tensor>>& ropes;  // (cos, sin) [B, T, R] per rotary
+  const std::vector<std::pair<Tensor, Tensor>>& ropes;  // (cos, sin) [B or 1, T, R] per rotary,
+                                                        // in the activation dtype
   const OptTensor& table;             // block caches: [B, blocks per row] int64 block ids
   int64_t block_size;                 // block caches: tokens per block
 };
@@ -108,21 +109,23 @@ struct Rows {
 };
 
 // Group g's attention over its tokens' qkv rows: QK-norms and rope in place, k and v into the
-// caches, the output into its rows of `att`. `ropes`: the step's tables in T, [B or 1, T, R].
+// caches, the output into its rows of `att`.
 template <typename T>
-void attend_group(const LayerSpec& L, const Step& s, const std::vector<std::pair<Tensor, Tensor>>& ropes,
-                  const RowGroup& g, int64_t steps, Rows<T>& w, int nt) {
+void attend_group(const LayerSpec& L, const Step& s, const RowGroup& g, int64_t steps, Rows<T>& w,
+                  int nt) {
   const int64_t n = g.b1 - g.b0, c = g.count, ldq = L.nq + L.nk + L.nv;
   T* q = w.qkv + g.offset * ldq;
   T* k = q + L.nq;
   const T* v = k + L.nk;
   if (L.q_norm.on || L.k_norm.on)
     for (int64_t r = 0; r < n * c; ++r) {  // a token's heads are rows of d
-      if (L.q_norm.on) L.q_norm(q + r * ldq, (const T*)nullptr, L.hq, L.d, q + r * ldq, (T*)nullptr, 1);
-      if (L.k_norm.on) L.k_norm(k + r * ldq, (const T*)nullptr, L.hk, L.d, k + r * ldq, (T*)nullptr, 1);
+      T* qr = q + r * ldq;
+      T* kr = k + r * ldq;
+      if (L.q_norm.on) L.q_norm(qr, (const T*)nullptr, L.hq, L.d, qr, (T*)nullptr, 1);
+      if (L.k_norm.on) L.k_norm(kr, (const T*)nullptr, L.hk, L.d, kr, (T*)nullptr, 1);
     }
   if (L.rope >= 0) {  // the group's rows and last c positions of the step's tables
-    const auto& [cos, sin] = ropes[L.rope];
+    const auto& [cos, sin] = s.ropes[L.rope];
     const int64_t R = cos.size(2), bs = cos.size(0) == 1 ? 0 : steps * R;
     TORCH_CHECK(R <= L.d, "pace_avx512: decoder stack rope table of ", R, " dims > head dim ", L.d);
     const int64_t off = g.b0 * bs + (steps - c) * R, qs[3] = {c * ldq, ldq, L.d}, cs[2] = {bs, R};
@@ -228,10 +231,9 @@ void mlp(const LayerSpec& L, const T* h, int64_t N, Rows<T>& w, T* out, int nt) 
 // The attention block of the step's N rows of h into out.
 template <typename T>
 void attention_block(const LayerSpec& L, const T* h, int64_t N, const Step& s,
-                     const std::vector<std::pair<Tensor, Tensor>>& ropes,
                      const std::vector<RowGroup>& groups, int64_t steps, Rows<T>& w, T* out, int nt) {
   L.qkv(h, N, w.qkv, nt);
-  for (const RowGroup& g : groups) attend_group(L, s, ropes, g, steps, w, nt);
+  for (const RowGroup& g : groups) attend_group(L, s, g, steps, w, nt);
   L.o(w.att, N, out, L.hidden, nt);
 }
 
@@ -279,7 +281,7 @@ class DecoderStack {
                   "pace_avx512: decoder stack weights are for ", L.dense_dtype, " rows of ",
                   L.hidden, ", not ", dtype, " rows of ", x.size(2));
     }
-    const Step s{keys, values, starts, counts, length, masks, ropes, block_table, block_size};
+    const Step s{keys, values, starts, counts, length, masks, tables, block_table, block_size};
     const std::vector<RowGroup> groups = row_groups(counts);
     const int64_t H = x.size(2);
     int64_t N = 0;
@@ -299,8 +301,8 @@ class DecoderStack {
     Tensor xr = pack(x);
     OptTensor rr = residual ? OptTensor(pack(*residual)) : OptTensor();
     if (N > 0 && !layers_.empty()) {
-      if (dtype == at::kBFloat16) std::tie(xr, rr) = run_rows<bf16_t>(xr, rr, s, tables, groups, T);
-      else std::tie(xr, rr) = run_rows<float>(xr, rr, s, tables, groups, T);
+      if (dtype == at::kBFloat16) std::tie(xr, rr) = run_rows<bf16_t>(xr, rr, s, groups, T);
+      else std::tie(xr, rr) = run_rows<float>(xr, rr, s, groups, T);
     }
     const auto unpack = [&](const Tensor& t) {  // back to [B, T, H], padded positions 0
       if (!index.defined()) return t.reshape({B, T, H});
@@ -316,7 +318,6 @@ class DecoderStack {
   // intermediate rows allocated once. Returns the last block's (x, residual) as new tensors.
   template <typename T>
   std::tuple<Tensor, Tensor> run_rows(const Tensor& x, const OptTensor& residual, const Step& s,
-                                      const std::vector<std::pair<Tensor, Tensor>>& ropes,
                                       const std::vector<RowGroup>& groups, int64_t steps) const {
     const int64_t N = x.size(0), H = x.size(1);
     const int nt = at::get_num_threads();
@@ -339,7 +340,7 @@ class DecoderStack {
       const auto& n = L.norms;  // R = x + residual (x alone at first), h = norm(R)
       n[0](xp, rp, N, H, w.h, rp ? data<T>(R) : nullptr, nt);
       if (!rp) std::memcpy(data<T>(R), xp, N * H * sizeof(T));
-      attention_block(L, w.h, N, s, ropes, groups, steps, w, w.y, nt);
+      attention_block(L, w.h, N, s, groups, steps, w, w.y, nt);
       if (!L.sandwich) {
         n[1](w.y, data<T>(R), N, H, w.h, data<T>(R), nt);
       } else {  // post-attention norm alone, then the pre-MLP norm with the residual
