@@ -94,9 +94,13 @@ def sweep_points(args: argparse.Namespace) -> list[tuple[int, int, int]]:
 
 
 def _pace(model: Any, ids: torch.Tensor, new_tokens: int) -> Callable[[], Any]:
+    """Exactly ``new_tokens`` greedy tokens. ``ignore_eos`` is pace's way of not stopping, as
+    transformers' is ``min_new_tokens`` and llama.cpp's runner never checks EOS; pace's
+    ``min_new_tokens`` would add a logits processor (a copy of the logits per step) that
+    llama.cpp's runner does not run."""
     from pace_core import SamplingConfig
 
-    cfg = SamplingConfig(max_new_tokens=new_tokens, min_new_tokens=new_tokens)
+    cfg = SamplingConfig(max_new_tokens=new_tokens, ignore_eos=True)
     return lambda: model.generate(ids, cfg)
 
 
