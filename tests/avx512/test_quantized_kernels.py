@@ -18,6 +18,8 @@ Runs on any AVX-512 CPU with VNNI (the panel cases are skipped without AVX512-BF
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -106,6 +108,23 @@ def test_qlinear_matches_its_model(ext, kind, dtype, mode):
         torch.testing.assert_close(got.float(), want, rtol=tol, atol=tol * want.abs().max())
 
 
+@contextlib.contextmanager
+def every_thread(ext, threads: int, int8_from: int | None = None):
+    """``threads`` threads, every one taking part however small the matrix (and int8
+    activations from ``int8_from`` rows, if given); the settings are restored after."""
+    before = torch.get_num_threads(), ext.min_work_per_thread(), ext.int8_activation_rows()
+    torch.set_num_threads(threads)
+    ext.set_min_work_per_thread(1)
+    if int8_from is not None:
+        ext.set_int8_activation_rows(int8_from)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before[0])
+        ext.set_min_work_per_thread(before[1])
+        ext.set_int8_activation_rows(before[2])
+
+
 @pytest.mark.parametrize("kind", [*PACE, *GGUF])
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize(("rows", "dtype"), [(1, torch.float32), (19, torch.bfloat16)])
@@ -119,14 +138,8 @@ def test_many_blocks_over_threads(ext, kind, threads, rows, dtype):
     packed = qpacking.prepare_linear(weight(kind, n, k), bias=torch.linspace(-1, 1, n))
     w = packed.rows(torch.arange(n)).float()
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(7)).to(dtype)
-    before, work = torch.get_num_threads(), ext.min_work_per_thread()
-    torch.set_num_threads(threads)
-    try:
-        ext.set_min_work_per_thread(1)  # every thread takes part, however small the matrix
+    with every_thread(ext, threads):
         got = ext.qlinear(x, packed.weight, packed.bias, n, packed.kind)
-    finally:
-        ext.set_min_work_per_thread(work)
-        torch.set_num_threads(before)
     want = reference(x, w, qpacking.qlinear_path(rows, dtype)) + packed.bias
     tol = 1e-5 if dtype == torch.float32 else 2**-8
     torch.testing.assert_close(got.float(), want, rtol=tol, atol=tol * want.abs().max())
@@ -142,16 +155,8 @@ def test_rows_in_chunks(ext, int8_from, threads):
     packed = qpacking.prepare_linear(weight("q4_0", n, k), bias=torch.linspace(-1, 1, n))
     w = packed.rows(torch.arange(n)).float()
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(3))
-    before = torch.get_num_threads(), ext.min_work_per_thread(), ext.int8_activation_rows()
-    torch.set_num_threads(threads)
-    try:
-        ext.set_min_work_per_thread(1)
-        ext.set_int8_activation_rows(int8_from)
+    with every_thread(ext, threads, int8_from=int8_from):
         got = ext.qlinear(x, packed.weight, packed.bias, n, packed.kind)
-    finally:
-        torch.set_num_threads(before[0])
-        ext.set_min_work_per_thread(before[1])
-        ext.set_int8_activation_rows(before[2])
     want = reference(x, w, "int8" if int8_from else "split") + packed.bias
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max())
 

@@ -90,15 +90,16 @@ def _check_even(block: BlockSpec) -> None:
     """Dense bf16 weights multiply k-pairs: the C++ step's rows carry no zero pad lane, so an
     odd K (hidden, heads x head_dim or intermediate size) stays on the per-call kernels."""
     attn, mlp = block.attention, block.mlp.kernel.weight
-    dense = [attn.qkv.weight.linear, attn.o_proj.weight]
-    sizes = [w.in_features for w in dense if isinstance(w, PackedLinear)]
+    dense = [  # (packed weight, K)
+        (w.weight, w.in_features)
+        for w in (attn.qkv.weight.linear, attn.o_proj.weight)
+        if isinstance(w, PackedLinear)
+    ]
     if isinstance(mlp, PackedGatedMLP):
-        sizes += [mlp.hidden, mlp.intermediate]
-    bf16 = any(
-        w.weight.dtype == torch.bfloat16 for w in dense if isinstance(w, PackedLinear)
-    ) or (isinstance(mlp, PackedGatedMLP) and mlp.down.dtype == torch.bfloat16)
-    if bf16 and any(k % 2 for k in sizes):
-        raise NotFusable(f"bf16 weights with an odd K ({sizes}) are not fused")
+        dense += [(mlp.gate_up, mlp.hidden), (mlp.down, mlp.intermediate)]
+    odd = [k for w, k in dense if w.dtype == torch.bfloat16 and k % 2]
+    if odd:
+        raise NotFusable(f"bf16 weights with an odd K ({odd}) are not fused")
 
 
 def _slot(table: dict, key: Any, value: Any) -> int:

@@ -19,6 +19,7 @@
 #include <type_traits>
 
 #include "kernels.h"
+#include "raw_ops.h"
 #include "simd.h"
 #include "tensor_ops.h"
 
@@ -77,17 +78,25 @@ const float* bias_ptr(const OptTensor& bias, int64_t numel, const char* what) {
   return bias->data_ptr<float>();
 }
 
+// f(T{}) for T the activation type of x (bf16_t or float): the raw kernels of raw_ops.h are
+// overloaded by it, so each op below is written once for both.
+template <class F>
+void by_dtype(const Tensor& x, F&& f) {
+  if (is_bf16(x)) f(bf16_t{});
+  else f(float{});
+}
+
 void run_linear(const Tensor& xr, int64_t width, int64_t M, int64_t K, const Tensor& w,
                 const float* bias, int64_t N, Tensor& y) {
-  if (is_bf16(xr))
-    linear_bf16(ptr<bf16_t>(xr), width, M, K, ptr<bf16_t>(w), bias, N, ptr<bf16_t>(y), N, threads());
-  else
-    linear_fp32(ptr<float>(xr), width, M, K, ptr<float>(w), bias, N, ptr<float>(y), N, threads());
+  by_dtype(xr, [&](auto t) {
+    using T = decltype(t);
+    linear_rows(ptr<T>(xr), width, M, K, w.data_ptr(), bias, N, ptr<T>(y), N, threads());
+  });
 }
 
 }  // namespace
 
-// The tensor-level ops (declared in tensor_ops.h: the fused decoder stack calls them too).
+// The tensor-level ops (declared in tensor_ops.h).
 
 // y[..., N] = x[..., K] @ W^T + bias over the packed W.
 Tensor linear(const Tensor& x, const Tensor& w, const OptTensor& bias, int64_t n) {
@@ -117,12 +126,10 @@ Tensor gated_activation(const Tensor& gate, const Tensor& up, int64_t act) {
   if (rows == 0 || inter == 0) return out;
   Tensor g = rows_view(gate), u = rows_view(up);
   if (g.stride(0) != u.stride(0)) u = u.contiguous(), g = g.contiguous();
-  if (is_bf16(gate))
-    gated_act_bf16(ptr<bf16_t>(g), ptr<bf16_t>(u), g.stride(0), rows, inter, (int)act,
-                   ptr<bf16_t>(out), threads());
-  else
-    gated_act_fp32(ptr<float>(g), ptr<float>(u), g.stride(0), rows, inter, (int)act,
-                   ptr<float>(out), threads());
+  by_dtype(gate, [&](auto t) {
+    using T = decltype(t);
+    gated_act_rows(ptr<T>(g), ptr<T>(u), g.stride(0), rows, inter, (int)act, ptr<T>(out), threads());
+  });
   return out;
 }
 
@@ -153,7 +160,6 @@ Tensor qpacked_rows_op(const Tensor& w, const Tensor& ids, int64_t n, int64_t k,
 // uint8 [blocks of 16 rows, block_stride bytes] (layout in qlinear.cpp).
 Tensor qlinear(const Tensor& x, const Tensor& w, const OptTensor& bias, int64_t n, int64_t kind) {
   const int64_t K = x.size(-1);
-  const bool bf = is_bf16(x);
   check_qpacked(w, n, K, kind);
   Tensor y = rows_out(x, n);
   const int64_t M = K ? x.numel() / K : 0;
@@ -161,10 +167,10 @@ Tensor qlinear(const Tensor& x, const Tensor& w, const OptTensor& bias, int64_t 
   const float* b = bias_ptr(bias, n, "with N values");
   const Tensor xc = x.contiguous();
   const uint8_t* wp = w.data_ptr<uint8_t>();
-  if (bf)
-    qlinear_bf16(ptr<bf16_t>(xc), K, M, K, wp, w.size(1), (int)kind, b, n, ptr<bf16_t>(y), n, threads());
-  else
-    qlinear_fp32(ptr<float>(xc), K, M, K, wp, w.size(1), (int)kind, b, n, ptr<float>(y), n, threads());
+  by_dtype(xc, [&](auto t) {
+    using T = decltype(t);
+    qlinear_rows(ptr<T>(xc), K, M, K, wp, w.size(1), (int)kind, b, n, ptr<T>(y), n, threads());
+  });
   return y;
 }
 
@@ -183,12 +189,11 @@ Tensor gated_mlp(const Tensor& x, const Tensor& gate_up, const Tensor& down, int
   Tensor h = at::empty({M, hwidth}, x.options());
   if (hwidth != inter) h.narrow(1, inter, hwidth - inter).zero_();
   const Tensor xr = as_rows(x, width);
-  if (is_bf16(x))
-    gated_bf16(ptr<bf16_t>(xr), width, M, K, ptr<bf16_t>(gate_up), inter, (int)act,
-               ptr<bf16_t>(h), hwidth, threads());
-  else
-    gated_fp32(ptr<float>(xr), width, M, K, ptr<float>(gate_up), inter, (int)act, ptr<float>(h),
-               hwidth, threads());
+  by_dtype(x, [&](auto t) {
+    using T = decltype(t);
+    gated_rows(ptr<T>(xr), width, M, K, gate_up.data_ptr(), inter, (int)act, ptr<T>(h), hwidth,
+               threads());
+  });
   run_linear(h, hwidth, M, inter, down, nullptr, hidden, y);
   return y;
 }
@@ -200,7 +205,7 @@ std::tuple<Tensor, Tensor> norm(const Tensor& x, const Tensor& weight, const Opt
     const Tensor s = x.add(*residual);  // broadcasting / promotion: let torch add, then normalise
     return {std::get<0>(norm(s, weight, bias, eps, c10::nullopt, rms)), s};
   }
-  const bool bf = is_bf16(x);
+  (void)is_bf16(x);  // raises for a dtype other than float32 / bfloat16, empty x too
   const int64_t H = x.size(-1), rows = H ? x.numel() / H : 0;
   TORCH_CHECK(weight.numel() == H && (!bias || bias->numel() == H), "pace_avx512: norm weight/bias ",
               "have ", weight.numel(), " elements, expected ", H);
@@ -216,19 +221,11 @@ std::tuple<Tensor, Tensor> norm(const Tensor& x, const Tensor& weight, const Opt
   const Tensor rc = residual ? residual->contiguous() : Tensor();
   const float* wp = w.data_ptr<float>();
   const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
-  const float e = (float)eps;
-  const int nt = threads();
-  if (bf) {
-    const bf16_t* r = residual ? ptr<bf16_t>(rc) : nullptr;
-    bf16_t* s = residual ? ptr<bf16_t>(sum) : nullptr;
-    if (rms) rms_norm_bf16(ptr<bf16_t>(xc), r, wp, e, rows, H, ptr<bf16_t>(y), s, nt);
-    else layer_norm_bf16(ptr<bf16_t>(xc), r, wp, bp, e, rows, H, ptr<bf16_t>(y), s, nt);
-  } else {
-    const float* r = residual ? ptr<float>(rc) : nullptr;
-    float* s = residual ? ptr<float>(sum) : nullptr;
-    if (rms) rms_norm_fp32(ptr<float>(xc), r, wp, e, rows, H, ptr<float>(y), s, nt);
-    else layer_norm_fp32(ptr<float>(xc), r, wp, bp, e, rows, H, ptr<float>(y), s, nt);
-  }
+  by_dtype(x, [&](auto t) {
+    using T = decltype(t);
+    norm_rows(rms, ptr<T>(xc), residual ? ptr<T>(rc) : nullptr, wp, bp, (float)eps, rows, H,
+              ptr<T>(y), residual ? ptr<T>(sum) : nullptr, threads());
+  });
   return {y, sum};
 }
 
@@ -247,7 +244,6 @@ std::tuple<Tensor, Tensor> rope(Tensor q, Tensor k, const Tensor& cos, const Ten
                                 bool interleaved) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && cos.dim() == 3 && sin.dim() == 3,
               "pace_avx512: rope expects q/k [B, T, H, D] and cos/sin [B, T, R]");
-  const bool bf = is_bf16(q);
   TORCH_CHECK(k.scalar_type() == q.scalar_type(), "pace_avx512: rope q/k dtypes differ");
   if (q.stride(3) != 1) q = q.contiguous();
   if (k.stride(3) != 1) k = k.contiguous();
@@ -260,12 +256,11 @@ std::tuple<Tensor, Tensor> rope(Tensor q, Tensor k, const Tensor& cos, const Ten
   const int64_t ks[3] = {k.stride(0), k.stride(1), k.stride(2)};
   const int64_t cs[2] = {T * R, R};
   if (q.numel() == 0) return {q, k};
-  if (bf)
-    rope_bf16(ptr<bf16_t>(q), qs, q.size(2), ptr<bf16_t>(k), ks, k.size(2), ptr<bf16_t>(c),
-              ptr<bf16_t>(s), cs, B, T, R, interleaved, threads());
-  else
-    rope_fp32(ptr<float>(q), qs, q.size(2), ptr<float>(k), ks, k.size(2), ptr<float>(c),
-              ptr<float>(s), cs, B, T, R, interleaved, threads());
+  by_dtype(q, [&](auto t) {
+    using U = decltype(t);
+    rope_rows(ptr<U>(q), qs, q.size(2), ptr<U>(k), ks, k.size(2), ptr<U>(c), ptr<U>(s), cs, B, T,
+              R, interleaved, threads());
+  });
   return {q, k};
 }
 
