@@ -49,38 +49,68 @@ class CacheFullError(PaceError, RuntimeError):
 
 @dataclass
 class StepMeta:
-    """Which sequences a forward step touches and where its new tokens go."""
+    """Which sequences a forward step touches and where its new tokens go.
+
+    Built from Python ints (``starts``, ``counts``); the tensors and masks kernels read are
+    derived once per step, on first use (every layer asks). A decode step (one new token per
+    row) takes short paths: its positions are the starts, its masks one comparison each."""
 
     seq_ids: list[int]
-    lens_before: torch.Tensor  # [B] tokens already cached per row
-    num_new: torch.Tensor  # [B] real new tokens per row (right-aligned in T)
+    starts: list[int]  # tokens already cached per row
+    counts: list[int]  # real new tokens per row (right-aligned in ``width``)
     width: int  # T, the padded number of new positions
     _masks: dict[Window, torch.Tensor] = field(default_factory=dict, repr=False)
 
-    # Derived facts are computed once per step (every layer asks): the inputs never change.
+    def __post_init__(self) -> None:
+        if not len(self.seq_ids) == len(self.starts) == len(self.counts):
+            raise ValueError(
+                f"step of {len(self.seq_ids)} sequences has {len(self.starts)} starts and "
+                f"{len(self.counts)} counts"
+            )
+
+    @cached_property
+    def lens_before(self) -> torch.Tensor:
+        """``[B]`` tokens already cached per row."""
+        return torch.tensor(self.starts, dtype=torch.long)
+
+    @cached_property
+    def num_new(self) -> torch.Tensor:
+        """``[B]`` real new tokens per row."""
+        return torch.tensor(self.counts, dtype=torch.long)
+
+    @cached_property
+    def ends(self) -> list[int]:
+        """Tokens per row after the step."""
+        return [s + c for s, c in zip(self.starts, self.counts)]
+
     @cached_property
     def lens_after(self) -> torch.Tensor:
-        return self.lens_before + self.num_new
+        return torch.tensor(self.ends, dtype=torch.long)
 
     @cached_property
     def max_len(self) -> int:
         """Longest row after the step (``S`` of the attention views)."""
-        return int(self.lens_after.max()) if len(self.seq_ids) else 0
+        return max(self.ends, default=0)
 
     @cached_property
     def uniform(self) -> bool:
         """All rows start at the same length and add ``width`` tokens (no padding)."""
-        return bool((self.num_new == self.width).all()) and bool(
-            (self.lens_before == self.lens_before[0]).all()
-        )
+        return all(c == self.width for c in self.counts) and len(set(self.starts)) <= 1
 
     @cached_property
     def uniform_start(self) -> int:
         """Where the new tokens go when the step is ``uniform``."""
-        return int(self.lens_before[0])
+        return self.starts[0]
+
+    @cached_property
+    def decode(self) -> bool:
+        """One new token in every row (no padding)."""
+        return self.width == 1 and all(c == 1 for c in self.counts)
 
     def positions(self) -> torch.Tensor:
         """Position ids ``[B, T]`` of the new tokens (pads get 0)."""
+        if self.decode:
+            return self.lens_before.view(-1, 1)
         t = torch.arange(self.width)
         pos = self.lens_before[:, None] + t[None] - (self.width - self.num_new)[:, None]
         return pos.clamp(min=0)
@@ -95,10 +125,24 @@ class StepMeta:
         ``window`` (sliding or chunked). Pad queries see key 0 only, so no row is fully
         masked."""
         found = self._masks.get(window)
-        if found is not None:
-            return found
-        s = self.max_len
-        keys = torch.arange(s)[None, None, :]  # [1, 1, S]
+        if found is None:
+            found = self._decode_mask(window) if self.decode else self._mask(window)
+            self._masks[window] = found
+        return found
+
+    def _decode_mask(self, window: Window) -> torch.Tensor:
+        """:meth:`mask` of a decode step: the query is each row's last position."""
+        keys = torch.arange(self.max_len)[None]  # [1, S]
+        ends = self.lens_after[:, None]
+        mask = keys < ends
+        if isinstance(window, ChunkedWindow):
+            mask &= keys // window.size == (ends - 1) // window.size
+        elif window is not None:
+            mask &= keys >= ends - window
+        return mask.view(len(self.seq_ids), 1, 1, -1)
+
+    def _mask(self, window: Window) -> torch.Tensor:
+        keys = torch.arange(self.max_len)[None, None, :]  # [1, 1, S]
         qpos = (
             self.lens_before[:, None]
             + torch.arange(self.width)[None]
@@ -110,8 +154,7 @@ class StepMeta:
         elif window is not None:
             mask &= qpos - keys < window
         mask |= (~self.query_valid())[:, :, None] & (keys == 0)
-        self._masks[window] = mask = mask.unsqueeze(1)
-        return mask
+        return mask.unsqueeze(1)
 
 
 @runtime_checkable

@@ -249,7 +249,7 @@ class BlockCache:
     def _copy_on_write(self, seq_ids: list[int], meta: StepMeta) -> list[tuple[int, int]]:
         """(sequence, block index) of the shared blocks this step writes into."""
         out = []
-        for sid, before, n in zip(seq_ids, meta.lens_before.tolist(), meta.num_new.tolist()):
+        for sid, before, n in zip(seq_ids, meta.starts, meta.counts):
             i = before // self.block_size
             if n and i < len(self.blocks[sid]) and self.pool.shared(self.blocks[sid][i]):
                 out.append((sid, i))
@@ -265,19 +265,16 @@ class BlockCache:
 
     # -- steps -----------------------------------------------------------------------------
     def begin_step(self, seq_ids: list[int], num_new, width: int) -> StepMeta:
-        num_new = torch.as_tensor(num_new, dtype=torch.long)
-        before = torch.tensor([self.lens[s] for s in seq_ids], dtype=torch.long)
-        meta = StepMeta(list(seq_ids), before, num_new, width)
+        counts = num_new.tolist() if isinstance(num_new, torch.Tensor) else list(num_new)
+        meta = StepMeta(list(seq_ids), [self.lens[s] for s in seq_ids], counts, width)
         bs = self.block_size
-        need = [
-            max(0, -(-int(a) // bs) - len(self.blocks[s])) for s, a in zip(seq_ids, meta.lens_after)
-        ]
+        need = [max(0, -(-a // bs) - len(self.blocks[s])) for s, a in zip(seq_ids, meta.ends)]
         copies = self._copy_on_write(seq_ids, meta)
         if sum(need) + len(copies) > self.pool.available:
             raise CacheFullError(
                 f"KV cache full: step needs {sum(need) + len(copies)} blocks of {bs} tokens, "
                 f"{self.pool.available} free of {self.num_blocks}",
-                requested_tokens=int(num_new.sum()),
+                requested_tokens=sum(counts),
                 free_tokens=self.free_tokens,
             )
         for sid, i in copies:
@@ -331,7 +328,7 @@ class BlockCache:
         return BlockBuffers(self.keys, self.values, self._table, self.block_size)
 
     def end_step(self) -> None:
-        for sid, n in zip(self._meta.seq_ids, self._meta.lens_after.tolist()):
+        for sid, n in zip(self._meta.seq_ids, self._meta.ends):
             self.lens[sid] = n
             self._index_written(sid)
         self._meta = self._write = self._table = None

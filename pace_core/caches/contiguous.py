@@ -45,7 +45,7 @@ class ContiguousCache:
     ) -> None:
         self.num_kv_heads, self.head_dims, self.dtype = list(num_kv_heads), list(head_dims), dtype
         self.capacity = 0
-        self.lens = torch.zeros(0, dtype=torch.long)
+        self.lens: list[int] = []  # tokens per row
         self.keys = [self._alloc(0, h, d, 0) for h, d in zip(num_kv_heads, head_dims)]
         dims = head_dims if value_dims is None else value_dims
         self.values = [self._alloc(0, h, d, 0) for h, d in zip(num_kv_heads, dims)]
@@ -61,7 +61,7 @@ class ContiguousCache:
     # -- sequences -------------------------------------------------------------------------
     @property
     def batch(self) -> int:
-        return int(self.lens.numel())
+        return len(self.lens)
 
     def add_sequences(self, count: int) -> list[int]:
         start = self.batch
@@ -69,16 +69,22 @@ class ContiguousCache:
             for i, t in enumerate(store):
                 extra = t.new_zeros(count, t.shape[1], t.shape[2], t.shape[3])
                 store[i] = torch.cat([t, extra]) if start else extra
-        self.lens = torch.cat([self.lens, torch.zeros(count, dtype=torch.long)])
+        self.lens += [0] * count
         return list(range(start, start + count))
 
+    def reserve(self, tokens: int) -> None:
+        """Make room for ``tokens`` per row now (a generation's prompt plus its token budget),
+        so its steps never grow the buffers; memory past a row's length stays unused."""
+        if tokens > self.capacity:
+            self._resize(self.grow_to(tokens))
+
     def retain(self, seq_ids: list[int]) -> list[int]:
-        rows = torch.tensor(seq_ids, dtype=torch.long)
         if seq_ids != list(range(self.batch)):
+            rows = torch.tensor(seq_ids, dtype=torch.long)
             for store in (self.keys, self.values):
                 for i, t in enumerate(store):
                     store[i] = t.index_select(0, rows)
-            self.lens = self.lens.index_select(0, rows)
+            self.lens = [self.lens[i] for i in seq_ids]
         return list(range(len(seq_ids)))
 
     # -- steps -----------------------------------------------------------------------------
@@ -87,8 +93,8 @@ class ContiguousCache:
             raise ValueError(
                 "contiguous caches step over all their rows in order; call retain() first"
             )
-        num_new = torch.as_tensor(num_new, dtype=torch.long)
-        meta = StepMeta(list(seq_ids), self.lens.clone(), num_new, width)
+        counts = num_new.tolist() if isinstance(num_new, torch.Tensor) else list(num_new)
+        meta = StepMeta(list(seq_ids), list(self.lens), counts, width)
         needed = meta.max_len
         if needed > self.capacity:
             self._resize(self.grow_to(needed))
@@ -96,7 +102,7 @@ class ContiguousCache:
         return meta
 
     def _resize(self, capacity: int) -> None:
-        keep = int(self.lens.max()) if self.batch else 0
+        keep = max(self.lens, default=0)
         for store in (self.keys, self.values):
             for i, old in enumerate(store):
                 new = old.new_zeros(old.shape[0], old.shape[1], capacity, old.shape[3])
@@ -116,8 +122,7 @@ class ContiguousCache:
             keys[rows, :, meta.lens_before] = k[:, :, 0]
             values[rows, :, meta.lens_before] = v[:, :, 0]
         else:
-            for b in range(self.batch):
-                n, start = int(meta.num_new[b]), int(meta.lens_before[b])
+            for b, (start, n) in enumerate(zip(meta.starts, meta.counts)):
                 keys[b, :, start : start + n] = k[b, :, meta.width - n :]
                 values[b, :, start : start + n] = v[b, :, meta.width - n :]
         s = meta.max_len
@@ -130,21 +135,21 @@ class ContiguousCache:
         return self.keys, self.values
 
     def end_step(self) -> None:
-        self.lens = self._meta.lens_after.clone()  # crop() edits lens in place
+        self.lens = list(self._meta.ends)  # crop() edits lens in place
         self._meta = None
 
     # -- inspection and rollback ---------------------------------------------------------
     def crop(self, seq_id: int, num_tokens: int) -> None:
-        have = int(self.lens[seq_id])
+        have = self.lens[seq_id]
         if not 0 <= num_tokens <= have:
             raise ValueError(f"cannot crop {num_tokens} tokens from sequence {seq_id} of {have}")
         self.lens[seq_id] = have - num_tokens
 
     def get_num_tokens(self, seq_id: int) -> int:
-        return int(self.lens[seq_id])
+        return self.lens[seq_id]
 
     def get_kv_states(self, seq_id: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        n = int(self.lens[seq_id])
+        n = self.lens[seq_id]
         return [
             (k[seq_id, :, :n].clone(), v[seq_id, :, :n].clone())
             for k, v in zip(self.keys, self.values)

@@ -83,12 +83,17 @@ def generation_loop(
     *,
     keep_logits: bool = False,
     first_prefill: Callable[..., torch.Tensor] | None = None,
+    reserve: int = 0,
 ) -> Iterator[StepEvent]:
     """Run prefill and decode until every row has finished; ``finish`` decides per token.
     ``first_prefill(model, cache, seq_ids, prompts)`` replaces :func:`prefill` for the
-    prompts (e.g. :func:`~pace_core.engine.shared_prefill.prefill_sharing`). The sequences
-    leave the cache when the loop ends, also when it is abandoned or fails."""
+    prompts (e.g. :func:`~pace_core.engine.shared_prefill.prefill_sharing`); a cache with
+    ``reserve(tokens)`` (the contiguous ones) makes room for ``reserve`` tokens per row up
+    front. The sequences leave the cache when the loop ends, also when it is abandoned or
+    fails."""
     seq_ids = cache.add_sequences(len(prompts))
+    if reserve and hasattr(cache, "reserve"):
+        cache.reserve(reserve)
     try:
         yield from _loop(
             model, cache, seq_ids, prompts, sampler, finish, keep_logits,

@@ -65,6 +65,14 @@ class StreamChunk:
     finish_reason: str | None
 
 
+def _tokens_needed(
+    prompts: Sequence[torch.Tensor], configs: Sequence[SamplingConfig], limit: int | None
+) -> int:
+    """Cache tokens per row a batch can reach: its longest prompt plus generation budget."""
+    most = max(p.numel() + c.max_new_tokens for p, c in zip(prompts, configs))
+    return min(most, limit) if limit else most
+
+
 class LLMModel:
     """A causal LM ready to generate.
 
@@ -306,6 +314,7 @@ class LLMModel:
             finish,
             keep_logits=keep_logits,
             first_prefill=prefill_sharing,
+            reserve=_tokens_needed(prompts, configs, max_ctx),
         )
         return _Batch(prompts, padded, trackers, deltas, events)
 

@@ -63,7 +63,7 @@ class DecoderLM:
         positions = meta.positions()
         step = StepContext(cache, positions, meta=meta)
         for rot in self.rotaries:
-            step.rope[id(rot)] = rot.tables(positions, self.dtype)
+            step.rope[id(rot)] = rot.tables(positions, self.dtype, below=meta.max_len)
         return step
 
     def forward(

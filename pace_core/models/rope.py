@@ -63,6 +63,7 @@ class Rotary:
         self._original_inv_freq = self.inv_freq
         self._long_inv_freq: torch.Tensor | None = None
         self.rotary_dim = 2 * self.inv_freq.shape[0]
+        self._lookup: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def _inv_freq_for(self, seq_len: int) -> torch.Tensor:
         if self.rope_type == "dynamic" and seq_len > self.max_positions:
@@ -79,16 +80,31 @@ class Rotary:
         return self._original_inv_freq
 
     def tables(
-        self, positions: torch.Tensor, dtype: torch.dtype
+        self, positions: torch.Tensor, dtype: torch.dtype, *, below: int | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin ``[B, T, rotary_dim]`` for integer ``positions [B, T]``."""
-        inv_freq = self.inv_freq
+        """cos and sin ``[B, T, rotary_dim]`` for integer ``positions [B, T]`` (all below
+        ``below`` when given). Frequencies that do not depend on the sequence length are
+        looked up in tables over positions ``0..n-1``, grown as needed, computed by the same
+        operations, so the values are the same."""
         if self.rope_type in ("dynamic", "longrope"):
             # Per row, from the row's own length (as if it ran alone), so that batching
             # (left padding, other rows' lengths) never changes a sequence's frequencies.
             lengths = (positions.max(dim=-1).values + 1).tolist()
             by_length = {n: self._inv_freq_for(n) for n in sorted(set(lengths))}
             inv_freq = torch.stack([by_length[n] for n in lengths])[:, None, :]  # [B, 1, R/2]
+            return self._compute(positions, inv_freq, dtype)
+        needed = int(positions.max()) + 1 if below is None else below
+        cos, sin = self._lookup.get(dtype, (None, None))
+        if cos is None or cos.shape[0] < needed:
+            grown = torch.arange(max(needed, 2 * (0 if cos is None else cos.shape[0]), 256))
+            cos, sin = self._lookup[dtype] = self._compute(grown, self.inv_freq, dtype)
+        flat = positions.reshape(-1)
+        shape = (*positions.shape, self.rotary_dim)
+        return cos.index_select(0, flat).view(shape), sin.index_select(0, flat).view(shape)
+
+    def _compute(
+        self, positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions[..., None].float() * inv_freq
         if self.interleaved:
             emb = freqs.repeat_interleave(2, dim=-1)

@@ -5,8 +5,9 @@ Penalties only touch tokens a row has seen, so the state is kept *sparse* (``O(B
 
 * :meth:`TokenState.seen_ids`: padded ids of prompt + generated tokens (repetition penalty).
 * :meth:`TokenState.output_token_counts`: the generated ids with, per entry, how often that
-  token was generated in the row so far (OpenAI frequency / presence penalties). Maintained
-  incrementally by :meth:`TokenState.append` with one ``[B, G]`` comparison per step.
+  token was generated in the row so far (OpenAI frequency / presence penalties). Built from
+  the history when first asked for, then maintained by :meth:`TokenState.append` with one
+  ``[B, G]`` comparison per step (a batch without such penalties never pays for it).
 
 Dense ``[B, V]`` views (:meth:`seen_mask`, :meth:`output_counts`) exist for plugins that want
 them; they are built lazily from the history and then updated incrementally by ``append``.
@@ -57,9 +58,12 @@ class TokenState:
         prompts: the per-row prompt tensors.
         output_ids: long ``[B, cap]``, row ``i``'s generated ids in ``[:num_generated[i]]``.
         output_counts_sparse: int32 ``[B, cap]``, per entry of ``output_ids``: how often that
-            token occurs among the row's generated tokens (0 past ``num_generated``).
+            token occurs among the row's generated tokens (0 past ``num_generated``); built
+            on first use.
         num_generated: long ``[B]``.
     """
+
+    _entry_counts: Tensor | None = None  # output_counts_sparse once asked for
 
     def __init__(
         self,
@@ -74,7 +78,6 @@ class TokenState:
         self.prompts: list[Tensor] = [_as_prompt(p, self.device) for p in prompts]
         b = len(self.prompts)
         self.output_ids = torch.zeros(b, _MIN_CAP, dtype=torch.long, device=self.device)
-        self.output_counts_sparse = torch.zeros(b, _MIN_CAP, dtype=torch.int32, device=self.device)
         self.num_generated = torch.zeros(b, dtype=torch.long, device=self.device)
         self._init_derived()
 
@@ -129,6 +132,19 @@ class TokenState:
         g = self._max_generated
         return self.output_ids[:, :g], self.output_counts_sparse[:, :g], self._output_valid()
 
+    @property
+    def output_counts_sparse(self) -> Tensor:
+        """Int32 ``[B, cap]``: per entry of ``output_ids``, how often that token occurs among
+        the row's generated tokens (0 past ``num_generated``)."""
+        if self._entry_counts is None:
+            valid = self._output_valid()
+            ids = self.output_ids[:, : self._max_generated]
+            same = (ids[:, :, None] == ids[:, None, :]) & valid[:, None, :]
+            counts = torch.zeros_like(self.output_ids, dtype=torch.int32)
+            counts[:, : self._max_generated] = same.sum(dim=-1, dtype=torch.int32) * valid
+            self._entry_counts = counts
+        return self._entry_counts
+
     # ------------------------------------------------------------------ dense views (lazy)
     def seen_mask(self) -> Tensor:
         """Bool ``[B, V]``: token occurs in the prompt or the generated tokens of the row."""
@@ -157,7 +173,8 @@ class TokenState:
     def _grow(self) -> None:
         cap = self.output_ids.shape[1]
         self.output_ids = torch.nn.functional.pad(self.output_ids, (0, cap))
-        self.output_counts_sparse = torch.nn.functional.pad(self.output_counts_sparse, (0, cap))
+        if self._entry_counts is not None:
+            self._entry_counts = torch.nn.functional.pad(self._entry_counts, (0, cap))
 
     def append(self, tokens: Tensor) -> None:
         """Record one new token per row (``tokens``: LongTensor ``[B]``)."""
@@ -170,10 +187,11 @@ class TokenState:
         if self._max_generated >= self.output_ids.shape[1]:
             self._grow()
         rows, pos = self._arange, self.num_generated
-        g = self._max_generated
-        matches = (self.output_ids[:, :g] == tokens[:, None]) & self._output_valid()
-        self.output_counts_sparse[:, :g] += matches.to(torch.int32)
-        self.output_counts_sparse[rows, pos] = matches.sum(dim=1, dtype=torch.int32) + 1
+        if self._entry_counts is not None:
+            g = self._max_generated
+            matches = (self.output_ids[:, :g] == tokens[:, None]) & self._output_valid()
+            self._entry_counts[:, :g] += matches.to(torch.int32)
+            self._entry_counts[rows, pos] = matches.sum(dim=1, dtype=torch.int32) + 1
         self.output_ids[rows, pos] = tokens
         self.num_generated += 1
         self._max_generated += 1
@@ -190,7 +208,8 @@ class TokenState:
         new.vocab_size, new.device = self.vocab_size, self.device
         new.prompts = [self.prompts[i] for i in idx.tolist()]
         new.output_ids = self.output_ids.index_select(0, idx)
-        new.output_counts_sparse = self.output_counts_sparse.index_select(0, idx)
+        if self._entry_counts is not None:
+            new._entry_counts = self._entry_counts.index_select(0, idx)
         new.num_generated = self.num_generated.index_select(0, idx)
         new._init_derived()
         if self._seen is not None:
@@ -211,9 +230,10 @@ class TokenState:
         new.prompts = self.prompts + [p.to(self.device) for p in other.prompts]
         cap = max(self.output_ids.shape[1], other.output_ids.shape[1])
         new.output_ids = _cat_padded(self.output_ids, other.output_ids, cap)
-        new.output_counts_sparse = _cat_padded(
-            self.output_counts_sparse, other.output_counts_sparse, cap
-        )
+        if self._entry_counts is not None or other._entry_counts is not None:
+            new._entry_counts = _cat_padded(
+                self.output_counts_sparse, other.output_counts_sparse, cap
+            )
         new.num_generated = torch.cat([self.num_generated, other.num_generated.to(self.device)])
         new._init_derived()
         new._seen = _cat_dense(self, other, "_seen", TokenState.seen_mask)

@@ -68,6 +68,7 @@ def test_sparse_only_state_never_builds_dense():
         state.append(torch.tensor([t, t]))
     state = state.select(torch.tensor([True, False])).concat(TokenState([[3]], V))
     assert state._seen is None and state._counts is None
+    assert state._entry_counts is None  # per-entry counts too: built when first asked for
     check(state, [[1], [3]], [[0, 1, 2, 3, 4], []])
 
 

@@ -156,7 +156,7 @@ def decoder_stack(
     meta = step.meta
     ropes = [step.rope[id(r)] for r in w.rotaries]
     masks = [meta.mask(window) for window in w.windows]
-    starts, counts = meta.lens_before.tolist(), meta.num_new.tolist()
     return w.cpp.run(
-        x, residual, keys, values, starts, counts, meta.max_len, masks, ropes, table, block_size
-    )
+        x, residual, keys, values, meta.starts, meta.counts, meta.max_len, masks, ropes, table,
+        block_size,
+    )  # fmt: skip

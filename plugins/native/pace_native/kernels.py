@@ -312,7 +312,7 @@ def _over_cache(q, kv, scale, sinks, window, latent: int | None) -> torch.Tensor
         return _sdpa(q, *gathered(kv.block_table, s), mask, scale, sinks)
     # slab: one attention call per sequence over exactly its own blocks and length
     outs = []
-    for b, length in enumerate(meta.lens_after.tolist()):
+    for b, length in enumerate(meta.ends):
         nb = -(-length // kv.block_size)
         k, v = gathered(kv.block_table[b : b + 1, :nb], length)
         outs.append(_sdpa(q[b : b + 1], k, v, mask[b : b + 1, :, :, :length], scale, sinks))
