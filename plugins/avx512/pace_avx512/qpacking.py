@@ -9,12 +9,13 @@ min ``-8 s``). Scales of a coarser group repeat per 32. ``q4_k`` and ``q6_k`` ar
 bit-exact: their integer sub-block scales times the fp16 super-block scale are rounded to
 fp16 (relative <= 2^-11).
 
-Per block of 16 rows, one contiguous run: the codes of every group, then fp16 scales
-``[G][16]`` (``[2G][16]`` for q6_k), then (4-bit with mins) fp16 mins ``[G][16]``, padded to
-64 bytes. Codes are unsigned bytes in k-quads (the ``vpdpbusd`` operand): byte ``4j + e`` of a
-quad = row j, k = 4 quad + e. 8-bit codes are stored as ``q + 128``, a group as 8 quads of 64
-bytes; 4-bit codes as 4 lines of 64 bytes, line v holding quad 2v in the low nibbles and
-2v + 1 in the high ones.
+Per block of 16 rows, one contiguous span read front to back, padded to 64 bytes: runs of
+groups (2 when a group's tables take 32 bytes: int8 with a scale per 32, symmetric 4-bit; else
+1), each run its groups' tables, then their codes; a group's tables are fp16 scales ``[16]``
+(``[2][16]`` for q6_k), then (4-bit with mins) fp16 mins ``[16]``. Codes are unsigned bytes
+in k-quads (the ``vpdpbusd`` operand): byte ``4j + e`` of a quad = row j, k = 4 quad + e.
+8-bit codes are stored as ``q + 128``, a group as 8 quads of 64 bytes; 4-bit codes as 4 lines
+of 64 bytes, line v holding quad 2v in the low nibbles and 2v + 1 in the high ones.
 """
 
 from __future__ import annotations
@@ -145,12 +146,20 @@ def _block_bytes(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor |
     else:  # line v: quad 2v | quad 2v + 1 << 4
         halves = quads.reshape(nb, g, 4, 2, 64)
         lines = halves[:, :, :, 0] | (halves[:, :, :, 1] << 4)
-    parts = [lines.reshape(nb, -1)]
-    for table in (scales, mins):
-        if table is not None:
-            per_row = table.shape[1]  # G, or 2G with scales per 16 k
-            parts.append(table.view(nb, ROWS, per_row).permute(0, 2, 1).contiguous()
-                         .view(torch.uint8).reshape(nb, -1))  # fmt: skip
+    groups = lines.reshape(nb, g, -1)  # [nb, G, code bytes]
+    tables = torch.cat([  # [nb, G, table bytes]: per group scales [SUB][16], then mins [16]
+        table.view(nb, ROWS, g, -1).permute(0, 2, 3, 1).contiguous().view(torch.uint8)
+        .reshape(nb, g, -1)
+        for table in (scales, mins) if table is not None
+    ], dim=2)  # fmt: skip
+    run = 2 if tables.shape[2] == 32 else 1  # groups per run (csrc/kernels.h qrun_groups)
+    whole = g // run * run
+    parts = [torch.cat([  # runs of `run` groups: their tables, then their codes
+        tables[:, :whole].reshape(nb, whole // run, -1),
+        groups[:, :whole].reshape(nb, whole // run, -1),
+    ], dim=2).reshape(nb, -1)]  # fmt: skip
+    if whole < g:  # an odd last group: a run of its own
+        parts += [tables[:, whole:].reshape(nb, -1), groups[:, whole:].reshape(nb, -1)]
     out = torch.cat(parts, dim=1)
     pad = -out.shape[1] % 64
     return F.pad(out, (0, pad)) if pad else out

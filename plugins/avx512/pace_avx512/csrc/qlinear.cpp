@@ -13,16 +13,18 @@
 // optionally (tuning().int8_activation_rows) calls of many rows use int8 activations (amax /
 // 127, as llama.cpp's q8 activations: one vpdpbusd per quad, ~0.5% error per group).
 //
-// Packed layout (pace_avx512/qpacking.py), per block of 16 rows, one contiguous run of
-// `block_stride` bytes: codes of every group, then fp16 scales [G * SUB][16] (SUB = 2 for
-// scales per 16 k: GGUF q6_k), then (4-bit with mins) fp16 mins [G][16]. In a group, byte
-// 4j + e of a k-quad = row j, k = 4 quad + e:
+// Packed layout (pace_avx512/qpacking.py), per block of 16 rows, one contiguous span of
+// `block_stride` bytes read front to back: runs of 1 or 2 groups (kernels.h qrun_groups),
+// each its groups' tables, then their codes; a group's tables are fp16 scales [SUB][16]
+// (SUB = 2 for scales per 16 k: GGUF q6_k), then (4-bit with mins) fp16 mins [16]. In a
+// group, byte 4j + e of a k-quad = row j, k = 4 quad + e:
 //   8-bit: 8 quads of 64 bytes, quad q at byte 64 q;
 //   4-bit: 4 lines of 64 bytes, line v = quad 2v in the low nibbles and 2v + 1 in the high ones.
-// Threads take contiguous ranges of row blocks, each a sequential run prefetched 16 KB ahead
-// (simd.h prefetch_stream). A single activation row (decode) reads its thread's range as 4
-// runs side by side (`qrow`); the tiles of other calls have 4 rows, the leftover 1-3 rows keep
-// 4 or 2 accumulator chains per group.
+// Threads take contiguous ranges of row blocks, each one sequential stream that the hardware
+// prefetchers follow (software prefetch on top of it lost a third of the bandwidth on Zen 4).
+// A single activation row (decode) reads its thread's range block after block (`qrow`); the
+// tiles of other calls have 4 rows, the leftover 1-3 rows keep 4 or 2 accumulator chains per
+// group.
 #include <omp.h>
 
 #include <algorithm>
@@ -112,9 +114,7 @@ struct QArgs {
 
 // The decode GEMV: the single activation row (split) against the blocks bs[0..NB), total[j]
 // for block bs[j]. Its speed is set by memory and by the per-group work no other row shares:
-// - the NB blocks advance group by group, NB sequential streams per thread as `stream_read`
-//   reads them (one stream reached ~85% of its bandwidth), each activation quad broadcast
-//   once for all NB;
+// - the NB blocks advance group by group, each activation quad broadcast once for all NB;
 // - 4-bit: a high nibble is used in place (`& 0xF0`, 16 times its code) with accumulators of
 //   its own, so a line costs two ANDs; the flush weighs the low-nibble sums by 16 and the
 //   scale by 1 / 16 (|16 (128 hi + lo) sums| < 16 * 2^15 * 15 * 32 < 2^31);
@@ -124,8 +124,6 @@ template <int KIND, int NB>
 inline void qrow(const QArgs& a, const int64_t (&bs)[NB], __m512 (&total)[NB]) {
   constexpr bool INT8 = is_int8(KIND);
   constexpr int SUB = qscales_per_group(KIND);
-  constexpr int64_t CODE_BYTES = qcode_bytes(KIND);
-  const int64_t group_stride = a.block_stride / a.G;
   const int32_t* hi = (const int32_t*)a.x->codes.data();
   const int32_t* lo = (const int32_t*)(a.x->codes.data() + a.M * a.K);
   const float* xs = a.x->scales.data();
@@ -136,13 +134,14 @@ inline void qrow(const QArgs& a, const int64_t (&bs)[NB], __m512 (&total)[NB]) {
     block[j] = a.w + bs[j] * a.block_stride;
     total[j] = _mm512_setzero_ps();
   }
-  auto scale = [&](int j, int64_t si) {  // the fp16 scales of block j, index si (per SUB)
-    const uint16_t* scales = (const uint16_t*)(block[j] + a.G * CODE_BYTES);
-    return fp16x16(scales + si * 16);
-  };
   for (int64_t g = 0; g < a.G; ++g) {
-    PACE_UNROLL for (int j = 0; j < NB; ++j)
-      prefetch_stream(block[j] + g * group_stride, group_stride);
+    const uint8_t* codes[NB];
+    const uint16_t* tables[NB];  // fp16 scales [SUB][16], then mins [16]
+    PACE_UNROLL for (int j = 0; j < NB; ++j) {
+      qtouch_run<KIND>(block[j], g);
+      codes[j] = qgroup_codes<KIND>(block[j], a.G, g);
+      tables[j] = qgroup_tables<KIND>(block[j], g);
+    }
     if constexpr (INT8) {  // quad q at byte 64 q; w = (u - 128) s
       PACE_UNROLL for (int sub = 0; sub < SUB; ++sub) {
         __m512i acc[NB][2];  // [block][activation plane]
@@ -150,7 +149,7 @@ inline void qrow(const QArgs& a, const int64_t (&bs)[NB], __m512 (&total)[NB]) {
         PACE_UNROLL for (int q = sub * 8 / SUB; q < (sub + 1) * 8 / SUB; ++q) {
           const __m512i xh = _mm512_set1_epi32(hi[g * 8 + q]), xl = _mm512_set1_epi32(lo[g * 8 + q]);
           PACE_UNROLL for (int j = 0; j < NB; ++j) {
-            const __m512i w = _mm512_loadu_si512(block[j] + g * CODE_BYTES + 64 * q);
+            const __m512i w = _mm512_loadu_si512(codes[j] + 64 * q);
             acc[j][0] = _mm512_dpbusd_epi32(acc[j][0], w, xh);
             acc[j][1] = _mm512_dpbusd_epi32(acc[j][1], w, xl);
           }
@@ -159,7 +158,7 @@ inline void qrow(const QArgs& a, const int64_t (&bs)[NB], __m512 (&total)[NB]) {
         const __m512 xsum = _mm512_set1_ps(-128.0f * (SUB == 2 ? sums[2 * g + sub] : sums[2 * g] + sums[2 * g + 1]));
         PACE_UNROLL for (int j = 0; j < NB; ++j) {
           const __m512i sum = _mm512_add_epi32(_mm512_slli_epi32(acc[j][0], 7), acc[j][1]);
-          const __m512 s = scale(j, g * SUB + sub);
+          const __m512 s = fp16x16(tables[j] + 16 * sub);
           total[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(s, sx), total[j]);
           total[j] = _mm512_fmadd_ps(s, xsum, total[j]);
         }
@@ -173,7 +172,7 @@ inline void qrow(const QArgs& a, const int64_t (&bs)[NB], __m512 (&total)[NB]) {
         const __m512i xh0 = _mm512_set1_epi32(hi[q]), xl0 = _mm512_set1_epi32(lo[q]);
         const __m512i xh1 = _mm512_set1_epi32(hi[q + 1]), xl1 = _mm512_set1_epi32(lo[q + 1]);
         PACE_UNROLL for (int j = 0; j < NB; ++j) {
-          const __m512i raw = _mm512_loadu_si512(block[j] + g * CODE_BYTES + 64 * v);
+          const __m512i raw = _mm512_loadu_si512(codes[j] + 64 * v);
           const __m512i even = _mm512_and_si512(raw, low), odd = _mm512_and_si512(raw, high);
           acc[j][0][0] = _mm512_dpbusd_epi32(acc[j][0][0], even, xh0);
           acc[j][0][1] = _mm512_dpbusd_epi32(acc[j][0][1], even, xl0);
@@ -188,9 +187,9 @@ inline void qrow(const QArgs& a, const int64_t (&bs)[NB], __m512 (&total)[NB]) {
         const __m512i h = _mm512_add_epi32(_mm512_slli_epi32(acc[j][0][0], 4), acc[j][1][0]);
         const __m512i l = _mm512_add_epi32(_mm512_slli_epi32(acc[j][0][1], 4), acc[j][1][1]);
         const __m512i sum = _mm512_add_epi32(_mm512_slli_epi32(h, 7), l);
-        const __m512 s = scale(j, g);
+        const __m512 s = fp16x16(tables[j]);
         total[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(s, sx), total[j]);
-        const __m512 mn = KIND == KIND_INT4_SYM ? _mm512_mul_ps(s, _mm512_set1_ps(-8.0f)) : scale(j, a.G + g);
+        const __m512 mn = KIND == KIND_INT4_SYM ? _mm512_mul_ps(s, _mm512_set1_ps(-8.0f)) : fp16x16(tables[j] + 16);
         total[j] = _mm512_fmadd_ps(mn, xsum, total[j]);
       }
     }
@@ -205,12 +204,7 @@ inline void qtile(const QArgs& a, int64_t b, int64_t m0, __m512 (&total)[MT]) {
   // Independent accumulator chains per activation row: with few rows a single chain of
   // dot products waits on its own latency (~5 cycles) every instruction.
   constexpr int CH = MT >= 4 ? 1 : MT >= 2 ? 2 : 4;
-  constexpr int64_t code_bytes = qcode_bytes(KIND);
-  const uint8_t* codes = a.w + b * a.block_stride;
-  const uint16_t* scales = (const uint16_t*)(codes + a.G * code_bytes);
-  const uint16_t* mins = scales + a.G * 16;
-  // the block's bytes per group (codes and tables), for the prefetch to cover the whole run
-  const int64_t group_stride = a.block_stride / a.G;
+  const uint8_t* block = a.w + b * a.block_stride;
   const int32_t* xq[MT];
   const int32_t* xl[MT];  // SPLIT: the low plane
   PACE_UNROLL for (int m = 0; m < MT; ++m) {
@@ -221,8 +215,9 @@ inline void qtile(const QArgs& a, int64_t b, int64_t m0, __m512 (&total)[MT]) {
   const __m512i low = _mm512_set1_epi8(0x0F);
   for (int64_t g = 0; g < a.G; ++g) {
     __m512i acc[CH][MT], low_acc[SPLIT ? CH : 1][MT];
-    const uint8_t* cg = codes + g * code_bytes;
-    prefetch_stream(codes + g * group_stride, group_stride);
+    qtouch_run<KIND>(block, g);
+    const uint8_t* cg = qgroup_codes<KIND>(block, a.G, g);
+    const uint16_t* tables = qgroup_tables<KIND>(block, g);  // scales [SUB][16], mins [16]
     PACE_UNROLL for (int c = 0; c < CH; ++c)
       PACE_UNROLL for (int m = 0; m < MT; ++m) acc[c][m] = _mm512_setzero_si512();
     if constexpr (SPLIT)
@@ -262,9 +257,6 @@ inline void qtile(const QArgs& a, int64_t b, int64_t m0, __m512 (&total)[MT]) {
         total[m] = _mm512_fmadd_ps(mn, _mm512_set1_ps(span == 2 ? sums[0] + sums[1] : sums[0]), total[m]);
       }
     };
-    auto scale_at = [&](int64_t si) {
-      return fp16x16(scales + si * 16);
-    };
     if constexpr (INT8) {  // quad q at byte 64 q; w = (u - 128) s
       PACE_UNROLL for (int sub = 0; sub < SUB; ++sub) {
         auto quad = [&](int64_t q, auto chain) { dot4(_mm512_loadu_si512(cg + 64 * q), q, chain); };
@@ -274,7 +266,7 @@ inline void qtile(const QArgs& a, int64_t b, int64_t m0, __m512 (&total)[MT]) {
           quad(q + 2, C2{});
           quad(q + 3, C3{});
         }
-        const __m512 s = scale_at(g * SUB + sub);
+        const __m512 s = fp16x16(tables + 16 * sub);
         flush(s);
         add_min(_mm512_mul_ps(s, _mm512_set1_ps(-128.0f)), sub, SUB == 1 ? 2 : 1);
       }
@@ -288,10 +280,9 @@ inline void qtile(const QArgs& a, int64_t b, int64_t m0, __m512 (&total)[MT]) {
       line(1, C2{}, C3{});
       line(2, C0{}, C1{});
       line(3, C2{}, C3{});
-      const __m512 s = scale_at(g);
+      const __m512 s = fp16x16(tables);
       flush(s);
-      add_min(KIND == KIND_INT4_SYM ? _mm512_mul_ps(s, _mm512_set1_ps(-8.0f))
-                                    : fp16x16(mins + g * 16),
+      add_min(KIND == KIND_INT4_SYM ? _mm512_mul_ps(s, _mm512_set1_ps(-8.0f)) : fp16x16(tables + 16),
               0, 2);
     }
   }
@@ -423,35 +414,43 @@ void qlinear(const T* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* w,
 
 }  // namespace
 
-void qpacked_rows(const uint8_t* w, int64_t block_stride, int kind, int64_t K,
-                  const int64_t* ids, int64_t n, float* out, int nthreads) {
-  const int64_t G = K / QGROUP, code_bytes = qcode_bytes(kind);
-  const int sub = qscales_per_group(kind);
-  const int nt = (int)std::max<int64_t>(1, std::min<int64_t>(nthreads, n / 16));
-#pragma omp parallel for num_threads(nt) if (nt > 1)
-  for (int64_t i = 0; i < n; ++i) {
-    const uint8_t* block = w + (ids[i] / 16) * block_stride;
-    const int64_t lane = ids[i] % 16;
-    const uint16_t* scales = (const uint16_t*)(block + G * code_bytes);
-    const uint16_t* mins = scales + G * 16;
-    float* row = out + i * K;
-    for (int64_t g = 0; g < G; ++g) {
-      const uint8_t* cg = block + g * code_bytes + 4 * lane;
-      for (int64_t k = 0; k < QGROUP; ++k) {
-        const int64_t quad = k / 4, e = k % 4;
-        const float s = _cvtsh_ss(scales[(g * sub + k * sub / QGROUP) * 16 + lane]);
-        float v;
-        if (is_int8(kind)) {  // u = q + 128
-          v = (float)((int)cg[64 * quad + e] - 128) * s;
-        } else {  // line quad / 2: even quads in the low nibbles
-          const uint8_t byte = cg[64 * (quad / 2) + e];
-          v = (float)(quad % 2 ? byte >> 4 : byte & 0x0F) * s;
-          v = kind == KIND_INT4_SYM ? v - 8.0f * s : v + _cvtsh_ss(mins[g * 16 + lane]);
-        }
-        row[g * QGROUP + k] = v;
+namespace {
+
+// Row `lane` of a packed row block, de-quantized to fp32 [G * 32].
+template <int KIND>
+void packed_row(const uint8_t* block, int64_t G, int64_t lane, float* row) {
+  constexpr int SUB = qscales_per_group(KIND);
+  for (int64_t g = 0; g < G; ++g) {
+    const uint8_t* cg = qgroup_codes<KIND>(block, G, g) + 4 * lane;
+    const uint16_t* tables = qgroup_tables<KIND>(block, g);  // scales [SUB][16], mins [16]
+    for (int64_t k = 0; k < QGROUP; ++k) {
+      const int64_t quad = k / 4, e = k % 4;
+      const float s = _cvtsh_ss(tables[(k * SUB / QGROUP) * 16 + lane]);
+      float v;
+      if constexpr (is_int8(KIND)) {  // u = q + 128
+        v = (float)((int)cg[64 * quad + e] - 128) * s;
+      } else {  // line quad / 2: even quads in the low nibbles
+        const uint8_t byte = cg[64 * (quad / 2) + e];
+        v = (float)(quad % 2 ? byte >> 4 : byte & 0x0F) * s;
+        v = KIND == KIND_INT4_SYM ? v - 8.0f * s : v + _cvtsh_ss(tables[16 + lane]);
       }
+      row[g * QGROUP + k] = v;
     }
   }
+}
+
+}  // namespace
+
+void qpacked_rows(const uint8_t* w, int64_t block_stride, int kind, int64_t K,
+                  const int64_t* ids, int64_t n, float* out, int nthreads) {
+  const int64_t G = K / QGROUP;
+  auto row = kind == KIND_INT8 ? packed_row<KIND_INT8>
+             : kind == KIND_INT8_G16 ? packed_row<KIND_INT8_G16>
+             : kind == KIND_INT4_SYM ? packed_row<KIND_INT4_SYM>
+                                     : packed_row<KIND_INT4>;
+  const int nt = (int)std::max<int64_t>(1, std::min<int64_t>(nthreads, n / 16));
+#pragma omp parallel for num_threads(nt) if (nt > 1)
+  for (int64_t i = 0; i < n; ++i) row(w + (ids[i] / 16) * block_stride, G, ids[i] % 16, out + i * K);
 }
 
 void qlinear_bf16(const bf16_t* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* w,

@@ -48,15 +48,13 @@ inline __m512 code(__m512i line, int bits, int mask) {
 template <int KIND>
 void dequantize_block(const uint8_t* block, int64_t G, bf16_t* dense) {
   constexpr int SUB = qscales_per_group(KIND);
-  constexpr int64_t CODE_BYTES = qcode_bytes(KIND);
-  const uint16_t* scales = (const uint16_t*)(block + G * CODE_BYTES);
-  const uint16_t* mins = scales + G * SUB * 16;
   for (int64_t g = 0; g < G; ++g) {
-    const uint8_t* codes = block + g * CODE_BYTES;
+    const uint8_t* codes = qgroup_codes<KIND>(block, G, g);
+    const uint16_t* tables = qgroup_tables<KIND>(block, g);  // scales [SUB][16], mins [16]
     bf16_t* pairs = dense + g * (QGROUP / 2) * PAIR_STRIDE;  // this group's 16 k-pairs
     if constexpr (is_int8(KIND)) {  // quad q: k = 4 q + e in byte e of each row's lane
       PACE_UNROLL for (int q = 0; q < 8; ++q) {
-        const __m512 s = fp16x16(scales + (g * SUB + q * SUB / 8) * 16);
+        const __m512 s = fp16x16(tables + (q * SUB / 8) * 16);
         const __m512 m = _mm512_mul_ps(s, _mm512_set1_ps(-128.0f));  // u = q + 128
         const __m512i line = _mm512_loadu_si512(codes + 64 * q);
         __m512 w[4];
@@ -65,9 +63,9 @@ void dequantize_block(const uint8_t* block, int64_t G, bf16_t* dense) {
         put_pair(pairs + (2 * q + 1) * PAIR_STRIDE, w[2], w[3]);
       }
     } else {  // line v: quad 2 v in the low nibbles, 2 v + 1 in the high ones
-      const __m512 s = fp16x16(scales + g * 16);
+      const __m512 s = fp16x16(tables);
       const __m512 m = KIND == KIND_INT4_SYM ? _mm512_mul_ps(s, _mm512_set1_ps(-8.0f))
-                                             : fp16x16(mins + g * 16);
+                                             : fp16x16(tables + 16);
       PACE_UNROLL for (int v = 0; v < 4; ++v) {
         const __m512i line = _mm512_loadu_si512(codes + 64 * v);
         PACE_UNROLL for (int h = 0; h < 2; ++h) {
