@@ -60,6 +60,7 @@ from pace_core.bench.common import (
     note,
     parse_shape,
     progress,
+    read_buffer,
     stream_read_fn,
     sweep,
     usable_kernels,
@@ -173,7 +174,7 @@ def dram_read(args, threads: int, rows: list) -> float:
     fns: dict[str, Callable[[], Any]] = {"torch.sum": big.sum}
     stream = stream_read_fn()
     if stream is not None:
-        fns["avx512.stream_read"] = partial(stream, big)
+        fns["avx512.stream_read"] = partial(stream, read_buffer(big.nbytes))
     times = interleaved(fns, args.repeats, args.clock_fn)
     med = add_rows(
         rows,

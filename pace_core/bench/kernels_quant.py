@@ -4,8 +4,8 @@ For every ``--shapes`` K x N and quantized format (pace's ``int8`` and ``int4`` 
 ``q8_0`` and ``q4_0`` written by pace's block writers), every backend whose ``linear`` takes
 that format here multiplies ``--gemv-m`` activation rows by a set of ``--cold-mib`` of such
 matrices in turn (cold: each call reads its weights from DRAM), round-robin with a streaming
-read of as many bytes (``avx512.stream_read``, where pace-avx512 is usable: the reference is
-timed in the same rounds, so a noisy host moves both alike). ``value`` is GB/s of the
+read of as many bytes (``avx512.stream_read`` over the huge pages the packed weights live in,
+where pace-avx512 is usable: the reference is timed in the same rounds, so a noisy host moves both alike). ``value`` is GB/s of the
 format's own bytes (``QuantizedWeight.nbytes``: codes, scales and mins, as the file holds
 them) and ``of_dram`` its share of that reference (else of the ``dram-read`` rows): the bar
 pace-avx512's quantized GEMV is held to.
@@ -26,6 +26,7 @@ from pace_core.bench.common import (
     keep_backend,
     parse_shape,
     progress,
+    read_buffer,
     stream_read_fn,
     sweep,
     usable_kernels,
@@ -62,7 +63,7 @@ def bench_qgemv(args: Any, dtype: torch.dtype, threads: int, dram: float, rows: 
         packed = {b: [s.prepare(w, None) for w in weights] for b, s in specs.items()}
         work = first.nbytes * count
         stream = stream_read_fn()
-        reference = None if stream is None else partial(stream, torch.ones(work, dtype=torch.uint8))
+        reference = None if stream is None else partial(stream, read_buffer(work))
         for m in args.gemv_m:
             x = torch.randn(m, k, generator=gen).to(dtype)
             fns = {b: sweep(specs[b].fn, x, packed[b]) for b in specs}

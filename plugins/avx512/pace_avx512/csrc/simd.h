@@ -53,17 +53,6 @@ static inline __m512 fp16x16(const uint16_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p));
 }
 
-// Software prefetch of a weight stream `STREAM_PREFETCH_BYTES` ahead into L2, one call per
-// 64-byte line read. Without it a GEMV waits on memory between bursts of compute (measured on
-// Sapphire/Emerald Rapids: int4 GEMV 6 -> 10+ GB/s per core). Prefetches past the end of the
-// weights are harmless (they do not fault).
-inline constexpr int64_t STREAM_PREFETCH_BYTES = 16384;
-
-static inline void prefetch_stream(const void* p, int64_t bytes) {
-  for (int64_t line = 0; line < bytes; line += 64)
-    _mm_prefetch((const char*)p + STREAM_PREFETCH_BYTES + line, _MM_HINT_T1);
-}
-
 static inline float bf16_to_float(bf16_t b) {
   uint32_t u = (uint32_t)b << 16;
   float f;
