@@ -5,10 +5,10 @@ For every ``--shapes`` K x N and quantized format (pace's ``int8`` and ``int4`` 
 that format here multiplies ``--gemv-m`` activation rows by a set of ``--cold-mib`` of such
 matrices in turn (cold: each call reads its weights from DRAM), round-robin with a streaming
 read of as many bytes (``avx512.stream_read`` over the huge pages the packed weights live in,
-where pace-avx512 is usable: the reference is timed in the same rounds, so a noisy host moves both alike). ``value`` is GB/s of the
-format's own bytes (``QuantizedWeight.nbytes``: codes, scales and mins, as the file holds
-them) and ``of_dram`` its share of that reference (else of the ``dram-read`` rows): the bar
-pace-avx512's quantized GEMV is held to.
+where pace-avx512 is usable: the reference is timed in the same rounds, so a noisy host moves
+both alike). ``value`` is GB/s of the format's own bytes (``QuantizedWeight.nbytes``: codes,
+scales and mins, as the file holds them) and ``of_dram`` its share of that reference (else of
+the ``dram-read`` rows): the bar pace-avx512's quantized GEMV is held to.
 """
 
 from __future__ import annotations
