@@ -22,9 +22,9 @@
 //   4-bit: 4 lines of 64 bytes, line v = quad 2v in the low nibbles and 2v + 1 in the high ones.
 // Threads take contiguous ranges of row blocks, each one sequential stream that the hardware
 // prefetchers follow (software prefetch on top of it lost a third of the bandwidth on Zen 4).
-// A single activation row (decode) reads its thread's range block after block (`qrow`); the
-// tiles of other calls have 4 rows, the leftover 1-3 rows keep 4 or 2 accumulator chains per
-// group.
+// A single activation row (decode) reads its thread's range as 4 runs side by side (`qrow`;
+// 1, 2 or 4 measured alike once the layout was in order); the tiles of other calls have 4
+// rows, the leftover 1-3 rows keep 4 or 2 accumulator chains per group.
 #include <omp.h>
 
 #include <algorithm>
