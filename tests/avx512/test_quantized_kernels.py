@@ -161,9 +161,16 @@ def test_rows_in_chunks(ext, int8_from, threads):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max())
 
 
-@pytest.mark.parametrize("kind", [*PACE, *GGUF])
-def test_packed_rows_are_the_weight(kind):
-    q = weight(kind, 37, 512)
+# 16 groups of 32 (runs of 2) for every kind; 17 (an odd last run) where the format allows K
+# = 544 (its groups or super-blocks divide it).
+ODD_GROUPS = ("int8-g32", "int8-channel", "int4-mins-g32", "q8_0", "q5_0", "q4_0", "q4_1")
+
+
+@pytest.mark.parametrize(
+    "kind,k", [(kind, 512) for kind in (*PACE, *GGUF)] + [(kind, 544) for kind in ODD_GROUPS]
+)
+def test_packed_rows_are_the_weight(kind, k):
+    q = weight(kind, 37, k)
     packed = qpacking.prepare_linear(q)
     ids = torch.tensor([0, 1, 15, 16, 36])
     want = q.dequantize(ids, torch.float32)
