@@ -95,9 +95,10 @@ class Rotary:
             return self._compute(positions, inv_freq, dtype)
         needed = int(positions.max()) + 1 if below is None else below
         cos, sin = self._lookup.get(dtype, (None, None))
-        if cos is None or cos.shape[0] < needed:
-            grown = torch.arange(max(needed, 2 * (0 if cos is None else cos.shape[0]), 256))
-            cos, sin = self._lookup[dtype] = self._compute(grown, self.inv_freq, dtype)
+        have = 0 if cos is None else cos.shape[0]
+        if have < needed:  # doubling, not past the model's context unless a position is
+            size = max(needed, 256, min(2 * have, self.max_positions or 2 * have))
+            cos, sin = self._lookup[dtype] = self._compute(torch.arange(size), self.inv_freq, dtype)
         flat = positions.reshape(-1)
         shape = (*positions.shape, self.rotary_dim)
         return cos.index_select(0, flat).view(shape), sin.index_select(0, flat).view(shape)
