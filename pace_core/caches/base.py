@@ -57,11 +57,14 @@ class StepMeta:
 
     seq_ids: list[int]
     starts: list[int]  # tokens already cached per row
-    counts: list[int]  # real new tokens per row (right-aligned in ``width``)
+    counts: list[int]  # real new tokens per row (right-aligned in ``width``); a tensor is read
     width: int  # T, the padded number of new positions
     _masks: dict[Window, torch.Tensor] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
+        # the protocol's num_new may be a tensor; a list is copied (the caller keeps its own)
+        counts = self.counts
+        self.counts = counts.tolist() if isinstance(counts, torch.Tensor) else list(counts)
         if not len(self.seq_ids) == len(self.starts) == len(self.counts):
             raise ValueError(
                 f"step of {len(self.seq_ids)} sequences has {len(self.starts)} starts and "

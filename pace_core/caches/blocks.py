@@ -265,8 +265,7 @@ class BlockCache:
 
     # -- steps -----------------------------------------------------------------------------
     def begin_step(self, seq_ids: list[int], num_new, width: int) -> StepMeta:
-        counts = num_new.tolist() if isinstance(num_new, torch.Tensor) else list(num_new)
-        meta = StepMeta(list(seq_ids), [self.lens[s] for s in seq_ids], counts, width)
+        meta = StepMeta(list(seq_ids), [self.lens[s] for s in seq_ids], num_new, width)
         bs = self.block_size
         need = [max(0, -(-a // bs) - len(self.blocks[s])) for s, a in zip(seq_ids, meta.ends)]
         copies = self._copy_on_write(seq_ids, meta)
@@ -274,7 +273,7 @@ class BlockCache:
             raise CacheFullError(
                 f"KV cache full: step needs {sum(need) + len(copies)} blocks of {bs} tokens, "
                 f"{self.pool.available} free of {self.num_blocks}",
-                requested_tokens=sum(counts),
+                requested_tokens=sum(meta.counts),
                 free_tokens=self.free_tokens,
             )
         for sid, i in copies:

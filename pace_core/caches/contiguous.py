@@ -93,8 +93,7 @@ class ContiguousCache:
             raise ValueError(
                 "contiguous caches step over all their rows in order; call retain() first"
             )
-        counts = num_new.tolist() if isinstance(num_new, torch.Tensor) else list(num_new)
-        meta = StepMeta(list(seq_ids), list(self.lens), counts, width)
+        meta = StepMeta(list(seq_ids), list(self.lens), num_new, width)
         needed = meta.max_len
         if needed > self.capacity:
             self._resize(self.grow_to(needed))

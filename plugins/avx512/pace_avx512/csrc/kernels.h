@@ -13,6 +13,7 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace pace_avx512 {
 
@@ -60,6 +61,18 @@ constexpr int64_t QGROUP = 32;  // k per quantization group
 constexpr bool is_int8(int kind) { return kind == KIND_INT8 || kind == KIND_INT8_G16; }
 constexpr int64_t qcode_bytes(int kind) { return is_int8(kind) ? 512 : 256; }  // per block, group
 constexpr int qscales_per_group(int kind) { return kind == KIND_INT8_G16 ? 2 : 1; }
+
+// f(std::integral_constant<int, KIND>{}) for the kind's compile-time value: the one runtime
+// dispatch of the quantized kernels (templates take decltype(k)::value).
+template <typename F>
+inline decltype(auto) by_kind(int kind, F&& f) {
+  switch (kind) {
+    case KIND_INT8: return f(std::integral_constant<int, KIND_INT8>{});
+    case KIND_INT8_G16: return f(std::integral_constant<int, KIND_INT8_G16>{});
+    case KIND_INT4_SYM: return f(std::integral_constant<int, KIND_INT4_SYM>{});
+    default: return f(std::integral_constant<int, KIND_INT4>{});
+  }
+}
 
 // A group's tables per row block: fp16 scales [SUB][16], then (KIND_INT4) fp16 mins [16].
 constexpr int64_t qtable_bytes(int kind) {

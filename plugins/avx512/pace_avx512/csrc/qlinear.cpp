@@ -406,10 +406,7 @@ void qlinear(const T* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* w,
       return;
   }
   const QStore<T> st{y, ldy, bias, N};
-  if (kind == KIND_INT8) qlinear_rows<KIND_INT8>(x, ldx, M, K, w, block_stride, st, N, nthreads);
-  else if (kind == KIND_INT8_G16) qlinear_rows<KIND_INT8_G16>(x, ldx, M, K, w, block_stride, st, N, nthreads);
-  else if (kind == KIND_INT4_SYM) qlinear_rows<KIND_INT4_SYM>(x, ldx, M, K, w, block_stride, st, N, nthreads);
-  else qlinear_rows<KIND_INT4>(x, ldx, M, K, w, block_stride, st, N, nthreads);
+  by_kind(kind, [&](auto k) { qlinear_rows<decltype(k)::value>(x, ldx, M, K, w, block_stride, st, N, nthreads); });
 }
 
 }  // namespace
@@ -444,10 +441,7 @@ void packed_row(const uint8_t* block, int64_t G, int64_t lane, float* row) {
 void qpacked_rows(const uint8_t* w, int64_t block_stride, int kind, int64_t K,
                   const int64_t* ids, int64_t n, float* out, int nthreads) {
   const int64_t G = K / QGROUP;
-  auto row = kind == KIND_INT8 ? packed_row<KIND_INT8>
-             : kind == KIND_INT8_G16 ? packed_row<KIND_INT8_G16>
-             : kind == KIND_INT4_SYM ? packed_row<KIND_INT4_SYM>
-                                     : packed_row<KIND_INT4>;
+  const auto row = by_kind(kind, [](auto k) { return &packed_row<decltype(k)::value>; });
   const int nt = (int)std::max<int64_t>(1, std::min<int64_t>(nthreads, n / 16));
 #pragma omp parallel for num_threads(nt) if (nt > 1)
   for (int64_t i = 0; i < n; ++i) row(w + (ids[i] / 16) * block_stride, G, ids[i] % 16, out + i * K);

@@ -124,10 +124,7 @@ bool qlinear_bf16_panel(const bf16_t* x, int64_t ldx, int64_t M, int64_t K, cons
                         int64_t ldy, int nthreads) {
   const int64_t from = tuning().qpanel_rows;
   if (from <= 0 || M < from) return false;
-  if (kind == KIND_INT8) panel_matmul<KIND_INT8>(x, ldx, M, K, w, block_stride, bias, N, y, ldy, nthreads);
-  else if (kind == KIND_INT8_G16) panel_matmul<KIND_INT8_G16>(x, ldx, M, K, w, block_stride, bias, N, y, ldy, nthreads);
-  else if (kind == KIND_INT4_SYM) panel_matmul<KIND_INT4_SYM>(x, ldx, M, K, w, block_stride, bias, N, y, ldy, nthreads);
-  else panel_matmul<KIND_INT4>(x, ldx, M, K, w, block_stride, bias, N, y, ldy, nthreads);
+  by_kind(kind, [&](auto k) { panel_matmul<decltype(k)::value>(x, ldx, M, K, w, block_stride, bias, N, y, ldy, nthreads); });
   return true;
 }
 
