@@ -40,14 +40,15 @@ CHUNK_ROWS = 1024  # rows converted at a time (bounds the temporaries)
 
 
 def qlinear_path(rows: int, dtype: torch.dtype) -> str:
-    """How a ``qlinear`` call of ``rows`` activation rows of ``dtype`` computes: ``"int8"``
-    activations (``amax / 127``) from the extension's ``int8_activation_rows`` rows when that
-    is set (> 0); else, for bf16 in an AVX512-BF16 build from ``qpanel_rows`` rows,
-    ``"bf16-panel"`` (csrc/qpanel.cpp: weights de-quantized to bf16, activations as they are);
-    else ``"split"`` (csrc/qlinear.cpp: 15-bit activations, ``amax / 16383``)."""
+    """How a ``qlinear`` call of ``rows`` activation rows of ``dtype`` computes: for bf16,
+    ``"int8"`` activations (``amax / 127``) from the extension's ``int8_activation_rows`` rows
+    when that is set (> 0; :mod:`pace_avx512.settings`), else in an AVX512-BF16 build from
+    ``qpanel_rows`` rows ``"bf16-panel"`` (csrc/qpanel.cpp: weights de-quantized to bf16,
+    activations as they are); otherwise (and always for fp32) ``"split"`` (csrc/qlinear.cpp:
+    15-bit activations, ``amax / 16383``)."""
     ext = build.load_extension()
     int8_from, panel_from = ext.int8_activation_rows(), ext.qpanel_rows()
-    if 0 < int8_from <= rows:
+    if dtype == torch.bfloat16 and 0 < int8_from <= rows:
         return "int8"
     if dtype == torch.bfloat16 and ext.has_bf16 and 0 < panel_from <= rows:
         return "bf16-panel"

@@ -180,7 +180,8 @@ int pick_threads(int nthreads, int64_t weight_bytes, int64_t M, int64_t units);
 struct Tuning {
   int64_t min_work_per_thread = 1 << 17;  // bytes-equivalent below which a thread is not worth it
   // Quantized weights: calls of at least this many rows quantize activations to int8 (faster
-  // prefill, llama.cpp-class error); 0 = never (15-bit split activations, see qlinear.cpp)
+  // prefill, llama.cpp-class error); 0 = never (15-bit split activations, see qlinear.cpp).
+  // Set on load from PACE_QUANT_ACTIVATIONS (pace_avx512/settings.py, the default's home).
   int64_t int8_activation_rows = 0;
   // Quantized weights, bf16 activations, AVX512-BF16 builds: calls of at least this many rows
   // de-quantize weight panels to bf16 and run vdpbf16ps (qpanel.cpp); 0 = never

@@ -10,8 +10,9 @@
 // the activation quad broadcast, per instruction; 4-bit nibbles need only a mask or a shift).
 // The activations are 15-bit (scale amax / 16383, error ~3e-5 relative, far below any weight
 // format's own) held as two int8 planes, c = 128 hi + lo, so each quad takes two vpdpbusd;
-// optionally (tuning().int8_activation_rows) calls of many rows use int8 activations (amax /
-// 127, as llama.cpp's q8 activations: one vpdpbusd per quad, ~0.5% error per group).
+// calls of many bf16 rows (tuning().int8_activation_rows: 16 by default, PACE_QUANT_ACTIVATIONS
+// in pace_avx512/settings.py) use int8 activations instead (amax / 127, as llama.cpp's q8
+// activations: one vpdpbusd per quad, ~0.5% error per group).
 //
 // Packed layout (pace_avx512/qpacking.py), per block of 16 rows, one contiguous span of
 // `block_stride` bytes read front to back: runs of 1 or 2 groups (kernels.h qrun_groups),
@@ -380,17 +381,20 @@ void qlinear_kind(const T* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* 
   qdrive<KIND, SPLIT>(a, st, M, blocks, nt);
 }
 
-// Whether a call of M rows quantizes its activations to int8 (`int8_activation_rows`, if set).
+// Whether a call of M rows of T quantizes its activations to int8 (`int8_activation_rows`, if
+// set): bf16 ones only, whose own rounding (2^-9 relative) is of the order of int8's per group;
+// an fp32 model asked for fp32 precision and keeps the 15-bit split.
+template <typename T>
 inline bool int8_activations(int64_t M) {
   const int64_t from = tuning().int8_activation_rows;
-  return from > 0 && M >= from;
+  return std::is_same_v<T, bf16_t> && from > 0 && M >= from;
 }
 
 // 15-bit split activations, or int8 (int8_activations).
 template <int KIND, typename T>
 void qlinear_rows(const T* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* w,
                   int64_t block_stride, const QStore<T>& st, int64_t N, int nthreads) {
-  if (int8_activations(M))
+  if (int8_activations<T>(M))
     qlinear_kind<KIND, false>(x, ldx, M, K, w, block_stride, st, N, nthreads);
   else
     qlinear_kind<KIND, true>(x, ldx, M, K, w, block_stride, st, N, nthreads);
@@ -401,7 +405,7 @@ void qlinear(const T* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* w,
              int64_t block_stride, int kind, const float* bias, int64_t N, T* y, int64_t ldy,
              int nthreads) {
   if constexpr (std::is_same_v<T, bf16_t>) {  // prefill on AVX512-BF16: dense bf16 tiles
-    if (!int8_activations(M) &&
+    if (!int8_activations<T>(M) &&
         qlinear_bf16_panel(x, ldx, M, K, w, block_stride, kind, bias, N, y, ldy, nthreads))
       return;
   }
