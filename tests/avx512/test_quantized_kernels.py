@@ -1,8 +1,8 @@
 """pace-avx512's quantized linear against an exact model of what it computes.
 
 The VNNI path (csrc/qlinear.cpp) quantizes each activation row per group of 32 (round half to even)
-to 15 bits (``amax / 16383``), or to int8 (``amax / 127``) in calls of at least
-``int8_activation_rows`` rows (16 by default; ``PACE_QUANT_ACTIVATIONS=exact``: never); it takes
+to 15 bits (``amax / 16383``), or to int8 (``amax / 127``) in bf16 calls of at least
+``int8_activation_rows`` rows (1 by default; ``PACE_QUANT_ACTIVATIONS=exact``: never); it takes
 integer dot products with the weight codes and scales per group in fp32. The bf16 panel path
 (csrc/qpanel.cpp: bf16 activations, AVX512-BF16 builds, calls of ``qpanel_rows`` rows or more)
 rounds the de-quantized weights to bf16 and multiplies the activations as they are. The reference
@@ -72,6 +72,7 @@ def reference(x: torch.Tensor, w: torch.Tensor, path: str) -> torch.Tensor:
 
 MODES = {  # (int8_activation_rows, qpanel_rows)
     "split-activations": (0, 0),
+    "int8-activations": (1, 0),  # the default
     "int8-activations-from-16": (16, 0),
     "bf16-panel-from-4": (0, 4),
 }

@@ -21,7 +21,7 @@ class FakeKernels(types.SimpleNamespace):
 
 @pytest.mark.parametrize(
     ("value", "mode", "rows"),
-    [(None, "int8", 16), ("", "int8", 16), ("int8", "int8", 16), (" EXACT ", "exact", 0)],
+    [(None, "int8", 1), ("", "int8", 1), ("int8", "int8", 1), (" EXACT ", "exact", 0)],
 )
 def test_choices(value, mode, rows):
     env = {} if value is None else {settings.ENV_VAR: value}
@@ -45,7 +45,7 @@ def test_the_loaded_kernels_follow_the_environment(ext, monkeypatch):
     try:
         monkeypatch.delenv(settings.ENV_VAR, raising=False)
         build.after_load(ext)
-        assert ext.int8_activation_rows() == settings.INT8_FROM_ROWS
+        assert ext.int8_activation_rows() == settings.CHOICES["int8"]
         monkeypatch.setenv(settings.ENV_VAR, "exact")
         build.after_load(ext)
         assert ext.int8_activation_rows() == 0

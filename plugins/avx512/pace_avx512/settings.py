@@ -1,19 +1,21 @@
 """Process-wide numerics of the quantized kernels, chosen in the environment.
 
-``PACE_QUANT_ACTIVATIONS`` says how a quantized matmul of many bf16 activation rows (a prefill
-chunk, a large batch: at least :data:`INT8_FROM_ROWS` rows) takes its activations:
+``PACE_QUANT_ACTIVATIONS`` says how a matmul over quantized weights takes bf16 activations:
 
-- ``int8`` (default): quantized to int8 per group of 32 (``amax / 127``), as llama.cpp does
-  for every call: one ``vpdpbusd`` per k-quad, 1.2-1.4x the dense bf16 GEMM rate on Zen 4,
-  llama.cpp-class error (KLD ~0.008-0.010 against transformers fp32 on SmolLM2's GGUF).
-- ``exact``: the 15-bit split activations, or, for bf16 on AVX512-BF16 CPUs, bf16 panels of
-  the de-quantized weights: ~3e-5 relative to the de-quantized matmul (KLD ~0.002), at
-  0.95-0.98x the dense bf16 prefill rate.
+- ``int8`` (default): quantized to int8 per group of 32 (``amax / 127``), as llama.cpp does:
+  one ``vpdpbusd`` per k-quad. Against ``exact`` on Zen 4: prefill 1.2-1.3x (1.05-1.27x pace's
+  dense bf16 prefill), batch-8 decode ~1.9x, single-stream decode the same (bound by the
+  weight stream). Error of llama.cpp's class: KLD ~0.010 against transformers fp32 on
+  SmolLM2's Q4_1 GGUF (llama.cpp 0.008; ``exact`` 0.002).
+- ``exact``: 15-bit activations split into two int8 planes (two ``vpdpbusd`` per quad), or,
+  for calls of 16 rows or more on AVX512-BF16 CPUs, bf16 panels of the de-quantized weights:
+  ~3e-5 relative to the de-quantized matmul.
 
-Calls of fewer rows (decode, batched decode, speculative verification) always run the 15-bit
-activations: they are bound by the weight stream, which int8 would not shorten. So do fp32
-models, which ask for fp32 precision (int8's error per group is of the order of bf16's own
-rounding): ``pace check`` holds them to transformers' greedy tokens.
+Every call of a bf16 model follows the choice, whatever its row count, so a sequence computes
+the same numbers alone or batched, and speculative verification matches plain decoding. fp32
+models always take the 15-bit activations: they ask for fp32 precision (int8's error per group
+is of the order of bf16's own rounding), and ``pace check`` holds them to transformers' greedy
+tokens.
 """
 
 from __future__ import annotations
@@ -25,9 +27,9 @@ from types import ModuleType
 from pace_core.errors import ConfigError
 
 ENV_VAR = "PACE_QUANT_ACTIVATIONS"
-INT8_FROM_ROWS = 16
-"""Rows from which ``int8`` applies (``csrc/kernels.h`` Tuning::int8_activation_rows)."""
-CHOICES = {"int8": INT8_FROM_ROWS, "exact": 0}
+CHOICES = {"int8": 1, "exact": 0}
+"""Mode -> the kernels' ``int8_activation_rows`` (rows from which a bf16 call takes int8; 0
+never), ``csrc/kernels.h`` Tuning."""
 DEFAULT = "int8"
 
 

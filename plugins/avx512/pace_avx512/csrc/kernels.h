@@ -179,8 +179,8 @@ int pick_threads(int nthreads, int64_t weight_bytes, int64_t M, int64_t units);
 // Tuning knobs for benchmarks/experiments (defaults are the measured best).
 struct Tuning {
   int64_t min_work_per_thread = 1 << 17;  // bytes-equivalent below which a thread is not worth it
-  // Quantized weights: calls of at least this many rows quantize activations to int8 (faster
-  // prefill, llama.cpp-class error); 0 = never (15-bit split activations, see qlinear.cpp).
+  // Quantized weights: bf16 calls of at least this many rows quantize activations to int8
+  // (llama.cpp's precision, faster when compute-bound); 0 = never (15-bit split, qlinear.cpp).
   // Set on load from PACE_QUANT_ACTIVATIONS (pace_avx512/settings.py, the default's home).
   int64_t int8_activation_rows = 0;
   // Quantized weights, bf16 activations, AVX512-BF16 builds: calls of at least this many rows

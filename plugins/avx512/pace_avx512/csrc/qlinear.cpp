@@ -10,8 +10,8 @@
 // the activation quad broadcast, per instruction; 4-bit nibbles need only a mask or a shift).
 // The activations are 15-bit (scale amax / 16383, error ~3e-5 relative, far below any weight
 // format's own) held as two int8 planes, c = 128 hi + lo, so each quad takes two vpdpbusd;
-// calls of many bf16 rows (tuning().int8_activation_rows: 16 by default, PACE_QUANT_ACTIVATIONS
-// in pace_avx512/settings.py) use int8 activations instead (amax / 127, as llama.cpp's q8
+// bf16 calls of at least tuning().int8_activation_rows rows (1 = every one, the default set
+// from PACE_QUANT_ACTIVATIONS by pace_avx512/settings.py) use int8 activations instead (amax / 127, as llama.cpp's q8
 // activations: one vpdpbusd per quad, ~0.5% error per group).
 //
 // Packed layout (pace_avx512/qpacking.py), per block of 16 rows, one contiguous span of
