@@ -10,6 +10,10 @@ together (llama.cpp: its batched decoding, every sequence in one context):
 - ``original``: the GGUF the model ships as (SmolLM2 Q4_1 + Q8_0, Gemma-3 Q4_K_M), both engines;
 - ``int8``, ``int4``: pace's quantize-on-load of the checkpoint.
 
+``--activations exact int8`` also runs each quantized format as engine ``pace-a8``: the same
+file loaded under ``PACE_QUANT_ACTIVATIONS=int8`` (pace-avx512's int8 activations, llama.cpp's
+precision; ``pace`` is the default, ``exact``).
+
 Ratios: ``decode_vs_llama`` / ``prefill_vs_llama`` (pace over llama.cpp on the same file) and
 ``decode_vs_bf16`` / ``prefill_vs_bf16`` (over pace bf16 in the same run). The summary states
 the targets of the quantized-kernels issue as met or not.
@@ -21,6 +25,10 @@ the targets of the quantized-kernels issue as met or not.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib.util
+import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +59,7 @@ COLUMNS = [
     "model", "format", "engine", "threads", "prompt_len", "batch", "prefill_tok_s", "decode_tok_s",
     "decode_vs_llama", "prefill_vs_llama", "decode_vs_bf16", "prefill_vs_bf16", "weights_mb",
 ]  # fmt: skip
+PACE_ENGINES = {"exact": "pace", "int8": "pace-a8"}  # --activations -> engine name
 QUICK = {"models": ["smollm2"], "threads": [1], "prompt_lens": [128], "batches": [1],
          "new_tokens": 16, "repeats": 2, "formats": ["bf16", "q8_0", "int4"]}  # fmt: skip
 
@@ -66,6 +75,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="sequences decoded together (random prompts of the same length)")
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--activations", nargs="+", default=["exact"], choices=list(PACE_ENGINES),
+                   help="pace's PACE_QUANT_ACTIVATIONS modes to run the quantized formats in "
+                   "(int8: engine pace-a8)")  # fmt: skip
 
 
 def _files(name: str, fmt: str) -> tuple[Path, Path | None]:
@@ -94,6 +106,10 @@ def load_engines(name: str, args: argparse.Namespace) -> tuple[dict[str, Any], d
     engines: dict[str, Any] = {}
     sizes: dict[str, float] = {}
     n_ctx = max(args.prompt_lens) + args.new_tokens + 8
+    modes = list(args.activations)
+    if "int8" in modes and importlib.util.find_spec("pace_avx512") is None:
+        note(args, "quantized: pace-a8 skipped: int8 activations are pace-avx512's")
+        modes.remove("int8")
     for fmt in args.formats:
         try:
             source, gguf = _files(name, fmt)
@@ -102,10 +118,13 @@ def load_engines(name: str, args: argparse.Namespace) -> tuple[dict[str, Any], d
             continue
         if "pace" in args.engines:
             quant = fmt if fmt in PACE_ONLY else None
-            model = LLMModel(source, dtype=torch.bfloat16, quantization=quant, quiet=True,
-                             load_tokenizer=False)  # fmt: skip
-            engines[f"pace {fmt}"] = lambda ids, n, m=model: _pace(m, ids, n)
-            sizes[f"pace {fmt}"] = weight_bytes(model.model) / 1e6
+            for mode in modes if fmt != "bf16" else ["exact"]:
+                with _activations(mode):
+                    model = LLMModel(source, dtype=torch.bfloat16, quantization=quant,
+                                     quiet=True, load_tokenizer=False)  # fmt: skip
+                label = f"{PACE_ENGINES[mode]} {fmt}"
+                engines[label] = lambda ids, n, m=model: _pace(m, ids, n)
+                sizes[label] = weight_bytes(model.model) / 1e6
         if "llama.cpp" in args.engines and gguf is not None and peers.find_llama_cpp():
             engines[f"llama.cpp {fmt}"] = _LlamaCpp(gguf, n_ctx)
     if "llama.cpp" in args.engines and not peers.find_llama_cpp():
@@ -114,12 +133,28 @@ def load_engines(name: str, args: argparse.Namespace) -> tuple[dict[str, Any], d
     return engines, sizes
 
 
+@contextlib.contextmanager
+def _activations(mode: str) -> Iterator[None]:
+    """Load models with pace-avx512's quantized activations ``mode`` (read at packing)."""
+    from pace_avx512 import settings
+
+    before = os.environ.get(settings.ENV_VAR)
+    os.environ[settings.ENV_VAR] = mode
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[settings.ENV_VAR]
+        else:
+            os.environ[settings.ENV_VAR] = before
+
+
 def with_ratios(measured: dict[str, dict[str, float]]) -> None:
     """Add the pace/llama.cpp (same file) and pace/pace-bf16 ratios in place."""
     bf16 = measured.get("pace bf16")
     for label, r in measured.items():
         engine, fmt = label.split(" ", 1)
-        if engine != "pace":
+        if engine not in PACE_ENGINES.values():
             continue
         llama = measured.get(f"llama.cpp {fmt}")
         for ref, suffix in ((llama, "llama"), (bf16, "bf16")):
@@ -132,11 +167,12 @@ def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per target and format: the worst ratio over models/threads/prompts."""
     out = []
     for column, formats, minimum in TARGETS:
-        for fmt in formats:
-            values = [r[column] for r in rows
-                      if r["engine"] == "pace" and r["format"] == fmt and column in r]  # fmt: skip
-            if values:
-                out.append(target_row(f"pace {fmt} {column}", values, minimum))
+        for engine in PACE_ENGINES.values():
+            for fmt in formats:
+                values = [r[column] for r in rows if r["engine"] == engine
+                          and r["format"] == fmt and column in r]  # fmt: skip
+                if values:
+                    out.append(target_row(f"{engine} {fmt} {column}", values, minimum))
     return out
 
 

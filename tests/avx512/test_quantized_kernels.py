@@ -1,13 +1,13 @@
 """pace-avx512's quantized linear against an exact model of what it computes.
 
 The VNNI path (csrc/qlinear.cpp) quantizes each activation row per group of 32 (round half to even)
-to 15 bits (``amax / 16383``), or to int8 (``amax / 127``) in bf16 calls of at least
-``int8_activation_rows`` rows (1 by default; ``PACE_QUANT_ACTIVATIONS=exact``: never); it takes
-integer dot products with the weight codes and scales per group in fp32. The bf16 panel path
-(csrc/qpanel.cpp: bf16 activations, AVX512-BF16 builds, calls of ``qpanel_rows`` rows or more)
-rounds the de-quantized weights to bf16 and multiplies the activations as they are. The reference
-does the same in float64 from the same codes: the two agree to fp32 rounding (``rtol 1e-5``; a bf16
-output adds one bf16 rounding), so any layout, nibble-order, offset or tail bug shows.
+to 15 bits (``amax / 16383``), or, bf16 rows of a weight packed with ``int8_activations``
+(``PACE_QUANT_ACTIVATIONS=int8``), to int8 (``amax / 127``); it takes integer dot products with the
+weight codes and scales per group in fp32. The bf16 panel path (csrc/qpanel.cpp: bf16 activations,
+AVX512-BF16 builds, calls of ``qpanel_rows`` rows or more) rounds the de-quantized weights to bf16
+and multiplies the activations as they are. The reference does the same in float64 from the same
+codes: the two agree to fp32 rounding (``rtol 1e-5``; a bf16 output adds one bf16 rounding), so any
+layout, nibble-order, offset or tail bug shows.
 Separately, the packed weight's rows de-quantize to exactly what
 ``QuantizedWeight.dequantize`` gives (``q4_k``/``q6_k`` within their fp16 scale rounding), and
 end to end a tiny quantized model on avx512 agrees with the native plan within the
@@ -70,26 +70,23 @@ def reference(x: torch.Tensor, w: torch.Tensor, path: str) -> torch.Tensor:
     return (xq.view(m, k).double() @ w.double().T).float()
 
 
-MODES = {  # (int8_activation_rows, qpanel_rows)
-    "split-activations": (0, 0),
-    "int8-activations": (1, 0),  # the default
-    "int8-activations-from-16": (16, 0),
-    "bf16-panel-from-4": (0, 4),
+MODES = {  # (the weight's int8_activations, qpanel_rows)
+    "split-activations": (False, 0),
+    "int8-activations": (True, 0),
+    "bf16-panel-from-4": (False, 4),
 }
 
 
 @pytest.fixture(params=list(MODES))
 def mode(ext, request):
-    """15-bit activations always, int8 from 16 rows, or (bf16) the bf16 panel from 4 rows."""
-    int8_from, panel_from = MODES[request.param]
+    """The weight's int8 activations flag, and the bf16 panel from 4 rows (0: never)."""
+    int8, panel_from = MODES[request.param]
     if panel_from and not ext.has_bf16:
         pytest.skip("the bf16 panel path needs an AVX512-BF16 build")
-    before = ext.int8_activation_rows(), ext.qpanel_rows()
-    ext.set_int8_activation_rows(int8_from)
+    before = ext.qpanel_rows()
     ext.set_qpanel_rows(panel_from)
-    yield request.param
-    ext.set_int8_activation_rows(before[0])
-    ext.set_qpanel_rows(before[1])
+    yield int8
+    ext.set_qpanel_rows(before)
 
 
 @pytest.mark.parametrize("kind", [*PACE, *GGUF])
@@ -97,84 +94,84 @@ def mode(ext, request):
 def test_qlinear_matches_its_model(ext, kind, dtype, mode):
     n, k = 100, 512  # N: 6 full blocks of 16 + a tail of 4; K: 16 groups (2 q4_k super-blocks)
     q = weight(kind, n, k)
-    packed = qpacking.prepare_linear(q, bias=torch.linspace(-1, 1, n))
+    packed = qpacking.prepare_linear(q, bias=torch.linspace(-1, 1, n), int8_activations=mode)
     w = packed.rows(torch.arange(n)).float()  # the packed rows, as the kernel reads them
     for m in (1, 2, 3, 4, 9, 16, 18, 19):  # every tile height (1-4, panel 1-6 rows)
         x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(dtype)
         x[0, :32] = 0.0  # an all-zero activation group
-        got = ext.qlinear(x, packed.weight, packed.bias, n, packed.kind)
-        want = reference(x, w, qpacking.qlinear_path(m, dtype)) + packed.bias
+        got = ext.qlinear(x, packed.weight, packed.bias, n, packed.kind, packed.int8_activations)
+        want = reference(x, w, qpacking.qlinear_path(m, dtype, mode)) + packed.bias
         assert got.dtype == dtype and got.shape == (m, n)
         tol = 1e-5 if dtype == torch.float32 else 2**-8  # one bf16 rounding at the end
         torch.testing.assert_close(got.float(), want, rtol=tol, atol=tol * want.abs().max())
 
 
 @contextlib.contextmanager
-def every_thread(ext, threads: int, int8_from: int | None = None):
-    """``threads`` threads, every one taking part however small the matrix (and int8
-    activations from ``int8_from`` rows, if given); the settings are restored after."""
-    before = torch.get_num_threads(), ext.min_work_per_thread(), ext.int8_activation_rows()
+def every_thread(ext, threads: int):
+    """``threads`` threads, every one taking part however small the matrix; restored after."""
+    before = torch.get_num_threads(), ext.min_work_per_thread()
     torch.set_num_threads(threads)
     ext.set_min_work_per_thread(1)
-    if int8_from is not None:
-        ext.set_int8_activation_rows(int8_from)
     try:
         yield
     finally:
         torch.set_num_threads(before[0])
         ext.set_min_work_per_thread(before[1])
-        ext.set_int8_activation_rows(before[2])
 
 
 @pytest.mark.parametrize("kind", [*PACE, *GGUF])
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize(("rows", "dtype"), [(1, torch.float32), (19, torch.bfloat16)])
-def test_many_blocks_over_threads(ext, kind, threads, rows, dtype):
+@pytest.mark.parametrize(
+    ("rows", "dtype", "int8"),
+    [(1, torch.float32, False), (19, torch.bfloat16, False), (1, torch.bfloat16, True),
+     (19, torch.bfloat16, True)],
+)  # fmt: skip
+def test_many_blocks_over_threads(ext, kind, threads, rows, dtype, int8):
     """Every block, the tail rows and (where the format allows) an odd number of groups, as
     the threads split them: one row (the decode path reads several blocks side by side, the
     rest one at a time) and 19 bf16 rows (the default prefill path: the bf16 panel where built,
-    over 5 groups of 4 blocks, the last one short)."""
+    over 5 groups of 4 blocks, the last one short), and both on int8 activations."""
     n = 300  # 19 blocks (a tail of 12 rows); K: an odd number of groups of 32 where allowed
     k = {"q4_k": 256, "q6_k": 256, "int8-g64": 192, "int4-sym-g128": 384}.get(kind, 160)
-    packed = qpacking.prepare_linear(weight(kind, n, k), bias=torch.linspace(-1, 1, n))
+    packed = qpacking.prepare_linear(weight(kind, n, k), bias=torch.linspace(-1, 1, n),
+                                     int8_activations=int8)  # fmt: skip
     w = packed.rows(torch.arange(n)).float()
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(7)).to(dtype)
     with every_thread(ext, threads):
-        got = ext.qlinear(x, packed.weight, packed.bias, n, packed.kind)
-    want = reference(x, w, qpacking.qlinear_path(rows, dtype)) + packed.bias
+        got = ext.qlinear(x, packed.weight, packed.bias, n, packed.kind, int8)
+    want = reference(x, w, qpacking.qlinear_path(rows, dtype, int8)) + packed.bias
     tol = 1e-5 if dtype == torch.float32 else 2**-8
     torch.testing.assert_close(got.float(), want, rtol=tol, atol=tol * want.abs().max())
 
 
-@pytest.mark.parametrize("int8_from", [0, 1])
+@pytest.mark.parametrize("int8", [False, True])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_rows_in_chunks(ext, int8_from, threads):
+def test_rows_in_chunks(ext, int8, threads):
     """Many rows of a long K: the tiles take the rows in chunks whose activation codes fit L2
     (qlinear.cpp ROW_CHUNK_BYTES, 256 KB: 128 split / 256 int8 rows of K = 1024), every chunk
     over all of a thread's blocks, the last one short with a tail row (301 rows). int8
     activations are for bf16 rows (fp32 ones keep the split)."""
     n, k, rows = 40, 1024, 301
-    dtype = torch.bfloat16 if int8_from else torch.float32
+    dtype = torch.bfloat16 if int8 else torch.float32
     packed = qpacking.prepare_linear(weight("q4_0", n, k), bias=torch.linspace(-1, 1, n))
     w = packed.rows(torch.arange(n)).float()
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(3)).to(dtype)
-    with every_thread(ext, threads, int8_from=int8_from):
-        got = ext.qlinear(x, packed.weight, packed.bias, n, packed.kind)
-        path = qpacking.qlinear_path(rows, dtype)
-    assert path == ("int8" if int8_from else "split")
+    with every_thread(ext, threads):
+        got = ext.qlinear(x, packed.weight, packed.bias, n, packed.kind, int8)
+    path = qpacking.qlinear_path(rows, dtype, int8)
+    assert path == ("int8" if int8 else "split")
     want = reference(x, w, path) + packed.bias
-    tol = 2**-8 if int8_from else 1e-5
+    tol = 2**-8 if int8 else 1e-5
     torch.testing.assert_close(got.float(), want, rtol=tol, atol=tol * want.abs().max())
 
 
 def test_fp32_rows_never_take_int8_activations(ext):
-    """An fp32 model keeps the 15-bit split at any row count, int8 set or not."""
-    with every_thread(ext, 1, int8_from=1):
-        assert qpacking.qlinear_path(64, torch.float32) == "split"
-        assert qpacking.qlinear_path(64, torch.bfloat16) == "int8"
-        packed = qpacking.prepare_linear(weight("q8_0", 32, 256))
-        x = torch.randn(64, 256, generator=torch.Generator().manual_seed(5))
-        got = ext.qlinear(x, packed.weight, packed.bias, 32, packed.kind)
+    """An fp32 model keeps the 15-bit split at any row count, on a weight packed for int8."""
+    assert qpacking.qlinear_path(64, torch.float32, True) == "split"
+    assert qpacking.qlinear_path(64, torch.bfloat16, True) == "int8"
+    packed = qpacking.prepare_linear(weight("q8_0", 32, 256), int8_activations=True)
+    x = torch.randn(64, 256, generator=torch.Generator().manual_seed(5))
+    got = ext.qlinear(x, packed.weight, packed.bias, 32, packed.kind, packed.int8_activations)
     want = reference(x, packed.rows(torch.arange(32)).float(), "split")
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max())
 
@@ -211,13 +208,37 @@ def test_problems_are_named():
 OPS = ("linear", "qkv_proj", "gated_mlp")
 
 
-@pytest.fixture(params=["exact", "int8"])
-def quant_activations(ext, request):
-    """The kernels under ``PACE_QUANT_ACTIVATIONS`` = ``exact`` or ``int8`` (restored after)."""
-    before = ext.int8_activation_rows()
-    settings.apply(ext, {settings.ENV_VAR: request.param})
-    yield request.param
-    ext.set_int8_activation_rows(before)
+@pytest.fixture(params=settings.CHOICES)
+def quant_activations(clean_env, monkeypatch, request):
+    """Models loaded under ``PACE_QUANT_ACTIVATIONS`` = ``exact`` or ``int8``."""
+    monkeypatch.setenv(settings.ENV_VAR, request.param)
+    return request.param
+
+
+def packed_linears(model: LLMModel) -> list[qpacking.QPackedLinear]:
+    """Every quantized packed matrix the model's blocks hold (QKV and MLP parts included)."""
+    found, seen = [], set()
+
+    def visit(obj) -> None:
+        if id(obj) in seen or isinstance(obj, (torch.Tensor, str, int, float, type)):
+            return
+        seen.add(id(obj))
+        if isinstance(obj, qpacking.QPackedLinear):
+            found.append(obj)
+            return
+        if isinstance(obj, (list, tuple, set)):
+            children = list(obj)
+        elif isinstance(obj, dict):
+            children = list(obj.values())
+        else:
+            slots = [n for c in type(obj).__mro__ for n in getattr(c, "__slots__", ())]
+            children = [*getattr(obj, "__dict__", {}).values(),
+                        *(getattr(obj, n) for n in slots if hasattr(obj, n))]  # fmt: skip
+        for child in children:
+            visit(child)
+
+    visit(model.model.layers)
+    return found
 
 
 # How far the avx512 logits may be from native's (exact de-quantized matmuls) on the tiny
@@ -242,6 +263,10 @@ def test_quantized_model_on_avx512_matches_native(tiny_llama_dir, clean_env, pre
     ours = load({**dict.fromkeys(OPS, "avx512"), "default": "native", "strict": True})
     ref = load({"default": "native"})
     assert all(ours.op_plan.backends()[op] == {"avx512"} for op in OPS), str(ours.op_plan)
+    packed = packed_linears(ours)
+    assert len(packed) >= 4 and {w.int8_activations for w in packed} == {
+        quant_activations == "int8"
+    }
     ids = torch.randint(3, 120, (1, 24), generator=torch.Generator().manual_seed(0))
     a, b = ours.logits(ids).float(), ref.logits(ids).float()
     rel, kld_bound = LOGIT_BOUNDS[quant_activations]

@@ -1,53 +1,44 @@
-"""``PACE_QUANT_ACTIVATIONS``: how quantized matmuls of many rows take their activations."""
+"""``PACE_QUANT_ACTIVATIONS``: how quantized weights take bf16 activations, chosen at packing."""
 
 from __future__ import annotations
 
-import types
-
 import pytest
+import torch
 
 from pace_core.errors import ConfigError
-from pace_core.ops import ACTIVATIONS
 
 pytest.importorskip("pace_avx512", reason="pip install --no-deps -e plugins/avx512")
 
-from pace_avx512 import build, settings
-
-
-class FakeKernels(types.SimpleNamespace):
-    def set_int8_activation_rows(self, rows: int) -> None:
-        self.rows = rows
+from pace_avx512 import settings
 
 
 @pytest.mark.parametrize(
-    ("value", "mode", "rows"),
-    [(None, "int8", 1), ("", "int8", 1), ("int8", "int8", 1), (" EXACT ", "exact", 0)],
+    ("value", "mode"), [(None, "exact"), ("", "exact"), ("exact", "exact"), (" INT8 ", "int8")]
 )
-def test_choices(value, mode, rows):
+def test_choices(value, mode):
     env = {} if value is None else {settings.ENV_VAR: value}
     assert settings.quant_activations(env) == mode
-    kernels = FakeKernels()
-    settings.apply(kernels, env)
-    assert kernels.rows == rows
+    assert settings.int8_activations(env) == (mode == "int8")
 
 
-def test_a_bad_value_is_named_with_the_fix(monkeypatch):
-    with pytest.raises(ConfigError, match=r"PACE_QUANT_ACTIVATIONS='int4'.*int8, exact"):
+def test_a_bad_value_is_named_with_the_fix():
+    with pytest.raises(ConfigError, match=r"PACE_QUANT_ACTIVATIONS='int4'.*exact, int8"):
         settings.quant_activations({settings.ENV_VAR: "int4"})
-    # and loading the kernels with it fails the same way (no silent default)
+
+
+def test_packing_reads_the_environment(ext, monkeypatch):
+    """Each packed weight keeps the choice made when it was packed; a bad value fails the
+    packing (the model load) with the message above, nothing falls back silently."""
+    from pace_avx512 import qpacking
+
+    from pace_core.quant import QuantizationConfig, quantize
+
+    q = quantize(torch.randn(16, 64), QuantizationConfig(bits=8, group_size=32))
+    monkeypatch.delenv(settings.ENV_VAR, raising=False)
+    assert qpacking.prepare_linear(q).int8_activations is False
+    monkeypatch.setenv(settings.ENV_VAR, "int8")
+    assert qpacking.prepare_linear(q).int8_activations is True
+    assert qpacking.prepare_linear(q, int8_activations=False).int8_activations is False
     monkeypatch.setenv(settings.ENV_VAR, "fast")
     with pytest.raises(ConfigError, match="'fast'"):
-        build.after_load(FakeKernels(ACTIVATIONS=ACTIVATIONS))
-
-
-def test_the_loaded_kernels_follow_the_environment(ext, monkeypatch):
-    before = ext.int8_activation_rows()
-    try:
-        monkeypatch.delenv(settings.ENV_VAR, raising=False)
-        build.after_load(ext)
-        assert ext.int8_activation_rows() == settings.CHOICES["int8"]
-        monkeypatch.setenv(settings.ENV_VAR, "exact")
-        build.after_load(ext)
-        assert ext.int8_activation_rows() == 0
-    finally:
-        ext.set_int8_activation_rows(before)
+        qpacking.prepare_linear(q)

@@ -71,15 +71,7 @@ def check_constants(module: ModuleType) -> None:
         )
 
 
-def after_load(module: ModuleType) -> None:
-    """Checks a freshly loaded build, then applies the environment's numerics settings."""
-    from pace_avx512 import settings
-
-    check_constants(module)
-    settings.apply(module)
-
-
-EXT = jit.LazyExtension(extension, after_load=after_load)
+EXT = jit.LazyExtension(extension, after_load=check_constants)
 
 
 def load_extension(verbose: bool = False) -> ModuleType:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from pace_avx512 import build
+from pace_avx512 import build, settings
 from pace_core.quant import QuantizedWeight
 from pace_core.quant.gguf_blocks import _nibbles, _q5, _scale_min_k4, _unpack
 
@@ -39,17 +39,16 @@ _INT8_KINDS = (KINDS["int8"], KINDS["int8-g16"])
 CHUNK_ROWS = 1024  # rows converted at a time (bounds the temporaries)
 
 
-def qlinear_path(rows: int, dtype: torch.dtype) -> str:
-    """How a ``qlinear`` call of ``rows`` activation rows of ``dtype`` computes: for bf16,
-    ``"int8"`` activations (``amax / 127``) from the extension's ``int8_activation_rows`` rows
-    when that is set (> 0; :mod:`pace_avx512.settings`), else in an AVX512-BF16 build from
-    ``qpanel_rows`` rows ``"bf16-panel"`` (csrc/qpanel.cpp: weights de-quantized to bf16,
-    activations as they are); otherwise (and always for fp32) ``"split"`` (csrc/qlinear.cpp:
-    15-bit activations, ``amax / 16383``)."""
-    ext = build.load_extension()
-    int8_from, panel_from = ext.int8_activation_rows(), ext.qpanel_rows()
-    if dtype == torch.bfloat16 and 0 < int8_from <= rows:
+def qlinear_path(rows: int, dtype: torch.dtype, int8_activations: bool) -> str:
+    """How a ``qlinear`` call of ``rows`` activation rows of ``dtype`` computes: bf16 rows of a
+    weight packed with ``int8_activations`` as ``"int8"`` (``amax / 127``); other bf16 calls of
+    at least ``qpanel_rows`` rows in an AVX512-BF16 build as ``"bf16-panel"`` (csrc/qpanel.cpp:
+    weights de-quantized to bf16, activations as they are); the rest (every fp32 call) as
+    ``"split"`` (csrc/qlinear.cpp: 15-bit activations, ``amax / 16383``)."""
+    if dtype == torch.bfloat16 and int8_activations:
         return "int8"
+    ext = build.load_extension()
+    panel_from = ext.qpanel_rows()
     if dtype == torch.bfloat16 and ext.has_bf16 and 0 < panel_from <= rows:
         return "bf16-panel"
     return "split"
@@ -63,6 +62,7 @@ class QPackedLinear:
     out_features: int
     in_features: int
     dtype: torch.dtype  # what rows() de-quantizes to
+    int8_activations: bool = False  # bf16 rows quantized to int8 (pace_avx512.settings)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows ``ids`` of the de-quantized ``[N, K]`` matrix (a tied embedding's lookup)."""
@@ -190,11 +190,17 @@ def pack(w: QuantizedWeight) -> tuple[torch.Tensor, int]:
     return packed, kind
 
 
-def prepare_linear(w: QuantizedWeight, bias: torch.Tensor | None = None) -> QPackedLinear:
+def prepare_linear(
+    w: QuantizedWeight, bias: torch.Tensor | None = None, int8_activations: bool | None = None
+) -> QPackedLinear:
+    """``w`` packed; its bf16 activations int8 or 15-bit as given, by default as
+    ``PACE_QUANT_ACTIVATIONS`` says now (:mod:`pace_avx512.settings`)."""
+    if int8_activations is None:
+        int8_activations = settings.int8_activations()
     packed, kind = pack(w)
     n, k = w.shape
     b = None if bias is None else bias.reshape(-1).float().contiguous()
-    return QPackedLinear(packed, b, kind, int(n), int(k), w.dtype)
+    return QPackedLinear(packed, b, kind, int(n), int(k), w.dtype, int8_activations)
 
 
 @dataclass(frozen=True)

@@ -158,7 +158,8 @@ Tensor qpacked_rows_op(const Tensor& w, const Tensor& ids, int64_t n, int64_t k,
 
 // y[..., N] = x[..., K] @ W^T + bias over a quantized W packed by pace_avx512/qpacking.py:
 // uint8 [blocks of 16 rows, block_stride bytes] (layout in qlinear.cpp).
-Tensor qlinear(const Tensor& x, const Tensor& w, const OptTensor& bias, int64_t n, int64_t kind) {
+Tensor qlinear(const Tensor& x, const Tensor& w, const OptTensor& bias, int64_t n, int64_t kind,
+               bool int8_activations) {
   const int64_t K = x.size(-1);
   check_qpacked(w, n, K, kind);
   Tensor y = rows_out(x, n);
@@ -169,7 +170,8 @@ Tensor qlinear(const Tensor& x, const Tensor& w, const OptTensor& bias, int64_t 
   const uint8_t* wp = w.data_ptr<uint8_t>();
   by_dtype(xc, [&](auto t) {
     using T = decltype(t);
-    qlinear_rows(ptr<T>(xc), K, M, K, wp, w.size(1), (int)kind, b, n, ptr<T>(y), n, threads());
+    qlinear_rows(ptr<T>(xc), K, M, K, wp, w.size(1), (int)kind, int8_activations, b, n,
+                 ptr<T>(y), n, threads());
   });
   return y;
 }
@@ -460,7 +462,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("qpacked_rows", &qpacked_rows_op, py::arg("w"), py::arg("ids"), py::arg("n"),
         py::arg("k"), py::arg("kind"), "rows of a quantized packed weight, de-quantized to fp32");
   m.def("qlinear", &qlinear, py::arg("x"), py::arg("w"), py::arg("bias"), py::arg("n"),
-        py::arg("kind"), "y = x @ W^T + bias over a quantized packed W (AVX512-VNNI)");
+        py::arg("kind"), py::arg("int8_activations") = false,
+        "y = x @ W^T + bias over a quantized packed W (AVX512-VNNI); bf16 x quantized to int8 "
+        "per 32 when int8_activations, else (and fp32 x always) to 15 bits");
   m.def("huge_page_copy", &huge_page_copy, py::arg("t"), py::arg("shape") = std::vector<int64_t>{},
         "copy a tensor into an arena of transparent huge pages (packed weights)");
   m.def("huge_page_empty", &huge_page_empty, py::arg("rows"), py::arg("row_bytes"),
@@ -471,9 +475,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   }, "benchmark reference: read every byte of t once (DRAM bandwidth), return a checksum");
   m.def("parallel_width", []() { return parallel_width(threads()); },
         "threads an OpenMP region of the kernels gets at torch.get_num_threads()");
-  m.def("set_int8_activation_rows", [](int64_t v) { tuning().int8_activation_rows = v; },
-        py::arg("rows"), "quantized weights: calls of at least this many activation rows use int8 activations (0: never)");
-  m.def("int8_activation_rows", []() { return tuning().int8_activation_rows; });
   m.def("set_qpanel_rows", [](int64_t v) { tuning().qpanel_rows = v; }, py::arg("rows"),
         "quantized weights, bf16 activations, AVX512-BF16 builds: calls of at least this many rows de-quantize weight panels to bf16 (0: never)");
   m.def("qpanel_rows", []() { return tuning().qpanel_rows; });

@@ -40,10 +40,11 @@ void gated_fp32(const float* x, int64_t ldx, int64_t M, int64_t K, const float* 
 // y[M, N] = x[M, K] @ W^T + bias over a quantized weight packed as qlinear.cpp describes
 // (kind 0: 4-bit codes with mins; 1: int8, a scale per 32 k; 2: int8, a scale per 16 k;
 // 3: 4-bit symmetric),
-// K a multiple of 32. Needs AVX512-VNNI.
+// K a multiple of 32. Needs AVX512-VNNI. bf16 rows take int8 activations when `int8_act`
+// (pace_avx512/settings.py), else 15 bits; fp32 rows always 15 bits.
 void qlinear_bf16(const bf16_t* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* w,
-                  int64_t block_stride, int kind, const float* bias, int64_t N, bf16_t* y,
-                  int64_t ldy, int nthreads);
+                  int64_t block_stride, int kind, bool int8_act, const float* bias, int64_t N,
+                  bf16_t* y, int64_t ldy, int nthreads);
 void qlinear_fp32(const float* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* w,
                   int64_t block_stride, int kind, const float* bias, int64_t N, float* y,
                   int64_t ldy, int nthreads);
@@ -179,10 +180,6 @@ int pick_threads(int nthreads, int64_t weight_bytes, int64_t M, int64_t units);
 // Tuning knobs for benchmarks/experiments (defaults are the measured best).
 struct Tuning {
   int64_t min_work_per_thread = 1 << 17;  // bytes-equivalent below which a thread is not worth it
-  // Quantized weights: bf16 calls of at least this many rows quantize activations to int8
-  // (llama.cpp's precision, faster when compute-bound); 0 = never (15-bit split, qlinear.cpp).
-  // Set on load from PACE_QUANT_ACTIVATIONS (pace_avx512/settings.py, the default's home).
-  int64_t int8_activation_rows = 0;
   // Quantized weights, bf16 activations, AVX512-BF16 builds: calls of at least this many rows
   // de-quantize weight panels to bf16 and run vdpbf16ps (qpanel.cpp); 0 = never
   int64_t qpanel_rows = 16;

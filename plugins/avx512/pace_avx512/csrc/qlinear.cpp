@@ -10,8 +10,8 @@
 // the activation quad broadcast, per instruction; 4-bit nibbles need only a mask or a shift).
 // The activations are 15-bit (scale amax / 16383, error ~3e-5 relative, far below any weight
 // format's own) held as two int8 planes, c = 128 hi + lo, so each quad takes two vpdpbusd;
-// bf16 calls of at least tuning().int8_activation_rows rows (1 = every one, the default set
-// from PACE_QUANT_ACTIVATIONS by pace_avx512/settings.py) use int8 activations instead (amax / 127, as llama.cpp's q8
+// bf16 rows of a weight packed with int8 activations (qpacking.QPackedLinear, from
+// PACE_QUANT_ACTIVATIONS: pace_avx512/settings.py) are quantized to int8 instead (amax / 127, as llama.cpp's q8
 // activations: one vpdpbusd per quad, ~0.5% error per group).
 //
 // Packed layout (pace_avx512/qpacking.py), per block of 16 rows, one contiguous span of
@@ -381,20 +381,12 @@ void qlinear_kind(const T* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* 
   qdrive<KIND, SPLIT>(a, st, M, blocks, nt);
 }
 
-// Whether a call of M rows of T quantizes its activations to int8 (`int8_activation_rows`, if
-// set): bf16 ones only, whose own rounding (2^-9 relative) is of the order of int8's per group;
-// an fp32 model asked for fp32 precision and keeps the 15-bit split.
-template <typename T>
-inline bool int8_activations(int64_t M) {
-  const int64_t from = tuning().int8_activation_rows;
-  return std::is_same_v<T, bf16_t> && from > 0 && M >= from;
-}
-
-// 15-bit split activations, or int8 (int8_activations).
+// 15-bit split activations, or int8 (bf16 rows only: fp32 ones keep the split).
 template <int KIND, typename T>
 void qlinear_rows(const T* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* w,
-                  int64_t block_stride, const QStore<T>& st, int64_t N, int nthreads) {
-  if (int8_activations<T>(M))
+                  int64_t block_stride, bool int8_act, const QStore<T>& st, int64_t N,
+                  int nthreads) {
+  if (std::is_same_v<T, bf16_t> && int8_act)
     qlinear_kind<KIND, false>(x, ldx, M, K, w, block_stride, st, N, nthreads);
   else
     qlinear_kind<KIND, true>(x, ldx, M, K, w, block_stride, st, N, nthreads);
@@ -402,15 +394,17 @@ void qlinear_rows(const T* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* 
 
 template <typename T>
 void qlinear(const T* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* w,
-             int64_t block_stride, int kind, const float* bias, int64_t N, T* y, int64_t ldy,
-             int nthreads) {
+             int64_t block_stride, int kind, bool int8_act, const float* bias, int64_t N, T* y,
+             int64_t ldy, int nthreads) {
   if constexpr (std::is_same_v<T, bf16_t>) {  // prefill on AVX512-BF16: dense bf16 tiles
-    if (!int8_activations<T>(M) &&
+    if (!int8_act &&
         qlinear_bf16_panel(x, ldx, M, K, w, block_stride, kind, bias, N, y, ldy, nthreads))
       return;
   }
   const QStore<T> st{y, ldy, bias, N};
-  by_kind(kind, [&](auto k) { qlinear_rows<decltype(k)::value>(x, ldx, M, K, w, block_stride, st, N, nthreads); });
+  by_kind(kind, [&](auto k) {
+    qlinear_rows<decltype(k)::value>(x, ldx, M, K, w, block_stride, int8_act, st, N, nthreads);
+  });
 }
 
 }  // namespace
@@ -452,15 +446,15 @@ void qpacked_rows(const uint8_t* w, int64_t block_stride, int kind, int64_t K,
 }
 
 void qlinear_bf16(const bf16_t* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* w,
-                  int64_t block_stride, int kind, const float* bias, int64_t N, bf16_t* y,
-                  int64_t ldy, int nthreads) {
-  qlinear(x, ldx, M, K, w, block_stride, kind, bias, N, y, ldy, nthreads);
+                  int64_t block_stride, int kind, bool int8_act, const float* bias, int64_t N,
+                  bf16_t* y, int64_t ldy, int nthreads) {
+  qlinear(x, ldx, M, K, w, block_stride, kind, int8_act, bias, N, y, ldy, nthreads);
 }
 
 void qlinear_fp32(const float* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* w,
                   int64_t block_stride, int kind, const float* bias, int64_t N, float* y,
                   int64_t ldy, int nthreads) {
-  qlinear(x, ldx, M, K, w, block_stride, kind, bias, N, y, ldy, nthreads);
+  qlinear(x, ldx, M, K, w, block_stride, kind, false, bias, N, y, ldy, nthreads);
 }
 
 }  // namespace pace_avx512

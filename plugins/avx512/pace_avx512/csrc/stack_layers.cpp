@@ -61,6 +61,7 @@ LinearSpec linear_spec(const py::handle& packed) {
   const OptTensor bias = optional_tensor(packed, "bias");
   if (py::hasattr(packed, "kind")) {
     s.kind = field<int64_t>(packed, "kind");
+    s.int8_act = field<bool>(packed, "int8_activations");
     check_qpacked(s.weight, s.n, s.k, s.kind);
     s.block_stride = s.weight.size(1);
   } else {

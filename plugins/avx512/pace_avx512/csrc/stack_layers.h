@@ -38,13 +38,14 @@ struct LinearSpec {
   int64_t n = 0, k = 0;
   int64_t kind = -1;  // -1: dense packed (packing.PackedLinear); else a qpacking.KINDS value
   int64_t block_stride = 0;  // quantized: bytes per block of 16 rows
+  bool int8_act = false;  // quantized: bf16 rows take int8 activations (qpacking.QPackedLinear)
 
   // y[M, n] (rows ldy apart) = x[M, k] (contiguous rows) @ W^T + bias.
   template <typename T>
   void operator()(const T* x, int64_t M, T* y, int64_t ldy, int nt) const {
     if (kind < 0) linear_rows(x, k, M, k, w, b, n, y, ldy, nt);
-    else qlinear_rows(x, k, M, k, static_cast<const uint8_t*>(w), block_stride, (int)kind, b, n, y,
-                      ldy, nt);
+    else qlinear_rows(x, k, M, k, static_cast<const uint8_t*>(w), block_stride, (int)kind,
+                      int8_act, b, n, y, ldy, nt);
   }
 };
 
