@@ -6,8 +6,9 @@ weights are packed (so each model keeps the choice it was loaded with).
   of the de-quantized weights: ~3e-5 relative to the de-quantized matmul. SmolLM2's Q4_1 GGUF
   in bf16 against transformers fp32 on the same file: KLD 0.002, top-1 97.7%.
 - ``int8``: quantized to int8 per group of 32 (``amax / 127``), as llama.cpp does: one
-  ``vpdpbusd`` per quad. On Zen 4: prefill 1.2-1.3x ``exact`` (1.05-1.27x pace's dense bf16
-  prefill), batch-8 decode ~1.9x, single-stream decode the same (bound by the weight stream).
+  ``vpdpbusd`` per quad. On Zen 4: prefill 1.04-1.31x pace's dense bf16 prefill (``exact``
+  0.91-1.03x), batch-8 decode 1.4-1.8x ``exact``, single-stream decode the same (bound by the
+  weight stream).
   Error of llama.cpp's class: KLD 0.010 / top-1 94.9% on the same file (llama.cpp 0.008 /
   95.2%); Gemma-3's Q4_K_M 0.025 (``exact`` 0.007, llama.cpp 0.031).
 
