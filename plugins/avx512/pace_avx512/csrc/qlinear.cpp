@@ -11,8 +11,8 @@
 // The activations are 15-bit (scale amax / 16383, error ~3e-5 relative, far below any weight
 // format's own) held as two int8 planes, c = 128 hi + lo, so each quad takes two vpdpbusd;
 // bf16 rows of a weight packed with int8 activations (qpacking.QPackedLinear, from
-// PACE_QUANT_ACTIVATIONS: pace_avx512/settings.py) are quantized to int8 instead (amax / 127, as llama.cpp's q8
-// activations: one vpdpbusd per quad, ~0.5% error per group).
+// PACE_QUANT_ACTIVATIONS: pace_avx512/settings.py) are quantized to int8 instead (amax / 127,
+// as llama.cpp's q8 activations: one vpdpbusd per quad, ~0.5% error per group).
 //
 // Packed layout (pace_avx512/qpacking.py), per block of 16 rows, one contiguous span of
 // `block_stride` bytes read front to back: runs of 1 or 2 groups (kernels.h qrun_groups),
