@@ -11,6 +11,10 @@ into windows, per model:
   same GGUF against the same reference, and against pace on that file (the KLD between the two
   engines).
 
+``--activations exact int8`` measures the quantized bf16 rows in both of pace-avx512's
+activation modes (engine ``pace`` for ``exact``, ``pace-a8`` for ``int8``; fp32 models take
+15-bit activations in either, so their rows run once).
+
     pace bench quality --models smollm2 gemma3-270m --gguf --llama-cpp
 """
 
@@ -25,6 +29,7 @@ from typing import Any
 
 import torch
 
+from pace_core.bench import activations
 from pace_core.bench.common import emit, model_path, note, progress
 from pace_core.quality import SOURCE, Scorer, compare, text_ids, windows
 
@@ -58,13 +63,21 @@ def gguf_file(name: str) -> Path:
     return dest
 
 
-def _pace(source: Path, dtype: torch.dtype, quantization: str | None = None) -> tuple[Any, float]:
+def _pace(
+    source: Path, dtype: torch.dtype, quantization: str | None = None, mode: str = "exact"
+) -> tuple[Any, float]:
     from pace_core import LLMModel
 
     start = time.perf_counter()
-    llm = LLMModel(source, dtype=dtype, quantization=quantization, quiet=True,
-                   load_tokenizer=False)  # fmt: skip
+    with activations.loaded_under(mode):
+        llm = LLMModel(source, dtype=dtype, quantization=quantization, quiet=True,
+                       load_tokenizer=False)  # fmt: skip
     return llm, time.perf_counter() - start
+
+
+def _modes(modes: list[str], dtype: torch.dtype) -> list[str]:
+    """The activation modes that differ for ``dtype`` (fp32 takes 15 bits in all of them)."""
+    return modes if dtype == torch.bfloat16 else ["exact"]
 
 
 def _row(model: str, variant: str, engine: str, reference: str, report, **extra) -> dict:
@@ -96,18 +109,21 @@ def bench_model(args: argparse.Namespace, name: str) -> list[dict[str, Any]]:
     ids = text_ids(tok)[: args.max_tokens]
     chunks = windows(ids, args.window, tok.bos_token_id if args.bos else None)
     rows = []
+    modes = activations.modes(args)
     dtype = getattr(torch, args.dtype)
     label = f"pace {args.dtype}"
     ref, load = _pace(path, dtype)
     mb = round(weight_bytes(ref.model) / 1e6, 1)
     note(args, f"quality: {name}: {len(chunks)} windows of {args.window} tokens ({SOURCE})")
     for preset in args.quantization:
-        test, load = _pace(path, dtype, preset)
-        report = compare(ref.logits, test.logits, chunks)
-        rows.append(_row(name, preset, label, f"{label} (dense)", report,
-                         weight_mb=round(weight_bytes(test.model) / 1e6, 1),
-                         load_s=round(load, 1)))  # fmt: skip
-        del test
+        for mode in _modes(modes, dtype):
+            test, load = _pace(path, dtype, preset, mode)
+            report = compare(ref.logits, test.logits, chunks)
+            rows.append(_row(name, preset, f"{activations.ENGINES[mode]} {args.dtype}",
+                             f"{label} (dense)", report,
+                             weight_mb=round(weight_bytes(test.model) / 1e6, 1),
+                             load_s=round(load, 1)))  # fmt: skip
+            del test
     rows.append(_row(name, "dense", label, "-", compare(ref.logits, ref.logits, chunks),
                      weight_mb=mb, load_s=None))  # fmt: skip
     del ref
@@ -124,11 +140,13 @@ def bench_model(args: argparse.Namespace, name: str) -> list[dict[str, Any]]:
     pace_gguf = None
     if args.gguf:
         for dtype in (torch.bfloat16, torch.float32):
-            pace_gguf, load = _pace(file, dtype)
-            report = compare(hf_logits, pace_gguf.logits, chunks)
-            rows.append(_row(name, variant, f"pace {str(dtype)[6:]}", reference, report,
-                             weight_mb=round(weight_bytes(pace_gguf.model) / 1e6, 1),
-                             load_s=round(load, 1)))  # fmt: skip
+            for mode in _modes(modes, dtype):
+                pace_gguf, load = _pace(file, dtype, mode=mode)
+                report = compare(hf_logits, pace_gguf.logits, chunks)
+                rows.append(_row(name, variant, f"{activations.ENGINES[mode]} {str(dtype)[6:]}",
+                                 reference, report,
+                                 weight_mb=round(weight_bytes(pace_gguf.model) / 1e6, 1),
+                                 load_s=round(load, 1)))  # fmt: skip
     if args.llama_cpp:
         try:
             scorer = _llama_cpp_scorer(file, args.window, torch.get_num_threads())
@@ -154,6 +172,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=int, default=4096, help="tokens of the text used")
     p.add_argument("--bos", action="store_true", help="start every window with BOS")
     p.add_argument("--threads", type=int, default=None)
+    activations.add_argument(p)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -25,15 +25,12 @@ the targets of the quantized-kernels issue as met or not.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import importlib.util
-import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from pace_core.bench import activations
 from pace_core.bench.common import (
     emit,
     model_path,
@@ -59,7 +56,6 @@ COLUMNS = [
     "model", "format", "engine", "threads", "prompt_len", "batch", "prefill_tok_s", "decode_tok_s",
     "decode_vs_llama", "prefill_vs_llama", "decode_vs_bf16", "prefill_vs_bf16", "weights_mb",
 ]  # fmt: skip
-PACE_ENGINES = {"exact": "pace", "int8": "pace-a8"}  # --activations -> engine name
 QUICK = {"models": ["smollm2"], "threads": [1], "prompt_lens": [128], "batches": [1],
          "new_tokens": 16, "repeats": 2, "formats": ["bf16", "q8_0", "int4"]}  # fmt: skip
 
@@ -75,9 +71,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="sequences decoded together (random prompts of the same length)")
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--activations", nargs="+", default=["exact"], choices=list(PACE_ENGINES),
-                   help="pace's PACE_QUANT_ACTIVATIONS modes to run the quantized formats in "
-                   "(int8: engine pace-a8)")  # fmt: skip
+    activations.add_argument(p)
 
 
 def _files(name: str, fmt: str) -> tuple[Path, Path | None]:
@@ -106,10 +100,7 @@ def load_engines(name: str, args: argparse.Namespace) -> tuple[dict[str, Any], d
     engines: dict[str, Any] = {}
     sizes: dict[str, float] = {}
     n_ctx = max(args.prompt_lens) + args.new_tokens + 8
-    modes = list(args.activations)
-    if "int8" in modes and importlib.util.find_spec("pace_avx512") is None:
-        note(args, "quantized: pace-a8 skipped: int8 activations are pace-avx512's")
-        modes.remove("int8")
+    modes = activations.modes(args)
     for fmt in args.formats:
         try:
             source, gguf = _files(name, fmt)
@@ -119,10 +110,10 @@ def load_engines(name: str, args: argparse.Namespace) -> tuple[dict[str, Any], d
         if "pace" in args.engines:
             quant = fmt if fmt in PACE_ONLY else None
             for mode in modes if fmt != "bf16" else ["exact"]:
-                with _activations(mode):
+                with activations.loaded_under(mode):
                     model = LLMModel(source, dtype=torch.bfloat16, quantization=quant,
                                      quiet=True, load_tokenizer=False)  # fmt: skip
-                label = f"{PACE_ENGINES[mode]} {fmt}"
+                label = f"{activations.ENGINES[mode]} {fmt}"
                 engines[label] = lambda ids, n, m=model: _pace(m, ids, n)
                 sizes[label] = weight_bytes(model.model) / 1e6
         if "llama.cpp" in args.engines and gguf is not None and peers.find_llama_cpp():
@@ -133,28 +124,12 @@ def load_engines(name: str, args: argparse.Namespace) -> tuple[dict[str, Any], d
     return engines, sizes
 
 
-@contextlib.contextmanager
-def _activations(mode: str) -> Iterator[None]:
-    """Load models with pace-avx512's quantized activations ``mode`` (read at packing)."""
-    from pace_avx512 import settings
-
-    before = os.environ.get(settings.ENV_VAR)
-    os.environ[settings.ENV_VAR] = mode
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ[settings.ENV_VAR]
-        else:
-            os.environ[settings.ENV_VAR] = before
-
-
 def with_ratios(measured: dict[str, dict[str, float]]) -> None:
     """Add the pace/llama.cpp (same file) and pace/pace-bf16 ratios in place."""
     bf16 = measured.get("pace bf16")
     for label, r in measured.items():
         engine, fmt = label.split(" ", 1)
-        if engine not in PACE_ENGINES.values():
+        if engine not in activations.ENGINES.values():
             continue
         llama = measured.get(f"llama.cpp {fmt}")
         for ref, suffix in ((llama, "llama"), (bf16, "bf16")):
@@ -167,7 +142,7 @@ def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per target and format: the worst ratio over models/threads/prompts."""
     out = []
     for column, formats, minimum in TARGETS:
-        for engine in PACE_ENGINES.values():
+        for engine in activations.ENGINES.values():
             for fmt in formats:
                 values = [r[column] for r in rows if r["engine"] == engine
                           and r["format"] == fmt and column in r]  # fmt: skip

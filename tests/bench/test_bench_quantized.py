@@ -1,6 +1,10 @@
-"""``pace bench quantized``: ratios and target rows for both activation modes of pace."""
+"""``pace bench quantized`` / ``quality``: ratios, target rows and loading for both of pace's
+quantized-activation modes."""
 
 from __future__ import annotations
+
+import importlib.util
+import os
 
 import pytest
 
@@ -25,3 +29,42 @@ def test_ratios_and_targets_cover_both_pace_engines():
     assert met["pace q4_0 prefill_vs_bf16 >= 1.0"] is False
     assert met["pace-a8 q4_0 prefill_vs_bf16 >= 1.0"] is True
     assert met["pace-a8 q4_0 decode_vs_llama >= 1.2"] is True
+
+
+def test_models_load_under_a_mode_and_the_environment_comes_back(monkeypatch):
+    from pace_core.bench import activations
+
+    monkeypatch.setenv(activations.ENV_VAR, "exact")
+    with activations.loaded_under("int8"):
+        assert os.environ[activations.ENV_VAR] == "int8"
+    assert os.environ[activations.ENV_VAR] == "exact"
+    monkeypatch.delenv(activations.ENV_VAR)
+    with activations.loaded_under("int8"):
+        pass
+    assert activations.ENV_VAR not in os.environ
+
+
+def test_int8_is_dropped_with_a_note_without_pace_avx512(monkeypatch, capsys):
+    import argparse
+
+    from pace_core.bench import activations
+
+    args = argparse.Namespace(activations=["exact", "int8"], quiet=False)
+    real = importlib.util.find_spec
+
+    def find_spec(name, *rest):
+        return None if name == "pace_avx512" else real(name, *rest)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    assert activations.modes(args) == ["exact"]
+    assert "pace-a8 skipped" in capsys.readouterr().err
+
+
+def test_the_env_var_is_the_plugins():
+    pytest.importorskip("pace_avx512")
+    from pace_avx512 import settings
+
+    from pace_core.bench import activations
+
+    assert activations.ENV_VAR == settings.ENV_VAR
+    assert set(activations.ENGINES) == set(settings.CHOICES)
