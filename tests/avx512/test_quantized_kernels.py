@@ -153,11 +153,12 @@ def test_rows_in_chunks(ext, int8, threads):
     activations are for bf16 rows (fp32 ones keep the split)."""
     n, k, rows = 40, 1024, 301
     dtype = torch.bfloat16 if int8 else torch.float32
-    packed = qpacking.prepare_linear(weight("q4_0", n, k), bias=torch.linspace(-1, 1, n))
+    packed = qpacking.prepare_linear(weight("q4_0", n, k), bias=torch.linspace(-1, 1, n),
+                                     int8_activations=int8)  # fmt: skip
     w = packed.rows(torch.arange(n)).float()
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(3)).to(dtype)
     with every_thread(ext, threads):
-        got = ext.qlinear(x, packed.weight, packed.bias, n, packed.kind, int8)
+        got = ext.qlinear(x, packed.weight, packed.bias, n, packed.kind, packed.int8_activations)
     path = qpacking.qlinear_path(rows, dtype, int8)
     assert path == ("int8" if int8 else "split")
     want = reference(x, w, path) + packed.bias
@@ -243,10 +244,10 @@ def packed_linears(model: LLMModel) -> list[qpacking.QPackedLinear]:
 
 # How far the avx512 logits may be from native's (exact de-quantized matmuls) on the tiny
 # random model: relative L2 distance, mean KLD. exact (an fp32 model): 15-bit activations per
-# 32, ~3e-5 relative per matmul. int8 (a bf16 model: int8 takes bf16 rows only; the 24-token
-# prompt has >= 16 rows; the kernels' int8 numerics are checked exactly above, so this only
-# catches wiring): ~0.4% per matmul, amplified by this model's large random weights to 4-7%
-# (mean KLD 0.02-0.05). Real models: tests/quant.
+# 32, ~3e-5 relative per matmul. int8 (a bf16 model: int8 takes bf16 rows only; the kernels'
+# int8 numerics are checked exactly above, so this only catches wiring): ~0.4% per matmul,
+# amplified by this model's large random weights to 4-8% (mean KLD 0.02-0.05). Real models:
+# tests/quant.
 MODEL_DTYPE = {"exact": torch.float32, "int8": torch.bfloat16}
 LOGIT_BOUNDS = {"exact": (1e-3, 1e-5), "int8": (0.15, 0.1)}
 
@@ -279,12 +280,15 @@ def test_quantized_model_on_avx512_matches_native(tiny_llama_dir, clean_env, pre
 
 
 @pytest.mark.parametrize("preset", ["int8", "int4"])
-def test_fused_stack_runs_quantized_layers(tiny_llama_dir, clean_env, preset):
+def test_fused_stack_runs_quantized_layers(tiny_llama_dir, preset, quant_activations):
     """The C++ decoder stack runs the quantized layers: same logits and tokens as the
-    per-layer calls of the same kernels (prefill M = 24, then decode M = 1)."""
+    per-layer calls of the same kernels (prefill M = 24, then decode M = 1), in either
+    activation mode (int8: a bf16 model, bit for bit; a stack that ignored the weights' int8
+    flag would be ~8% off)."""
     def load(stack):
-        return LLMModel(tiny_llama_dir, dtype=torch.float32, quantization=preset,
-                        opconfig={"decoder_stack": stack}, load_tokenizer=False)  # fmt: skip
+        return LLMModel(tiny_llama_dir, dtype=MODEL_DTYPE[quant_activations],
+                        quantization=preset, opconfig={"decoder_stack": stack},
+                        load_tokenizer=False)  # fmt: skip
 
     fused, per_layer = load("avx512"), load("native")
     assert fused.op_plan.backends()["decoder_stack"] == {"avx512"}, str(fused.op_plan)
