@@ -166,6 +166,22 @@ def test_rows_in_chunks(ext, int8, threads):
     torch.testing.assert_close(got.float(), want, rtol=tol, atol=tol * want.abs().max())
 
 
+@pytest.mark.parametrize("kind", ["int4-mins-g32", "int8-g32", "q4_0", "q6_k"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_int8_rows_are_the_same_alone_or_batched(ext, kind, threads):
+    """With int8 activations a row's output does not depend on the rows it is computed with
+    (decode, batched decode, speculative verification and prefill agree bit for bit): every
+    row is quantized on its own and every tile height sums in the same order."""
+    n, k = 100, 512
+    packed = qpacking.prepare_linear(weight(kind, n, k), int8_activations=True)
+    x = torch.randn(24, k, generator=torch.Generator().manual_seed(11)).bfloat16()
+    with every_thread(ext, threads):
+        batched = ext.qlinear(x, packed.weight, packed.bias, n, packed.kind, True)
+        for m in (1, 2, 3, 5, 8):
+            alone = ext.qlinear(x[:m], packed.weight, packed.bias, n, packed.kind, True)
+            assert torch.equal(alone, batched[:m]), m
+
+
 def test_fp32_rows_never_take_int8_activations(ext):
     """An fp32 model keeps the 15-bit split at any row count, on a weight packed for int8."""
     assert qpacking.qlinear_path(64, torch.float32, True) == "split"

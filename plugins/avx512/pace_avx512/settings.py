@@ -12,8 +12,9 @@ weights are packed (so each model keeps the choice it was loaded with).
   Error of llama.cpp's class: KLD 0.010 / top-1 94.9% on the same file (llama.cpp 0.008 /
   95.2%); Gemma-3's Q4_K_M 0.025 (``exact`` 0.007, llama.cpp 0.031).
 
-Every call of the model follows the choice, whatever its row count: a sequence computes the
-same numbers alone or batched, and speculative verification matches plain decoding. fp32
+Every call of the model follows the choice, whatever its row count: a row's quantized matmuls
+give the same bits alone or batched (decode, batched decode, speculative verification and
+prefill chunks agree; ``exact`` switches to bf16 panels from 16 rows). fp32
 rows always take the 15-bit activations: an fp32 model asks for fp32 precision (int8's error
 per group is of the order of bf16's own rounding), and ``pace check`` holds it to
 transformers' greedy tokens.
