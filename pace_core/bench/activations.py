@@ -14,6 +14,8 @@ import importlib.util
 import os
 from collections.abc import Iterator
 
+import torch
+
 from pace_core.bench.common import note
 
 ENV_VAR = "PACE_QUANT_ACTIVATIONS"  # pace_avx512.settings.ENV_VAR
@@ -34,6 +36,12 @@ def modes(args: argparse.Namespace) -> list[str]:
         note(args, "pace-a8 skipped: int8 activations are pace-avx512's (not installed)")
         chosen.remove("int8")
     return chosen
+
+
+def for_model(modes: list[str], *, quantized: bool, dtype: torch.dtype) -> list[str]:
+    """The modes that differ for a model: all for quantized weights in bf16; else ``exact``
+    alone (dense weights have no activation mode, fp32 rows take 15 bits in every mode)."""
+    return modes if quantized and dtype == torch.bfloat16 else ["exact"]
 
 
 @contextlib.contextmanager

@@ -75,11 +75,6 @@ def _pace(
     return llm, time.perf_counter() - start
 
 
-def _modes(modes: list[str], dtype: torch.dtype) -> list[str]:
-    """The activation modes that differ for ``dtype`` (fp32 takes 15 bits in all of them)."""
-    return modes if dtype == torch.bfloat16 else ["exact"]
-
-
 def _row(model: str, variant: str, engine: str, reference: str, report, **extra) -> dict:
     return {"model": model, "variant": variant, "engine": engine, "reference": reference,
             **report.as_dict(), **extra}  # fmt: skip
@@ -116,7 +111,7 @@ def bench_model(args: argparse.Namespace, name: str) -> list[dict[str, Any]]:
     mb = round(weight_bytes(ref.model) / 1e6, 1)
     note(args, f"quality: {name}: {len(chunks)} windows of {args.window} tokens ({SOURCE})")
     for preset in args.quantization:
-        for mode in _modes(modes, dtype):
+        for mode in activations.for_model(modes, quantized=True, dtype=dtype):
             test, load = _pace(path, dtype, preset, mode)
             report = compare(ref.logits, test.logits, chunks)
             rows.append(_row(name, preset, f"{activations.ENGINES[mode]} {args.dtype}",
@@ -140,7 +135,7 @@ def bench_model(args: argparse.Namespace, name: str) -> list[dict[str, Any]]:
     pace_gguf = None
     if args.gguf:
         for dtype in (torch.bfloat16, torch.float32):
-            for mode in _modes(modes, dtype):
+            for mode in activations.for_model(modes, quantized=True, dtype=dtype):
                 pace_gguf, load = _pace(file, dtype, mode=mode)
                 report = compare(hf_logits, pace_gguf.logits, chunks)
                 rows.append(_row(name, variant, f"{activations.ENGINES[mode]} {str(dtype)[6:]}",

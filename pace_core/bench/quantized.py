@@ -109,7 +109,8 @@ def load_engines(name: str, args: argparse.Namespace) -> tuple[dict[str, Any], d
             continue
         if "pace" in args.engines:
             quant = fmt if fmt in PACE_ONLY else None
-            for mode in modes if fmt != "bf16" else ["exact"]:
+            for mode in activations.for_model(modes, quantized=fmt != "bf16",
+                                              dtype=torch.bfloat16):  # fmt: skip
                 with activations.loaded_under(mode):
                     model = LLMModel(source, dtype=torch.bfloat16, quantization=quant,
                                      quiet=True, load_tokenizer=False)  # fmt: skip

@@ -68,3 +68,14 @@ def test_the_env_var_is_the_plugins():
 
     assert activations.ENV_VAR == settings.ENV_VAR
     assert set(activations.ENGINES) == set(settings.CHOICES)
+
+
+def test_only_quantized_bf16_models_run_in_both_modes():
+    import torch
+
+    from pace_core.bench import activations
+
+    both = ["exact", "int8"]
+    assert activations.for_model(both, quantized=True, dtype=torch.bfloat16) == both
+    assert activations.for_model(both, quantized=True, dtype=torch.float32) == ["exact"]
+    assert activations.for_model(both, quantized=False, dtype=torch.bfloat16) == ["exact"]

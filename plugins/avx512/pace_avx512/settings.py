@@ -14,10 +14,9 @@ weights are packed (so each model keeps the choice it was loaded with).
 
 Every call of the model follows the choice, whatever its row count: a row's quantized matmuls
 give the same bits alone or batched (decode, batched decode, speculative verification and
-prefill chunks agree; ``exact`` switches to bf16 panels from 16 rows). fp32
-rows always take the 15-bit activations: an fp32 model asks for fp32 precision (int8's error
-per group is of the order of bf16's own rounding), and ``pace check`` holds it to
-transformers' greedy tokens.
+prefill chunks agree; ``exact`` switches to bf16 panels from 16 rows). fp32 rows always take
+the 15-bit activations: an fp32 model asks for fp32 precision (int8's error per group is of
+the order of bf16's own rounding), and ``pace check`` holds it to transformers' greedy tokens.
 """
 
 from __future__ import annotations

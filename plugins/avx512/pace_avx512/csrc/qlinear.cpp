@@ -381,12 +381,13 @@ void qlinear_kind(const T* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* 
   qdrive<KIND, SPLIT>(a, st, M, blocks, nt);
 }
 
-// 15-bit split activations, or int8 (bf16 rows only: fp32 ones keep the split).
+// 15-bit split activations, or int8 (`int8_act`: only ever set for bf16 rows, qlinear_fp32
+// passes false).
 template <int KIND, typename T>
 void qlinear_rows(const T* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* w,
                   int64_t block_stride, bool int8_act, const QStore<T>& st, int64_t N,
                   int nthreads) {
-  if (std::is_same_v<T, bf16_t> && int8_act)
+  if (int8_act)
     qlinear_kind<KIND, false>(x, ldx, M, K, w, block_stride, st, N, nthreads);
   else
     qlinear_kind<KIND, true>(x, ldx, M, K, w, block_stride, st, N, nthreads);
@@ -406,10 +407,6 @@ void qlinear(const T* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* w,
     qlinear_rows<decltype(k)::value>(x, ldx, M, K, w, block_stride, int8_act, st, N, nthreads);
   });
 }
-
-}  // namespace
-
-namespace {
 
 // Row `lane` of a packed row block, de-quantized to fp32 [G * 32].
 template <int KIND>
