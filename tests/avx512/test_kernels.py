@@ -379,6 +379,59 @@ def test_attention_split_keys(ext, dtype, layout):
         torch.set_num_threads(threads)
 
 
+@pytest.mark.parametrize("m", [1, 15, 16, 37, 82])
+@pytest.mark.parametrize("dtype", MATMUL)
+def test_matmuls_on_two_threads_with_odd_group_counts(ext, dtype, m):
+    """2 threads split an odd number of 64-column groups in half groups from 16 rows (a
+    2-block tile at the end of one thread's range and the start of the other's), whole groups
+    below: linear and gated MLP outputs equal the fp32 reference at 9 groups (SmolLM2's 576
+    columns), 3 and a partial last group."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for n, k in ((576, 576), (130, 200), (200, 96)):
+            x = tensor(1, m, k, dtype=dtype)
+            w = tensor(2, n, k, dtype=dtype, scale=k**-0.5)
+            got = kernels.linear(x, packing.prepare_linear(w))
+            ref = x.float() @ w.float().T
+            terms = x.float().abs() @ w.float().abs().T
+            assert_within(got, ref, rel(dtype) * ref.abs() + 1e-5 * terms)
+        for hidden, inter in ((576, 1536), (96, 72), (96, 88)):  # 48, 3 and 3 gate/up groups
+            x = tensor(3, m, hidden, dtype=dtype)
+            gate, up = (tensor(s, inter, hidden, dtype=dtype, scale=hidden**-0.5) for s in (4, 5))
+            down = tensor(6, hidden, inter, dtype=dtype, scale=inter**-0.5)
+            got = kernels.gated_mlp(x, packing.prepare_gated_mlp(gate, up, down, "silu"))
+            xf, gf, uf, df = x.float(), gate.float(), up.float(), down.float()
+            h = torch.nn.functional.silu(xf @ gf.T) * (xf @ uf.T)
+            ref = h @ df.T
+            assert_within(got, ref, rel(dtype) * (ref.abs() + h.abs() @ df.abs().T) + 1e-6)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "paged"])
+def test_attention_decode_rows_in_thread_ranges(ext, layout):
+    """Batched decode (one query per row, short ragged caches: no key splits) hands each
+    thread a contiguous range of (row, KV head) items: every item is computed once, equal to
+    native, for item counts that do and do not divide over 2 threads."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for b, hk in ((5, 3), (4, 2), (1, 1)):
+            hq, s, d = 3 * hk, 150, 64
+            q = tensor(1, b, hq, 1, d, dtype=torch.bfloat16)
+            k = tensor(2, b, hk, s, d, dtype=torch.bfloat16)
+            v = tensor(3, b, hk, s, d, dtype=torch.bfloat16)
+            lens = torch.arange(b) * 23 + 40
+            mask = (torch.arange(s) < lens[:, None])[:, None, None, :]
+            got = kernels.attention(q, cache_view(k, v, mask, layout, seed=2), d**-0.5)
+            ref_view = cache_view(k.float(), v.float(), mask, "contiguous", seed=2)
+            ref = native.attention(q.float(), ref_view, d**-0.5)
+            assert_within(got, ref, rel(torch.bfloat16) * ref.abs() + 1e-5 * v.float().abs().max())
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_huge_page_arena_copies_and_keeps_chunks_alive(ext):
     """Packed weights move into huge-page arenas: equal values, 64-byte aligned, and a tensor
     stays valid after its chunk stops being the arena's current one (> 64 MiB later)."""

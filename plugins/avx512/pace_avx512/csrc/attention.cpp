@@ -608,18 +608,27 @@ void attention(const AttnArgs<T>& a, int nthreads) {
       }
     }
     std::vector<float> buf;
+    if (tiles == 1 && splits == 1) {
+      // decode: each thread one contiguous range of (row, KV head) items, which reads the
+      // cache in fewer, longer runs than items handed out one at a time (25 rows of ~190
+      // cold keys, 2 threads: 7.6 against 8.2-8.8 ms per 30 layers)
+      const int64_t t = omp_get_thread_num(), n = omp_get_num_threads();
+      for (int64_t it = items * t / n; it < items * (t + 1) / n; ++it)
+        attend_item(a, it / a.hk, it % a.hk, 0, a.tq, 0, a.s, true, nullptr, buf);
+    } else {
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t it = 0; it < items; ++it) {
-      if (splits == 1) {
-        const int64_t tile = it % tiles, bg = it / tiles, t0 = tile * qt;
-        attend_item(a, bg / a.hk, bg % a.hk, t0, std::min(qt, a.tq - t0), 0, a.s, true, nullptr, buf,
-                    pre);
-      } else {
-        const int64_t split = it % splits, bg = it / splits;
-        float* p = parts.data() + (bg * splits + split) * pstride;
-        const Partial part{p, p + rows * Dp, p + rows * Dp + rows};
-        attend_item(a, bg / a.hk, bg % a.hk, 0, a.tq, split * chunk, (split + 1) * chunk,
-                    split == 0, &part, buf);
+      for (int64_t it = 0; it < items; ++it) {
+        if (splits == 1) {
+          const int64_t tile = it % tiles, bg = it / tiles, t0 = tile * qt;
+          attend_item(a, bg / a.hk, bg % a.hk, t0, std::min(qt, a.tq - t0), 0, a.s, true, nullptr, buf,
+                      pre);
+        } else {
+          const int64_t split = it % splits, bg = it / splits;
+          float* p = parts.data() + (bg * splits + split) * pstride;
+          const Partial part{p, p + rows * Dp, p + rows * Dp + rows};
+          attend_item(a, bg / a.hk, bg % a.hk, 0, a.tq, split * chunk, (split + 1) * chunk,
+                      split == 0, &part, buf);
+        }
       }
     }
     if (splits > 1) {
