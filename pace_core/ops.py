@@ -164,7 +164,8 @@ OPS: dict[str, OpSpec] = {
             "decoder_stack",
             ("x[B,T,H]", "residual|None", "step", "w"),
             "(x, residual)",
-            "run the decoder blocks in order (a backend may fuse the whole loop)",
+            "run the decoder blocks in order (a backend may fuse the whole loop; with "
+            "step.last_only it may return each row's last position only, [B,1,H])",
             context=("blocks", "layer_backends", "cache_layout", "profiling", "weight_format"),
             prepare=("layers",),
             container=True,

@@ -179,7 +179,8 @@ FUSED = ("llama", "llama-llama3", "qwen2-sliding", "qwen3-sliding", "smollm3-nop
 @pytest.mark.parametrize("family", FUSED)
 def test_fused_decoder_stack_equals_the_python_loop(family, dtype, tmp_path, ext, clean_env):
     """The C++ layer loop runs the same kernels in the same order: bitwise equal logits on a
-    ragged (left-padded) batch through prefill and decode, and it is really taken."""
+    ragged (left-padded) batch through prefill and decode, and it is really taken (with every
+    position through the last layer: its last-token-only prefill is tested below)."""
     path = FACTORIES[family](tmp_path)
     fused = load(path, dtype, {"default": "avx512", "decoder_stack": "avx512"})
     loop = load(path, dtype, {"default": "avx512", "decoder_stack": "native"})
@@ -193,13 +194,56 @@ def test_fused_decoder_stack_equals_the_python_loop(family, dtype, tmp_path, ext
     calls = []
     stack = fused.model.stack.weight
     run = stack.cpp.run
-    object.__setattr__(stack, "cpp", SimpleNamespace(run=lambda *a: calls.append(1) or run(*a)))
+    every_position = lambda *a, **k: calls.append(1) or run(*a, **{**k, "last_only": False})  # noqa: E731
+    object.__setattr__(stack, "cpp", SimpleNamespace(run=every_position))
     got = fused.generate(batch, sampling, output_logits=True)
     want = loop.generate(batch, sampling, output_logits=True)
     assert len(calls) == NEW_TOKENS  # prefill + every decode step went through C++
     assert got.generated_token_ids == want.generated_token_ids
     for row in range(3):
         assert torch.equal(got.logits[row], want.logits[row])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_fused_stack_prefills_the_last_layer_for_the_last_tokens(family, dtype, tmp_path, ext,
+                                                                 clean_env):  # fmt: skip
+    """A forward that wants the next token only runs the last layer's attention, projection
+    and MLP for each row's last token: the stack returns [B, 1, H] for the ragged prefill
+    (decode steps have nothing to drop), the logits equal those of the full last layer within
+    the rounding of one attention call (fp32 1e-4, bf16 a few ulps of the largest logit) and
+    the tokens are the same."""
+    path = FACTORIES[family](tmp_path)
+    model = load(path, dtype, {"default": "avx512", "decoder_stack": "avx512"})
+    ids = torch.zeros(3, 14, dtype=torch.long)
+    mask = torch.zeros(3, 14, dtype=torch.long)
+    for i, n in enumerate((14, 9, 3)):
+        ids[i, 14 - n :], mask[i, 14 - n :] = prompt(n, seed=i)[0] % 60 + 3, 1
+    batch = {"input_ids": ids, "attention_mask": mask}
+    sampling = SamplingConfig(max_new_tokens=NEW_TOKENS, ignore_eos=True)
+    stack = model.model.stack.weight
+    run, shapes = stack.cpp.run, []
+
+    def record(*a, **k):
+        x, residual = run(*a, **k)
+        shapes.append((tuple(x.shape), k["last_only"]))
+        return x, residual
+
+    def every_position(*a, **k):
+        return run(*a, **{**k, "last_only": False})
+
+    object.__setattr__(stack, "cpp", SimpleNamespace(run=record))
+    got = model.generate(batch, sampling, output_logits=True)
+    object.__setattr__(stack, "cpp", SimpleNamespace(run=every_position))
+    want = model.generate(batch, sampling, output_logits=True)
+    hidden = model.model.config.hidden_size
+    assert shapes[0] == ((3, 1, hidden), True)  # the prefill: 3 last tokens of 14, 9, 3
+    assert all(shape == (3, 1, hidden) for shape, _ in shapes)  # decode steps: [B, 1, H] too
+    assert got.generated_token_ids == want.generated_token_ids
+    for row in range(3):
+        g, w = got.logits[row], want.logits[row]
+        tol = 1e-4 if dtype == torch.float32 else 2**-6 * float(w.abs().max())
+        torch.testing.assert_close(g, w, rtol=0, atol=tol)
 
 
 def test_fused_stack_declines_odd_bf16_sizes(tmp_path, ext, clean_env):

@@ -39,14 +39,15 @@ def load(path, dtype, stack: str, cache: str) -> LLMModel:
 
 
 def spy(model: LLMModel) -> list[tuple]:
-    """Record each C++ call's block table argument (the stack's ``run``)."""
+    """Record each C++ call's block table argument (the stack's ``run``), every position
+    through the last layer (its last-token-only prefill: tests/avx512/test_model.py)."""
     calls: list[tuple] = []
     stack = model.model.stack.weight
     run = stack.cpp.run
 
-    def recording(*args):
+    def recording(*args, **kwargs):
         calls.append(args[9:])  # (block_table, block_size)
-        return run(*args)
+        return run(*args, **{**kwargs, "last_only": False})
 
     object.__setattr__(stack, "cpp", SimpleNamespace(run=recording))
     return calls

@@ -158,5 +158,5 @@ def decoder_stack(
     masks = [meta.mask(window) for window in w.windows]
     return w.cpp.run(
         x, residual, keys, values, meta.starts, meta.counts, meta.max_len, masks, ropes, table,
-        block_size,
+        block_size, last_only=step.last_only,
     )  # fmt: skip

@@ -14,6 +14,10 @@
 // 33 x 128), and each run of consecutive rows with the same token count attends as one call
 // over views of the step's masks, rope tables and block table. Each row writes its real
 // tokens only into the cache, like the cache's own update(); padded positions come back 0.
+// When only each row's last position is wanted (`last_only`: logits of the next token, not of
+// every prompt token), the last layer computes every token's keys and values but the
+// attention, output projection and MLP of the last tokens only (as llama.cpp does), and the
+// step returns [B, 1, H]: 1/L of a prompt's work (SmolLM2: 30 layers, Gemma-3-270M: 18).
 // A step allocates its intermediate rows once and runs every layer on raw pointers
 // (raw_ops.h, stack_layers.h): no tensor op per layer. The ~80 per layer it took before (views,
 // outputs, casts) cost ~0.5 ms of a 6.5 ms SmolLM2 q4_0 token on one Zen 4 core.
@@ -110,9 +114,11 @@ struct Rows {
 
 // Group g's attention over its tokens' qkv rows: QK-norms and rope in place, k and v into the
 // caches, the output into its rows of `att`.
+// With `last`, only each row's last token attends, its output in row b of `att` (the rows'
+// other tokens still write their keys and values).
 template <typename T>
 void attend_group(const LayerSpec& L, const Step& s, const RowGroup& g, int64_t steps, Rows<T>& w,
-                  int nt) {
+                  int nt, bool last = false) {
   const int64_t n = g.b1 - g.b0, c = g.count, ldq = L.nq + L.nk + L.nv;
   T* q = w.qkv + g.offset * ldq;
   T* k = q + L.nq;
@@ -139,7 +145,6 @@ void attend_group(const LayerSpec& L, const Step& s, const RowGroup& g, int64_t 
   const Tensor& mask = s.masks[L.mask];  // [B or 1, 1, T, S]
   const int64_t mb = mask.size(0) == 1 ? 0 : mask.stride(0);
   AttnArgs<T> a{};
-  a.q = q;
   a.k = data<T>(keys), a.v = data<T>(values);
   for (int i = 0; i < 3; ++i) a.ks[i] = keys.stride(i), a.vs[i] = values.stride(i);
   if (s.table) {
@@ -148,14 +153,16 @@ void attend_group(const LayerSpec& L, const Step& s, const RowGroup& g, int64_t 
   } else {
     a.k += g.b0 * a.ks[0], a.v += g.b0 * a.vs[0];
   }
+  const int64_t tq = last ? 1 : c;  // the group's last tq tokens attend
+  a.q = q + (c - tq) * ldq;
   a.qs[0] = c * ldq, a.qs[1] = L.d, a.qs[2] = ldq;  // b, h, t
-  a.mask = mask.data_ptr<bool>() + g.b0 * mb + (steps - c) * mask.stride(2);
+  a.mask = mask.data_ptr<bool>() + g.b0 * mb + (steps - tq) * mask.stride(2);
   a.ms[0] = mb, a.ms[1] = mask.stride(2), a.ms[2] = mask.stride(3);
   a.sinks = L.sinks.defined() ? L.sinks.data_ptr<float>() : nullptr;
   a.scale = (float)L.scale;
-  a.b = n, a.hq = L.hq, a.hk = L.hk, a.tq = c, a.s = mask.size(3), a.d = L.d;
-  a.out = w.att + g.offset * L.nq;
-  a.os[0] = c * L.nq, a.os[1] = L.d, a.os[2] = L.nq;
+  a.b = n, a.hq = L.hq, a.hk = L.hk, a.tq = tq, a.s = mask.size(3), a.d = L.d;
+  a.out = w.att + (last ? g.b0 : g.offset) * L.nq;
+  a.os[0] = tq * L.nq, a.os[1] = L.d, a.os[2] = L.nq;
   attention<T>(a, nt);
 }
 
@@ -228,13 +235,26 @@ void mlp(const LayerSpec& L, const T* h, int64_t N, Rows<T>& w, T* out, int nt) 
   }
 }
 
-// The attention block of the step's N rows of h into out.
+// The attention block of the step's N rows of h into out; with `last`, of each row's last
+// token only (out gets a row per step row).
 template <typename T>
 void attention_block(const LayerSpec& L, const T* h, int64_t N, const Step& s,
-                     const std::vector<RowGroup>& groups, int64_t steps, Rows<T>& w, T* out, int nt) {
+                     const std::vector<RowGroup>& groups, int64_t steps, Rows<T>& w, T* out, int nt,
+                     bool last = false) {
   L.qkv(h, N, w.qkv, nt);
-  for (const RowGroup& g : groups) attend_group(L, s, g, steps, w, nt);
-  L.o(w.att, N, out, L.hidden, nt);
+  for (const RowGroup& g : groups) attend_group(L, s, g, steps, w, nt, last);
+  L.o(w.att, last ? groups.back().b1 : N, out, L.hidden, nt);
+}
+
+// Row b's last token's row of the packed [N, H] x moved to row b (rows in order; every row
+// has a token, so a row is never overwritten before it is moved).
+template <typename T>
+void keep_last_tokens(T* x, int64_t H, const std::vector<RowGroup>& groups) {
+  for (const RowGroup& g : groups)
+    for (int64_t b = g.b0; b < g.b1; ++b) {
+      const int64_t from = g.offset + (b - g.b0 + 1) * g.count - 1;
+      if (from != b) std::memcpy(x + b * H, x + from * H, H * sizeof(T));
+    }
 }
 
 class DecoderStack {
@@ -254,7 +274,8 @@ class DecoderStack {
                                     const std::vector<int64_t>& counts, int64_t length,
                                     const std::vector<Tensor>& masks,
                                     const std::vector<std::pair<Tensor, Tensor>>& ropes,
-                                    const OptTensor& block_table, int64_t block_size) const {
+                                    const OptTensor& block_table, int64_t block_size,
+                                    bool last_only) const {
     TORCH_CHECK(x.dim() == 3, "pace_avx512: decoder stack input must be [B, T, H]");
     const int64_t B = x.size(0), T = x.size(1);
     TORCH_CHECK((int64_t)starts.size() == B && (int64_t)counts.size() == B,
@@ -300,10 +321,15 @@ class DecoderStack {
     };
     Tensor xr = pack(x);
     OptTensor rr = residual ? OptTensor(pack(*residual)) : OptTensor();
+    // the last tokens alone through the last layer: worth it when some row has several
+    // tokens, and defined when every row has one
+    const bool last = last_only && N > B && !layers_.empty() &&
+                      std::all_of(counts.begin(), counts.end(), [](int64_t c) { return c > 0; });
     if (N > 0 && !layers_.empty()) {
-      if (dtype == at::kBFloat16) std::tie(xr, rr) = run_rows<bf16_t>(xr, rr, s, groups, T);
-      else std::tie(xr, rr) = run_rows<float>(xr, rr, s, groups, T);
+      if (dtype == at::kBFloat16) std::tie(xr, rr) = run_rows<bf16_t>(xr, rr, s, groups, T, last);
+      else std::tie(xr, rr) = run_rows<float>(xr, rr, s, groups, T, last);
     }
+    if (last) return {xr.view({B, 1, H}), rr ? OptTensor(rr->view({B, 1, H})) : OptTensor()};
     const auto unpack = [&](const Tensor& t) {  // back to [B, T, H], padded positions 0
       if (!index.defined()) return t.reshape({B, T, H});
       return at::zeros({B * T, H}, t.options()).index_copy_(0, index, t).view({B, T, H});
@@ -317,9 +343,13 @@ class DecoderStack {
   // Every layer over the step's packed rows x [N, H] (and residual): no tensor op per layer, the
   // intermediate rows allocated once. Returns the last block's (x, residual) as new tensors.
   template <typename T>
+  // With `last`, the last layer runs the attention, projection and MLP of each row's last
+  // token only, and the result has a row per step row.
   std::tuple<Tensor, Tensor> run_rows(const Tensor& x, const OptTensor& residual, const Step& s,
-                                      const std::vector<RowGroup>& groups, int64_t steps) const {
-    const int64_t N = x.size(0), H = x.size(1);
+                                      const std::vector<RowGroup>& groups, int64_t steps,
+                                      bool last) const {
+    int64_t N = x.size(0);
+    const int64_t H = x.size(1);
     const int nt = at::get_num_threads();
     int64_t wq = 0, wa = 0, wg = 0, wi = 0;
     for (const LayerSpec& L : layers_)
@@ -340,7 +370,12 @@ class DecoderStack {
       const auto& n = L.norms;  // R = x + residual (x alone at first), h = norm(R)
       n[0](xp, rp, N, H, w.h, rp ? data<T>(R) : nullptr, nt);
       if (!rp) std::memcpy(data<T>(R), xp, N * H * sizeof(T));
-      attention_block(L, w.h, N, s, groups, steps, w, w.y, nt);
+      const bool prune = last && &L == &layers_.back();
+      attention_block(L, w.h, N, s, groups, steps, w, w.y, nt, prune);
+      if (prune) {  // from here on, a row per step row
+        keep_last_tokens(data<T>(R), H, groups);
+        N = groups.back().b1;
+      }
       if (!L.sandwich) {
         n[1](w.y, data<T>(R), N, H, w.h, data<T>(R), nt);
       } else {  // post-attention norm alone, then the pre-MLP norm with the residual
@@ -351,6 +386,7 @@ class DecoderStack {
       if (L.sandwich) n[3](data<T>(X), (const T*)nullptr, N, H, data<T>(X), (T*)nullptr, nt);
       xp = data<T>(X), rp = data<T>(R);
     }
+    if (last) return {X.narrow(0, 0, N), R.narrow(0, 0, N)};
     return {X, R};
   }
 
@@ -367,7 +403,7 @@ void register_decoder_stack(py::module_& m) {
       .def("run", &DecoderStack::run, py::arg("x"), py::arg("residual"), py::arg("keys"),
            py::arg("values"), py::arg("starts"), py::arg("counts"), py::arg("length"),
            py::arg("masks"), py::arg("ropes"), py::arg("block_table") = py::none(),
-           py::arg("block_size") = 0)
+           py::arg("block_size") = 0, py::arg("last_only") = false)
       .def("__len__", &DecoderStack::size);
 }
 
