@@ -2,9 +2,10 @@
 //
 // One register tile is MT rows x one group of 4 column blocks (64 columns) accumulated in fp32
 // over the whole K, then handed to an epilogue (bias + store, or act(gate) * up + store).
-// Threads split the groups into contiguous ranges; each thread walks its groups once and runs
-// every row tile against a group before moving on, so the weights stream from DRAM once
-// whatever M is (decode), and a group stays in L1/L2 while the row tiles reuse it (prefill).
+// Threads split the groups into contiguous ranges (from 16 rows in half groups, see drive);
+// each thread walks its groups once and runs every row tile against a group before moving
+// on, so the weights stream from DRAM once whatever M is (decode), and a group stays in L1/L2
+// while the row tiles reuse it (prefill).
 // A group is one contiguous run read front to back (4 cache lines per k step), so each thread
 // reads a single sequential stream: no prefetcher restarts at block boundaries, which cost
 // ~25% on small-K decode GEMVs with one stream per block. With several row tiles (batched

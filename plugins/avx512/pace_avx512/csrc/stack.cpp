@@ -236,7 +236,7 @@ void mlp(const LayerSpec& L, const T* h, int64_t N, Rows<T>& w, T* out, int nt) 
 }
 
 // The attention block of the step's N rows of h into out; with `last`, of each row's last
-// token only (out gets a row per step row).
+// token only (out gets a row per step row; every row has a token, so the groups end at B).
 template <typename T>
 void attention_block(const LayerSpec& L, const T* h, int64_t N, const Step& s,
                      const std::vector<RowGroup>& groups, int64_t steps, Rows<T>& w, T* out, int nt,
@@ -342,9 +342,9 @@ class DecoderStack {
  private:
   // Every layer over the step's packed rows x [N, H] (and residual): no tensor op per layer, the
   // intermediate rows allocated once. Returns the last block's (x, residual) as new tensors.
+  // With `last` (every step row has a token), the last layer runs the attention, projection
+  // and MLP of each row's last token only, and the result has a row per step row.
   template <typename T>
-  // With `last`, the last layer runs the attention, projection and MLP of each row's last
-  // token only, and the result has a row per step row.
   std::tuple<Tensor, Tensor> run_rows(const Tensor& x, const OptTensor& residual, const Step& s,
                                       const std::vector<RowGroup>& groups, int64_t steps,
                                       bool last) const {
