@@ -7,6 +7,7 @@ prefill GEMM path) and single-token decode steps (the GEMV path).
 
 from __future__ import annotations
 
+import contextlib
 from types import SimpleNamespace
 
 import pytest
@@ -43,6 +44,37 @@ def greedy(model, ids):
     cfg = SamplingConfig(max_new_tokens=NEW_TOKENS, ignore_eos=True)
     out = model.generate(ids, cfg, output_logits=True)
     return out.sequences[0].token_ids, out.logits[0]
+
+
+def ragged_batch() -> dict[str, torch.Tensor]:
+    """3 left-padded prompts of 14, 9 and 3 tokens (tiny vocabularies)."""
+    ids = torch.zeros(3, 14, dtype=torch.long)
+    mask = torch.zeros(3, 14, dtype=torch.long)
+    for i, n in enumerate((14, 9, 3)):
+        ids[i, 14 - n :], mask[i, 14 - n :] = prompt(n, seed=i)[0] % 60 + 3, 1
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+@contextlib.contextmanager
+def wrapped_stack(model, every_position: bool, calls: list | None = None):
+    """Inside, ``model``'s fused stack calls record (output shape, last_only) into ``calls``;
+    with ``every_position`` the last layer runs every position."""
+    stack = model.model.stack.weight
+    cpp = stack.cpp
+
+    def run(*args, **kwargs):
+        if every_position:
+            kwargs = {**kwargs, "last_only": False}
+        x, residual = cpp.run(*args, **kwargs)
+        if calls is not None:
+            calls.append((tuple(x.shape), kwargs["last_only"]))
+        return x, residual
+
+    object.__setattr__(stack, "cpp", SimpleNamespace(run=run))
+    try:
+        yield
+    finally:
+        object.__setattr__(stack, "cpp", cpp)
 
 
 def test_plan_uses_avx512(tiny_llama, ext, clean_env):
@@ -185,18 +217,11 @@ def test_fused_decoder_stack_equals_the_python_loop(family, dtype, tmp_path, ext
     fused = load(path, dtype, {"default": "avx512", "decoder_stack": "avx512"})
     loop = load(path, dtype, {"default": "avx512", "decoder_stack": "native"})
     assert fused.op_plan.backends()["decoder_stack"] == {"avx512"}
-    ids = torch.zeros(3, 14, dtype=torch.long)
-    mask = torch.zeros(3, 14, dtype=torch.long)
-    for i, n in enumerate((14, 9, 3)):
-        ids[i, 14 - n :], mask[i, 14 - n :] = prompt(n, seed=i)[0] % 60 + 3, 1
-    batch = {"input_ids": ids, "attention_mask": mask}
+    batch = ragged_batch()
     sampling = SamplingConfig(max_new_tokens=NEW_TOKENS, ignore_eos=True)
     calls = []
-    stack = fused.model.stack.weight
-    run = stack.cpp.run
-    every_position = lambda *a, **k: calls.append(1) or run(*a, **{**k, "last_only": False})  # noqa: E731
-    object.__setattr__(stack, "cpp", SimpleNamespace(run=every_position))
-    got = fused.generate(batch, sampling, output_logits=True)
+    with wrapped_stack(fused, every_position=True, calls=calls):
+        got = fused.generate(batch, sampling, output_logits=True)
     want = loop.generate(batch, sampling, output_logits=True)
     assert len(calls) == NEW_TOKENS  # prefill + every decode step went through C++
     assert got.generated_token_ids == want.generated_token_ids
@@ -215,27 +240,13 @@ def test_fused_stack_prefills_the_last_layer_for_the_last_tokens(family, dtype, 
     the tokens are the same."""
     path = FACTORIES[family](tmp_path)
     model = load(path, dtype, {"default": "avx512", "decoder_stack": "avx512"})
-    ids = torch.zeros(3, 14, dtype=torch.long)
-    mask = torch.zeros(3, 14, dtype=torch.long)
-    for i, n in enumerate((14, 9, 3)):
-        ids[i, 14 - n :], mask[i, 14 - n :] = prompt(n, seed=i)[0] % 60 + 3, 1
-    batch = {"input_ids": ids, "attention_mask": mask}
+    batch = ragged_batch()
     sampling = SamplingConfig(max_new_tokens=NEW_TOKENS, ignore_eos=True)
-    stack = model.model.stack.weight
-    run, shapes = stack.cpp.run, []
-
-    def record(*a, **k):
-        x, residual = run(*a, **k)
-        shapes.append((tuple(x.shape), k["last_only"]))
-        return x, residual
-
-    def every_position(*a, **k):
-        return run(*a, **{**k, "last_only": False})
-
-    object.__setattr__(stack, "cpp", SimpleNamespace(run=record))
-    got = model.generate(batch, sampling, output_logits=True)
-    object.__setattr__(stack, "cpp", SimpleNamespace(run=every_position))
-    want = model.generate(batch, sampling, output_logits=True)
+    shapes: list = []
+    with wrapped_stack(model, every_position=False, calls=shapes):
+        got = model.generate(batch, sampling, output_logits=True)
+    with wrapped_stack(model, every_position=True):
+        want = model.generate(batch, sampling, output_logits=True)
     hidden = model.model.config.hidden_size
     assert shapes[0] == ((3, 1, hidden), True)  # the prefill: 3 last tokens of 14, 9, 3
     assert all(shape == (3, 1, hidden) for shape, _ in shapes)  # decode steps: [B, 1, H] too
