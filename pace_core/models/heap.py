@@ -1,5 +1,6 @@
 """Heap policy: hand freed heap back to the OS while loading (glibc ``malloc_trim``), keep
-it while serving (:func:`keep_step_transients`).
+it while serving (:func:`keep_step_transients`), and keep the loaded objects out of Python's
+cyclic collector while serving (:func:`loaded_objects_frozen`).
 
 A load converts and packs tensors one at a time; their transients (tens of MB each) are
 freed, but glibc keeps such memory mapped (its mmap threshold grows with the allocations it
@@ -10,10 +11,12 @@ freed transients over its 30 layers. Each call is a no-op where the C library la
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import functools
-from collections.abc import Callable
+import gc
+from collections.abc import Callable, Iterator
 
 TRIM_EVERY_BYTES = 64 << 20
 """While loading: trim after this many bytes of weights were taken since the last trim."""
@@ -74,3 +77,22 @@ def keep_step_transients() -> bool:
     return bool(mallopt(M_MMAP_THRESHOLD, STEP_MMAP_THRESHOLD)) and bool(
         mallopt(M_TRIM_THRESHOLD, STEP_TRIM_THRESHOLD)
     )
+
+
+@contextlib.contextmanager
+def loaded_objects_frozen() -> Iterator[None]:
+    """Collect, then keep every object alive now out of the cyclic collector until the block
+    ends (``gc.freeze``, as vLLM does after start-up; ``gc.unfreeze`` after).
+
+    A loaded model brings millions of long-lived Python objects (torch, transformers, the
+    tokenizer), and each full collection walks them all: replaying 96 requests of SmolLM2 at
+    32 users, one stopped the engine for ~170 ms, a gap every stream saw. Frozen, they are
+    not scanned again. For a process that has finished loading and now runs steps (the
+    serving engine's loop).
+    """
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()

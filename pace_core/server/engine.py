@@ -153,8 +153,9 @@ class EngineCore:
         if self.config.threads:
             torch.set_num_threads(self.config.threads)
         heap.keep_step_transients()
-        while not self._stopped:
-            self.run_once(block=True)
+        with heap.loaded_objects_frozen():
+            while not self._stopped:
+                self.run_once(block=True)
         self._fail_active("server is shutting down", status=503)
         for seq in self.waiting:
             self._out.append(SeqError(seq.spec.key, "server is shutting down", "unavailable", 503))

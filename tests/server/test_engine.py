@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 
 import pytest
 import torch
@@ -60,6 +61,25 @@ def engine(llm):
         return core, rec
 
     return make
+
+
+def test_the_loop_keeps_loaded_objects_out_of_the_collector(engine):
+    """While the engine loop runs, what was alive at its start is frozen (no full collection
+    walks the loaded model again); when it ends they are handed back."""
+    core, _ = engine()
+    frozen: list[int] = []
+    real = core.run_once
+
+    def one_iteration(block: bool = False) -> bool:
+        frozen.append(gc.get_freeze_count())
+        core.stop()
+        return real(block=False)  # takes the stop
+
+    core.run_once = one_iteration
+    assert gc.get_freeze_count() == 0
+    core.run()
+    assert frozen and frozen[0] > 1000  # the model, torch, the test itself
+    assert gc.get_freeze_count() == 0
 
 
 def test_group_chunks_limits_padding():
