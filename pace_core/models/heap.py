@@ -16,6 +16,7 @@ import ctypes
 import ctypes.util
 import functools
 import gc
+import threading
 from collections.abc import Callable, Iterator
 
 TRIM_EVERY_BYTES = 64 << 20
@@ -79,10 +80,15 @@ def keep_step_transients() -> bool:
     )
 
 
+_frozen = {"loops": 0}  # loops inside loaded_objects_frozen, process-wide
+_frozen_lock = threading.Lock()
+
+
 @contextlib.contextmanager
 def loaded_objects_frozen() -> Iterator[None]:
     """Collect, then keep every object alive now out of the cyclic collector until the block
-    ends (``gc.freeze``, as vLLM does after start-up; ``gc.unfreeze`` after).
+    ends (``gc.freeze``, as vLLM does after start-up); the last block to end in the process
+    hands them back (``gc.unfreeze``), so concurrent engine loops do not thaw each other.
 
     A loaded model brings millions of long-lived Python objects (torch, transformers, the
     tokenizer), and each full collection walks them all: replaying 96 requests of SmolLM2 at
@@ -90,9 +96,14 @@ def loaded_objects_frozen() -> Iterator[None]:
     not scanned again. For a process that has finished loading and now runs steps (the
     serving engine's loop).
     """
-    gc.collect()
-    gc.freeze()
+    with _frozen_lock:
+        _frozen["loops"] += 1
+        gc.collect()
+        gc.freeze()
     try:
         yield
     finally:
-        gc.unfreeze()
+        with _frozen_lock:
+            _frozen["loops"] -= 1
+            if _frozen["loops"] == 0:
+                gc.unfreeze()

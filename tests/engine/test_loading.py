@@ -136,3 +136,27 @@ def test_a_serving_process_keeps_step_transients_between_steps():
 
     default, kept = kept_mb("default"), kept_mb("keep")
     assert kept - default > 30  # the 40 MB transient stayed resident after it was freed
+
+
+_FROZEN_SCRIPT = """
+import gc
+from pace_core.models import heap
+
+assert gc.get_freeze_count() == 0
+with heap.loaded_objects_frozen():  # one engine loop ...
+    outer = gc.get_freeze_count()
+    with heap.loaded_objects_frozen():  # ... and a second one, ending first
+        pass
+    still = gc.get_freeze_count()
+print(outer, still, gc.get_freeze_count())
+"""
+
+
+def test_engine_loops_freeze_the_loaded_objects_until_the_last_one_ends():
+    """In a fresh process (nothing else frozen): a loop freezes what is alive, a second loop
+    ending does not thaw the first one's, and the last one to end hands them all back."""
+    out = subprocess.run(
+        [sys.executable, "-c", _FROZEN_SCRIPT], capture_output=True, text=True, check=True
+    )
+    outer, still, after = map(int, out.stdout.split())
+    assert outer > 1000 and still >= outer and after == 0

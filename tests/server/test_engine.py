@@ -65,7 +65,7 @@ def engine(llm):
 
 def test_the_loop_keeps_loaded_objects_out_of_the_collector(engine):
     """While the engine loop runs, what was alive at its start is frozen (no full collection
-    walks the loaded model again); when it ends they are handed back."""
+    walks the loaded model again; handing it back: tests/engine/test_loading.py)."""
     core, _ = engine()
     frozen: list[int] = []
     real = core.run_once
@@ -76,10 +76,8 @@ def test_the_loop_keeps_loaded_objects_out_of_the_collector(engine):
         return real(block=False)  # takes the stop
 
     core.run_once = one_iteration
-    assert gc.get_freeze_count() == 0
     core.run()
     assert frozen and frozen[0] > 1000  # the model, torch, the test itself
-    assert gc.get_freeze_count() == 0
 
 
 def test_group_chunks_limits_padding():
