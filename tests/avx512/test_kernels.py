@@ -15,6 +15,9 @@ Tolerances (elementwise, ``ref`` computed by pace-native in fp32 from the same i
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -502,3 +505,38 @@ def test_attention_decode_items_of_few_rows(ext, d, hq):
         assert_within(got, ref, rel(torch.bfloat16) * ref.abs() + 1e-5 * v.float().abs().max())
     finally:
         torch.set_num_threads(threads)
+
+
+_SMALL_TEAM = """
+import torch
+from pace_avx512 import kernels, packing
+from pace_native import kernels as native
+from types import SimpleNamespace
+
+torch.manual_seed(0)
+torch.set_num_threads(2)  # work split in 2 ranges, but OMP_THREAD_LIMIT=1: a team of one
+x = torch.randn(37, 576, dtype=torch.bfloat16)
+w = (torch.randn(576, 576) / 24).to(torch.bfloat16)
+got = kernels.linear(x, packing.prepare_linear(w)).float()
+linear_err = ((got - x.float() @ w.float().T).abs().max() / got.abs().max()).item()
+b, hq, hk, s, d = 5, 9, 3, 150, 64
+q = torch.randn(b, hq, 1, d, dtype=torch.bfloat16)
+k, v = (torch.randn(b, hk, s, d, dtype=torch.bfloat16) for _ in range(2))
+mask = (torch.arange(s) < torch.arange(b)[:, None] * 23 + 40)[:, None, None, :]
+meta = SimpleNamespace(mask=lambda window: mask)
+view = lambda k, v: SimpleNamespace(keys=k, values=v, layout="contiguous", meta=meta)
+got = kernels.attention(q, view(k, v), d**-0.5).float()
+ref = native.attention(q.float(), view(k.float(), v.float()), d**-0.5)
+print(linear_err, ((got - ref).abs().max() / ref.abs().max()).item())
+"""
+
+
+def test_work_split_for_two_threads_is_finished_by_a_team_of_one():
+    """GEMM column ranges and decode attention items are split for the threads asked for;
+    threads done with their own range finish the others'. With OMP_THREAD_LIMIT=1 the team
+    has one thread, which must then compute the second range too (all of it, correctly)."""
+    env = {**os.environ, "OMP_THREAD_LIMIT": "1"}
+    out = subprocess.run([sys.executable, "-c", _SMALL_TEAM], env=env, capture_output=True,
+                         text=True, check=True)  # fmt: skip
+    linear_err, attention_err = map(float, out.stdout.split())
+    assert linear_err < 2e-2 and attention_err < 2e-2

@@ -18,7 +18,7 @@ SOURCES = ("bindings.cpp", "stack.cpp", "stack_layers.cpp", "linear.cpp", "qline
            "qpanel.cpp", "norm.cpp", "rope.cpp", "attention.cpp", "activation.cpp",
            "stream.cpp")  # fmt: skip
 HEADERS = ("attention_pairs.h", "gemm_tiles.h", "kernels.h", "raw_ops.h", "simd.h",
-           "stack_layers.h", "tensor_ops.h")  # fmt: skip
+           "stack_layers.h", "tensor_ops.h", "work_ranges.h")  # fmt: skip
 BASE_FEATURES = ("avx512f", "avx512bw", "avx512vl", "fma")
 BASE_FLAGS = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma", "-mf16c")
 # Build targets, best first: tag -> (CPU features required, ISA flags).

@@ -18,12 +18,14 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
 #include "attention_pairs.h"
 #include "kernels.h"
 #include "simd.h"
+#include "work_ranges.h"
 
 namespace pace_avx512 {
 namespace {
@@ -640,6 +642,12 @@ void attention(const AttnArgs<T>& a, int nthreads) {
   std::vector<float> v_all(share ? heads * blocks * BS * Dp : 0);
   Prepared pre;
   if (share) pre = Prepared{kt_all.data(), v_all.data(), blocks};
+  std::optional<StealRanges> ranges;  // decode: each thread's contiguous range of items
+  if (tiles == 1 && splits == 1) {
+    std::vector<int64_t> sizes(nt);
+    for (int t = 0; t < nt; ++t) sizes[t] = items * (t + 1) / nt - items * t / nt;
+    ranges.emplace(sizes);
+  }
 #pragma omp parallel num_threads(nt) if (nt > 1)
   {
     if (share) {
@@ -662,11 +670,17 @@ void attention(const AttnArgs<T>& a, int nthreads) {
       // decode: each thread one contiguous range of (row, KV head) items, which reads the
       // cache in fewer, longer runs than items handed out one at a time (25 rows of ~190
       // cold keys, 2 threads: 7.6 against 8.2-8.8 ms per 30 layers), each item first loaded
-      // into L2 (warm_item)
-      const int64_t t = omp_get_thread_num(), n = omp_get_num_threads();
-      for (int64_t it = items * t / n; it < items * (t + 1) / n; ++it) {
+      // into L2 (warm_item); a thread done with its range takes items from the others' ends
+      const auto run = [&](int64_t it) {
         warm_item(a, it / a.hk, it % a.hk, 0, a.s);
         attend_item(a, it / a.hk, it % a.hk, 0, a.tq, 0, a.s, true, nullptr, buf);
+      };
+      const int t = omp_get_thread_num();
+      int64_t k;
+      while (ranges->take_front(t, k)) run(items * t / nt + k);
+      for (int i = 1; i < nt; ++i) {
+        const int u = (t + i) % nt;
+        while (ranges->take_back(u, k)) run(items * u / nt + k);
       }
     } else {
 #pragma omp for schedule(dynamic, 1)

@@ -21,11 +21,13 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <utility>
 #include <vector>
 
 #include "gemm_tiles.h"
 #include "kernels.h"
 #include "simd.h"
+#include "work_ranges.h"
 
 namespace pace_avx512 {
 
@@ -40,27 +42,57 @@ namespace {
 // from DRAM, and two threads reading alternate halves of each k step's lines stream slower).
 constexpr int64_t HALF_SPLIT_ROWS = 16;
 
+// The column tile jobs of a range [lo, hi) of half groups: a half group at an odd start, then
+// whole groups, then a half group at an odd end. Job k is (first half group, half groups).
+struct HalfRange {
+  int64_t lo, hi;
+
+  int64_t lead() const { return lo % 2; }
+  int64_t size() const {
+    const int64_t body = hi - lo - lead();
+    return lead() + body / 2 + body % 2;
+  }
+  std::pair<int64_t, int64_t> job(int64_t k) const {
+    if (k < lead()) return {lo, 1};
+    const int64_t h = lo + lead() + 2 * (k - lead());
+    return {h, std::min<int64_t>(2, hi - h)};
+  }
+};
+
 // Split the groups of 4 column blocks over threads in contiguous ranges; each group is one
 // tile of 4 blocks (gate/up pairs never straddle a group). From HALF_SPLIT_ROWS rows the
 // ranges are counted in half groups (2 blocks), so an odd number of groups still splits evenly:
 // SmolLM2's 576 columns are 9 groups, 4.5 per thread instead of 4 and 5 (one thread waited a
-// fifth of the call); a half group at either end of a range runs as 2-block tiles.
+// fifth of the call); a half group at either end of a range runs as 2-block tiles. A thread
+// done with its range takes jobs from the others' ends (work_ranges.h).
 template <template <int, int> class Kernel, int MTMAX, class Args, class Epi>
 void drive(const Args& a, const Epi& e, int64_t M, int64_t groups, int nthreads) {
+  const int64_t unit = M >= HALF_SPLIT_ROWS ? 1 : 2;  // half groups per range step
+  const auto range = [&](int64_t t) {
+    return HalfRange{2 * groups / unit * t / nthreads * unit, 2 * groups / unit * (t + 1) / nthreads * unit};
+  };
+  std::vector<int64_t> sizes(nthreads);
+  for (int t = 0; t < nthreads; ++t) sizes[t] = range(t).size();
+  StealRanges work(sizes);
+  const auto run = [&](const HalfRange& r, int64_t k, bool own) {
+    const auto [h, halves] = r.job(k);
+    if (halves == 1) {
+      column_tile<Kernel, MTMAX, GROUP / 2>(a, e, M, h * (GROUP / 2), nullptr);
+      return;
+    }
+    // the owner prefetches its next job's group while it works (a thief works backwards)
+    const char* next = own && k + 1 < r.size() ? (const char*)(a.w + r.job(k + 1).first / 2 * a.gstride)
+                                               : nullptr;
+    column_tile<Kernel, MTMAX, GROUP>(a, e, M, h / 2 * GROUP, next);
+  };
 #pragma omp parallel num_threads(nthreads) if (nthreads > 1)
   {
-    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-    const int64_t unit = M >= HALF_SPLIT_ROWS ? 1 : 2;  // half groups per range step
-    const int64_t end = 2 * groups / unit * (t + 1) / nt * unit;
-    for (int64_t h = 2 * groups / unit * t / nt * unit; h < end;) {
-      if (h % 2 != 0 || h + 2 > end) {  // half a group
-        column_tile<Kernel, MTMAX, GROUP / 2>(a, e, M, h * (GROUP / 2), nullptr);
-        h += 1;
-        continue;
-      }
-      const char* next = h + 2 < end ? (const char*)(a.w + (h / 2 + 1) * a.gstride) : nullptr;
-      column_tile<Kernel, MTMAX, GROUP>(a, e, M, h / 2 * GROUP, next);
-      h += 2;
+    const int t = omp_get_thread_num();
+    int64_t k;
+    while (work.take_front(t, k)) run(range(t), k, true);
+    for (int i = 1; i < nthreads; ++i) {
+      const int u = (t + i) % nthreads;
+      while (work.take_back(u, k)) run(range(u), k, false);
     }
   }
 }

@@ -1,0 +1,54 @@
+// Contiguous ranges of work items, one per thread, with work stealing: a thread takes its own
+// range's items from the front, in order (one sequential stream through memory), and once it
+// is done takes the other ranges' items from their back ends. A thread slowed down (another
+// process on its core, a slower share of memory) then no longer holds every other thread at
+// the end of the parallel region: they finish its range for it.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <vector>
+
+namespace pace_avx512 {
+
+class StealRanges {
+ public:
+  // `sizes[t]`: the number of items in range t (one range per thread of the region to come;
+  // ranges whose thread never comes are finished by the others).
+  explicit StealRanges(const std::vector<int64_t>& sizes) : cursors_(sizes.size()) {
+    for (size_t t = 0; t < sizes.size(); ++t) cursors_[t].v.store(pack(0, sizes[t]), std::memory_order_relaxed);
+  }
+
+  int ranges() const { return (int)cursors_.size(); }
+
+  // The next item of range t from its front into k; false once the range is empty.
+  bool take_front(int t, int64_t& k) { return take(t, k, true); }
+
+  // The last item of range t into k; false once the range is empty.
+  bool take_back(int t, int64_t& k) { return take(t, k, false); }
+
+ private:
+  struct alignas(64) Cursor {  // (front << 32) | back: items [front, back) are left
+    std::atomic<uint64_t> v{0};
+  };
+
+  static uint64_t pack(int64_t front, int64_t back) { return (uint64_t)front << 32 | (uint64_t)back; }
+
+  bool take(int t, int64_t& k, bool front) {
+    std::atomic<uint64_t>& c = cursors_[t].v;
+    uint64_t cur = c.load(std::memory_order_relaxed);
+    for (;;) {
+      const int64_t f = (int64_t)(cur >> 32), b = (int64_t)(cur & 0xFFFFFFFFu);
+      if (f >= b) return false;
+      const uint64_t next = front ? pack(f + 1, b) : pack(f, b - 1);
+      if (c.compare_exchange_weak(cur, next, std::memory_order_relaxed)) {
+        k = front ? f : b - 1;
+        return true;
+      }
+    }
+  }
+
+  std::vector<Cursor> cursors_;
+};
+
+}  // namespace pace_avx512
