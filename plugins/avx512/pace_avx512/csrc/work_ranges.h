@@ -7,19 +7,21 @@
 
 #include <atomic>
 #include <cstdint>
+#include <stdexcept>
 #include <vector>
 
 namespace pace_avx512 {
 
 class StealRanges {
  public:
-  // `sizes[t]`: the number of items in range t (one range per thread of the region to come;
-  // ranges whose thread never comes are finished by the others).
+  // `sizes[t]`: the number of items in range t, below 2^32 (one range per thread of the
+  // region to come; ranges whose thread never comes are finished by the others).
   explicit StealRanges(const std::vector<int64_t>& sizes) : cursors_(sizes.size()) {
-    for (size_t t = 0; t < sizes.size(); ++t) cursors_[t].v.store(pack(0, sizes[t]), std::memory_order_relaxed);
+    for (size_t t = 0; t < sizes.size(); ++t) {
+      if (sizes[t] < 0 || sizes[t] >> 32) throw std::length_error("StealRanges: range size out of [0, 2^32)");
+      cursors_[t].v.store(pack(0, sizes[t]), std::memory_order_relaxed);
+    }
   }
-
-  int ranges() const { return (int)cursors_.size(); }
 
   // The next item of range t from its front into k; false once the range is empty.
   bool take_front(int t, int64_t& k) { return take(t, k, true); }
