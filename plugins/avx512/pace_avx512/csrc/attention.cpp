@@ -458,14 +458,62 @@ ALWAYS_INLINE void finish_rows(const ItemRows<T>& it, const Partial* part) {
   }
 }
 
+// Decode items read their keys and values from DRAM (a step's K/V far exceeds L3), and the
+// scoring loop alone keeps few misses in flight: each 16-token block is a 2 KB run per head,
+// too short for the hardware prefetcher. So a decode item first loads every line of its live
+// K and V with plain loads, WARM_STREAMS runs of at most WARM_RUN_LINES lines side by side
+// (misses of many streams in flight at once), and then attends from L2. Zen 4, 2 threads, 25
+// rows of ~190 keys over 30 layers (107 MB): 9.4-11.8 ms without, 6.3-7.3 ms with.
+constexpr int WARM_STREAMS = 16;
+constexpr int64_t WARM_RUN_LINES = 32;
+
+// Load every cache line of item (b, g)'s keys and values [lo, hi) once (see above). Only
+// for caches whose rows are contiguous within a block (the keys of a run are adjacent).
+template <typename T>
+void warm_item(const AttnArgs<T>& a, int64_t b, int64_t g, int64_t lo, int64_t hi) {
+  if (a.ks[2] != a.d || a.vs[2] != a.d) return;
+  const char* runs[WARM_STREAMS];
+  int64_t lens[WARM_STREAMS];
+  int n = 0;
+  __m512i sum = _mm512_setzero_si512();
+  const auto read_runs = [&] {  // line i of every run, then line i + 1 ...
+    for (int64_t i = 0; i < WARM_RUN_LINES; ++i)
+      for (int r = 0; r < n; ++r)
+        if (i < lens[r]) {
+          __m512i x = _mm512_load_si512(runs[r] + 64 * i);
+          asm volatile("" : "+v"(x));  // the load is the point: keep it
+          sum = _mm512_add_epi64(sum, x);
+        }
+    n = 0;
+  };
+  const auto add = [&](const T* row, int64_t keys) {  // the lines holding `keys` rows from `row`
+    const uintptr_t first = reinterpret_cast<uintptr_t>(row) / 64 * 64;
+    const uintptr_t end = reinterpret_cast<uintptr_t>(row + keys * a.d);  // one past the last byte
+    for (uintptr_t p = first; p < end; p += 64 * WARM_RUN_LINES) {
+      runs[n] = reinterpret_cast<const char*>(p);
+      lens[n] = std::min<int64_t>(WARM_RUN_LINES, (end - p + 63) / 64);
+      if (++n == WARM_STREAMS) read_runs();
+    }
+  };
+  for (int64_t s0 = lo; s0 < hi;) {  // runs of keys adjacent in memory: a block, or all of them
+    const int64_t keys = a.table ? std::min(a.block_size - s0 % a.block_size, hi - s0) : hi - s0;
+    add(kv_row(a.k, a.ks, a, b, g, s0), keys);
+    add(kv_row(a.v, a.vs, a, b, g, s0), keys);
+    s0 += keys;
+  }
+  read_runs();
+  asm volatile("" : : "v"(sum));
+}
+
 // Query rows t0 .. t0+nt-1 of every head of KV head g in batch row b, over the keys
 // [k0, k1) that the mask leaves live, one block of BS keys at a time: scores, online
 // softmax, values. With `part` the unnormalised state is written there (split-key decode,
-// merged by the caller), else the normalised output.
+// merged by the caller), else the normalised output. With `warm` (decode items) the live
+// keys and values are first loaded into L2 (warm_item).
 template <typename T>
 void attend_item(const AttnArgs<T>& a, int64_t b, int64_t g, int64_t t0, int64_t nt, int64_t k0,
-                 int64_t k1, bool with_sinks, const Partial* part, std::vector<float>& buf,
-                 const Prepared& pre = {}) {
+                 int64_t k1, bool with_sinks, const Partial* part, bool warm,
+                 std::vector<float>& buf, const Prepared& pre = {}) {
   const int64_t group = a.hq / a.hk, rows = group * nt, D = a.d, Dp = (D + 15) / 16 * 16;
   buf.resize(rows * (Dp * 2 + BS + 2) + 2 * BS * Dp);
   float* qf = buf.data();
@@ -489,6 +537,7 @@ void attend_item(const AttnArgs<T>& a, int64_t b, int64_t g, int64_t t0, int64_t
   int64_t lo, hi;
   live_keys(a, b, t0, nt, lo, hi);
   lo = std::max(lo, k0), hi = std::min(hi, k1);
+  if (warm) warm_item(a, b, g, lo, hi);
   if (pre.kt != nullptr) lo = lo / BS * BS;  // prepared blocks are 64-key aligned
   for (int64_t s0 = lo; s0 < hi; s0 += BS) {
     const int64_t n = std::min(BS, hi - s0);
@@ -568,56 +617,6 @@ void merge_splits(const AttnArgs<T>& a, int64_t b, int64_t g, int64_t splits, co
   }
 }
 
-// Decode items read their keys and values from DRAM (a step's K/V far exceeds L3), and the
-// scoring loop alone keeps few misses in flight: each 16-token block is a 2 KB run per head,
-// too short for the hardware prefetcher. So a decode item first loads every line of its live
-// K and V with plain loads, WARM_STREAMS runs of at most WARM_RUN_LINES lines side by side
-// (misses of many streams in flight at once), and then attends from L2. Zen 4, 2 threads, 25
-// rows of ~190 keys over 30 layers (107 MB): 9.4-11.8 ms without, 6.3-7.3 ms with.
-constexpr int WARM_STREAMS = 16;
-constexpr int64_t WARM_RUN_LINES = 32;
-
-// Load every cache line of item (b, g)'s live keys and values in [k0, k1) once (see above).
-// Only for caches whose rows are contiguous within a block (the keys of a run are adjacent).
-template <typename T>
-void warm_item(const AttnArgs<T>& a, int64_t b, int64_t g, int64_t k0, int64_t k1) {
-  if (a.ks[2] != a.d || a.vs[2] != a.d) return;
-  int64_t lo, hi;
-  live_keys(a, b, 0, a.tq, lo, hi);
-  lo = std::max(lo, k0), hi = std::min(hi, k1);
-  const char* runs[WARM_STREAMS];
-  int64_t lens[WARM_STREAMS];
-  int n = 0;
-  __m512i sum = _mm512_setzero_si512();
-  const auto read_runs = [&] {  // line i of every run, then line i + 1 ...
-    for (int64_t i = 0; i < WARM_RUN_LINES; ++i)
-      for (int r = 0; r < n; ++r)
-        if (i < lens[r]) {
-          __m512i x = _mm512_load_si512(runs[r] + 64 * i);
-          asm volatile("" : "+v"(x));  // the load is the point: keep it
-          sum = _mm512_add_epi64(sum, x);
-        }
-    n = 0;
-  };
-  const auto add = [&](const T* row, int64_t keys) {  // the lines holding `keys` rows from `row`
-    const uintptr_t first = reinterpret_cast<uintptr_t>(row) / 64 * 64;
-    const uintptr_t end = reinterpret_cast<uintptr_t>(row + keys * a.d);  // one past the last byte
-    for (uintptr_t p = first; p < end; p += 64 * WARM_RUN_LINES) {
-      runs[n] = reinterpret_cast<const char*>(p);
-      lens[n] = std::min<int64_t>(WARM_RUN_LINES, (end - p + 63) / 64);
-      if (++n == WARM_STREAMS) read_runs();
-    }
-  };
-  for (int64_t s0 = lo; s0 < hi;) {  // runs of keys adjacent in memory: a block, or all of them
-    const int64_t keys = a.table ? std::min(a.block_size - s0 % a.block_size, hi - s0) : hi - s0;
-    add(kv_row(a.k, a.ks, a, b, g, s0), keys);
-    add(kv_row(a.v, a.vs, a, b, g, s0), keys);
-    s0 += keys;
-  }
-  read_runs();
-  asm volatile("" : : "v"(sum));
-}
-
 }  // namespace
 
 template <typename T>
@@ -674,8 +673,7 @@ void attention(const AttnArgs<T>& a, int nthreads) {
       // cold keys, 2 threads: 7.6 against 8.2-8.8 ms per 30 layers), each item first loaded
       // into L2 (warm_item); a thread done with its range takes items from the others' ends
       const auto run = [&](int64_t it) {
-        warm_item(a, it / a.hk, it % a.hk, 0, a.s);
-        attend_item(a, it / a.hk, it % a.hk, 0, a.tq, 0, a.s, true, nullptr, buf);
+        attend_item(a, it / a.hk, it % a.hk, 0, a.tq, 0, a.s, true, nullptr, true, buf);
       };
       const int t = omp_get_thread_num();
       int64_t k;
@@ -689,15 +687,14 @@ void attention(const AttnArgs<T>& a, int nthreads) {
       for (int64_t it = 0; it < items; ++it) {
         if (splits == 1) {
           const int64_t tile = it % tiles, bg = it / tiles, t0 = tile * qt;
-          attend_item(a, bg / a.hk, bg % a.hk, t0, std::min(qt, a.tq - t0), 0, a.s, true, nullptr, buf,
-                      pre);
+          attend_item(a, bg / a.hk, bg % a.hk, t0, std::min(qt, a.tq - t0), 0, a.s, true, nullptr,
+                      false, buf, pre);
         } else {
           const int64_t split = it % splits, bg = it / splits;
           float* p = parts.data() + (bg * splits + split) * pstride;
           const Partial part{p, p + rows * Dp, p + rows * Dp + rows};
-          warm_item(a, bg / a.hk, bg % a.hk, split * chunk, (split + 1) * chunk);
           attend_item(a, bg / a.hk, bg % a.hk, 0, a.tq, split * chunk, (split + 1) * chunk,
-                      split == 0, &part, buf);
+                      split == 0, &part, true, buf);
         }
       }
     }
