@@ -14,8 +14,10 @@ a mixed forward's average rate counts that part against its few prompt tokens. A
 from the average is self-confirming: small chunks, a low rate, small chunks again (Gemma-3-270M
 settled at 16-token chunks, a third of its prefill speed). So the rate comes from forwards that
 prefill alone with at least ``rate_min_tokens`` tokens, where the fixed part is amortized (an
-exponential average; slightly under the marginal rate, so the slice errs short). Until such a
-forward was seen, the average rate of the mixed forwards stands in.
+exponential average; slightly under the marginal rate, so the slice errs short). The engine
+measures one such forward before it serves (``EngineCore.warm_up``), after a first one that
+pays the process's one-time costs; until a rate is known, the average rate of the mixed
+forwards stands in.
 """
 
 from __future__ import annotations

@@ -180,6 +180,36 @@ def test_stats_events(llm, engine):
     assert stats[-1] == Stats(0, 0, 0.0, 0.0)
 
 
+def test_warm_up_measures_the_prefill_rate_and_leaves_the_cache_as_it_was(llm, engine):
+    """Before serving, a throwaway prefill sets the budget's rate (the first forward of a
+    process is not the one measured); its blocks are freed and never indexed as a prefix."""
+    from pace_core.server.engine import WARM_UP_TOKENS
+
+    core, rec = engine(max_prefill_tokens=256)
+    core.cache.enable_prefix_caching(b"warm-up test")
+    calls = []
+    real = core.prefill_budget.record
+    core.prefill_budget.record = lambda *args: (calls.append(args), real(*args))[1]
+    with one_thread():
+        rate = core.warm_up()
+        assert rate is not None and rate > 0 and core.prefill_budget.rate == rate
+        assert [c[0] for c in calls] == [WARM_UP_TOKENS]  # one forward measured, alone
+        assert core.cache.num_free_blocks == core.num_blocks
+        ids = (torch.arange(WARM_UP_TOKENS) % llm.model.vocab_size).tolist()
+        assert core.cache.cached_prefix_tokens(ids) == 0
+        assert core.steps == 0 and not rec.events
+        core.submit([_spec(llm, "A", "Hello there", 4)])
+        finish(core)
+    assert len(rec.tokens("A")) == 4
+
+
+def test_warm_up_skips_a_context_too_short_to_measure_a_rate(llm, engine):
+    core, _ = engine(max_prefill_tokens=64)
+    core.max_context = 40  # a model this short: 39 tokens, under the 64 a rate needs
+    assert core.warm_up() is None and core.prefill_budget.rate is None
+    assert core.cache.num_free_blocks == core.num_blocks
+
+
 def test_prefill_is_sliced_while_sequences_decode(llm, engine):
     core, rec = engine(max_prefill_tokens=64, prefill_slice_ms=10)
     core.prefill_budget.rate = 2000.0  # tokens/s: a 10 ms slice is 20 tokens
