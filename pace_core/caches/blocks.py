@@ -19,8 +19,6 @@ blocks, a rollback may crop into an indexed block).
 
 from __future__ import annotations
 
-import math
-import mmap
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,6 +28,7 @@ import torch
 
 from pace_core.caches.base import CacheFullError, StepMeta
 from pace_core.caches.block_pool import BlockKey, BlockPool, block_keys
+from pace_core.caches.pages import lazy_zeros, populate
 from pace_core.errors import ConfigError
 
 DEFAULT_MAX_TOKENS = 32768
@@ -67,17 +66,6 @@ def l2_cache_bytes(default: int = 1 << 20) -> int:
         return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
     except (OSError, ValueError, IndexError):
         return default
-
-
-def lazy_zeros(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
-    """A zero tensor in a private anonymous mapping: the OS hands out zeroed pages on first
-    touch, so a pool sized for the whole budget costs only the blocks that get used
-    (``torch.zeros`` writes every byte up front: ~0.2 s per GB, paid by every new cache)."""
-    nbytes = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
-    if nbytes < mmap.PAGESIZE:
-        return torch.zeros(tuple(shape), dtype=dtype)
-    buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE)  # MAP_ANONYMOUS: zero-filled
-    return torch.frombuffer(buf, dtype=dtype).view(tuple(shape))  # keeps `buf` alive
 
 
 def _env_int(name: str) -> int | None:
@@ -159,6 +147,12 @@ class BlockCache:
         ``namespace`` names what else changes the KV (model, dtype, quantization)."""
         self.pool.caching = True
         self.namespace = namespace
+
+    def populate(self) -> int:
+        """Commit every page of the pools now (:func:`~pace_core.caches.pages.populate`), so
+        no step of a long-lived cache (the serving engine's) takes a page fault; contents
+        are kept. Returns the bytes committed."""
+        return sum(populate(pool) for pool in (*self.keys, *self.values))
 
     @property
     def prefix_caching(self) -> bool:

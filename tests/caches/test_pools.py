@@ -184,8 +184,37 @@ def test_block_buffers_say_where_update_writes(cls):
         cache.block_buffers()
 
 
+def _rss_bytes() -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+@pytest.mark.parametrize("madvise", [True, False], ids=["madvise", "touch"])
+def test_populate_commits_the_pools_and_keeps_their_contents(madvise, monkeypatch):
+    """A serving engine's pool is committed up front (no page faults mid-step), by
+    MADV_POPULATE_WRITE or, without it, a write of one element per page."""
+    from pace_core.caches import pages
+
+    if not madvise:
+        monkeypatch.setattr(pages, "_madvise", lambda: None)
+    cache = PagedCache([4], [64], torch.bfloat16, block_size=16, max_tokens=1 << 17)  # 2x64 MiB
+    cache.keys[0][7, 1, 3, 5] = 2.5
+    cache.values[0][4095, 3, 15, 63] = -1.0
+    before = _rss_bytes()
+    assert cache.populate() == 2 * (64 << 20)
+    assert _rss_bytes() - before > 0.9 * 2 * (64 << 20)
+    assert float(cache.keys[0][7, 1, 3, 5]) == 2.5
+    assert float(cache.values[0][4095, 3, 15, 63]) == -1.0
+    assert int(cache.keys[0].count_nonzero()) == 1 and int(cache.values[0].count_nonzero()) == 1
+    with pytest.raises(ValueError, match="contiguous"):
+        pages.populate(cache.keys[0].transpose(0, 1))
+
+
 def test_block_pools_start_zeroed_and_writable():
-    """Pools come from zero-filled pages committed on first touch (lazy_zeros)."""
+    """Pools come from zero-filled pages committed on first touch (pages.lazy_zeros)."""
     cache = PagedCache([3], [64], torch.bfloat16, block_size=16, max_tokens=1 << 16)
     pool = cache.keys[0]
     assert pool.shape == (4096, 3, 16, 64) and pool.dtype == torch.bfloat16

@@ -187,6 +187,8 @@ def test_warm_up_measures_the_prefill_rate_and_leaves_the_cache_as_it_was(llm, e
 
     core, rec = engine(max_prefill_tokens=256)
     core.cache.enable_prefix_caching(b"warm-up test")
+    populated = []
+    core.cache.populate = lambda: populated.append(1) or 0  # its own test: tests/caches
     calls = []
     real = core.prefill_budget.record
     core.prefill_budget.record = lambda *args: (calls.append(args), real(*args))[1]
@@ -194,6 +196,7 @@ def test_warm_up_measures_the_prefill_rate_and_leaves_the_cache_as_it_was(llm, e
         rate = core.warm_up()
         assert rate is not None and rate > 0 and core.prefill_budget.rate == rate
         assert [c[0] for c in calls] == [WARM_UP_TOKENS]  # one forward measured, alone
+        assert populated == [1]  # the pool committed before serving
         assert core.cache.num_free_blocks == core.num_blocks
         ids = (torch.arange(WARM_UP_TOKENS) % llm.model.vocab_size).tolist()
         assert core.cache.cached_prefix_tokens(ids) == 0
