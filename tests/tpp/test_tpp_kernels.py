@@ -15,6 +15,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pace_native import kernels as native
+from support.gil import assert_runs_without_gil
 from support.plugin_tests import assert_close, rand
 
 tpp = pytest.importorskip("pace_tpp.kernels", reason="pace-tpp is not installed")
@@ -114,3 +115,10 @@ def test_bad_inputs_are_rejected():
         tpp.prepare_linear(rand(8, 4, seed=1))
     with pytest.raises(ValueError, match="x has 5 features"):
         tpp.linear(rand(2, 5, seed=1), tpp.prepare_linear(rand(8, 4, seed=2)))
+
+
+def test_kernels_release_the_gil():
+    """Other Python threads (a server's HTTP thread) run while a kernel does."""
+    w = tpp.prepare_linear((torch.randn(8192, 1024) * 0.05).bfloat16(), None)
+    x = torch.randn(1024, 1024).bfloat16()
+    assert_runs_without_gil(lambda: tpp.linear(x, w))

@@ -429,20 +429,27 @@ Tensor huge_page_empty(int64_t rows, int64_t row_bytes) {
 
 }  // namespace pace_avx512
 
+// The kernels run without the GIL (their arguments are converted before, their results
+// after): a serving engine's forward then no longer blocks the HTTP thread's Python for its
+// whole length, and the engine's own Python never queues behind a backlog of it.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using namespace pace_avx512;
   namespace py = pybind11;
   m.doc() = "pace-avx512 kernels (see pace_avx512/csrc/kernels.h for the packed layouts)";
-  m.def("linear", &linear, "y = x @ W^T + b over a packed W", py::arg("x"), py::arg("w"),
-        py::arg("bias"), py::arg("n"));
-  m.def("gated_mlp", &gated_mlp, "act(x@gate) * (x@up) @ down over packed weights");
-  m.def("packed_rows", &packed_rows, py::arg("w"), py::arg("ids"), py::arg("k"),
+  const auto nogil = py::call_guard<py::gil_scoped_release>();
+  m.def("linear", &linear, nogil, "y = x @ W^T + b over a packed W", py::arg("x"),
+        py::arg("w"), py::arg("bias"), py::arg("n"));
+  m.def("gated_mlp", &gated_mlp, nogil, "act(x@gate) * (x@up) @ down over packed weights");
+  m.def("packed_rows", &packed_rows, nogil, py::arg("w"), py::arg("ids"), py::arg("k"),
         "rows ids of the [N, K] matrix a packed weight holds (tied embedding lookups)");
-  m.def("rms_norm", &rms_norm, "RMSNorm with fused residual add -> (y, x + residual)");
-  m.def("layer_norm", &layer_norm, "LayerNorm with fused residual add -> (y, x + residual)");
-  m.def("rope", &rope, "rotary embedding in place on q [B,T,Hq,D], k [B,T,Hk,D] -> (q, k)");
-  m.def("attention", &attend, "attention with GQA, boolean mask and sinks over a contiguous cache "
-        "or block pools + block table", py::arg("q"), py::arg("k"), py::arg("v"), py::arg("mask"),
+  m.def("rms_norm", &rms_norm, nogil, "RMSNorm with fused residual add -> (y, x + residual)");
+  m.def("layer_norm", &layer_norm, nogil,
+        "LayerNorm with fused residual add -> (y, x + residual)");
+  m.def("rope", &rope, nogil,
+        "rotary embedding in place on q [B,T,Hq,D], k [B,T,Hk,D] -> (q, k)");
+  m.def("attention", &attend, nogil,
+        "attention with GQA, boolean mask and sinks over a contiguous cache or block pools + "
+        "block table", py::arg("q"), py::arg("k"), py::arg("v"), py::arg("mask"),
         py::arg("scale"), py::arg("sinks"), py::arg("block_table") = py::none(),
         py::arg("block_size") = 0);
   // Constants Python reads instead of copying: the packed layout and the activation codes.
@@ -457,12 +464,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("has_bf16") = false;
 #endif
   register_decoder_stack(m);
-  m.def("gated_activation", &gated_activation, py::arg("gate"), py::arg("up"), py::arg("act"),
-        "act(gate) * up by activation code");
-  m.def("qpacked_rows", &qpacked_rows_op, py::arg("w"), py::arg("ids"), py::arg("n"),
+  m.def("gated_activation", &gated_activation, nogil, py::arg("gate"), py::arg("up"),
+        py::arg("act"), "act(gate) * up by activation code");
+  m.def("qpacked_rows", &qpacked_rows_op, nogil, py::arg("w"), py::arg("ids"), py::arg("n"),
         py::arg("k"), py::arg("kind"), "rows of a quantized packed weight, de-quantized to fp32");
-  m.def("qlinear", &qlinear, py::arg("x"), py::arg("w"), py::arg("bias"), py::arg("n"),
-        py::arg("kind"), py::arg("int8_activations") = false,
+  m.def("qlinear", &qlinear, nogil, py::arg("x"), py::arg("w"), py::arg("bias"),
+        py::arg("n"), py::arg("kind"), py::arg("int8_activations") = false,
         "y = x @ W^T + bias over a quantized packed W (AVX512-VNNI); bf16 x quantized to int8 "
         "per 32 when int8_activations, else (and fp32 x always) to 15 bits");
   m.def("huge_page_copy", &huge_page_copy, py::arg("t"), py::arg("shape") = std::vector<int64_t>{},

@@ -400,7 +400,8 @@ void register_decoder_stack(py::module_& m) {
                            "the decoder blocks of a forward step in one call (see stack.cpp)")
       .def(py::init<const py::list&, const std::vector<int64_t>&, const std::vector<int64_t>&>(),
            py::kw_only(), py::arg("blocks"), py::arg("rope_slots"), py::arg("mask_slots"))
-      .def("run", &DecoderStack::run, py::arg("x"), py::arg("residual"), py::arg("keys"),
+      .def("run", &DecoderStack::run, py::call_guard<py::gil_scoped_release>(),  // see bindings.cpp
+           py::arg("x"), py::arg("residual"), py::arg("keys"),
            py::arg("values"), py::arg("starts"), py::arg("counts"), py::arg("length"),
            py::arg("masks"), py::arg("ropes"), py::arg("block_table") = py::none(),
            py::arg("block_size") = 0, py::arg("last_only") = false)

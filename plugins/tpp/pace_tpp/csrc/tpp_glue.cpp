@@ -256,8 +256,11 @@ void init_libxsmm_keeping_env() {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   init_libxsmm_keeping_env();
-  m.def("linear", &linear, "blocked BRGEMM linear");
-  m.def("gated_mlp", &gated_mlp, "fused gate/up BRGEMM + activation + down BRGEMM");
+  // without the GIL, as pace-avx512's and pace-onednn's kernels: other Python threads (a
+  // server's HTTP thread) run while a kernel does
+  const auto nogil = pybind11::call_guard<pybind11::gil_scoped_release>();
+  m.def("linear", &linear, nogil, "blocked BRGEMM linear");
+  m.def("gated_mlp", &gated_mlp, nogil, "fused gate/up BRGEMM + activation + down BRGEMM");
   m.def("target_arch", &target_arch, "libxsmm's JIT target (e.g. cpx)");
   m.attr("libxsmm_version") = LIBXSMM_CONFIG_VERSION;
 }
