@@ -70,14 +70,13 @@ from pace_core.server.events import (
 from pace_core.server.prefill_budget import PrefillBudget
 from pace_core.server.speculative import RowVerdict, SpecDecoder
 from pace_core.server.step_rows import group_chunks, plan_chunks, step_batch
+from pace_core.server.warm_up import warm_up
 from pace_core.speculative.verify import check_speculable, stop_flags
 
 log = logging.getLogger("pace.server.engine")
 
 Emit = Callable[[list[Event]], None]
 
-WARM_UP_TOKENS = 128
-"""Prompt tokens of the warm-up prefill (:meth:`EngineCore.warm_up`)."""
 
 
 class _Seq:
@@ -170,38 +169,9 @@ class EngineCore:
         self._flush()
 
     def warm_up(self) -> float | None:
-        """Before serving: commit the KV pool's pages (``populate``: no page faults in the
-        steps), then two prefill forwards of a throwaway sequence, the second of which sets
-        the prefill budget's rate. Returns that rate (prompt tokens/s), or None when the
-        context is too short to measure it.
-
-        The first forward of a process pays one-time costs (lazy set-up, first touches of
-        workspaces and cache pages): measured from it, the rate came out at half (SmolLM2,
-        2 threads: 935 instead of 1880 tokens/s), and with 32 users always decoding no later
-        forward prefills alone to correct it, so every slice was half as long as it should be
-        (-15% tokens/s in a closed-loop replay). The sequence is never indexed for prefix
-        caching, and its blocks are freed before the loop starts.
-        """
-        committed = self.cache.populate()
-        log.info("engine %s: KV pool committed (%.0f MB)", self.name, committed / 2**20)
-        budget = self.prefill_budget
-        tokens = min(WARM_UP_TOKENS, budget.max_tokens, self.max_context - 1, self.capacity_tokens)
-        if tokens < budget.rate_min_tokens:
-            return None
-        ids = (torch.arange(tokens, dtype=torch.long) % self.llm.model.vocab_size)[None]
-        (seq_id,) = self.cache.add_sequences(1)
-        try:
-            with torch.inference_mode():
-                forward_step(self.llm.model, self.cache, [seq_id], ids, [tokens])
-                self.cache.free_sequence(seq_id)
-                (seq_id,) = self.cache.add_sequences(1)
-                start = time.perf_counter()
-                forward_step(self.llm.model, self.cache, [seq_id], ids, [tokens])
-                budget.record(tokens, time.perf_counter() - start)
-        finally:
-            self.cache.free_sequence(seq_id)
-        log.info("engine %s: prefill rate %.0f tokens/s (warm-up)", self.name, budget.rate)
-        return budget.rate
+        """Before serving: the pool committed and the prefill rate measured
+        (:func:`~pace_core.server.warm_up.warm_up`); returns the rate or None."""
+        return warm_up(self.llm.model, self.cache, self.prefill_budget, self.max_context, self.name)
 
     @property
     def busy(self) -> bool:

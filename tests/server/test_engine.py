@@ -183,7 +183,7 @@ def test_stats_events(llm, engine):
 def test_warm_up_measures_the_prefill_rate_and_leaves_the_cache_as_it_was(llm, engine):
     """Before serving, a throwaway prefill sets the budget's rate (the first forward of a
     process is not the one measured); its blocks are freed and never indexed as a prefix."""
-    from pace_core.server.engine import WARM_UP_TOKENS
+    from pace_core.server.warm_up import WARM_UP_TOKENS
 
     core, rec = engine(max_prefill_tokens=256)
     core.cache.enable_prefix_caching(b"warm-up test")
