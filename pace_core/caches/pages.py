@@ -60,4 +60,5 @@ def populate(tensor: torch.Tensor) -> int:
     flat = tensor.view(-1)
     step = max(1, page // tensor.element_size())
     flat[::step] = flat[::step].clone()
+    flat[-1:] = flat[-1:].clone()  # the last page, when the tensor starts mid-page
     return nbytes

@@ -78,7 +78,6 @@ log = logging.getLogger("pace.server.engine")
 Emit = Callable[[list[Event]], None]
 
 
-
 class _Seq:
     __slots__ = ("booked", "done", "last", "prompt", "sampler", "seq_id", "spec", "tracker")
 

@@ -11,7 +11,7 @@ import torch
 from pace_core.engine.generate import forward_step
 from pace_core.server.prefill_budget import PrefillBudget
 
-log = logging.getLogger("pace.server.engine")
+log = logging.getLogger("pace.server.engine")  # part of the engine's log
 
 WARM_UP_TOKENS = 128
 """Prompt tokens of the warm-up prefill."""

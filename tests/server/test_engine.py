@@ -180,25 +180,28 @@ def test_stats_events(llm, engine):
     assert stats[-1] == Stats(0, 0, 0.0, 0.0)
 
 
-def test_warm_up_measures_the_prefill_rate_and_leaves_the_cache_as_it_was(llm, engine):
-    """Before serving, a throwaway prefill sets the budget's rate (the first forward of a
-    process is not the one measured); its blocks are freed and never indexed as a prefix."""
-    from pace_core.server.warm_up import WARM_UP_TOKENS
+def test_warm_up_measures_the_prefill_rate_and_leaves_the_cache_as_it_was(
+    llm, engine, monkeypatch
+):
+    """Before serving, the pool is committed and a throwaway prefill sets the budget's rate
+    (the second of two: the first forward of a process is not the one measured); its blocks
+    are freed and never indexed as a prefix."""
+    from pace_core.server import warm_up as warm
 
     core, rec = engine(max_prefill_tokens=256)
     core.cache.enable_prefix_caching(b"warm-up test")
-    populated = []
-    core.cache.populate = lambda: populated.append(1) or 0  # its own test: tests/caches
-    calls = []
-    real = core.prefill_budget.record
-    core.prefill_budget.record = lambda *args: (calls.append(args), real(*args))[1]
+    order = []
+    core.cache.populate = lambda: order.append("populate") or 0  # its own test: tests/caches
+    real_forward, real_record = warm.forward_step, core.prefill_budget.record
+    monkeypatch.setattr(warm, "forward_step",
+                        lambda *a, **k: (order.append("forward"), real_forward(*a, **k))[1])
+    core.prefill_budget.record = lambda *a: (order.append(("record", a[0])), real_record(*a))[1]
     with one_thread():
         rate = core.warm_up()
         assert rate is not None and rate > 0 and core.prefill_budget.rate == rate
-        assert [c[0] for c in calls] == [WARM_UP_TOKENS]  # one forward measured, alone
-        assert populated == [1]  # the pool committed before serving
+        assert order == ["populate", "forward", "forward", ("record", warm.WARM_UP_TOKENS)]
         assert core.cache.num_free_blocks == core.num_blocks
-        ids = (torch.arange(WARM_UP_TOKENS) % llm.model.vocab_size).tolist()
+        ids = (torch.arange(warm.WARM_UP_TOKENS) % llm.model.vocab_size).tolist()
         assert core.cache.cached_prefix_tokens(ids) == 0
         assert core.steps == 0 and not rec.events
         core.submit([_spec(llm, "A", "Hello there", 4)])

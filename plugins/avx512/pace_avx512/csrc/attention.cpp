@@ -94,7 +94,8 @@ inline void rows_raw(const T* base, const int64_t (&st)[3], const AttnArgs<T>& a
                      int64_t g, int64_t s0, int64_t n, const T* (&out)[BS]) {
   for (int64_t j = 0; j < n;) {
     const int64_t s = s0 + j;
-    const int64_t run = a.table == nullptr ? n - j : std::min(n - j, a.block_size - s % a.block_size);
+    const int64_t run =
+        a.table == nullptr ? n - j : std::min(n - j, a.block_size - s % a.block_size);
     const T* row = kv_row(base, st, a, b, g, s);
     for (int64_t i = 0; i < run; ++i) out[j + i] = row + i * st[2];
     j += run;
