@@ -29,7 +29,7 @@ def lazy_zeros(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
 @functools.cache
 def _madvise():
     name = ctypes.util.find_library("c")
-    fn = getattr(ctypes.CDLL(name, use_errno=True), "madvise", None) if name else None
+    fn = getattr(ctypes.CDLL(name), "madvise", None) if name else None
     if fn is not None:
         fn.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
     return fn

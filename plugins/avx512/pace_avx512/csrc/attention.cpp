@@ -682,16 +682,10 @@ void attention(const AttnArgs<T>& a, int nthreads) {
       // cache in fewer, longer runs than items handed out one at a time (25 rows of ~190
       // cold keys, 2 threads: 7.6 against 8.2-8.8 ms per 30 layers), each item first loaded
       // into L2 (warm_item); a thread done with its range takes items from the others' ends
-      const auto run = [&](int64_t it) {
+      ranges->drain(omp_get_thread_num(), [&](int u, int64_t k, bool) {
+        const int64_t it = items * u / nt + k;  // item k of thread u's range
         attend_item(a, it / a.hk, it % a.hk, 0, a.tq, 0, a.s, true, nullptr, true, buf);
-      };
-      const int t = omp_get_thread_num();
-      int64_t k;
-      while (ranges->take_front(t, k)) run(items * t / nt + k);
-      for (int i = 1; i < nt; ++i) {
-        const int u = (t + i) % nt;
-        while (ranges->take_back(u, k)) run(items * u / nt + k);
-      }
+      });
     } else {
 #pragma omp for schedule(dynamic, 1)
       for (int64_t it = 0; it < items; ++it) {

@@ -74,7 +74,8 @@ void drive(const Args& a, const Epi& e, int64_t M, int64_t groups, int nthreads)
   std::vector<int64_t> sizes(nthreads);
   for (int t = 0; t < nthreads; ++t) sizes[t] = range(t).size();
   StealRanges work(sizes);
-  const auto run = [&](const HalfRange& r, int64_t k, bool own) {
+  const auto run = [&](int u, int64_t k, bool own) {  // job k of thread u's range
+    const HalfRange r = range(u);
     const auto [h, halves] = r.job(k);
     if (halves == 1) {
       column_tile<Kernel, MTMAX, GROUP / 2>(a, e, M, h * (GROUP / 2), nullptr);
@@ -86,15 +87,7 @@ void drive(const Args& a, const Epi& e, int64_t M, int64_t groups, int nthreads)
     column_tile<Kernel, MTMAX, GROUP>(a, e, M, h / 2 * GROUP, next);
   };
 #pragma omp parallel num_threads(nthreads) if (nthreads > 1)
-  {
-    const int t = omp_get_thread_num();
-    int64_t k;
-    while (work.take_front(t, k)) run(range(t), k, true);
-    for (int i = 1; i < nthreads; ++i) {
-      const int u = (t + i) % nthreads;
-      while (work.take_back(u, k)) run(range(u), k, false);
-    }
-  }
+  work.drain(omp_get_thread_num(), run);
 }
 
 // Tile heights: decode streams one group (4 independent accumulator chains per row);

@@ -23,11 +23,18 @@ class StealRanges {
     }
   }
 
-  // The next item of range t from its front into k; false once the range is empty.
-  bool take_front(int t, int64_t& k) { return take(t, k, true); }
-
-  // The last item of range t into k; false once the range is empty.
-  bool take_back(int t, int64_t& k) { return take(t, k, false); }
+  // Thread t's part of the work: f(t, k, true) for its own range's items k from the front,
+  // then f(u, k, false) for the items left in every other range u, from their back ends.
+  template <class F>
+  void drain(int t, F&& f) {
+    const int n = (int)cursors_.size();
+    int64_t k;
+    while (take(t, k, true)) f(t, k, true);
+    for (int i = 1; i < n; ++i) {
+      const int u = (t + i) % n;
+      while (take(u, k, false)) f(u, k, false);
+    }
+  }
 
  private:
   struct alignas(64) Cursor {  // (front << 32) | back: items [front, back) are left
@@ -36,6 +43,7 @@ class StealRanges {
 
   static uint64_t pack(int64_t front, int64_t back) { return (uint64_t)front << 32 | (uint64_t)back; }
 
+  // The next item of range t, from its front or its back, into k; false once it is empty.
   bool take(int t, int64_t& k, bool front) {
     std::atomic<uint64_t>& c = cursors_[t].v;
     uint64_t cur = c.load(std::memory_order_relaxed);
