@@ -40,6 +40,9 @@ from pace_core.server.tokenize_api import detokenize, model_card, tokenize
 
 log = logging.getLogger("pace.server")
 
+WARM_UP_TIMEOUT_S = 600.0
+"""How long the server waits for its engines' warm-up before it listens anyway."""
+
 
 def _server(request: Request) -> Server:
     return request.app.state.server
@@ -204,6 +207,11 @@ def create_app(server: Server) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         server.frontend.start()
+        # listen once the engines are warm: a request (or the grammar's tokenizer conversion,
+        # seconds of CPU for a large vocabulary) during the warm-up skews its prefill rate
+        loop = asyncio.get_running_loop()
+        if not await loop.run_in_executor(None, server.frontend.wait_warm, WARM_UP_TIMEOUT_S):
+            log.warning("engines still warming up after %.0f s; serving", WARM_UP_TIMEOUT_S)
         threading.Thread(target=server.grammar.warm, name="pace-grammar", daemon=True).start()
         try:
             yield

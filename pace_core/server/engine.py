@@ -43,6 +43,7 @@ from __future__ import annotations
 import collections
 import logging
 import queue
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -122,6 +123,7 @@ class EngineCore:
         self.steps = 0
         self._out: list[Event] = []
         self._stopped = False
+        self.warmed = threading.Event()  # set by run once warmed up (or its warm-up failed)
         self._last_stats: Stats | None = None
 
     # -- thread-safe entry points --------------------------------------------------------
@@ -151,13 +153,15 @@ class EngineCore:
 
     # -- the loop --------------------------------------------------------------------------
     def run(self) -> None:
-        if self.config.threads:
-            torch.set_num_threads(self.config.threads)
-        heap.keep_step_transients()
         try:
+            if self.config.threads:
+                torch.set_num_threads(self.config.threads)
+            heap.keep_step_transients()
             self.warm_up()
         except Exception:  # serve anyway: the budget then measures its rate from requests
             log.exception("engine %s: warm-up failed", self.name)
+        finally:
+            self.warmed.set()
         with heap.loaded_objects_frozen():
             while not self._stopped:
                 self.run_once(block=True)

@@ -147,8 +147,10 @@ class EngineHandle(Protocol):
     """One engine instance as the :class:`~pace_core.server.frontend.Frontend` drives it.
 
     ``start`` hands it the callback that receives its event batches (called from the
-    instance's own threads); ``submit`` / ``cancel`` may be called from the asyncio loop at
-    any time; ``healthy`` is cleared by the front door when a submission is refused.
+    instance's own threads); ``wait_warm`` blocks until an instance that takes requests
+    before it is ready has warmed up (the server listens only then); ``submit`` / ``cancel``
+    may be called from the asyncio loop at any time; ``healthy`` is cleared by the front door
+    when a submission is refused.
     """
 
     name: str
@@ -156,6 +158,8 @@ class EngineHandle(Protocol):
     capacity_tokens: int | None  # KV tokens of its pool (None until a process is ready)
 
     def start(self, deliver: Deliver) -> None: ...
+
+    def wait_warm(self, timeout: float) -> bool: ...
 
     def submit(self, specs: list[SeqSpec]) -> None: ...
 

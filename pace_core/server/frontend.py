@@ -97,6 +97,14 @@ class Frontend:
         for i, inst in enumerate(self.instances):
             inst.start(lambda events, label=None, i=i: self._threadsafe(i, events, label))
 
+    def wait_warm(self, timeout: float) -> bool:
+        """Block until every instance has warmed up, at most ``timeout`` s in all; True if
+        they all have."""
+        deadline = time.monotonic() + timeout
+        return all(
+            inst.wait_warm(max(0.0, deadline - time.monotonic())) for inst in self.instances
+        )
+
     def shutdown(self) -> None:
         for inst in self.instances:
             try:

@@ -37,6 +37,11 @@ class LocalEngine:
         )
         self._thread.start()
 
+    def wait_warm(self, timeout: float) -> bool:
+        """Block until the engine has warmed up (its pool committed, its prefill rate
+        measured), at most ``timeout`` s; True once it has."""
+        return self.core.warmed.wait(timeout)
+
     def _run(self) -> None:
         try:
             self.core.run()

@@ -90,9 +90,10 @@ def _instance_main(
             evt_conn.send(events)
 
     core = EngineCore(llm, config, emit, name)
-    emit([Ready(core.capacity_tokens, core.block_size, os.getpid())])
     thread = threading.Thread(target=core.run, name=f"pace-engine-{name}", daemon=True)
     thread.start()
+    core.warmed.wait()  # no request before the warm-up: it measures the prefill rate
+    emit([Ready(core.capacity_tokens, core.block_size, os.getpid())])
     while True:
         try:
             msg = cmd_conn.recv()
@@ -196,6 +197,11 @@ class ProcessEngine:
     def cancel(self, keys: list[str]) -> None:
         with contextlib.suppress(OSError, ValueError):  # gone: its sequences went with it
             self._send(Cancel(keys))
+
+    def wait_warm(self, timeout: float) -> bool:
+        """True: the instance process warms up before its ``Ready``, and takes no request
+        until then (``healthy`` is clear), so there is nothing to wait for here."""
+        return True
 
     def kill(self) -> None:
         """Hard-kill the process (tests; the reader restarts it)."""

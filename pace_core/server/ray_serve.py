@@ -175,6 +175,10 @@ class RayEngines:
     def start(self, deliver: Deliver) -> None:
         self._deliver = deliver
 
+    def wait_warm(self, timeout: float) -> bool:
+        """True: each replica's engine warms up in its own process, before its first step."""
+        return True
+
     def submit(self, specs: list[SeqSpec]) -> None:
         task = asyncio.get_running_loop().create_task(self._run(specs))
         for spec in specs:

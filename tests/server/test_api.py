@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
+import threading
+import time
 
 import httpx
 import pytest
@@ -253,3 +255,51 @@ def test_tokenize_detokenize_and_the_model_card(server):
         r = httpx.request(method, url + path, json=payload)
         assert 400 <= r.status_code < 500, (path, payload, r.text)
         assert r.json()["error"]["param"] == param, (path, payload, r.text)
+
+
+def test_the_server_listens_once_its_engine_has_warmed_up(llm, monkeypatch):
+    """A request during the engine's warm-up would skew the prefill rate it measures, and so
+    would the grammar's tokenizer conversion (seconds of CPU for Gemma's vocabulary): uvicorn
+    listens, and the conversion starts, only once the warm-up is over."""
+    from pace_core.server.app import Server, ServerConfig, create_app
+    from pace_core.server.engine import EngineConfig, EngineCore
+    from pace_core.server.testing import ThreadedServer
+
+    from .conftest import THREADS
+
+    release, order = threading.Event(), []
+
+    def held_warm_up(core):
+        order.append("warm-up")
+        release.wait(30)
+        order.append("warmed")
+
+    monkeypatch.setattr(EngineCore, "warm_up", held_warm_up)
+    config = ServerConfig(served_model_name=MODEL_NAME)
+    server = Server.in_process(llm, EngineConfig(threads=THREADS), config)
+    monkeypatch.setattr(server.grammar, "warm", lambda: order.append("grammar"))
+    http = ThreadedServer(create_app(server))
+    starter = threading.Thread(target=http.start)
+    starter.start()
+    try:
+        _until(lambda: order == ["warm-up"])
+        time.sleep(0.3)
+        assert not http.server.started and order == ["warm-up"]
+        release.set()
+        starter.join(30)
+        assert http.server.started
+        _until(lambda: "grammar" in order)
+        assert order == ["warm-up", "warmed", "grammar"]
+        http.server_state = server
+        assert _complete(http, "Hi", 2).usage.completion_tokens == 2
+    finally:
+        release.set()
+        starter.join(30)
+        http.stop()
+
+
+def _until(condition, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
