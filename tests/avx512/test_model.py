@@ -231,6 +231,31 @@ def test_fused_decoder_stack_equals_the_python_loop(family, dtype, tmp_path, ext
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_fused_stack_splits_the_small_ops_of_a_long_step_over_threads(family, dtype, tmp_path,
+                                                                      ext, clean_env):  # fmt: skip
+    """8 prompts of 48 tokens on 2 threads: enough rows that the norms, rope and Gemma's
+    QK-norms (from ~8k values a thread) split their rows between the threads, with logits
+    bitwise equal to the Python layer loop's."""
+    path = FACTORIES[family](tmp_path)
+    fused = load(path, dtype, {"default": "avx512", "decoder_stack": "avx512"})
+    loop = load(path, dtype, {"default": "avx512", "decoder_stack": "native"})
+    ids = torch.randint(3, 150, (8, 48), generator=torch.Generator().manual_seed(8))
+    sampling = SamplingConfig(max_new_tokens=4, ignore_eos=True)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with wrapped_stack(fused, every_position=True):
+            got = fused.generate(ids, sampling, output_logits=True)
+        want = loop.generate(ids, sampling, output_logits=True)
+    finally:
+        torch.set_num_threads(threads)
+    assert got.generated_token_ids == want.generated_token_ids
+    for row in range(8):
+        assert torch.equal(got.logits[row], want.logits[row])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
 def test_fused_stack_prefills_the_last_layer_for_the_last_tokens(family, dtype, tmp_path, ext,
                                                                  clean_env):  # fmt: skip
     """A forward that wants the next token only runs the last layer's attention, projection

@@ -123,13 +123,17 @@ void attend_group(const LayerSpec& L, const Step& s, const RowGroup& g, int64_t 
   T* q = w.qkv + g.offset * ldq;
   T* k = q + L.nq;
   const T* v = k + L.nk;
-  if (L.q_norm.on || L.k_norm.on)
-    for (int64_t r = 0; r < n * c; ++r) {  // a token's heads are rows of d
-      T* qr = q + r * ldq;
-      T* kr = k + r * ldq;
-      if (L.q_norm.on) L.q_norm(qr, (const T*)nullptr, L.hq, L.d, qr, (T*)nullptr, 1);
-      if (L.k_norm.on) L.k_norm(kr, (const T*)nullptr, L.hk, L.d, kr, (T*)nullptr, 1);
-    }
+  if (L.q_norm.on || L.k_norm.on) {  // a token's heads are rows of d; ~8k values a thread
+    const int64_t grain = std::max<int64_t>(1, (1 << 13) / ((L.hq + L.hk) * L.d));
+    at::parallel_for(0, n * c, grain, [&](int64_t lo, int64_t hi) {
+      for (int64_t r = lo; r < hi; ++r) {
+        T* qr = q + r * ldq;
+        T* kr = k + r * ldq;
+        if (L.q_norm.on) L.q_norm(qr, (const T*)nullptr, L.hq, L.d, qr, (T*)nullptr, 1);
+        if (L.k_norm.on) L.k_norm(kr, (const T*)nullptr, L.hk, L.d, kr, (T*)nullptr, 1);
+      }
+    });
+  }
   if (L.rope >= 0) {  // the group's rows and last c positions of the step's tables
     const auto& [cos, sin] = s.ropes[L.rope];
     const int64_t R = cos.size(2), bs = cos.size(0) == 1 ? 0 : steps * R;
