@@ -16,8 +16,8 @@ settled at 16-token chunks, a third of its prefill speed). So the rate comes fro
 prefill alone with at least ``rate_min_tokens`` tokens, where the fixed part is amortized (an
 exponential average; slightly under the marginal rate, so the slice errs short). The engine
 measures such forwards before it serves (``EngineCore.warm_up``: the fastest of two, after
-a first one that pays the process's one-time costs); until a rate is known, the average rate of the mixed
-forwards stands in.
+a first one that pays the process's one-time costs); until a rate is known, the average rate
+of the mixed forwards stands in.
 """
 
 from __future__ import annotations
