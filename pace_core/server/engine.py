@@ -152,7 +152,8 @@ class EngineCore:
         return self.num_blocks - self.cache.num_free_blocks
 
     # -- the loop --------------------------------------------------------------------------
-    def run(self) -> None:
+    def run(self, on_warm: Callable[[], None] | None = None) -> None:
+        """The thread body: warm up, call ``on_warm``, then iterate until stopped."""
         try:
             if self.config.threads:
                 torch.set_num_threads(self.config.threads)
@@ -162,6 +163,8 @@ class EngineCore:
             log.exception("engine %s: warm-up failed", self.name)
         finally:
             self.warmed.set()
+        if on_warm is not None:
+            on_warm()
         with heap.loaded_objects_frozen():
             while not self._stopped:
                 self.run_once(block=True)

@@ -90,10 +90,13 @@ def _instance_main(
             evt_conn.send(events)
 
     core = EngineCore(llm, config, emit, name)
-    thread = threading.Thread(target=core.run, name=f"pace-engine-{name}", daemon=True)
+    # Ready (the first event) once warm: no request during the warm-up, which measures the
+    # prefill rate
+    ready = [Ready(core.capacity_tokens, core.block_size, os.getpid())]
+    thread = threading.Thread(
+        target=core.run, args=(lambda: emit(ready),), name=f"pace-engine-{name}", daemon=True
+    )
     thread.start()
-    core.warmed.wait()  # no request before the warm-up: it measures the prefill rate
-    emit([Ready(core.capacity_tokens, core.block_size, os.getpid())])
     while True:
         try:
             msg = cmd_conn.recv()
