@@ -66,6 +66,15 @@ def client(http, **kw):
     )
 
 
+def wait_for(predicate, timeout: float, what: str) -> None:
+    """Poll ``predicate`` until it holds; AssertionError naming ``what`` after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
 def engine_core(http):
     return http.server_state.frontend.instances[0].core
 

@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from .conftest import MODEL_NAME, client, wait_idle
+from .conftest import MODEL_NAME, client, wait_for, wait_idle
 
 PROMPTS = [
     "Once upon a time, there was a little",
@@ -282,13 +282,13 @@ def test_the_server_listens_once_its_engine_has_warmed_up(llm, monkeypatch):
     starter = threading.Thread(target=http.start)
     starter.start()
     try:
-        _until(lambda: order == ["warm-up"])
+        wait_for(lambda: order == ["warm-up"], 30, "the warm-up")
         time.sleep(0.3)
         assert not http.server.started and order == ["warm-up"]
         release.set()
         starter.join(30)
         assert http.server.started
-        _until(lambda: "grammar" in order)
+        wait_for(lambda: "grammar" in order, 30, "the grammar conversion")
         assert order == ["warm-up", "warmed", "grammar"]
         http.server_state = server
         assert _complete(http, "Hi", 2).usage.completion_tokens == 2
@@ -297,9 +297,3 @@ def test_the_server_listens_once_its_engine_has_warmed_up(llm, monkeypatch):
         starter.join(30)
         http.stop()
 
-
-def _until(condition, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)

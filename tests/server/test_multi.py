@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
-import time
 
 import httpx
 import openai
@@ -14,21 +13,13 @@ from pace_core.server.engine import EngineConfig
 from pace_core.server.multi import partition_cores
 from pace_core.server.testing import ThreadedServer
 
-from .conftest import CACHE_TOKENS, MODEL_NAME
+from .conftest import CACHE_TOKENS, MODEL_NAME, wait_for
 
 
 def test_partition_cores():
     assert partition_cores(2, [0, 1, 2, 3, 4]) == [[0, 1, 2], [3, 4]]
     assert partition_cores(1, [0, 1]) == [[0, 1]]
     assert partition_cores(3, [0, 1]) == [[0], [1], [0]]
-
-
-def _wait(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 @pytest.mark.slow  # 40-70 s here: three model loads in spawned processes
@@ -47,7 +38,7 @@ def test_two_instances_survive_a_crash(smollm2_dir):
     )
     instances = server.frontend.instances
     with ThreadedServer(create_app(server), timeout=60) as http:
-        _wait(lambda: all(i.healthy for i in instances), 240, "both instances ready")
+        wait_for(lambda: all(i.healthy for i in instances), 240, "both instances ready")
         assert httpx.get(http.url + "/health").status_code == 200
         c = openai.OpenAI(base_url=http.url + "/v1", api_key="x", max_retries=0, timeout=120)
 
@@ -79,14 +70,14 @@ def test_two_instances_survive_a_crash(smollm2_dir):
         old_pid = victim.pid
         with cf.ThreadPoolExecutor(1) as pool:
             doomed = pool.submit(call, 1, 2000, extra_body={"ignore_eos": True})
-            _wait(lambda: server.frontend.outstanding[0] > 0, 30, "request on instance 0")
+            wait_for(lambda: server.frontend.outstanding[0] > 0, 30, "request on instance 0")
             victim.kill()
             with pytest.raises(openai.APIStatusError) as err:
                 doomed.result(timeout=60)
         assert err.value.status_code == 503
         # new requests succeed meanwhile (instance 1) and after the restart
         assert call(5).choices[0].text
-        _wait(lambda: victim.healthy and victim.pid != old_pid, 240, "instance 0 restarted")
+        wait_for(lambda: victim.healthy and victim.pid != old_pid, 240, "instance 0 restarted")
         assert victim.restarts == 1
         with cf.ThreadPoolExecutor(4) as pool:
             outs = list(pool.map(call, [4, 4, 4, 4]))
@@ -106,9 +97,9 @@ def test_two_instances_survive_a_crash(smollm2_dir):
 
         with cf.ThreadPoolExecutor(1) as pool:
             busy = pool.submit(call, 2, 200, extra_body={"ignore_eos": True})
-            _wait(lambda: server.frontend.outstanding[0] > 0, 30, "request on instance 0")
+            wait_for(lambda: server.frontend.outstanding[0] > 0, 30, "request on instance 0")
             first = ask(0)
             busy.result(timeout=120)
-        _wait(lambda: not any(server.frontend.outstanding), 30, "both instances idle")
+        wait_for(lambda: not any(server.frontend.outstanding), 30, "both instances idle")
         assert first == 0
         assert all(ask(i) >= 256 for i in range(1, 4))

@@ -23,6 +23,8 @@ using bf16_t = uint16_t;
 constexpr int64_t BLOCK = 16;  // columns per vector of accumulators
 constexpr int64_t GROUP = 4;   // blocks per packed group
 constexpr int64_t COLUMNS = BLOCK * GROUP;  // columns per packed group
+// Values per thread from which norms, rope and QK-norms split their rows over threads.
+constexpr int64_t MIN_VALUES_PER_THREAD = 1 << 13;
 
 // y[M, N] = x[M, K] @ W^T + bias. x rows have stride ldx >= Kp (the k-pad lane must be zero);
 // y rows have stride ldy. bias is fp32 [NB*16] or null.

@@ -77,7 +77,7 @@ void layer_row(const T* x, const T* res, const float* w, const float* b, float e
 template <typename T, class Row>
 void norm_rows(Row row, const T* x, const T* res, const float* w, const float* b, float eps,
                int64_t rows, int64_t H, T* y, T* sum, int nthreads) {
-  const int64_t want = rows * H / (1 << 13);  // ~8k elements per thread at least
+  const int64_t want = rows * H / MIN_VALUES_PER_THREAD;
   const int nt = (int)std::max<int64_t>(1, std::min<int64_t>(nthreads, std::min(want, rows)));
 #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
   for (int64_t r = 0; r < rows; ++r)

@@ -42,7 +42,7 @@ void rope(T* q, const int64_t* qs, int64_t hq, T* k, const int64_t* ks, int64_t 
           const T* cos, const T* sin, const int64_t* cs, int64_t B, int64_t Tn, int64_t R,
           bool interleaved, int nthreads) {
   const int64_t rows = B * Tn;
-  const int nt = (int)std::max<int64_t>(1, std::min<int64_t>(nthreads, rows * (hq + hk) * R / (1 << 13)));
+  const int nt = (int)std::max<int64_t>(1, std::min<int64_t>(nthreads, rows * (hq + hk) * R / MIN_VALUES_PER_THREAD));
 #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t b = r / Tn, t = r % Tn;

@@ -123,8 +123,8 @@ void attend_group(const LayerSpec& L, const Step& s, const RowGroup& g, int64_t 
   T* q = w.qkv + g.offset * ldq;
   T* k = q + L.nq;
   const T* v = k + L.nk;
-  if (L.q_norm.on || L.k_norm.on) {  // a token's heads are rows of d; ~8k values a thread
-    const int64_t grain = std::max<int64_t>(1, (1 << 13) / ((L.hq + L.hk) * L.d));
+  if (L.q_norm.on || L.k_norm.on) {  // a token's heads are rows of d
+    const int64_t grain = std::max<int64_t>(1, MIN_VALUES_PER_THREAD / ((L.hq + L.hk) * L.d));
     at::parallel_for(0, n * c, grain, [&](int64_t lo, int64_t hi) {
       for (int64_t r = lo; r < hi; ++r) {
         T* qr = q + r * ldq;
