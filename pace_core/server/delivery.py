@@ -29,6 +29,10 @@ class _Timeout(Exception):
     pass
 
 
+_TIMED_OUT = object()  # put on a submission's queue when its request timeout is up
+_GONE = object()  # put on it when the client disconnected (non-stream requests watch)
+
+
 async def respond(server: ServingContext, request: Request, fmt: ResponseFormat) -> Any:
     """The answer to a submitted request: a streaming response or the whole body."""
     if fmt.stream:
@@ -50,28 +54,34 @@ async def _wait_disconnect(request: Request) -> None:
 async def _events(
     server: ServingContext, sub: Submission, request: Request | None, watch_disconnect: bool
 ) -> AsyncIterator[Token | SeqError]:
-    """The submission's events until all its sequences finished; cancels on exit."""
+    """The submission's events until all its sequences finished; cancels on exit.
+
+    Each event costs one plain queue wait: the request's deadline (a timer) and the client
+    going away (a watcher task, ``watch_disconnect``) put sentinels on the same queue, so no
+    task or timer is made per event."""
+    put = sub.queue.put_nowait
     timeout = server.config.request_timeout
-    deadline = None if timeout is None else sub.created + timeout
-    disconnect = asyncio.ensure_future(_wait_disconnect(request)) if watch_disconnect else None
+    timer = None
+    if timeout is not None:
+        left = max(0.0, sub.created + timeout - time.monotonic())
+        timer = asyncio.get_running_loop().call_later(left, put, _TIMED_OUT)
+    disconnect = None
+    if watch_disconnect:
+        disconnect = asyncio.ensure_future(_wait_disconnect(request))
+        disconnect.add_done_callback(lambda task: task.cancelled() or put(_GONE))
     try:
         while not (sub.done and sub.queue.empty()):
-            if sub.queue.empty():
-                get = asyncio.ensure_future(sub.queue.get())
-                waits = {get} if disconnect is None else {get, disconnect}
-                left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                done, _ = await asyncio.wait(
-                    waits, timeout=left, return_when=asyncio.FIRST_COMPLETED
-                )
-                if get not in done:
-                    get.cancel()
-                    if disconnect is not None and disconnect in done:
-                        return
-                    raise _Timeout()
-                yield get.result()
-            else:
-                yield sub.queue.get_nowait()
+            ev = await sub.queue.get()
+            if ev is _TIMED_OUT or ev is _GONE:
+                if sub.done:
+                    continue  # every event came first: nothing was lost
+                if ev is _GONE:
+                    return
+                raise _Timeout()
+            yield ev
     finally:
+        if timer is not None:
+            timer.cancel()
         if disconnect is not None:
             disconnect.cancel()
         if not sub.done:

@@ -47,12 +47,13 @@ class _SeqState:
 @dataclass
 class Submission:
     """The sequences of one HTTP request and the queue their events arrive on
-    (:class:`Token` and :class:`SeqError` only)."""
+    (:class:`Token` and :class:`SeqError`, and the delivery's deadline and disconnect
+    sentinels)."""
 
     keys: list[str]
     instance: int
     created: float
-    queue: asyncio.Queue[Token | SeqError] = field(default_factory=asyncio.Queue)
+    queue: asyncio.Queue[Token | SeqError | object] = field(default_factory=asyncio.Queue)
     remaining: set[str] = field(default_factory=set)
     first_token: float | None = None
     finish: dict[str, str] = field(default_factory=dict)
