@@ -17,6 +17,8 @@ imports the result. Later processes import the cached ``.so`` directly (millisec
   compiler output, and leaves ``build-failed.txt`` (the whole output) in the build directory:
   later processes then fail fast with that reason instead of rebuilding on every model load,
   until the record is deleted or the build is retried (``retry=True``, ``pace build-kernels``).
+- A new build retires the older builds of the same extension, target and torch (all but the
+  few most recently used, :mod:`pace_core.jit_cache`), so the cache does not grow per edit.
 
 Plugins whose build inputs are only known at run time (the CPU target, where a library is
 installed) keep a :class:`LazyExtension`: it loads the extension at most once per process,
@@ -44,6 +46,7 @@ from types import ModuleType
 
 import torch
 
+from pace_core import jit_cache
 from pace_core.paths import cache_root
 from pace_core.registry import BuildNotApplicable
 
@@ -263,6 +266,7 @@ class Extension:
                 f"cannot load {self.what} from {path}: {exc} (delete {self.directory} to rebuild)",
                 directory=self.directory,
             ) from exc
+        jit_cache.mark_used(self.directory, BUILT_FILE)
         return module
 
     @contextlib.contextmanager
@@ -312,6 +316,10 @@ class Extension:
         library = Path(module.__file__ or f"{self.name}.so").name
         (self.directory / BUILT_FILE).write_text(f"{library}\n{' '.join(self.cflags)}\n")
         log.warning("pace: built %s in %.1f s", self.what, time.perf_counter() - start)
+        try:
+            jit_cache.prune_older_builds(self.directory, BUILT_FILE, LOCK_FILE)
+        except OSError:  # a cache that cannot be tidied still serves this build
+            log.debug("pace: could not prune older builds of %s", self.what, exc_info=True)
         return module
 
 

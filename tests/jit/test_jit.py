@@ -7,11 +7,13 @@ import os
 import select
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
 
-from pace_core import jit, registry
+from pace_core import jit, jit_cache, registry
 from pace_core.cpu import detect_cpu
 
 
@@ -140,3 +142,40 @@ def test_a_second_process_waits_for_the_build_lock(cache, source):
         out, err = child.communicate(timeout=120)
     assert "failed earlier: kernel.cpp:1:1: error: failed in the first process" in out
     assert "compiling" not in err
+
+
+def _fake_build(kernels: Path, name: str, age: float) -> Path:
+    """A finished build directory last used ``age`` seconds ago."""
+    d = kernels / name
+    d.mkdir(parents=True)
+    (d / jit.BUILT_FILE).write_text("lib.so\n")
+    when = time.time() - age
+    os.utime(d / jit.BUILT_FILE, (when, when))
+    return d
+
+
+def test_a_new_build_retires_the_older_builds_of_its_family_only(cache):
+    kernels = cache / "kernels"
+    family = "probe-avx2-torch2.13.0+cpu"
+    old = [_fake_build(kernels, f"{family}-{i:012x}", age=100 * (i + 1)) for i in range(5)]
+    other_target = _fake_build(kernels, "probe-avx512-torch2.13.0+cpu-0000000000aa", age=900)
+    not_a_build = _fake_build(kernels, f"{family}-notahash", age=900)
+    new = _fake_build(kernels, f"{family}-ffffffffffff", age=0)
+    jit_cache.mark_used(old[3], jit.BUILT_FILE)  # the 4th oldest was just loaded again
+    removed = jit_cache.prune_older_builds(new, jit.BUILT_FILE, jit.LOCK_FILE)
+    kept = {new, old[3], old[0]}  # this build and the two most recently used before it
+    assert set(removed) == set(old) - kept
+    assert all(d.exists() for d in (*kept, other_target, not_a_build))
+    assert not any(d.exists() for d in removed)
+
+
+def test_a_build_in_progress_is_never_removed(cache):
+    kernels = cache / "kernels"
+    family = "probe-avx2-torch2.13.0+cpu"
+    busy = _fake_build(kernels, f"{family}-{1:012x}", age=500)
+    idle = _fake_build(kernels, f"{family}-{2:012x}", age=400)
+    new = _fake_build(kernels, f"{family}-{3:012x}", age=0)
+    with open(busy / jit.LOCK_FILE, "w") as handle:  # another build holds its lock
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        removed = jit_cache.prune_older_builds(new, jit.BUILT_FILE, jit.LOCK_FILE, keep=1)
+    assert removed == [idle] and busy.exists() and new.exists()
