@@ -22,8 +22,8 @@ from types import MappingProxyType, ModuleType
 from typing import Any
 
 BENCHMARKS = (
-    "offline", "decode_vs_peers", "kernels", "attention", "serving", "speculative", "quality",
-    "loading", "quantized", "structured", "prefix",
+    "offline", "decode_vs_peers", "kernels", "attention", "serving", "one_user", "speculative",
+    "quality", "loading", "quantized", "structured", "prefix",
 )  # fmt: skip
 RESULTS_ROOT = Path("results")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import statistics
 
 import pytest
 
@@ -150,3 +151,27 @@ def test_a_crashed_server_is_reported_with_the_cause_from_its_log(tmp_path):
             live.check_alive("at 1 concurrent requests", failed_all=True)
     finally:
         live.stop()
+
+
+def test_one_user_pairs_offline_and_served_decode(smollm2_dir, tmp_path):
+    argv = ["bench", "one_user", "--models", str(smollm2_dir), "--threads", "1", "--pairs", "2",
+            "--prompt-tokens", "16", "--new-tokens", "6", "--start-timeout", "300",
+            "--out", str(tmp_path), "--quiet", "--no-plots"]  # fmt: skip
+    assert main(argv) == 0
+    payload = json.loads((tmp_path / "one_user.json").read_text())
+    (row,) = payload["results"]
+    assert row["pairs"] == 2 and len(row["pairs_ms"]) == 2
+    assert all(o > 0 and s > 0 for o, s in row["pairs_ms"])
+    ratios = sorted(o / s for o, s in row["pairs_ms"])
+    assert row["ratio_min"] == pytest.approx(ratios[0], abs=5e-3)
+    assert row["ratio_max"] == pytest.approx(ratios[-1], abs=5e-3)
+    (target,) = payload["summary"]
+    assert target["worst"] == pytest.approx(statistics.median(ratios), abs=5e-3)
+
+
+def test_one_user_needs_two_tokens_to_time_a_decode():
+    from pace_core.bench.one_user import per_token
+
+    assert per_token([1.0, 1.5, 2.0]) == 0.5
+    with pytest.raises(RuntimeError, match="at least 2"):
+        per_token([1.0])

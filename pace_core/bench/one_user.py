@@ -1,0 +1,151 @@
+"""One user: pace's served decode against its own offline batch-1 decode, measured in pairs.
+
+Per model: one ``pace serve`` (paged cache, ``--threads``) and the same model loaded offline
+in this process on as many threads. ``--pairs`` times, alternating which goes first, one
+offline greedy stream (``LLMModel.stream``) and one streamed ``/v1/completions`` request to
+the server, each of ``--new-tokens`` tokens from the same kind of ``--prompt-tokens`` prompt
+(the serving benchmark's fixed workload); each side is idle while the other runs. A side's
+speed is its decode alone: the time from its first to its last token over the tokens in
+between (no time to first token). A pair's ratio is served speed over offline speed, so the
+host's drift between pairs (these machines are shared) cancels within a pair. Target: the
+median ratio >= 0.9 (served decode at least 0.9x offline batch-1 decode).
+
+    pace bench one_user --models smollm2 gemma3-270m --pairs 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from pace_core.bench.common import (
+    emit,
+    model_path,
+    progress,
+    target_row,
+    usable_cores,
+    with_targets,
+)
+from pace_core.bench.serving import make_fixed_workload
+from pace_core.bench.serving_peers import EngineServer, pace_spec
+
+COLUMNS = ["model", "threads", "pairs", "offline_ms_per_token", "served_ms_per_token",
+           "ratio_median", "ratio_min", "ratio_max"]  # fmt: skip
+QUICK = {"pairs": 3, "new_tokens": 16, "prompt_tokens": 32}
+TARGET = 0.9
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--models", nargs="+", default=["smollm2"])
+    p.add_argument("--pairs", type=int, default=10)
+    p.add_argument("--prompt-tokens", type=int, default=150)
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--threads", type=int, default=None, help="default: all usable cores")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--start-timeout", type=float, default=600.0)
+
+
+def per_token(stamps: list[float]) -> float:
+    """Seconds per decoded token from the arrival times of a stream's tokens."""
+    if len(stamps) < 2:
+        raise RuntimeError(f"a stream gave {len(stamps)} token(s); decode needs at least 2")
+    return (stamps[-1] - stamps[0]) / (len(stamps) - 1)
+
+
+def served_stream(url: str, model: str, prompt: str, new_tokens: int) -> list[float]:
+    """Arrival times of the tokens of one streamed greedy completion."""
+    import httpx
+
+    body = {"model": model, "prompt": prompt, "max_tokens": new_tokens, "temperature": 0,
+            "ignore_eos": True, "stream": True}  # fmt: skip
+    stamps = []
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=600) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"the server answered {r.status_code}: {r.read()[:300]!r}")
+        for line in r.iter_lines():
+            data = line.startswith("data: ") and line != "data: [DONE]"
+            if data and json.loads(line[6:]).get("choices"):
+                stamps.append(time.perf_counter())
+    return stamps
+
+
+def offline_stream(llm: Any, ids: list[int], new_tokens: int) -> list[float]:
+    """Arrival times of the tokens of one offline greedy stream."""
+    import torch
+
+    from pace_core import SamplingConfig
+
+    cfg = SamplingConfig(max_new_tokens=new_tokens, ignore_eos=True)
+    stamps = []
+    for _ in llm.stream(torch.tensor([ids]), cfg):
+        stamps.append(time.perf_counter())
+    return stamps
+
+
+def measure(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """``args.pairs`` (offline, served) pairs of seconds per token on one model."""
+    import torch
+
+    from pace_core import LLMModel
+
+    torch.set_num_threads(args.threads)
+    llm = LLMModel(model=str(model_dir), dtype=args.dtype, kv_cache_type="paged", quiet=True)
+    count = lambda text: len(llm.tokenizer(text)["input_ids"])  # noqa: E731
+    prompts = [p for p, _ in make_fixed_workload(2 * args.pairs + 2, 7, args.prompt_tokens,
+                                                 args.new_tokens, count)]  # fmt: skip
+    spec = pace_spec(model_dir, dtype=args.dtype, threads=args.threads, max_running=4)
+    server = EngineServer(spec)
+    pairs = []
+    try:
+        server.wait_ready(args.start_timeout)
+
+        def offline(prompt: str) -> float:
+            return per_token(offline_stream(llm, llm.tokenizer(prompt)["input_ids"],
+                                            args.new_tokens))  # fmt: skip
+
+        def served(prompt: str) -> float:
+            return per_token(served_stream(server.url, spec.model_id, prompt, args.new_tokens))
+
+        offline(prompts[-1]), served(prompts[-2])  # both warm
+        for i in progress(range(args.pairs), model_dir.name, args.quiet):
+            a, b = prompts[2 * i], prompts[2 * i + 1]
+            if i % 2:
+                s, o = served(a), offline(b)
+            else:
+                o, s = offline(a), served(b)
+            pairs.append((o, s))
+    finally:
+        server.stop()
+    return {"pairs": pairs}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    args.threads = args.threads or usable_cores() or os.cpu_count() or 1
+    rows, medians = [], []
+    for name in args.models:
+        pairs = measure(model_path(name), args)["pairs"]
+        ratios = [o / s for o, s in pairs]
+        rows.append({
+            "model": name, "threads": args.threads, "pairs": len(pairs),
+            "offline_ms_per_token": round(1e3 * statistics.median(o for o, _ in pairs), 2),
+            "served_ms_per_token": round(1e3 * statistics.median(s for _, s in pairs), 2),
+            "ratio_median": round(statistics.median(ratios), 3),
+            "ratio_min": round(min(ratios), 3), "ratio_max": round(max(ratios), 3),
+            "pairs_ms": [[round(1e3 * o, 2), round(1e3 * s, 2)] for o, s in pairs],
+        })  # fmt: skip
+        medians.append(statistics.median(ratios))
+    payload = emit("one_user", rows, COLUMNS, args)
+    summary = [target_row("served / offline batch-1 decode (median of pairs)", medians, TARGET)]
+    return with_targets(payload, summary, args.quiet)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """``pace bench one_user [argv]``: run, write the results folder, return the payload."""
+    from pace_core.bench.cli import main_for
+
+    return main_for("one_user", argv)
