@@ -87,7 +87,7 @@ def offline_stream(llm: Any, ids: list[int], new_tokens: int) -> list[float]:
     return stamps
 
 
-def measure(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
+def measure(model_dir: Path, args: argparse.Namespace) -> list[tuple[float, float]]:
     """``args.pairs`` (offline, served) pairs of seconds per token on one model."""
     import torch
 
@@ -95,7 +95,10 @@ def measure(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
 
     torch.set_num_threads(args.threads)
     llm = LLMModel(model=str(model_dir), dtype=args.dtype, kv_cache_type="paged", quiet=True)
-    count = lambda text: len(llm.tokenizer(text)["input_ids"])  # noqa: E731
+
+    def count(text: str) -> int:
+        return len(llm.tokenizer(text)["input_ids"])
+
     prompts = [p for p, _ in make_fixed_workload(2 * args.pairs + 2, 7, args.prompt_tokens,
                                                  args.new_tokens, count)]  # fmt: skip
     spec = pace_spec(model_dir, dtype=args.dtype, threads=args.threads, max_running=4)
@@ -111,7 +114,8 @@ def measure(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
         def served(prompt: str) -> float:
             return per_token(served_stream(server.url, spec.model_id, prompt, args.new_tokens))
 
-        offline(prompts[-1]), served(prompts[-2])  # both warm
+        offline(prompts[-1])  # both sides warm
+        served(prompts[-2])
         for i in progress(range(args.pairs), model_dir.name, args.quiet):
             a, b = prompts[2 * i], prompts[2 * i + 1]
             if i % 2:
@@ -121,14 +125,14 @@ def measure(model_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
             pairs.append((o, s))
     finally:
         server.stop()
-    return {"pairs": pairs}
+    return pairs
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     args.threads = args.threads or usable_cores() or os.cpu_count() or 1
     rows, medians = [], []
     for name in args.models:
-        pairs = measure(model_path(name), args)["pairs"]
+        pairs = measure(model_path(name), args)
         ratios = [o / s for o, s in pairs]
         rows.append({
             "model": name, "threads": args.threads, "pairs": len(pairs),
