@@ -1,4 +1,5 @@
-"""Bounded load: many concurrent streams, disconnects, overload and timeouts."""
+"""Bounded load: many concurrent streams, disconnects, overload, timeouts and a soak of all of
+them with malformed bodies."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from pathlib import Path
 
 import httpx
 import openai
+
+from pace_core.server.events import Token
 
 from .conftest import MODEL_NAME, client, engine_core, serve, wait_idle
 
@@ -154,3 +157,87 @@ def test_idle_engine_does_not_spin(server):
     time.sleep(1.0)
     assert core.steps == steps
     assert _thread_cpu_ticks(thread.native_id) - ticks <= 2  # blocked on its inbox
+
+
+_BAD_BODIES = [
+    b"{",  # not JSON
+    b"[]",  # not an object
+    b'{"model": "%s"}' % MODEL_NAME.encode(),  # no prompt
+    b'{"prompt": 5, "max_tokens": 4}',
+    b'{"prompt": "hi", "max_tokens": -1}',
+    b'{"prompt": "hi", "temperature": "hot"}',
+    b'{"prompt": "hi", "n": 0}',
+    b'{"prompt": "hi", "no_such_field": 1}',
+]
+
+
+def test_a_soak_of_streams_disconnects_and_bad_bodies_loses_nothing(server):
+    """Complete streams (greedy and sampled), streams dropped mid-way, non-stream requests
+    given up on, and malformed bodies, three waves at once: every good request answers 200,
+    every bad one a 4xx, none a 5xx; the KV pool ends empty; and the same greedy requests
+    give the same text after the soak as before it."""
+    url = server.url + "/v1/completions"
+    greedy = [
+        {"model": MODEL_NAME, "prompt": p, "max_tokens": 12, "temperature": 0} for p in PROMPTS
+    ]
+
+    def greedy_texts() -> list[str]:
+        return [httpx.post(url, json=b, timeout=60).json()["choices"][0]["text"] for b in greedy]
+
+    before = greedy_texts()
+    good, bad = [], []
+
+    async def full_stream(c: httpx.AsyncClient, i: int) -> None:
+        body = {"model": MODEL_NAME, "prompt": PROMPTS[i % 4], "max_tokens": 8 + i % 8,
+                "temperature": 0 if i % 2 else 0.9, "seed": i, "stream": True}  # fmt: skip
+        async with c.stream("POST", url, json=body) as r:
+            good.append(r.status_code)
+            lines = [line async for line in r.aiter_lines() if line.startswith("data: ")]
+            assert lines[-1] == "data: [DONE]" and '"error"' not in "".join(lines)
+
+    async def dropped_stream(c: httpx.AsyncClient, i: int) -> None:
+        body = {"model": MODEL_NAME, "prompt": PROMPTS[i % 4] * 3, "max_tokens": 300,
+                "ignore_eos": True, "stream": True}  # fmt: skip
+        async with c.stream("POST", url, json=body) as r:
+            good.append(r.status_code)
+            seen = 0
+            async for line in r.aiter_lines():
+                seen += line.startswith("data: ")
+                if seen == 2 + i % 3:
+                    break  # leaving the block closes the connection mid-stream
+
+    async def given_up(c: httpx.AsyncClient, i: int) -> None:
+        body = {"model": MODEL_NAME, "prompt": PROMPTS[i % 4], "max_tokens": 300,
+                "ignore_eos": True}  # fmt: skip
+        with contextlib.suppress(httpx.TimeoutException):
+            good.append((await c.post(url, json=body, timeout=0.3)).status_code)
+
+    async def malformed(c: httpx.AsyncClient, content: bytes) -> None:
+        r = await c.post(url, content=content, headers={"content-type": "application/json"})
+        bad.append((r.status_code, content))
+
+    async def soak() -> None:
+        async with httpx.AsyncClient(timeout=120) as c:
+            for wave in range(3):
+                jobs = [full_stream(c, 8 * wave + i) for i in range(8)]
+                jobs += [dropped_stream(c, 6 * wave + i) for i in range(6)]
+                jobs += [given_up(c, 3 * wave + i) for i in range(3)]
+                jobs += [malformed(c, body) for body in _BAD_BODIES]
+                await asyncio.gather(*jobs)
+
+    core = engine_core(server)
+    emit, generated = core.emit, []  # count the tokens the engine makes, cancelled ones too
+    core.emit = lambda events: (generated.append(sum(isinstance(e, Token) for e in events)),
+                                emit(events))[1]  # fmt: skip
+    try:
+        asyncio.run(asyncio.wait_for(soak(), 240))
+        wait_idle(server, timeout=60)
+    finally:
+        core.emit = emit
+    assert good and all(code == 200 for code in good), good
+    assert all(400 <= code < 500 for code, _ in bad), bad
+    assert len(bad) == 3 * len(_BAD_BODIES)
+    complete = sum(8 + i % 8 for i in range(24))  # what the complete streams asked for
+    abandoned = 3 * (6 + 3) * 300  # ... and the dropped and given-up requests
+    assert sum(generated) < complete + abandoned / 2, "abandoned requests kept generating"
+    assert greedy_texts() == before
