@@ -16,7 +16,8 @@ median ratio >= 0.9 (served decode at least 0.9x offline batch-1 decode).
 from __future__ import annotations
 
 import argparse
-import json
+import asyncio
+import itertools
 import os
 import statistics
 import time
@@ -31,7 +32,7 @@ from pace_core.bench.common import (
     usable_cores,
     with_targets,
 )
-from pace_core.bench.serving import make_fixed_workload
+from pace_core.bench.serving import make_fixed_workload, one_request
 from pace_core.bench.serving_peers import EngineServer, pace_spec
 
 COLUMNS = ["model", "threads", "pairs", "offline_ms_per_token", "served_ms_per_token",
@@ -50,41 +51,37 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--start-timeout", type=float, default=600.0)
 
 
-def per_token(stamps: list[float]) -> float:
-    """Seconds per decoded token from the arrival times of a stream's tokens."""
-    if len(stamps) < 2:
-        raise RuntimeError(f"a stream gave {len(stamps)} token(s); decode needs at least 2")
-    return (stamps[-1] - stamps[0]) / (len(stamps) - 1)
+def per_token(gaps: list[float]) -> float:
+    """Seconds per decoded token from the gaps between a stream's tokens."""
+    if not gaps:
+        raise RuntimeError("a stream gave fewer than 2 tokens; timing a decode needs at least 2")
+    return sum(gaps) / len(gaps)
 
 
-def served_stream(url: str, model: str, prompt: str, new_tokens: int) -> list[float]:
-    """Arrival times of the tokens of one streamed greedy completion."""
+def served_gaps(url: str, prompt: str, new_tokens: int) -> list[float]:
+    """The gaps between the tokens of one streamed greedy completion (the serving benchmark's
+    request, with ``ignore_eos`` as offline)."""
     import httpx
 
-    body = {"model": model, "prompt": prompt, "max_tokens": new_tokens, "temperature": 0,
-            "ignore_eos": True, "stream": True}  # fmt: skip
-    stamps = []
-    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=600) as r:
-        if r.status_code != 200:
-            raise RuntimeError(f"the server answered {r.status_code}: {r.read()[:300]!r}")
-        for line in r.iter_lines():
-            data = line.startswith("data: ") and line != "data: [DONE]"
-            if data and json.loads(line[6:]).get("choices"):
-                stamps.append(time.perf_counter())
-    return stamps
+    async def one() -> dict[str, Any]:
+        async with httpx.AsyncClient(timeout=600) as client:
+            return await one_request(client, url, prompt, new_tokens)
+
+    result = asyncio.run(one())
+    if not result["ok"]:
+        raise RuntimeError(f"the server failed a request: {result['status']} {result['error']}")
+    return result["itl"]
 
 
-def offline_stream(llm: Any, ids: list[int], new_tokens: int) -> list[float]:
-    """Arrival times of the tokens of one offline greedy stream."""
+def offline_gaps(llm: Any, ids: list[int], new_tokens: int) -> list[float]:
+    """The gaps between the tokens of one offline greedy stream."""
     import torch
 
     from pace_core import SamplingConfig
 
     cfg = SamplingConfig(max_new_tokens=new_tokens, ignore_eos=True)
-    stamps = []
-    for _ in llm.stream(torch.tensor([ids]), cfg):
-        stamps.append(time.perf_counter())
-    return stamps
+    stamps = [time.perf_counter() for _ in llm.stream(torch.tensor([ids]), cfg)]
+    return [b - a for a, b in itertools.pairwise(stamps)]
 
 
 def measure(model_dir: Path, args: argparse.Namespace) -> list[tuple[float, float]]:
@@ -108,11 +105,11 @@ def measure(model_dir: Path, args: argparse.Namespace) -> list[tuple[float, floa
         server.wait_ready(args.start_timeout)
 
         def offline(prompt: str) -> float:
-            return per_token(offline_stream(llm, llm.tokenizer(prompt)["input_ids"],
-                                            args.new_tokens))  # fmt: skip
+            return per_token(offline_gaps(llm, llm.tokenizer(prompt)["input_ids"],
+                                          args.new_tokens))  # fmt: skip
 
         def served(prompt: str) -> float:
-            return per_token(served_stream(server.url, spec.model_id, prompt, args.new_tokens))
+            return per_token(served_gaps(server.url, prompt, args.new_tokens))
 
         offline(prompts[-1])  # both sides warm
         served(prompts[-2])
