@@ -13,6 +13,7 @@ from typing import Any, Generic, TypeVar
 
 import torch
 
+from pace_core.caches.base import CACHE_PROTOCOLS, missing_members
 from pace_core.errors import ContractError, PluginError
 from pace_core.ops import OPS
 from pace_core.quant.weight import DENSE, WEIGHT_FORMATS
@@ -323,7 +324,20 @@ class Registrations:
         value_dims: bool = False,
     ) -> None:
         """``value_dims``: the factory honours ``value_dims=[...]`` (value rows narrower than
-        the keys, 0 for the latent rows of MLA models); models that need it refuse others."""
+        the keys, 0 for the latent rows of MLA models); models that need it refuse others.
+
+        A factory that is a class and declares a built-in ``layout`` must implement that
+        layout's protocol (:data:`~pace_core.caches.base.CACHE_PROTOCOLS`: the block caches
+        :class:`~pace_core.caches.base.BlockKVCache`, the contiguous ones
+        :class:`~pace_core.caches.base.ReservingKVCache`), or this raises ``ContractError``."""
+        protocol = CACHE_PROTOCOLS.get(layout)
+        if protocol is not None and isinstance(factory, type):
+            missing = missing_members(factory, protocol)
+            if missing:
+                raise ContractError(
+                    f"cache {name!r} declares layout {layout!r} but {factory.__name__} lacks "
+                    f"{', '.join(missing)} of {protocol.__name__}"
+                )
         self.caches.append(
             CacheSpec(name, factory, layout, self.plugin, description, value_dims)
         )

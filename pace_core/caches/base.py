@@ -12,6 +12,7 @@ A forward step processes ``T`` new positions for a batch of sequences; row ``b``
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Protocol, runtime_checkable
@@ -202,3 +203,76 @@ class KVCache(Protocol):
 
     def memory_free(self) -> int:
         """Bytes still available before CacheFullError (0 if unbounded growth)."""
+
+
+@runtime_checkable
+class ReservingKVCache(KVCache, Protocol):
+    """A contiguous cache (one dense buffer per layer, a row per sequence, every step over all
+    rows in order) that can make room for a whole generation up front."""
+
+    def reserve(self, tokens: int) -> None:
+        """Make room for ``tokens`` per row now, so no step grows the buffers."""
+
+    def direct_buffers(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Per-layer K/V ``[B, H, capacity, D]`` a fused stack writes and reads itself."""
+
+
+@runtime_checkable
+class BlockKVCache(KVCache, Protocol):
+    """A pool of fixed-size token blocks shared by all sequences through block tables: what
+    continuous batching, prefix caching and fused stacks over blocks use."""
+
+    block_size: int
+    num_blocks: int
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks a step can still take (free and unreferenced cached ones)."""
+
+    @property
+    def prefix_caching(self) -> bool:
+        """Whether written full blocks are indexed and adopted by new sequences."""
+
+    def free_sequence(self, seq_id: int) -> None:
+        """Free one sequence's tokens; the other ids stay valid (``retain`` frees many)."""
+
+    def enable_prefix_caching(self, namespace: bytes = b"") -> None:
+        """Index written full blocks; ``namespace`` names what else changes the KV."""
+
+    def adopt_prefix(self, seq_id: int, tokens: Sequence[int], salt: str = "") -> int:
+        """Give the new, empty ``seq_id`` the longest indexed run of ``tokens``' full blocks
+        (never all of them); returns the tokens adopted."""
+
+    def cached_prefix_tokens(self, tokens: Sequence[int], salt: str = "") -> int:
+        """How many tokens :meth:`adopt_prefix` would adopt for ``tokens`` now."""
+
+    def prefix_keys(self, tokens: Sequence[int], salt: str = "") -> list[Any]:
+        """The index keys of ``tokens``' full blocks (a key covers every token before it)."""
+
+    def populate(self) -> int:
+        """Commit every page of the pools now; returns the bytes committed."""
+
+    def block_buffers(self) -> Any:
+        """The pools and this step's block table, for a fused stack (between steps: error)."""
+
+
+CACHE_PROTOCOLS: dict[str, type] = {
+    "contiguous": ReservingKVCache,
+    "paged": BlockKVCache,
+    "slab": BlockKVCache,
+}
+"""The protocol a cache of each built-in layout implements (checked at registration)."""
+
+
+def missing_members(cls: type, protocol: type) -> list[str]:
+    """The members of ``protocol`` (and its bases) that class ``cls`` lacks."""
+    names: set[str] = set()
+    for base in protocol.__mro__:
+        if base is object or base is Protocol or not getattr(base, "_is_protocol", False):
+            continue
+        names |= {n for n in vars(base) if not n.startswith("_")}
+        names |= set(getattr(base, "__annotations__", {}))
+    return sorted(n for n in names if not hasattr(cls, n) and n not in _INSTANCE_ATTRS)
+
+
+_INSTANCE_ATTRS = {"block_size", "num_blocks"}  # set in __init__, not on the class

@@ -181,8 +181,11 @@ class BlockCache:
         """How many tokens :meth:`adopt_prefix` would adopt for ``tokens`` now."""
         if not self.pool.caching:
             return 0
-        keys = block_keys(tokens, self.block_size, self.namespace + salt.encode())
-        return len(self._match(keys, len(tokens))) * self.block_size
+        return len(self._match(self.prefix_keys(tokens, salt), len(tokens))) * self.block_size
+
+    def prefix_keys(self, tokens: Sequence[int], salt: str = "") -> list[BlockKey]:
+        """The index keys of ``tokens``' full blocks (a key covers every token before it)."""
+        return block_keys(tokens, self.block_size, self.namespace + salt.encode())
 
     def _match(self, keys: list[BlockKey], num_tokens: int) -> list[int]:
         return self.pool.match(keys[: (num_tokens - 1) // self.block_size])

@@ -36,8 +36,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from pace_core.engine.generate import forward_step, prefill
-from pace_core.models.decoder import DecoderLM
+from pace_core.models.decoder import DecoderLM, forward_step, prefill
 from pace_core.sampling.config import SamplingConfig
 from pace_core.sampling.processors import LogitsProcessor, build_processors
 from pace_core.sampling.state import TokenState
@@ -202,7 +201,7 @@ def beam_search(
         state.append(next_ids)
         reprefill = model.reprefill_at
         if reprefill is not None and any(cache.get_num_tokens(s) == reprefill for s in seq_ids):
-            # LongRoPE crossing: recompute all keys with the long factors, as generation_loop.
+            # LongRoPE crossing: recompute all keys with the long factors (as the engine core).
             for s in seq_ids:
                 cache.crop(s, cache.get_num_tokens(s))
             histories = [

@@ -4,24 +4,39 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
+from functools import cached_property
 from typing import Any
 
 import torch
 
 from pace_core.caches import KVCacheType
+from pace_core.caches.base import BlockKVCache, KVCache
 from pace_core.engine.beam import BeamHypothesis, beam_search
-from pace_core.engine.generate import StepEvent, generation_loop, left_pad, score
+from pace_core.engine.core import EngineCore
+from pace_core.engine.events import SeqSpec, SpecStep, Token
+from pace_core.engine.handle import ModelHandle
 from pace_core.engine.inputs import normalize_inputs
-from pace_core.engine.output import GenerationOutput, SequenceOutput, TokenLogprob
-from pace_core.engine.sequence import SequenceTracker
-from pace_core.engine.shared_prefill import prefill_sharing
+from pace_core.engine.offline import (
+    OFFLINE_ENGINE,
+    OfflineRun,
+    SequenceCollector,
+    StreamChunk,
+    pack_tokens,
+    prompt_logprobs,
+)
+from pace_core.engine.output import GenerationOutput, SequenceOutput
 from pace_core.errors import ConfigError
 from pace_core.models import loader
 from pace_core.models.builder import OpPlan
-from pace_core.models.decoder import DecoderLM
-from pace_core.models.limits import DEFAULT_CONTEXT, max_positions, read_generation_config
+from pace_core.models.decoder import DecoderLM, score
+from pace_core.models.limits import (
+    DEFAULT_CONTEXT,
+    max_positions,
+    read_generation_config,
+    resolve_eos_ids,
+)
 from pace_core.models.loader import (
     build_model,
     load_config,
@@ -34,43 +49,12 @@ from pace_core.profiling import OpProfiler
 from pace_core.quant import QuantizationConfig, coerce_quantization
 from pace_core.sampling.config import SamplingConfig
 from pace_core.sampling.grammar import GrammarCompiler
-from pace_core.sampling.sampler import BatchSampler
 from pace_core.speculative.config import PromptLookupConfig, SpecConfig, coerce_spec_config
 from pace_core.speculative.inferencer import ModelInferencer
-from pace_core.speculative.loop import SpeculativeRun
 from pace_core.speculative.speculator import SpecModel, Speculator, load_draft_tokenizer
+from pace_core.speculative.stats import SpecStats
 
 log = logging.getLogger("pace.engine")
-
-
-@dataclass
-class _Batch:
-    """One batch as :meth:`LLMModel._start` sets it up: its event stream and bookkeeping."""
-
-    prompts: list[torch.Tensor]
-    padded: torch.Tensor | None  # the caller's padded input_ids, if any
-    trackers: list[SequenceTracker]
-    deltas: dict[int, str]  # row -> text delta of its latest token
-    events: Iterable[StepEvent]
-    spec_run: SpeculativeRun | None = None  # the same stream, when decoding speculatively
-
-
-@dataclass
-class StreamChunk:
-    """One token of one sequence, as yielded by :meth:`LLMModel.stream`."""
-
-    index: int
-    token_id: int
-    text: str
-    finish_reason: str | None
-
-
-def _tokens_needed(
-    prompts: Sequence[torch.Tensor], configs: Sequence[SamplingConfig], limit: int | None
-) -> int:
-    """Cache tokens per row a batch can reach: its longest prompt plus generation budget."""
-    most = max(p.numel() + c.max_new_tokens for p, c in zip(prompts, configs))
-    return min(most, limit) if limit else most
 
 
 class LLMModel:
@@ -112,7 +96,8 @@ class LLMModel:
         self.cache_spec = self.host.caches[kv_cache_type]
         self.cache_options = {"memory_gb": kv_cache_memory_gb, "max_tokens": max_cache_tokens}
         self.prefix_caching = self._prefix_caching_choice(prefix_caching)
-        self._prefix_cache: Any | None = None
+        self._prefix_cache: BlockKVCache | None = None
+        self._prefix_cache_in_use = False
         self.path = resolve_model_path(model)
         self.config = load_config(self.path)
         self.opconfig = OperatorConfig.coerce(opconfig)
@@ -171,7 +156,7 @@ class LLMModel:
         """What besides the tokens decides a KV block: model, dtype, quantization."""
         return f"{self.path}|{self.dtype}|{self.quantization}".encode()
 
-    def generation_cache(self) -> Any:
+    def generation_cache(self) -> KVCache:
         """The cache of one :meth:`generate`: with prefix caching the model's persistent
         prefix-caching cache (blocks of earlier calls are reused), unless another generation
         is still using it; else a new cache."""
@@ -179,24 +164,15 @@ class LLMModel:
             return self.new_cache()
         if self._prefix_cache is None:
             cache = self.new_cache()
-            if not hasattr(cache, "enable_prefix_caching"):  # a plugin's block cache
-                self.prefix_caching = False
-                return cache
+            assert isinstance(cache, BlockKVCache)  # a block layout's contract, checked
             cache.enable_prefix_caching(self.kv_namespace)
             self._prefix_cache = cache
-        if self._prefix_cache.lens:  # a generation in progress (an unfinished stream)
+        if self._prefix_cache_in_use:  # a generation in progress (an unfinished stream)
             return self.new_cache()
         return self._prefix_cache
 
     def _default_eos(self) -> tuple[int, ...]:
-        for source in (
-            self.generation_config.get("eos_token_id"),
-            getattr(self.model.config, "eos_token_id", None),
-            getattr(self.tokenizer, "eos_token_id", None),
-        ):
-            if source is not None:
-                return tuple(source) if isinstance(source, list | tuple) else (int(source),)
-        return ()
+        return resolve_eos_ids(self.generation_config, self.model.config, self.tokenizer)
 
     def _speculator(self, spec: SpecConfig) -> Speculator:
         """Load the draft model the method needs (if any) and hand both models over."""
@@ -228,6 +204,21 @@ class LLMModel:
     def inferencer(self) -> ModelInferencer:
         """This model as a speculative-decoding ``Inferencer`` (prefill / decode on KV rows)."""
         return ModelInferencer(self.model, self.new_cache)
+
+    @cached_property
+    def handle(self) -> ModelHandle:
+        """This model as the engine core drives it."""
+        return ModelHandle(
+            decoder=self.model,
+            tokenizer=self.tokenizer,
+            new_cache=self.new_cache,
+            kv_cache_type=self.kv_cache_type,
+            kv_namespace=self.kv_namespace,
+            eos_token_ids=self.eos_token_ids,
+            processors=tuple(self.host.samplers.values()),
+            grammar=lambda: self.grammar,
+            speculator=self.speculator,
+        )
 
     @property
     def op_plan(self) -> OpPlan:
@@ -264,8 +255,9 @@ class LLMModel:
         return configs
 
     # -- generation ------------------------------------------------------------------------
-    def _start(self, inputs: Any, sampling: Any, *, keep_logits: bool = False) -> _Batch:
-        """Validate inputs and set up trackers and the generation loop."""
+    def _start(self, inputs: Any, sampling: Any, *, keep_logits: bool = False) -> OfflineRun:
+        """Validate inputs and submit every prompt to a new engine core over this model's
+        generation cache."""
         prompts, padded = normalize_inputs(inputs, self.tokenizer)
         for i, p in enumerate(prompts):
             if p.numel() == 0:
@@ -285,38 +277,45 @@ class LLMModel:
                 raise ConfigError(
                     f"prompt {i} has {p.numel()} tokens; the model's context window is {max_ctx}"
                 )
-        trackers = [
-            SequenceTracker(cfg, p.numel(), self.tokenizer, max_ctx)
-            for cfg, p in zip(configs, prompts)
-        ]
-        deltas: dict[int, str] = {}
-
-        def finish(row: int, token: int, hit_eos: bool, hit_length: bool) -> str | None:
-            deltas[row] = trackers[row].add(token, hit_eos, hit_length)
-            return trackers[row].finish_reason
-
-        sampler = BatchSampler(
-            configs,
-            prompts,
-            self.model.vocab_size,
-            self.eos_token_ids,
-            processors=self.host.samplers.values(),
-            grammar=self.grammar if any(c.constrained for c in configs) else None,
-        )
-        if self.speculator is not None:
-            run = self.speculator.run(prompts, sampler, finish, keep_logits=keep_logits)
-            return _Batch(prompts, padded, trackers, deltas, run, run)
-        events = generation_loop(
-            self.model,
-            self.generation_cache(),
-            prompts,
-            sampler,
-            finish,
+        cache = self.generation_cache()
+        engine = OFFLINE_ENGINE
+        if isinstance(cache, BlockKVCache):
+            self._check_fits(cache, prompts, configs, max_ctx)
+            engine = replace(engine, prefix_caching=cache.prefix_caching)
+        core = EngineCore(
+            self.handle, engine, cache=cache, max_context=max_ctx, offline=True,
             keep_logits=keep_logits,
-            first_prefill=prefill_sharing,
-            reserve=_tokens_needed(prompts, configs, max_ctx),
-        )
-        return _Batch(prompts, padded, trackers, deltas, events)
+        )  # fmt: skip
+        specs = [SeqSpec(str(i), p.tolist(), c) for i, (p, c) in enumerate(zip(prompts, configs))]
+        core.submit(specs)
+        return OfflineRun(prompts, padded, configs, core)
+
+    def _check_fits(self, cache: BlockKVCache, prompts, configs, max_ctx: int | None) -> None:
+        """Every sequence's KV booking (prompt + max_new_tokens, within the context) fits the
+        pool, or a ConfigError that says how to grow it."""
+        capacity = int(cache.num_blocks) * int(cache.block_size)
+        for i, (p, c) in enumerate(zip(prompts, configs)):
+            need = p.numel() + c.max_new_tokens
+            need = min(need, max_ctx) if max_ctx else need
+            if need > capacity:
+                raise ConfigError(
+                    f"prompt {i} needs {need} tokens of KV cache (prompt + max_new_tokens); "
+                    f"the {self.kv_cache_type} pool holds {capacity}: raise max_cache_tokens or "
+                    "kv_cache_memory_gb, or lower max_new_tokens"
+                )
+
+    def _events(self, run: OfflineRun) -> Iterator[Token | SpecStep]:
+        """The sequences' token and speculative-step events, in order."""
+        in_use = run.core.cache is self._prefix_cache
+        self._prefix_cache_in_use |= in_use
+        try:
+            for events in run.core.drive():
+                for ev in events:
+                    if isinstance(ev, Token | SpecStep):
+                        yield ev
+        finally:
+            if in_use:
+                self._prefix_cache_in_use = False
 
     @torch.inference_mode()
     def generate(
@@ -329,6 +328,8 @@ class LLMModel:
     ) -> GenerationOutput:
         """Generate for one prompt or a batch; see :class:`GenerationOutput`.
 
+        The prompts stream through the engine core (a bounded running set, chunked prefill,
+        prefix caching on block caches), so a call may hold any number of prompts.
         ``streamer`` follows transformers' streamer protocol (``put``/``end``; batch size 1).
         With ``num_beams > 1`` this runs beam search and returns the best beam per prompt.
         """
@@ -348,38 +349,47 @@ class LLMModel:
             ]
             tokens = self._pack(prompts, padded, [h.token_ids for h in best])
             return GenerationOutput(tokens, sequences)
-        batch = self._start(inputs, sampling_config, keep_logits=output_logits)
-        prompts, trackers, spec_run = batch.prompts, batch.trackers, batch.spec_run
+        run = self._start(inputs, sampling_config, keep_logits=output_logits)
+        prompts = run.prompts
+        rows = [SequenceCollector(c, self.tokenizer is not None) for c in run.configs]
         if streamer is not None:
             streamer.put(prompts[0].view(1, -1) if len(prompts) == 1 else torch.stack(prompts))
-        logits: list[list[torch.Tensor]] = [[] for _ in prompts]
-        for event in batch.events:
-            self._record(event, trackers, logits)
+        for ev in self._events(run):
+            row = rows[int(ev.key)]
+            if isinstance(ev, SpecStep):
+                row.spec.record(ev.proposed, ev.accepted, ev.emitted)
+                continue
+            row.add(ev)
             if streamer is not None:
-                streamer.put(torch.tensor(event.tokens))
+                streamer.put(torch.tensor([ev.token]))
         if streamer is not None:
             streamer.end()
-        prompt_lp = self._prompt_logprobs(prompts, [t.config for t in trackers])
-        row_stats = spec_run.row_stats if spec_run is not None else None
+        prompt_lp = prompt_logprobs(self.model, self.new_cache, prompts, run.configs)
+        spec = run.core.spec
+        batch_stats = None
+        if spec is not None:
+            batch_stats = SpecStats.total(r.spec for r in rows)
+            batch_stats.draft_seconds = spec.stats.draft_seconds
+            batch_stats.verify_seconds = spec.stats.verify_seconds
+            self.speculator.stats.merge(batch_stats)
         sequences = [
             SequenceOutput(
                 p.tolist(),
-                t.tokens,
-                t.text,
-                t.finish_reason or "length",
-                t.logprobs if t.config.logprobs is not None else None,
+                r.tokens,
+                r.text,
+                r.finish_reason or "length",
+                r.logprobs if r.config.logprobs is not None else None,
                 prompt_lp[i],
-                row_stats[i] if row_stats is not None else None,
+                r.spec if spec is not None else None,
             )
-            for i, (p, t) in enumerate(zip(prompts, trackers))
+            for i, (p, r) in enumerate(zip(prompts, rows))
         ]
-        out_logits = [torch.stack(rows) for rows in logits] if output_logits else None
-        generated = [t.tokens for t in trackers]
+        out_logits = [torch.stack(r.logits) for r in rows] if output_logits else None
         return GenerationOutput(
-            self._pack(prompts, batch.padded, generated),
+            self._pack(prompts, run.padded, [r.tokens for r in rows]),
             sequences,
             out_logits,
-            spec_run.stats if spec_run is not None else None,
+            batch_stats,
         )
 
     @torch.inference_mode()
@@ -414,62 +424,16 @@ class LLMModel:
         self, inputs: Any, sampling_config: SamplingConfig | Sequence[SamplingConfig] | None = None
     ) -> Iterator[StreamChunk]:
         """Yield each new token with its text delta (UTF-8 safe, stop strings held back)."""
-        batch = self._start(inputs, sampling_config)
-        trackers, deltas = batch.trackers, batch.deltas
-        for event in batch.events:
-            for row, token in zip(event.rows, event.tokens):
-                yield StreamChunk(row, token, deltas.pop(row, ""), trackers[row].finish_reason)
+        run = self._start(inputs, sampling_config)
+        for ev in self._events(run):
+            if isinstance(ev, Token):
+                yield StreamChunk(int(ev.key), ev.token, ev.text, ev.finish_reason)
 
     # -- output helpers --------------------------------------------------------------------
-    @staticmethod
-    def _record(event: StepEvent, trackers: list[SequenceTracker], logits) -> None:
-        for j, row in enumerate(event.rows):
-            if event.logits is not None:
-                logits[row].append(event.logits[j])
-            k = trackers[row].config.logprobs
-            if k is not None and event.logprobs is not None:
-                top = {}
-                if k and event.top_ids is not None:
-                    ids, values = event.top_ids[j, :k].tolist(), event.top_logprobs[j, :k].tolist()
-                    top = {i: v for i, v in zip(ids, values) if i >= 0}
-                trackers[row].logprobs.append(
-                    TokenLogprob(event.tokens[j], float(event.logprobs[j]), top)
-                )
-
-    def _prompt_logprobs(self, prompts, configs) -> list[list[TokenLogprob | None] | None]:
-        wanted = [i for i, c in enumerate(configs) if c.prompt_logprobs is not None]
-        result: list[list[TokenLogprob | None] | None] = [None] * len(prompts)
-        if not wanted:
-            return result
-        batch = [prompts[i] for i in wanted]
-        logits = score(self.model, self.new_cache(), batch)
-        width = logits.shape[1]
-        for j, i in enumerate(wanted):
-            n, k = prompts[i].numel(), configs[i].prompt_logprobs
-            lp = torch.log_softmax(logits[j, width - n : width - 1], dim=-1)
-            entries: list[TokenLogprob | None] = [None]
-            for t in range(n - 1):
-                top = {}
-                if k:
-                    best = lp[t].topk(k)
-                    top = dict(zip(best.indices.tolist(), best.values.tolist()))
-                token = int(prompts[i][t + 1])
-                entries.append(TokenLogprob(token, float(lp[t, token]), top))
-            result[i] = entries
-        return result
-
-    def _pack(
-        self, prompts, padded: torch.Tensor | None, generated: list[list[int]]
-    ) -> torch.Tensor:
+    def _pack(self, prompts, padded: torch.Tensor | None, generated) -> torch.Tensor:
         pad = getattr(self.tokenizer, "pad_token_id", None)
         pad = pad if pad is not None else (self.eos_token_ids[0] if self.eos_token_ids else 0)
-        if padded is None:
-            padded = left_pad(prompts, pad)[0]
-        width = max(len(g) for g in generated)
-        tail = torch.full((len(prompts), width), pad, dtype=torch.long)
-        for i, g in enumerate(generated):
-            tail[i, : len(g)] = torch.tensor(g, dtype=torch.long)
-        return torch.cat([padded, tail], dim=1)
+        return pack_tokens(prompts, padded, generated, pad)
 
     @torch.inference_mode()
     def logits(self, inputs: Any) -> torch.Tensor:

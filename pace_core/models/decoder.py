@@ -5,7 +5,7 @@ Building one (reading weights, resolving and binding kernels) is :mod:`pace_core
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,3 +94,56 @@ class DecoderLM:
         if self.logit_softcap:
             logits = torch.tanh(logits / self.logit_softcap) * self.logit_softcap
         return logits if all_logits else logits[:, 0]
+
+
+def left_pad(prompts: Sequence[torch.Tensor], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stack 1-D prompts into ``ids [B, T]`` and ``valid [B, T]`` with padding on the left."""
+    width = max(int(p.numel()) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    valid = torch.zeros((len(prompts), width), dtype=torch.bool)
+    for i, p in enumerate(prompts):
+        if p.numel():
+            ids[i, width - p.numel() :] = p
+            valid[i, width - p.numel() :] = True
+    return ids, valid
+
+
+def forward_step(
+    model: DecoderLM,
+    cache: Any,
+    seq_ids: list[int],
+    ids: torch.Tensor,
+    num_new: Sequence[int],
+    *,
+    all_logits: bool = False,
+) -> torch.Tensor:
+    """One forward pass adding ``num_new[b]`` real (right-aligned) tokens of ``ids`` per row
+    to ``cache``'s sequences ``seq_ids``; logits of each row's last position (``[B, V]``) or of
+    every position (``[B, T, V]``)."""
+    meta = cache.begin_step(seq_ids, list(num_new), ids.shape[1])
+    logits = model.forward(ids, model.make_step(cache, meta), all_logits=all_logits)
+    cache.end_step()
+    return logits
+
+
+def prefill(
+    model: DecoderLM,
+    cache: Any,
+    seq_ids: list[int],
+    prompts: Sequence[torch.Tensor],
+    *,
+    all_logits: bool = False,
+) -> torch.Tensor:
+    """Add whole prompts (left-padded into one forward) to empty sequences."""
+    ids, _ = left_pad(prompts)
+    return forward_step(
+        model, cache, seq_ids, ids, [p.numel() for p in prompts], all_logits=all_logits
+    )
+
+
+def score(model: DecoderLM, cache: Any, prompts: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Logits ``[B, T, V]`` for every position of left-padded prompts (prompt logprobs)."""
+    seq_ids = cache.add_sequences(len(prompts))
+    logits = prefill(model, cache, seq_ids, prompts, all_logits=True)
+    cache.retain([])
+    return logits

@@ -85,3 +85,20 @@ def read_generation_config(path: str | Path) -> dict[str, Any]:
         kind = type(data).__name__
         raise ConfigError(f"{file} is not valid JSON: expected an object, got {kind}")
     return data
+
+
+def resolve_eos_ids(
+    generation_config: dict[str, Any] | None, config: Any, tokenizer: Any | None
+) -> tuple[int, ...]:
+    """The model's EOS ids: ``generation_config.json`` first, then the model config, then the
+    tokenizer (the first that names any); () when none does."""
+    for source in (
+        (generation_config or {}).get("eos_token_id"),
+        getattr(config, "eos_token_id", None),
+        getattr(tokenizer, "eos_token_id", None),
+    ):
+        if source is not None:
+            return tuple(int(e) for e in source) if isinstance(source, list | tuple) else (
+                int(source),
+            )
+    return ()

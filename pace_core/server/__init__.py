@@ -2,11 +2,11 @@
 
 Modules, one job each:
 
-* :mod:`~pace_core.server.engine`: the scheduler and model loop (``EngineCore``);
-  :mod:`.speculative` its speculative decode step;
 * :mod:`.local` (``LocalEngine``, a thread) and :mod:`.multi` (``ProcessEngine``, a process
-  per core group): the engine instances, both :class:`~.events.EngineHandle` s;
-* :mod:`.events`: the typed messages between engines and front door (picklable dataclasses);
+  per core group): engine instances, each running a :class:`~pace_core.engine.core.EngineCore`
+  and speaking its typed events (:mod:`pace_core.engine.events`);
+* :mod:`.instances`: what the front door knows of an instance (``EngineHandle``, ``Ready``,
+  ``Dead``);
 * :mod:`.frontend`: routing, queue limits, event fan-out, metrics bookkeeping;
 * :mod:`.server`: ``Server`` / ``ServerConfig`` and how they are built (in-process or
   multi-instance);

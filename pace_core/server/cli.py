@@ -158,9 +158,9 @@ def build_server(args: argparse.Namespace):
 def serve_configs(args: argparse.Namespace) -> tuple[dict[str, Any], Any, Any]:
     """(LLMModel keyword arguments, EngineConfig, ServerConfig) of parsed ``serve`` args."""
     from pace_core import zoo
+    from pace_core.engine.config import EngineConfig
     from pace_core.errors import ConfigError
     from pace_core.server.app import ServerConfig
-    from pace_core.server.engine import EngineConfig
 
     model = args.model or zoo.DEFAULT_MODEL
     if args.kv_cache_type not in ("paged", "slab_pool"):

@@ -18,8 +18,8 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
+from pace_core.engine.events import ErrorKind, SeqError, Token
 from pace_core.server.context import ServingContext
-from pace_core.server.events import SeqError, Token
 from pace_core.server.frontend import Submission
 from pace_core.server.openai_response import Choice, ResponseFormat, sse
 from pace_core.server.protocol import APIError
@@ -98,10 +98,19 @@ def _timeout_error(server: ServingContext) -> APIError:
     )
 
 
+# what each engine error kind is to an OpenAI client: (HTTP status, error type)
+_HTTP_ERRORS: dict[ErrorKind, tuple[int, str]] = {
+    ErrorKind.INVALID_REQUEST: (400, "invalid_request_error"),
+    ErrorKind.UNAVAILABLE: (503, "unavailable"),
+    ErrorKind.ENGINE_ERROR: (503, "engine_error"),
+}
+
+
 def _engine_error(server: ServingContext, sub: Submission, ev: SeqError) -> APIError:
-    headers = {"Retry-After": "1"} if ev.status in (429, 503) else None
+    status, error_type = _HTTP_ERRORS[ev.kind]
+    headers = {"Retry-After": "1"} if status in (429, 503) else None
     instance = server.frontend.instances[sub.instance].name
-    return APIError(ev.status, ev.message, ev.error_type, headers=headers, instance=instance)
+    return APIError(status, ev.message, error_type, headers=headers, instance=instance)
 
 
 async def _collect(server: ServingContext, fmt: ResponseFormat, request: Request) -> list[Choice]:

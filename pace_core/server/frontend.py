@@ -1,9 +1,9 @@
 """The front door's side of the engines: routing, queue limits, event fan-out, metrics.
 
 Runs on the asyncio loop. Engines (threads or processes, each an
-:class:`~pace_core.server.events.EngineHandle`) deliver event batches from their own threads;
+:class:`~pace_core.server.instances.EngineHandle`) deliver event batches from their own threads;
 :meth:`Frontend.deliver` hops onto the loop with ``call_soon_threadsafe`` and fans the
-:class:`~pace_core.server.events.Token` and :class:`~pace_core.server.events.SeqError` events
+:class:`~pace_core.engine.events.Token` and :class:`~pace_core.engine.events.SeqError` events
 out to one :class:`Submission` (an ``asyncio.Queue``) per HTTP request.
 """
 
@@ -17,18 +17,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from pace_core.server.events import (
-    Admitted,
-    Dead,
-    EngineHandle,
-    Event,
-    Ready,
-    SeqError,
-    SeqSpec,
-    SpecStep,
-    Stats,
-    Token,
-)
+from pace_core.engine.events import Admitted, ErrorKind, SeqError, SeqSpec, SpecStep, Stats, Token
+from pace_core.server.instances import Dead, EngineHandle, Event, Ready
 from pace_core.server.metrics import Metrics
 from pace_core.server.protocol import APIError
 from pace_core.server.routing import PrefixRouter
@@ -282,7 +272,7 @@ class Frontend:
         for key, state in list(self._seqs.items()):
             if state.instance == index:
                 self._finish(key, state)
-                state.sub.queue.put_nowait(SeqError(key, reason, "engine_error", 503))
+                state.sub.queue.put_nowait(SeqError(key, reason, ErrorKind.ENGINE_ERROR))
         self.outstanding[index] = 0
         self.stats[index] = Stats()
         if self.router is not None:

@@ -1,4 +1,4 @@
-"""The default engine instance: an :class:`~pace_core.server.engine.EngineCore` in a thread
+"""The default engine instance: an :class:`~pace_core.engine.core.EngineCore` in a thread
 of the server's own process (``--instances N`` runs them in processes instead, see
 :mod:`pace_core.server.multi`)."""
 
@@ -6,22 +6,24 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
 
-from pace_core.server.engine import EngineConfig, EngineCore
-from pace_core.server.events import Dead, Deliver, Event, SeqSpec
+from pace_core.engine.config import EngineConfig
+from pace_core.engine.core import EngineCore
+from pace_core.engine.events import SeqSpec
+from pace_core.engine.handle import ModelHandle
+from pace_core.server.instances import Dead, Deliver, Event
 
 log = logging.getLogger("pace.server.engine")
 
 
 class LocalEngine:
     """An :class:`EngineCore` running in a thread of this process (the default); an
-    :class:`~pace_core.server.events.EngineHandle`."""
+    :class:`~pace_core.server.instances.EngineHandle`."""
 
-    def __init__(self, llm: Any, config: EngineConfig, name: str = "0") -> None:
+    def __init__(self, model: ModelHandle, config: EngineConfig, name: str = "0") -> None:
         self.name = name
         self.config = config
-        self.core = EngineCore(llm, config, self._emit, name)
+        self.core = EngineCore(model, config, self._emit, name)
         self.capacity_tokens: int | None = self.core.capacity_tokens
         self.block_size: int | None = self.core.block_size
         self.healthy = True

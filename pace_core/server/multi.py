@@ -1,12 +1,12 @@
 """Multi-instance serving: engine processes with partitioned cores behind one front door.
 
 Each instance is a ``spawn``-ed process that loads the model, pins itself to its cores
-(``os.sched_setaffinity``) and runs an :class:`~pace_core.server.engine.EngineCore` with
+(``os.sched_setaffinity``) and runs an :class:`~pace_core.engine.core.EngineCore` with
 ``torch.set_num_threads(len(cores))``. The front door talks to it over two one-way pipes:
-commands (:class:`~pace_core.server.events.Submit` / ``Cancel`` / ``Stop``) down, event
-batches (:mod:`pace_core.server.events`, a :class:`~pace_core.server.events.Ready` first) up.
+commands (:class:`~pace_core.engine.events.Submit` / ``Cancel`` / ``Stop``) down, event
+batches (:mod:`pace_core.engine.events`, a :class:`~pace_core.server.instances.Ready` first) up.
 A reader thread per instance forwards events to the front door; when the pipe breaks (the
-process died) the instance reports :class:`~pace_core.server.events.Dead` -- the front door
+process died) the instance reports :class:`~pace_core.server.instances.Dead` -- the front door
 fails that instance's in-flight requests -- and a new process is spawned. The child exits by
 itself when the parent's end of the command pipe closes, so no orphan outlives the server.
 """
@@ -22,18 +22,10 @@ import threading
 import time
 from typing import Any
 
-from pace_core.server.engine import EngineConfig, EngineCore
-from pace_core.server.events import (
-    Cancel,
-    Command,
-    Dead,
-    Deliver,
-    Event,
-    Ready,
-    SeqSpec,
-    Stop,
-    Submit,
-)
+from pace_core.engine.config import EngineConfig
+from pace_core.engine.core import EngineCore
+from pace_core.engine.events import Cancel, Command, SeqSpec, Stop, Submit
+from pace_core.server.instances import Dead, Deliver, Event, Ready
 from pace_core.server.threads import on_transient_thread
 
 log = logging.getLogger("pace.server.multi")
@@ -89,7 +81,7 @@ def _instance_main(
         with lock:
             evt_conn.send(events)
 
-    core = EngineCore(llm, config, emit, name)
+    core = EngineCore(llm.handle, config, emit, name)
     # Ready (the first event) once warm: no request during the warm-up, which measures the
     # prefill rate
     ready = [Ready(core.capacity_tokens, core.block_size, os.getpid())]
@@ -112,7 +104,7 @@ def _instance_main(
 
 class ProcessEngine:
     """One engine instance in its own process, restarted when it dies; an
-    :class:`~pace_core.server.events.EngineHandle`."""
+    :class:`~pace_core.server.instances.EngineHandle`."""
 
     def __init__(
         self,

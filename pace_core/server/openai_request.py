@@ -1,5 +1,5 @@
 """OpenAI requests -> engine work: token prompts, a :class:`SamplingConfig` per choice, and
-the :class:`~pace_core.server.events.SeqSpec` submission.
+the :class:`~pace_core.engine.events.SeqSpec` submission.
 
 Every check a request can fail before it reaches an engine is here (unknown model, empty or
 out-of-vocabulary prompts, the context window and KV pool, sampling values), each a 400/404
@@ -13,10 +13,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pace_core.engine.events import SeqSpec
 from pace_core.errors import ConfigError
 from pace_core.sampling.config import SamplingConfig
 from pace_core.server.context import ServingContext
-from pace_core.server.events import SeqSpec
 from pace_core.server.frontend import Submission
 from pace_core.server.protocol import APIError, ChatCompletionRequest, CompletionRequest
 from pace_core.server.tools import ToolFormat, ToolPlan, plan_tools

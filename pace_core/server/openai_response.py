@@ -2,7 +2,7 @@
 and ``usage``.
 
 :class:`CompletionFormat` (``text_completion``) and :class:`ChatFormat` (``chat.completion``)
-turn :class:`~pace_core.server.events.Token` events into stream chunks and the collected
+turn :class:`~pace_core.engine.events.Token` events into stream chunks and the collected
 :class:`Choice` s into a body; :mod:`pace_core.server.delivery` drives them.
 """
 
@@ -13,8 +13,8 @@ import math
 import time
 from typing import TYPE_CHECKING, Any
 
+from pace_core.engine.events import Token
 from pace_core.server.context import ServingContext
-from pace_core.server.events import Token
 from pace_core.server.openai_request import Plan, Submitted
 from pace_core.server.protocol import ChatCompletionRequest, CompletionRequest
 from pace_core.server.tools import ToolStreamParser

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import os
 
+from pace_core.engine.config import EngineConfig
 from pace_core.server.context import ServerConfig
-from pace_core.server.engine_config import EngineConfig
 from pace_core.server.ray_serve import build_app
 
 

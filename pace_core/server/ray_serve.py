@@ -36,9 +36,10 @@ from ray import serve
 from ray.serve.config import RequestRouterConfig
 from ray.serve.request_router import FIFOMixin, PendingRequest, RequestRouter, RunningReplica
 
+from pace_core.engine.config import EngineConfig
+from pace_core.engine.events import ErrorKind, SeqError, SeqSpec, Stats, Token
 from pace_core.server.context import ServerConfig
-from pace_core.server.engine_config import EngineConfig
-from pace_core.server.events import Deliver, Event, SeqError, SeqSpec, Stats, Token
+from pace_core.server.instances import Deliver, Event
 from pace_core.server.routing import PrefixRouter
 
 log = logging.getLogger("pace.server.ray")
@@ -62,7 +63,7 @@ class PaceEngine:
         if engine_config.threads:
             self.pinned = pin_cores(_local_rank(context), engine_config.threads)
             torch.set_num_threads(engine_config.threads)
-        self.engine = LocalEngine(LLMModel(**model_args), engine_config, self.replica)
+        self.engine = LocalEngine(LLMModel(**model_args).handle, engine_config, self.replica)
         self._streams: dict[str, asyncio.Queue[list[Event]]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -162,7 +163,7 @@ def pin_cores(local_rank: int, threads: int) -> list[int] | None:
 class RayEngines:
     """The ingress front door's one engine instance: every submission is a streaming call
     of ``PaceEngine.submit`` on the replica Ray routes it to (an
-    :class:`~pace_core.server.events.EngineHandle`)."""
+    :class:`~pace_core.server.instances.EngineHandle`)."""
 
     def __init__(self, handle: Any, name: str = "ray") -> None:
         self.name = name
@@ -199,7 +200,7 @@ class RayEngines:
         except Exception as exc:  # the replica died or Ray could not reach it
             log.warning("ray replica failed a request: %s: %s", type(exc).__name__, exc)
             reason = f"the engine replica serving this request failed ({type(exc).__name__}); retry"
-            self._send([SeqError(k, reason, "engine_error", 503) for k in sorted(left)])
+            self._send([SeqError(k, reason, ErrorKind.ENGINE_ERROR) for k in sorted(left)])
         finally:
             for spec in specs:
                 self._tasks.pop(spec.key, None)

@@ -15,25 +15,20 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pace_core.models.limits import read_generation_config, serving_context_window, text_config
+from pace_core.engine.config import EngineConfig
+from pace_core.models.limits import (
+    read_generation_config,
+    resolve_eos_ids,
+    serving_context_window,
+    text_config,
+)
 from pace_core.sampling.grammar import GrammarCompiler
 from pace_core.server.context import ServerConfig, TokenText
-from pace_core.server.engine import EngineConfig, context_window
-from pace_core.server.events import EngineHandle
 from pace_core.server.frontend import Frontend
+from pace_core.server.instances import EngineHandle
 from pace_core.server.local import LocalEngine
 from pace_core.server.metrics import Metrics
 from pace_core.server.openai_request import sampling_defaults
-
-
-def _eos_ids(generation_config: dict[str, Any] | None, tokenizer: Any) -> list[int]:
-    """The model's EOS ids (generation config first, as the engines resolve them)."""
-    eos = (generation_config or {}).get("eos_token_id")
-    if eos is None:
-        eos = getattr(tokenizer, "eos_token_id", None)
-    if eos is None:
-        return []
-    return [int(e) for e in eos] if isinstance(eos, list | tuple) else [int(eos)]
 
 
 class Server:
@@ -50,6 +45,7 @@ class Server:
         max_context: int,
         vocab_size: int,
         generation_config: dict[str, Any] | None = None,
+        eos_token_ids: Sequence[int] = (),
         speculative: bool = False,
         grammar: GrammarCompiler | None = None,
     ) -> None:
@@ -68,9 +64,7 @@ class Server:
             max_queue=engine_config.max_queue,
         )
         self.token_text = TokenText(tokenizer)
-        self.grammar = grammar or GrammarCompiler(
-            tokenizer, vocab_size, _eos_ids(generation_config, tokenizer) or [0]
-        )
+        self.grammar = grammar or GrammarCompiler(tokenizer, vocab_size, list(eos_token_ids) or [0])
         self.created = int(time.time())
 
     @property
@@ -84,7 +78,7 @@ class Server:
     ) -> Server:
         """One engine thread on an already loaded :class:`~pace_core.engine.llm.LLMModel`."""
         engine_config = engine_config or EngineConfig()
-        instance = LocalEngine(llm, engine_config, "0")
+        instance = LocalEngine(llm.handle, engine_config, "0")
         # The engine thread decodes with llm.tokenizer; the front door encodes with its own
         # copy: a Rust-backed tokenizer shared by an encoding and another thread can raise
         # "Already borrowed" (transformers resets truncation/padding state on encode).
@@ -97,10 +91,11 @@ class Server:
             [instance],
             engine_config,
             config or ServerConfig(),
-            max_context=context_window(llm),
+            max_context=llm.handle.serving_context(),
             vocab_size=llm.model.vocab_size,
             generation_config=llm.generation_config,
-            speculative=getattr(llm, "speculator", None) is not None,
+            eos_token_ids=llm.eos_token_ids,
+            speculative=llm.speculator is not None,
             grammar=llm.grammar,  # one conversion shared by the front door and the engine
         )
 
@@ -141,6 +136,7 @@ class Server:
         hf_config = load_config(path)
         tokenizer = load_tokenizer(path)
         vocab = getattr(text_config(hf_config), "vocab_size", None) or len(tokenizer)
+        generation_config = read_generation_config(path)
         return cls(
             tokenizer,
             engines,
@@ -148,7 +144,8 @@ class Server:
             config or ServerConfig(),
             max_context=serving_context_window(hf_config),
             vocab_size=int(vocab),
-            generation_config=read_generation_config(path),
+            generation_config=generation_config,
+            eos_token_ids=resolve_eos_ids(generation_config, hf_config, tokenizer),
             speculative=model_args.get("spec_config") is not None,
         )
 

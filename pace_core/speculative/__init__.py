@@ -19,7 +19,6 @@ from pace_core.speculative.config import (
 )
 from pace_core.speculative.draft import DraftModelProposer
 from pace_core.speculative.inferencer import KVRows, ModelInferencer
-from pace_core.speculative.loop import SpeculativeRun
 from pace_core.speculative.ngram import PromptLookupProposer
 from pace_core.speculative.pard import PardProposer
 from pace_core.speculative.proposer import Proposal, Proposer, RowSampling
@@ -58,7 +57,6 @@ __all__ = [
     "SpecConfig",
     "SpecModel",
     "SpecStats",
-    "SpeculativeRun",
     "Speculator",
     "TokenSampler",
     "check_vocab_compatible",

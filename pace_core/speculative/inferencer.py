@@ -9,9 +9,8 @@ from typing import Any
 
 import torch
 
-from pace_core.engine.generate import forward_step, left_pad
 from pace_core.models import limits
-from pace_core.models.decoder import DecoderLM
+from pace_core.models.decoder import DecoderLM, forward_step, left_pad
 from pace_core.sampling.argmax import greedy_argmax
 from pace_core.speculative.protocol import DecodeOutput, PrefillOutput, TokenSampler
 

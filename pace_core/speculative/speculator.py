@@ -1,21 +1,17 @@
 """The speculative set-up of a target: the validated config, the target and draft decoders
-(loaded by the caller) and a factory of runs. It never loads or imports ``LLMModel``:
+(loaded by the caller) and a factory of proposers. It never loads or imports ``LLMModel``:
 ``LLMModel`` loads the draft and hands both models over as :class:`SpecModel`."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from pace_core.engine.generate import FinishFn
 from pace_core.errors import ConfigError
 from pace_core.models.decoder import DecoderLM
-from pace_core.sampling.sampler import BatchSampler
 from pace_core.speculative.config import (
     DraftSpecDecodeConfig,
     PardSpecDecodeConfig,
@@ -24,7 +20,6 @@ from pace_core.speculative.config import (
 )
 from pace_core.speculative.draft import DraftModelProposer
 from pace_core.speculative.inferencer import ModelInferencer
-from pace_core.speculative.loop import SpeculativeRun
 from pace_core.speculative.ngram import PromptLookupProposer
 from pace_core.speculative.pard import PardProposer, resolve_pard_token
 from pace_core.speculative.proposer import Proposer
@@ -90,7 +85,8 @@ def load_draft_tokenizer(path: Path) -> Any | None:
 
 
 class Speculator:
-    """A target's speculative decoding set-up; :meth:`run` starts one batch.
+    """A target's speculative decoding set-up: its config, the draft model and a factory of
+    proposers (the engine core runs the steps).
 
     Args:
         config: the validated spec config.
@@ -150,26 +146,3 @@ class Speculator:
             return PardProposer(self._draft_inferencer, self._mask_token, cache=cache)
         assert isinstance(self.config, DraftSpecDecodeConfig)
         return DraftModelProposer(self._draft_inferencer, cache=cache)
-
-    def run(
-        self,
-        prompts: Sequence[torch.Tensor],
-        sampler: BatchSampler,
-        finish: FinishFn,
-        *,
-        keep_logits: bool = False,
-        on_round_end: Callable[[SpeculativeRun], None] | None = None,
-    ) -> SpeculativeRun:
-        """The event stream of one batch (see :class:`SpeculativeRun`)."""
-        run = SpeculativeRun(
-            self.target,
-            self.new_proposer(),
-            self.num_speculative_tokens,
-            prompts,
-            sampler,
-            finish,
-            keep_logits=keep_logits,
-            on_round_end=on_round_end,
-            on_done=self.stats.merge,
-        )
-        return run

@@ -95,3 +95,28 @@ def test_every_module_stays_small():
         if (n := len(path.read_text().splitlines())) > MAX_LINES
     }
     assert too_big == {}
+
+
+def _package(module: str) -> str | None:
+    """The sub-package of ``pace_core`` a module belongs to (None for the root modules)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or (ROOT / parts[-1]).is_dir() else None
+
+
+def test_no_import_circle_between_packages():
+    """Sub-packages depend one way (engine -> speculative -> models, never back): a module
+    may import another package's module only if that package never imports back."""
+    modules = _modules()
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        src = _package(name)
+        if src is None:
+            continue
+        for dep in _imports(name, path, set(modules)):
+            dst = _package(dep)
+            graph.setdefault(src, set())
+            if dst is not None and dst != src:
+                graph[src].add(dst)
+                graph.setdefault(dst, set())
+    assert graph["engine"] >= {"speculative", "models"}  # sees the packages
+    assert _cycles(graph) == []

@@ -12,8 +12,8 @@ pytest.importorskip("pace_avx512", reason="pip install --no-deps -e plugins/avx5
 
 from pace_avx512 import kernels, packing
 
-from pace_core.engine.generate import forward_step
 from pace_core.engine.llm import LLMModel
+from pace_core.models.decoder import forward_step
 
 
 def test_linear_and_attention_release_the_gil():

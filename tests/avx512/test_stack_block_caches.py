@@ -24,7 +24,7 @@ pytest.importorskip("pace_avx512", reason="pip install --no-deps -e plugins/avx5
 from support.tiny import FACTORIES
 
 from pace_core import LLMModel, SamplingConfig
-from pace_core.engine.generate import forward_step
+from pace_core.models.decoder import forward_step
 
 BLOCK_CACHES = ("paged", "slab_pool")
 FUSED = ("llama", "llama-llama3", "qwen2-sliding", "qwen3-sliding", "smollm3-nope",

@@ -200,7 +200,7 @@ class HalfWay:
 
     @hookimpl
     def pace_register_kv_caches(self, registry):
-        registry.add_cache("halfway", dict, layout="contiguous")
+        registry.add_cache("halfway", DynamicCache, layout="contiguous")
         raise RuntimeError("boom half-way")
 
 
@@ -249,6 +249,31 @@ class KeysAndValuesOnly:
     @hookimpl
     def pace_register_kv_caches(self, registry):
         registry.add_cache("keys_and_values", DynamicCache, layout="contiguous")
+
+
+class HalfABlockCache(DynamicCache):
+    """Claims the paged layout but has no block pool: no ``free_sequence``, no prefixes."""
+
+    layout = "paged"
+
+
+class ClaimsBlocks:
+    PACE_CONTRACT_VERSION = CONTRACT_VERSION
+
+    @hookimpl
+    def pace_register_kv_caches(self, registry):
+        registry.add_cache("half_a_block", HalfABlockCache, layout="paged")
+
+
+def test_a_cache_must_implement_its_layouts_protocol():
+    """A cache class that declares a block layout is checked against ``BlockKVCache`` when
+    it registers (as kernels are against their ``OpSpec``): the plugin fails, naming what the
+    class lacks, and nothing of it is kept."""
+    info = get_host().register(ClaimsBlocks(), "claims_blocks")
+    assert info.status == "failed" and info.error.startswith("ContractError")
+    assert "'half_a_block' declares layout 'paged'" in info.error
+    assert "adopt_prefix" in info.error and "free_sequence" in info.error
+    assert "BlockKVCache" in info.error and "half_a_block" not in get_host().caches
 
 
 def test_a_latent_model_refuses_a_cache_that_ignores_value_dims(tmp_path):
@@ -341,7 +366,7 @@ def test_duplicate_in_one_registry_rolls_back_the_others():
 
         @hookimpl
         def pace_register_kv_caches(self, registry):
-            registry.add_cache("dynamic", dict, layout="contiguous")  # pace.caches has it
+            registry.add_cache("dynamic", DynamicCache, layout="contiguous")  # pace.caches has it
 
     host = get_host()
     info = host.register(KernelAndClash(), "clash")

@@ -28,8 +28,8 @@ if MISSING:  # the serve/test extras are not installed: skip the server tests
 else:
     import openai
 
+    from pace_core.engine.config import EngineConfig
     from pace_core.server.app import Server, ServerConfig, create_app
-    from pace_core.server.engine import EngineConfig
     from pace_core.server.testing import ThreadedServer
 
 MODEL_NAME = "smollm2"
@@ -88,20 +88,21 @@ def wait_idle(http, timeout: float = 20.0) -> None:
     """Until the engine holds no sequence and every KV block is free again (the draft
     model's too, when it decodes speculatively with one)."""
     core = engine_core(http)
+    sched = core.scheduler
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        idle = not (core.running or core.prefilling or core.waiting)
+        idle = not sched.busy
         draft = _draft_pool(core)
         draft_free = draft is None or (draft.num_free_blocks, draft.lens) == (draft.num_blocks, {})
-        target_free = core.cache.num_free_blocks == core.num_blocks and core.booked == 0
+        target_free = core.cache.num_free_blocks == sched.num_blocks and sched.booked == 0
         if idle and target_free and draft_free:
             core.cache.pool.check()  # refcounts, free / cached states and the prefix index
             return
         time.sleep(0.05)
     draft = _draft_pool(core)
     raise AssertionError(
-        f"engine not idle: running={len(core.running)} prefilling={len(core.prefilling)} "
-        f"waiting={len(core.waiting)} free={core.cache.num_free_blocks}/{core.num_blocks}"
+        f"engine not idle: running={len(sched.running)} prefilling={len(sched.prefilling)} "
+        f"waiting={len(sched.waiting)} free={core.cache.num_free_blocks}/{sched.num_blocks}"
         + ("" if draft is None else f" draft free={draft.num_free_blocks}/{draft.num_blocks}")
     )
 

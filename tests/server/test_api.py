@@ -261,8 +261,9 @@ def test_the_server_listens_once_its_engine_has_warmed_up(llm, monkeypatch):
     """A request during the engine's warm-up would skew the prefill rate it measures, and so
     would the grammar's tokenizer conversion (seconds of CPU for Gemma's vocabulary): uvicorn
     listens, and the conversion starts, only once the warm-up is over."""
+    from pace_core.engine.config import EngineConfig
+    from pace_core.engine.core import EngineCore
     from pace_core.server.app import Server, ServerConfig, create_app
-    from pace_core.server.engine import EngineConfig, EngineCore
     from pace_core.server.testing import ThreadedServer
 
     from .conftest import THREADS

@@ -6,9 +6,9 @@ import argparse
 
 import pytest
 
+from pace_core.engine.config import EngineConfig
 from pace_core.errors import ConfigError
 from pace_core.server.cli import add_serve_parser, build_server
-from pace_core.server.engine_config import EngineConfig, check_block_cache
 
 
 def _parse(argv):
@@ -53,9 +53,12 @@ def test_contiguous_cache_is_rejected(cache):
         build_server(_parse(["serve", "--kv-cache-type", cache]))
 
 
-def test_engine_rejects_contiguous_cache_object():
-    with pytest.raises(ConfigError, match="paged"):
-        check_block_cache(object(), "dynamic")
+def test_engine_rejects_a_contiguous_cache(tiny_llama_dir):
+    from pace_core.engine.llm import LLMModel
+
+    llm = LLMModel(tiny_llama_dir, kv_cache_type="dynamic", load_tokenizer=False, quiet=True)
+    with pytest.raises(ConfigError, match="'dynamic' cannot serve.*'paged'"):
+        llm.handle.serving_cache(prefix_caching=True)
 
 
 def test_engine_config_validation():

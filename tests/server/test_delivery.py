@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from pace_core.engine.events import Token
 from pace_core.server import delivery
-from pace_core.server.events import Token
 from pace_core.server.frontend import Submission
 
 

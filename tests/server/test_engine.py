@@ -1,4 +1,4 @@
-"""The scheduler without HTTP: EngineCore driven one iteration at a time."""
+"""The engine core as the server drives it, without HTTP: one iteration at a time."""
 
 from __future__ import annotations
 
@@ -8,10 +8,12 @@ import gc
 import pytest
 import torch
 
+from pace_core.engine.config import EngineConfig
+from pace_core.engine.core import EngineCore
+from pace_core.engine.events import ErrorKind, Event, SeqError, SeqSpec, Stats, Token
+from pace_core.engine.runner import group_chunks, step_batch
+from pace_core.engine.scheduler import plan_chunks
 from pace_core.sampling.config import SamplingConfig
-from pace_core.server.engine import EngineConfig, EngineCore, SeqSpec
-from pace_core.server.events import Event, SeqError, Stats, Token
-from pace_core.server.step_rows import group_chunks, plan_chunks, step_batch
 
 from .conftest import THREADS
 
@@ -57,7 +59,7 @@ def _spec(llm, key, prompt, max_tokens, **kw):
 def engine(llm):
     def make(**kw):
         rec = Recorder()
-        core = EngineCore(llm, EngineConfig(**kw), rec)
+        core = EngineCore(llm.handle, EngineConfig(**kw), rec)
         return core, rec
 
     return make
@@ -90,11 +92,12 @@ def test_plan_chunks_takes_prompts_fifo_within_the_budget():
     assert plan_chunks([("a", 10)], 0) == []
 
 
-def test_step_batch_puts_decodes_first_and_right_aligns_each_row():
-    batch, counts = step_batch([7, 8], [torch.tensor([5]), torch.tensor([1, 2, 3])])
+def test_step_batch_right_aligns_each_row():
+    rows = [torch.tensor([7]), torch.tensor([8]), torch.tensor([5]), torch.tensor([1, 2, 3])]
+    batch, counts = step_batch(rows)
     assert counts == [1, 1, 1, 3]
     assert batch.tolist() == [[0, 0, 7], [0, 0, 8], [0, 0, 5], [1, 2, 3]]
-    batch, counts = step_batch([4], [])
+    batch, counts = step_batch([torch.tensor([4])])
     assert counts == [1] and batch.tolist() == [[4]]
 
 
@@ -111,31 +114,31 @@ def test_chunked_prefill_interleaves_with_decode(llm, engine):
             # A decodes one token every iteration while B's prompt is prefilled in chunks
             assert len(rec.tokens("A")) == 2 + i
             assert len(rec.tokens("B")) == (1 if i == 4 else 0)
-        assert core.cache.get_num_tokens(core.running[1].seq_id) == 70
+        assert core.cache.get_num_tokens(core.scheduler.running[1].seq_id) == 70
         while core.busy:
             core.run_once()
     assert len(rec.tokens("A")) == 30 and len(rec.tokens("B")) == 4
-    assert core.cache.num_free_blocks == core.num_blocks and core.booked == 0
+    assert core.cache.num_free_blocks == core.scheduler.num_blocks and core.scheduler.booked == 0
 
 
 def test_admission_books_prompt_plus_max_tokens(llm, engine):
     core, _rec = engine(max_running=8)
-    per_seq = core.num_blocks * core.block_size // 2 - 16  # two bookings fit, three do not
+    per_seq = core.capacity_tokens // 2 - 16  # two bookings fit, three do not
     with one_thread():
         core.submit([_spec(llm, k, "Hi", per_seq - 2) for k in ("A", "B", "C")])
         core.run_once()
-        assert [s.spec.key for s in core.running] == ["A", "B"]
-        assert [s.spec.key for s in core.waiting] == ["C"]
-        assert core.booked <= core.num_blocks
+        assert [s.spec.key for s in core.scheduler.running] == ["A", "B"]
+        assert [s.spec.key for s in core.scheduler.waiting] == ["C"]
+        assert core.scheduler.booked <= core.scheduler.num_blocks
         core.run_once()
-        assert [s.spec.key for s in core.waiting] == ["C"]  # still no room
+        assert [s.spec.key for s in core.scheduler.waiting] == ["C"]  # still no room
         core.cancel(["A"])
         core.run_once()  # A leaves, its booking is released, C is admitted and prefilled
-        assert [s.spec.key for s in core.running] == ["B", "C"]
+        assert [s.spec.key for s in core.scheduler.running] == ["B", "C"]
         core.cancel(["B", "C"])
         core.run_once()
-    assert not core.busy and core.booked == 0
-    assert core.cache.num_free_blocks == core.num_blocks
+    assert not core.busy and core.scheduler.booked == 0
+    assert core.cache.num_free_blocks == core.scheduler.num_blocks
 
 
 def test_max_running_caps_the_batch(llm, engine):
@@ -143,10 +146,10 @@ def test_max_running_caps_the_batch(llm, engine):
     with one_thread():
         core.submit([_spec(llm, str(i), "Hi", 3) for i in range(5)])
         core.run_once()
-        assert len(core.running) == 2 and len(core.waiting) == 3
+        assert len(core.scheduler.running) == 2 and len(core.scheduler.waiting) == 3
         while core.busy:
             core.run_once()
-            assert len(core.running) + len(core.prefilling) <= 2
+            assert len(core.scheduler.running) + len(core.scheduler.prefilling) <= 2
     assert all(len(rec.tokens(str(i))) == 3 for i in range(5))
 
 
@@ -156,17 +159,17 @@ def test_bad_request_fails_alone(llm, engine):
     with one_thread():
         core.submit([_spec(llm, "good", "Hi", 3), bad])
         finish(core)
-    assert rec.errors("bad") and rec.errors("bad")[0].status == 400
+    assert rec.errors("bad") and rec.errors("bad")[0].kind == ErrorKind.INVALID_REQUEST
     assert len(rec.tokens("good")) == 3
-    assert core.booked == 0 and core.cache.num_free_blocks == core.num_blocks
+    assert core.scheduler.booked == 0 and core.cache.num_free_blocks == core.scheduler.num_blocks
 
 
 def test_oversized_request_is_rejected(llm, engine):
     core, rec = engine()
     with one_thread():
-        core.submit([_spec(llm, "big", "Hi", core.num_blocks * core.block_size)])
+        core.submit([_spec(llm, "big", "Hi", core.scheduler.num_blocks * core.block_size)])
         core.run_once()
-    assert rec.errors("big")[0].status == 400 and not core.busy
+    assert rec.errors("big")[0].kind == ErrorKind.INVALID_REQUEST and not core.busy
 
 
 def test_stats_events(llm, engine):
@@ -186,7 +189,7 @@ def test_warm_up_measures_the_prefill_rate_and_leaves_the_cache_as_it_was(
     """Before serving, the pool is committed and throwaway prefills set the budget's rate
     (the fastest of the timed ones after a first: the first forward of a process is not
     measured); their blocks are freed and never indexed as a prefix."""
-    from pace_core.server import warm_up as warm
+    from pace_core.engine import warm_up as warm
 
     core, rec = engine(max_prefill_tokens=256)
     core.cache.enable_prefix_caching(b"warm-up test")
@@ -201,7 +204,7 @@ def test_warm_up_measures_the_prefill_rate_and_leaves_the_cache_as_it_was(
         assert rate is not None and rate > 0 and core.prefill_budget.rate == rate
         forwards = ["forward"] * (1 + warm.MEASURED_FORWARDS)
         assert order == ["populate", *forwards, ("record", warm.WARM_UP_TOKENS)]
-        assert core.cache.num_free_blocks == core.num_blocks
+        assert core.cache.num_free_blocks == core.scheduler.num_blocks
         ids = (torch.arange(warm.WARM_UP_TOKENS) % llm.model.vocab_size).tolist()
         assert core.cache.cached_prefix_tokens(ids) == 0
         assert core.steps == 0 and not rec.events
@@ -214,7 +217,7 @@ def test_warm_up_skips_a_context_too_short_to_measure_a_rate(llm, engine):
     core, _ = engine(max_prefill_tokens=64)
     core.max_context = 40  # a model this short: 39 tokens, under the 64 a rate needs
     assert core.warm_up() is None and core.prefill_budget.rate is None
-    assert core.cache.num_free_blocks == core.num_blocks
+    assert core.cache.num_free_blocks == core.scheduler.num_blocks
 
 
 def test_prefill_is_sliced_while_sequences_decode(llm, engine):
@@ -229,20 +232,21 @@ def test_prefill_is_sliced_while_sequences_decode(llm, engine):
         done = []
         for _ in range(4):
             core.run_once()
-            done.append(next(s.done for s in [*core.prefilling, *core.running]
+            sched = core.scheduler
+            done.append(next(s.computed for s in [*sched.prefilling, *sched.running]
                              if s.spec.key == "B"))  # fmt: skip
         assert done == [20, 40, 60, 70]
         assert len(rec.tokens("A")) == 5  # one token per iteration, never stalled
         finish(core)
     assert len(rec.tokens("A")) == 30 and len(rec.tokens("B")) == 4
-    assert core.cache.num_free_blocks == core.num_blocks and core.booked == 0
+    assert core.cache.num_free_blocks == core.scheduler.num_blocks and core.scheduler.booked == 0
 
 
 def test_mixed_steps_give_the_separate_forwards_tokens(llm, engine, monkeypatch):
     """Decodes and prompt chunks in one packed forward per iteration (the fused stack packs
     ragged steps): the same greedy tokens as separate prefill and decode forwards, one forward
     per iteration, and every block back in the pool."""
-    import pace_core.server.engine as engine_module
+    import pace_core.engine.runner as engine_module
 
     if not llm.model.packs_ragged_steps:
         pytest.skip("the resolved decoder_stack does not pack ragged steps (no AVX-512 here)")
@@ -258,8 +262,8 @@ def test_mixed_steps_give_the_separate_forwards_tokens(llm, engine, monkeypatch)
     results = {}
     for mixed in (True, False):
         core, rec = engine(max_prefill_tokens=24, prefill_slice_ms=0)
-        assert core.mixed
-        core.mixed = mixed
+        assert core.runner.one_forward
+        core.runner.one_forward = mixed
         forwards.clear()
         with one_thread():
             core.submit([_spec(llm, "A", prompts["A"], 12)])
@@ -273,6 +277,7 @@ def test_mixed_steps_give_the_separate_forwards_tokens(llm, engine, monkeypatch)
         if mixed:
             assert len(forwards) == iterations  # one forward per iteration
             assert any(1 in rows and max(rows) > 1 for rows in forwards)  # decodes + chunks
-        assert core.cache.num_free_blocks == core.num_blocks and core.booked == 0
+        sched = core.scheduler
+        assert core.cache.num_free_blocks == sched.num_blocks and sched.booked == 0
     assert results[True] == results[False]
     assert [len(results[True][k]) for k in "ABC"] == [12, 6, 6]

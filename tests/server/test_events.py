@@ -8,14 +8,11 @@ import pickle
 
 import pytest
 
-from pace_core.sampling.config import SamplingConfig
-from pace_core.server.engine import EngineConfig
-from pace_core.server.events import (
+from pace_core.engine.config import EngineConfig
+from pace_core.engine.events import (
     Admitted,
     Cancel,
-    Dead,
-    EngineHandle,
-    Ready,
+    ErrorKind,
     SeqError,
     SeqSpec,
     SpecStep,
@@ -24,6 +21,8 @@ from pace_core.server.events import (
     Submit,
     Token,
 )
+from pace_core.sampling.config import SamplingConfig
+from pace_core.server.instances import Dead, EngineHandle, Ready
 from pace_core.server.multi import ProcessEngine
 
 SPEC = SeqSpec("r:0", [1, 2, 3], SamplingConfig(max_new_tokens=4, seed=7), arrival=1.5)
@@ -35,7 +34,7 @@ MESSAGES = [
     Token("r:0", 42, " hi", None),
     Token("r:0", 7, "", "stop", -0.5, [7, 9], [-0.5, -1.25]),
     SpecStep("r:0", 4, 3, 4),
-    SeqError("r:0", "boom", "engine_error", 503),
+    SeqError("r:0", "boom", ErrorKind.ENGINE_ERROR),
     Stats(2, 1, 0.5, 0.75),
     Ready(2048, 16, 1234),
     Dead("engine 0 stopped"),

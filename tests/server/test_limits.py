@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from support.tiny import FACTORIES
 
+from pace_core.engine.config import EngineConfig
 from pace_core.engine.llm import LLMModel
 from pace_core.models.limits import serving_context_window
 from pace_core.models.loader import load_config
-from pace_core.server.engine import EngineConfig
 from pace_core.server.server import Server
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import openai
 
-from pace_core.server.events import Token
+from pace_core.engine.events import Token
 
 from .conftest import MODEL_NAME, client, engine_core, serve, wait_idle
 
@@ -95,7 +95,7 @@ def test_stream_disconnect_frees_kv(server):
                 got += 1
                 if got == 3:
                     break
-        assert core.booked > 0  # the sequence is running and holds its booking
+        assert core.scheduler.booked > 0  # the sequence is running and holds its booking
     # the connection is closed here, mid-stream: the engine must drop the sequence
     wait_idle(server, timeout=15)
 

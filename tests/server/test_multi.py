@@ -8,8 +8,8 @@ import httpx
 import openai
 import pytest
 
+from pace_core.engine.config import EngineConfig
 from pace_core.server.app import Server, ServerConfig, create_app
-from pace_core.server.engine import EngineConfig
 from pace_core.server.multi import partition_cores
 from pace_core.server.testing import ThreadedServer
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from pace_core.engine.config import EngineConfig
+from pace_core.engine.prefill_budget import PrefillBudget
 from pace_core.errors import ConfigError
-from pace_core.server.engine import EngineConfig
-from pace_core.server.prefill_budget import PrefillBudget
 
 
 def test_full_budget_until_a_rate_is_measured_or_when_nothing_decodes():

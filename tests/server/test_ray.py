@@ -13,8 +13,8 @@ import httpx
 import pytest
 import torch
 
+from pace_core.engine.config import EngineConfig
 from pace_core.server.context import ServerConfig
-from pace_core.server.engine_config import EngineConfig
 
 from .conftest import MODEL_NAME, client, serve
 
@@ -155,8 +155,8 @@ def test_requests_sharing_a_prefix_land_on_the_replica_that_cached_it(ray_app):
 
 
 def test_prefix_affinity_router_ranks_the_holder_first_within_the_slack():
+    from pace_core.engine.events import SeqSpec
     from pace_core.sampling import SamplingConfig
-    from pace_core.server.events import SeqSpec
     from pace_core.server.ray_serve import PrefixAffinityRouter
 
     class Replica:

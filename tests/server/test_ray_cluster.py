@@ -10,8 +10,8 @@ import time
 import pytest
 import torch
 
+from pace_core.engine.config import EngineConfig
 from pace_core.server.context import ServerConfig
-from pace_core.server.engine_config import EngineConfig
 
 from .conftest import MODEL_NAME, client
 

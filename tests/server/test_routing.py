@@ -3,8 +3,8 @@ it is much busier; the front door follows the router."""
 
 from __future__ import annotations
 
+from pace_core.engine.events import SeqSpec
 from pace_core.sampling import SamplingConfig
-from pace_core.server.events import SeqSpec
 from pace_core.server.frontend import Frontend
 from pace_core.server.metrics import Metrics
 from pace_core.server.routing import PrefixRouter

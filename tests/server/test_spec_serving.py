@@ -18,11 +18,12 @@ import torch
 from support.spec_models import prompts
 
 from pace_core.cli import main as serve_main
+from pace_core.engine.config import EngineConfig
+from pace_core.engine.core import EngineCore
+from pace_core.engine.events import Event, SeqSpec, Token
 from pace_core.engine.llm import LLMModel
 from pace_core.sampling.config import SamplingConfig
 from pace_core.server.cli import spec_config_arg
-from pace_core.server.engine import EngineConfig, EngineCore, SeqSpec
-from pace_core.server.events import Event, Token
 from pace_core.speculative.config import coerce_spec_config
 
 from .conftest import MODEL_NAME, client, engine_core, serve, wait_idle
@@ -268,7 +269,7 @@ def test_cancel_mid_flight_frees_target_and_draft_kv(load, offline):
     continue (and one joins later); the cancelled one's target and draft KV go at once."""
     llm = load("draft")
     events: list[Event] = []
-    core = EngineCore(llm, EngineConfig(**ENGINE), events.extend)
+    core = EngineCore(llm.handle, EngineConfig(**ENGINE), events.extend)
     draft = core.spec.draft_cache
 
     def spec(key, i):
@@ -282,11 +283,11 @@ def test_cancel_mid_flight_frees_target_and_draft_kv(load, offline):
         core.submit([spec("a", 0), spec("b", 1), spec("c", 2)])
         for _ in range(4):
             core.run_once()
-        assert len(core.running) == 3 and len(draft.lens) == 3 and tokens("b")
+        assert len(core.scheduler.running) == 3 and len(draft.lens) == 3 and tokens("b")
         core.cancel(["b"])
         core.submit([spec("d", 3)])
         core.run_once()
-        assert "b" not in [s.spec.key for s in core.running]
+        assert "b" not in [s.spec.key for s in core.scheduler.running]
         # a, c run; d (12 tokens) is still prefilling: target KV yet, no draft KV
         assert len(core.cache.lens) == 3 and len(draft.lens) == 2
         while core.busy:
@@ -294,8 +295,9 @@ def test_cancel_mid_flight_frees_target_and_draft_kv(load, offline):
     for key, i in (("a", 0), ("c", 2), ("d", 3)):
         assert tokens(key) == offline(REQUESTS[i][0], 24).token_ids
     assert len(tokens("b")) < 24
-    assert core.cache.num_free_blocks == core.num_blocks and not core.cache.lens
-    assert draft.num_free_blocks == draft.num_blocks and not draft.lens and core.booked == 0
+    assert core.cache.num_free_blocks == core.scheduler.num_blocks and not core.cache.lens
+    assert draft.num_free_blocks == draft.num_blocks and not draft.lens
+    assert core.scheduler.booked == 0
 
 
 def test_client_disconnect_frees_kv(servers, offline):

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from support.spec_models import prompts, save_llama
 
 from pace_core import LLMModel, SamplingConfig
+from pace_core.engine.core import EngineCore
+from pace_core.engine.events import SeqSpec, Token
+from pace_core.engine.offline import OFFLINE_ENGINE
 from pace_core.errors import ConfigError
 from pace_core.sampling.processors import BUILTIN_PROCESSORS
-from pace_core.sampling.sampler import BatchSampler
 from pace_core.speculative import (
     DraftSpecDecodeConfig,
     PardSpecDecodeConfig,
@@ -134,12 +138,13 @@ def test_plugin_processors_must_be_marked_safe(proc, target_dir):
         target_dir, dtype=torch.float32, load_tokenizer=False, spec_config=PromptLookupConfig()
     )
     specs = [*BUILTIN_PROCESSORS, ("custom", 900, lambda cfgs: proc())]
-    batch = prompts()[:2]
-    cfgs = [SamplingConfig(max_new_tokens=3)] * 2
-    sampler = BatchSampler(cfgs, batch, llm.model.vocab_size, processors=specs)
+    handle = dataclasses.replace(llm.handle, processors=specs)
+    core = EngineCore(handle, OFFLINE_ENGINE, cache=llm.new_cache(), offline=True)
+    cfg = SamplingConfig(max_new_tokens=3)
+    core.submit([SeqSpec(str(i), p.tolist(), cfg) for i, p in enumerate(prompts()[:2])])
     if proc is _Unsafe:
         with pytest.raises(ConfigError, match="'custom'.*speculative_safe"):
-            llm.speculator.run(batch, sampler, lambda *a: None)
+            list(core.drive())
     else:
-        events = list(llm.speculator.run(batch, sampler, lambda *a: None))
-        assert sum(len(e.tokens) for e in events) == 6
+        events = [e for step in core.drive() for e in step if isinstance(e, Token)]
+        assert len(events) == 6

@@ -7,8 +7,10 @@ import torch
 from support.spec_models import MAX_POS, prompts
 
 from pace_core import LLMModel, SamplingConfig
-from pace_core.engine.generate import prefill
-from pace_core.sampling.sampler import BatchSampler
+from pace_core.engine.core import EngineCore
+from pace_core.engine.events import SeqSpec, Token
+from pace_core.engine.offline import OFFLINE_ENGINE
+from pace_core.models.decoder import prefill
 from pace_core.speculative import DraftSpecDecodeConfig, PardSpecDecodeConfig, PromptLookupConfig
 
 CACHES = ["dynamic", "bmc", "paged", "slab_pool"]
@@ -48,27 +50,29 @@ def test_caches_consistent_after_every_round(method, cache, target_dir, draft_di
     draft = llm.speculator.draft
     batch = prompts()[:4]
     cfgs = [SamplingConfig(max_new_tokens=n, ignore_eos=True) for n in (12, 7, 12, 3)]
-    sampler = BatchSampler(cfgs, batch, llm.model.vocab_size)
-    rounds = []
+    core = EngineCore(llm.handle, OFFLINE_ENGINE, cache=llm.new_cache(), offline=True)
+    core.submit([SeqSpec(str(i), p.tolist(), c) for i, (p, c) in enumerate(zip(batch, cfgs))])
+    rounds, emitted = [], 0
 
-    def check(run) -> None:
-        for i, r in enumerate(run.rows):
-            history = run.histories[r]
-            assert run.kv.get_num_tokens()[i] == len(history) - 1
-            assert_kv_equal(run.kv.get_kv_states(i), fresh_kv(llm, history[:-1]))
-            if run.proposer.kv is None:  # the round of the target's prefill
+    def check() -> None:
+        proposer = core.spec.proposer
+        for i, req in enumerate(core.scheduler.running):
+            history = req.prompt.tolist() + req.state.tokens
+            assert core.cache.get_num_tokens(req.seq_id) == len(history) - 1
+            assert_kv_equal(core.cache.get_kv_states(req.seq_id), fresh_kv(llm, history[:-1]))
+            if proposer.kv is None or len(req.state.tokens) == 1:  # no draft round yet
                 continue
-            held = run.proposer.held[i]
+            held = proposer.held[i]
             assert held == history[: len(held)] and len(held) >= len(history) - 2
-            assert run.proposer.kv.get_num_tokens()[i] == len(held)
-            assert_kv_equal(run.proposer.kv.get_kv_states(i), fresh_kv(draft, held))
-        rounds.append(len(run.rows))
+            assert proposer.kv.get_num_tokens()[i] == len(held)
+            assert_kv_equal(proposer.kv.get_kv_states(i), fresh_kv(draft, held))
+        rounds.append(len(core.scheduler.running))
 
-    def finish(row, token, eos, length):
-        return "length" if length else None
-
-    events = list(llm.speculator.run(batch, sampler, finish, on_round_end=check))
-    assert sum(len(e.tokens) for e in events) == sum(c.max_new_tokens for c in cfgs)
+    with torch.inference_mode():
+        for events in core.drive():
+            emitted += sum(isinstance(e, Token) for e in events)
+            check()
+    assert emitted == sum(c.max_new_tokens for c in cfgs)
     assert len(rounds) > 3 and rounds[-1] == 0
 
 

@@ -1,4 +1,4 @@
-"""Speculative decoding inside the server's continuous batching (``pace serve --spec-config``).
+"""Speculative decoding as a step of the engine core (offline and served alike).
 
 :class:`SpecDecoder` replaces the engine's one-token decode forward. Per scheduler iteration:
 
@@ -26,14 +26,18 @@ positions, no out-of-KV mid-step.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import torch
 
+from pace_core.caches.base import BlockKVCache
+from pace_core.engine.handle import ModelHandle
 from pace_core.sampling.sampler import BatchSampler, compute_logprobs
-from pace_core.speculative.inferencer import KVRows
+from pace_core.speculative.inferencer import KVRows, ModelInferencer
 from pace_core.speculative.proposer import Proposal, draft_budget, sampling_rows
+from pace_core.speculative.stats import SpecStats
 from pace_core.speculative.verify import align_left, append_ragged, verify_batch
 
 __all__ = ["Drafted", "RowVerdict", "SpecDecoder"]
@@ -61,28 +65,34 @@ class RowVerdict(NamedTuple):
 
 
 class SpecDecoder:
-    """The speculative decode step of one :class:`~pace_core.server.engine.EngineCore`.
+    """The speculative decode step of one :class:`~pace_core.engine.core.EngineCore`.
 
     Args:
-        llm: the target :class:`~pace_core.engine.llm.LLMModel`, loaded with ``spec_config``.
-        cache: the engine's target block cache (its geometry sizes the draft pool).
-        max_context: tokens a sequence may hold (prompt + generated).
+        model: the target model's handle, loaded with ``spec_config``.
+        cache: the engine's target cache (a block pool's geometry sizes the draft pool).
+        max_context: tokens a sequence may hold (prompt + generated; None: unbounded).
+
+    Attributes:
+        stats: the wall times of drafting and verifying so far (``draft_seconds``,
+            ``verify_seconds``; the per-sequence counters travel as ``SpecStep`` events).
     """
 
-    def __init__(self, llm: Any, cache: Any, max_context: int) -> None:
-        speculator = llm.speculator
+    def __init__(self, model: ModelHandle, cache: Any, max_context: int | None) -> None:
+        speculator = model.speculator
         if speculator is None:
             raise ValueError("SpecDecoder needs a model loaded with spec_config")
         self.k = speculator.num_speculative_tokens
         self.max_context = max_context
-        self.target = llm.inferencer
+        self.target = ModelInferencer(model.decoder, model.new_cache)
+        self.stats = SpecStats()
+        self._verify_start = 0.0
         self.draft_cache: Any | None = None
         if speculator.draft is not None:
-            self.draft_cache = speculator.draft.new_cache(
-                block_size=int(cache.block_size),
-                max_tokens=int(cache.num_blocks) * int(cache.block_size),
-                memory_gb=None,
-            )
+            options = {}
+            if isinstance(cache, BlockKVCache):  # a pool like the target's
+                capacity = int(cache.num_blocks) * int(cache.block_size)
+                options = {"block_size": cache.block_size, "max_tokens": capacity}
+            self.draft_cache = speculator.draft.new_cache(**options, memory_gb=None)
         self.proposer = speculator.new_proposer(self.draft_cache)
 
     def draft(
@@ -103,11 +113,14 @@ class SpecDecoder:
             sampler: the batch sampler; its rows are exactly the running rows.
             cache: the engine's target cache (gains ``1 + drafts`` tokens per row).
         """
+        start = time.perf_counter()
         budgets = [
             draft_budget(self.k, cfg.max_new_tokens, n, len(ctx), self.max_context)
             for cfg, n, ctx in zip(sampler.configs, generated, contexts)
         ]
         proposal = self.proposer.propose(contexts, budgets, sampling_rows(sampler))
+        self._verify_start = time.perf_counter()
+        self.stats.draft_seconds += self._verify_start - start
         queries = [[ctx[-1], *d] for ctx, d in zip(contexts, proposal.tokens)]
         logits = self.target.forward(queries, KVRows(cache, list(seq_ids)), all_logits=True)
         return Drafted(proposal, align_left(logits, [len(q) for q in queries]))
@@ -132,6 +145,8 @@ class SpecDecoder:
             KVRows(cache, list(seq_ids)).crop(rejected)
             self.proposer.on_accept(accepted)
         self.proposer.add_rows(len(ready_logits))
+        if num_drafted:
+            self.stats.verify_seconds += time.perf_counter() - self._verify_start
         return [
             RowVerdict(tokens, len(drafts[i]), m, i < num_drafted, logits[i])
             for i, (tokens, m) in enumerate(results)

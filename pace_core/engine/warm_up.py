@@ -8,10 +8,10 @@ from typing import Any
 
 import torch
 
-from pace_core.engine.generate import forward_step
-from pace_core.server.prefill_budget import PrefillBudget
+from pace_core.engine.prefill_budget import PrefillBudget
+from pace_core.models.decoder import forward_step
 
-log = logging.getLogger("pace.server.engine")  # part of the engine's log
+log = logging.getLogger("pace.engine.core")  # part of the engine's log
 
 WARM_UP_TOKENS = 128
 """Prompt tokens of the warm-up prefill."""

@@ -1,0 +1,463 @@
+"""The engine core: the one generation loop behind ``LLMModel.generate`` / ``stream`` and
+``pace serve`` (its instances, processes and Ray replicas alike).
+
+Each iteration (:meth:`EngineCore.step`):
+
+1. the :class:`~pace_core.engine.scheduler.Scheduler` admits waiting sequences (KV booked,
+   cached prefixes adopted) and plans this step's prompt chunks;
+2. the :class:`~pace_core.engine.runner.ModelRunner` runs the running sequences' next
+   inputs and the chunks (one forward where the stack packs ragged rows);
+3. one :class:`~pace_core.sampling.sampler.BatchSampler`, whose rows follow the running
+   sequences, picks the next tokens (sequences whose prompt completed join it with ``add``;
+   finished ones leave with ``select_rows``); with a model loaded with ``spec_config`` this
+   is a speculative step instead (:class:`~pace_core.engine.speculative.SpecDecoder`:
+   drafts, one target forward, verification, KV rollback);
+4. each token becomes a :class:`~pace_core.engine.events.Token` event (its text from the
+   sequence's :class:`~pace_core.engine.sequence.SequenceTracker`), and finished sequences
+   free their KV at once.
+
+Served, the core runs in its own thread (:meth:`run`) and takes commands from its inbox;
+offline, the caller drives it (:meth:`drive`) and raises what a step raises. Failures are
+typed (:class:`~pace_core.engine.events.SeqError` of an ``ErrorKind``); HTTP is not here.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from pace_core.caches.base import BlockKVCache, KVCache
+from pace_core.engine.config import EngineConfig
+from pace_core.engine.events import (
+    Admitted,
+    Cancel,
+    Command,
+    ErrorKind,
+    Event,
+    SeqError,
+    SeqSpec,
+    SpecStep,
+    Stats,
+    Stop,
+    Submit,
+    Token,
+)
+from pace_core.engine.handle import ModelHandle
+from pace_core.engine.prefill_budget import PrefillBudget
+from pace_core.engine.runner import ModelRunner
+from pace_core.engine.scheduler import Request, Scheduler
+from pace_core.engine.sequence import SequenceTracker
+from pace_core.engine.speculative import RowVerdict, SpecDecoder
+from pace_core.engine.warm_up import warm_up
+from pace_core.errors import ConfigError
+from pace_core.models import heap
+from pace_core.sampling.sampler import BatchSampler
+from pace_core.speculative.verify import check_speculable, stop_flags
+
+log = logging.getLogger("pace.engine.core")
+
+Emit = Callable[[list[Event]], None]
+
+
+def _ignore(events: list[Event]) -> None:
+    """The emit of a core whose caller takes its events itself (offline)."""
+
+
+class EngineCore:
+    """The scheduler, runner and sampler of one model; see the module doc.
+
+    Args:
+        model: the model handle.
+        config: scheduler knobs.
+        emit: receives each iteration's events (served); offline, :meth:`drive` yields them.
+        name: the instance's name in logs.
+        cache: the KV cache to run on; default a new block cache (serving).
+        max_context: tokens a sequence may hold; default the serving window.
+        offline: errors raise (a failed step, an invalid sequence) instead of failing the
+            sequences in flight.
+        keep_logits: each ``Token`` event carries the raw logits that chose it.
+    """
+
+    def __init__(
+        self,
+        model: ModelHandle,
+        config: EngineConfig,
+        emit: Emit = _ignore,
+        name: str = "0",
+        *,
+        cache: KVCache | None = None,
+        max_context: int | None = None,
+        offline: bool = False,
+        keep_logits: bool = False,
+    ) -> None:
+        self.model = model
+        self.config = config
+        self.emit = emit
+        self.name = name
+        self.offline = offline
+        self.keep_logits = keep_logits
+        self.max_context = model.serving_context() if max_context is None else max_context
+        if max_context is None and offline:
+            self.max_context = model.offline_context()
+        self._own_cache = cache is None
+        cache = model.serving_cache(config.prefix_caching) if cache is None else cache
+        self.prefill_budget = PrefillBudget(config.max_prefill_tokens, config.prefill_slice_ms)
+        self.scheduler = Scheduler(cache, config.max_running, self.prefill_budget)
+        continuous = self.scheduler.continuous
+        packs = config.mixed_steps and model.decoder.packs_ragged_steps
+        self.runner = ModelRunner(model.decoder, self.prefill_budget, packs or not continuous)
+        self.spec = self._new_spec()
+        self.inbox: queue.Queue = queue.Queue()
+        self.sampler: BatchSampler | None = None
+        self.steps = 0
+        self._out: list[Event] = []
+        self._stopped = False
+        self.warmed = threading.Event()  # set by run once warmed up (or its warm-up failed)
+        self._last_stats: Stats | None = None
+
+    # -- geometry ----------------------------------------------------------------------------
+    @property
+    def cache(self) -> KVCache:
+        return self.scheduler.cache
+
+    @property
+    def capacity_tokens(self) -> int | None:
+        return self.scheduler.capacity_tokens
+
+    @property
+    def block_size(self) -> int:
+        return self.scheduler.block_size
+
+    @property
+    def busy(self) -> bool:
+        return self.scheduler.busy
+
+    def _new_spec(self) -> SpecDecoder | None:
+        if self.model.speculator is None:
+            return None
+        return SpecDecoder(self.model, self.cache, self.max_context)
+
+    # -- thread-safe entry points --------------------------------------------------------
+    def submit(self, specs: list[SeqSpec]) -> None:
+        self.inbox.put(Submit(specs))
+
+    def cancel(self, keys: list[str]) -> None:
+        self.inbox.put(Cancel(keys))
+
+    def stop(self) -> None:
+        self.inbox.put(Stop())
+
+    # -- served: the thread body -----------------------------------------------------------
+    def run(self, on_warm: Callable[[], None] | None = None) -> None:
+        """The thread body: warm up, call ``on_warm``, then iterate until stopped."""
+        try:
+            if self.config.threads:
+                torch.set_num_threads(self.config.threads)
+            heap.keep_step_transients()
+            self.warm_up()
+        except Exception:  # serve anyway: the budget then measures its rate from requests
+            log.exception("engine %s: warm-up failed", self.name)
+        finally:
+            self.warmed.set()
+        if on_warm is not None:
+            on_warm()
+        with heap.loaded_objects_frozen():
+            while not self._stopped:
+                self.run_once(block=True)
+        self._fail_active("server is shutting down", ErrorKind.UNAVAILABLE)
+        for req in self.scheduler.drop_waiting():
+            self._out.append(SeqError(req.key, "server is shutting down", ErrorKind.UNAVAILABLE))
+        self._flush()
+
+    def warm_up(self) -> float | None:
+        """Before serving: the pool committed and the prefill rate measured
+        (:func:`~pace_core.engine.warm_up.warm_up`); returns the rate or None."""
+        cache = self.cache
+        if not isinstance(cache, BlockKVCache):
+            return None
+        return warm_up(self.model.decoder, cache, self.prefill_budget, self.max_context, self.name)
+
+    def run_once(self, block: bool = False) -> bool:
+        """One served iteration; with ``block``, first wait for work when idle. A failed step
+        fails the sequences in flight and resets the engine. Returns whether a step ran."""
+        if not self.busy:
+            self._flush()
+        self._drain(block=block and not self.busy)
+        if self._stopped or not self.busy:
+            self._flush()  # e.g. rejections made while draining
+            return False
+        with torch.inference_mode():
+            try:
+                self.step()
+            except Exception as exc:  # keep serving: fail what was in flight, reset
+                log.exception("engine %s: step failed", self.name)
+                self._fail_active(
+                    f"engine step failed: {type(exc).__name__}: {exc}", ErrorKind.ENGINE_ERROR
+                )
+        self._flush()
+        return True
+
+    # -- offline: the caller's loop ----------------------------------------------------------
+    def drive(self) -> Iterator[list[Event]]:
+        """Step until every submitted sequence has finished, yielding each step's events
+        (offline). Abandoning the iterator frees every sequence's KV."""
+        try:
+            self._drain(block=False)
+            yield self._take()
+            while self.busy:
+                with torch.inference_mode():
+                    self.step()
+                yield self._take()
+        finally:
+            self.abort()
+
+    def abort(self) -> None:
+        """Drop every sequence, waiting or active, and free their KV."""
+        self.scheduler.drop_waiting()
+        rows = list(range(len(self.scheduler.running)))
+        if rows:
+            self._remove_rows(rows)
+        self.scheduler.cancel({r.key for r in self.scheduler.prefilling})
+
+    def _take(self) -> list[Event]:
+        out, self._out = self._out, []
+        return out
+
+    # -- commands ------------------------------------------------------------------------------
+    def _drain(self, block: bool) -> None:
+        try:
+            item = self.inbox.get() if block else self.inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            self._handle(item)
+            try:
+                item = self.inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _handle(self, command: Command) -> None:
+        if isinstance(command, Submit):
+            for spec in command.specs:
+                problem = self.scheduler.add(spec)
+                if problem is not None:
+                    self._invalid(spec.key, problem)
+        elif isinstance(command, Cancel):
+            rows = self.scheduler.cancel(set(command.keys))
+            if rows:
+                self._remove_rows(rows)
+        elif isinstance(command, Stop):
+            self._stopped = True
+
+    def _invalid(self, key: str, message: str, exc: Exception | None = None) -> None:
+        if self.offline:
+            raise exc if exc is not None else ConfigError(message)
+        self._out.append(SeqError(key, message, ErrorKind.INVALID_REQUEST))
+
+    # -- one step --------------------------------------------------------------------------
+    def step(self) -> None:
+        """Admit, run one step's forwards, sample and emit (errors propagate)."""
+        self._admit()
+        sched = self.scheduler
+        chunks = sched.chunks() if sched.prefilling else []
+        if self.spec is not None:
+            _, chunk_logits = self.runner.step(self.cache, [], chunks)
+            self._spec_step(self._prefilled(chunks, chunk_logits))
+            return
+        decodes = [
+            (r, self.runner.decode_input(self.cache, r, r.state.tokens)) for r in sched.running
+        ]
+        decoded, chunk_logits = self.runner.step(self.cache, decodes, chunks)
+        self._sample(decoded, self._prefilled(chunks, chunk_logits))
+
+    def _admit(self) -> None:
+        now = time.monotonic()
+        admitted, failed = self.scheduler.admit(self._prepare)
+        for req in failed:
+            exc = req.state
+            self._invalid(req.key, f"invalid sampling parameters: {exc}", exc)
+        for req in admitted:
+            wait = max(0.0, now - req.spec.arrival)
+            self._out.append(Admitted(req.key, wait, req.prompt.numel(), req.computed))
+
+    def _prepare(self, req: Request) -> None:
+        """A sequence's own sampler row and output tracker (raises for bad parameters)."""
+        config = req.spec.config
+        req.sampler = BatchSampler(
+            [config],
+            [req.prompt],
+            self.model.vocab_size,
+            self.model.eos_token_ids,
+            processors=self.model.processors,
+            grammar=self.model.grammar() if config.constrained else None,
+        )
+        if self.spec is not None:
+            check_speculable(req.sampler)
+        req.state = SequenceTracker(
+            config, req.prompt.numel(), self.model.tokenizer, self.max_context
+        )
+
+    def _prefilled(
+        self, chunks: list[tuple[Request, int]], logits: torch.Tensor | None
+    ) -> list[tuple[Request, torch.Tensor]]:
+        """Count ``chunks`` as prefilled; the requests whose prompt completed, each with the
+        logits of its last prompt token."""
+        if not chunks:
+            return []
+        done = self.scheduler.advance(chunks)
+        return [(chunks[i][0], logits[i]) for i in done]
+
+    def _join(self, requests: list[Request]) -> None:
+        """Requests whose prefill completed join the running batch and its sampler."""
+        for req in requests:
+            if self.sampler is None:
+                self.sampler = req.sampler
+            else:
+                self.sampler.add(req.sampler)
+            req.sampler = None
+        self.scheduler.join(requests)
+
+    def _remove_rows(self, rows: list[int]) -> None:
+        keep = self.scheduler.finish(rows)
+        if self.spec is not None:
+            self.spec.retain(keep)
+        if not keep:
+            self.sampler = None
+        elif self.sampler is not None:
+            self.sampler.select_rows(keep)
+
+    def _emit(
+        self,
+        req: Request,
+        token: int,
+        eos: bool,
+        length: bool,
+        logprobs: tuple[Any, Any, Any] = (None, None, None),
+        logits: torch.Tensor | None = None,
+    ) -> bool:
+        """Record one generated token and queue its event; returns whether ``req`` finished."""
+        req.last = token
+        tracker: SequenceTracker = req.state
+        delta = tracker.add(token, eos, length)
+        reason = tracker.finish_reason
+        kept = logits if self.keep_logits else None
+        self._out.append(Token(req.key, token, delta, reason, *logprobs, kept))
+        return reason is not None
+
+    def _sample(
+        self, decoded: torch.Tensor | None, ready: list[tuple[Request, torch.Tensor]]
+    ) -> None:
+        """Sample the running rows' next tokens (``decoded``) and the first tokens of the
+        sequences whose prefill completed (they join the batch), emit, retire finished rows."""
+        parts = [] if decoded is None else [decoded]
+        if ready:
+            self._join([r for r, _ in ready])
+            parts.append(torch.stack([lg for _, lg in ready]))
+        if not parts:
+            return
+        logits = parts[0] if len(parts) == 1 else torch.cat(parts)
+        result = self.sampler.step(logits)
+        self.steps += 1
+        tokens = result.tokens.tolist()
+        eos = result.stopped_eos.tolist()
+        length = result.stopped_length.tolist()
+        lps = result.logprobs.tolist() if result.logprobs is not None else None
+        top_ids = top_vals = None
+        if result.top_logprobs is not None:
+            top_ids, top_vals = (t.tolist() for t in result.top_logprobs)
+        finished = []
+        for j, req in enumerate(self.scheduler.running):
+            k = req.spec.config.logprobs
+            lp = ids_j = vals_j = None
+            if k is not None and lps is not None:
+                lp = lps[j]
+                if k and top_ids is not None:
+                    ids_j, vals_j = top_ids[j][:k], top_vals[j][:k]
+            if self._emit(req, tokens[j], eos[j], length[j], (lp, ids_j, vals_j), logits[j]):
+                finished.append(j)
+        if finished:
+            self._remove_rows(finished)
+
+    def _spec_step(self, ready: list[tuple[Request, torch.Tensor]]) -> None:
+        """Speculative decode of the running sequences plus the first token of ``ready``."""
+        spec, running = self.spec, list(self.scheduler.running)
+        seq_ids = [r.seq_id for r in running]
+        drafted = None
+        if running:
+            contexts = [r.spec.prompt + r.state.tokens for r in running]
+            generated = [len(r.state.tokens) for r in running]
+            drafted = spec.draft(contexts, seq_ids, generated, self.sampler, self.cache)
+        self._join([r for r, _ in ready])
+        if not self.scheduler.running:
+            return
+        verdicts = spec.verify(self.sampler, drafted, [lg for _, lg in ready], seq_ids, self.cache)
+        self.steps += 1
+        delivered, finished = [], []
+        for j, (req, verdict) in enumerate(zip(self.scheduler.running, verdicts)):
+            tokens, done = self._emit_run(j, req, verdict)
+            delivered.append(tokens)
+            if done:
+                finished.append(j)
+        spec.commit(self.sampler, delivered)
+        if finished:
+            self._remove_rows(finished)
+
+    def _emit_run(self, row: int, req: Request, verdict: RowVerdict) -> tuple[list[int], bool]:
+        """Emit a row's verified tokens one at a time until it finishes (EOS, stop string,
+        length: the rest of the run is dropped); returns the delivered tokens and whether the
+        sequence finished. A ``SpecStep`` event for the step precedes the tokens."""
+        cfg = self.sampler.configs[row]
+        k = req.spec.config.logprobs
+        lps = None if k is None else self.spec.logprobs(verdict.logits, verdict.tokens, k)
+        at = len(self._out)
+        delivered: list[int] = []
+        done = False
+        for t, token in enumerate(verdict.tokens):
+            delivered.append(token)
+            eos, length = stop_flags(cfg, token, len(req.state.tokens) + 1)
+            logprobs = lps[t] if lps else (None, None, None)
+            if self._emit(req, token, eos, length, logprobs, verdict.logits[t]):
+                done = True
+                break
+        if verdict.speculative:
+            event = SpecStep(req.key, verdict.proposed, verdict.accepted, len(delivered))
+            self._out.insert(at, event)
+        return delivered, done
+
+    # -- failures and load ---------------------------------------------------------------------
+    def _fail_active(self, message: str, kind: ErrorKind) -> None:
+        """Fail every active sequence and start over on a fresh cache (served)."""
+        fresh = self.model.serving_cache(self.config.prefix_caching) if self._own_cache else None
+        if self.spec is not None:
+            self.spec.close()
+        active = self.scheduler.clear(fresh if fresh is not None else self.cache)
+        for req in active:
+            self._out.append(SeqError(req.key, message, kind))
+        self.sampler = None
+        self.spec = self._new_spec()
+
+    def stats(self) -> Stats:
+        sched = self.scheduler
+        return Stats(
+            len(sched.active), len(sched.waiting), sched.kv_used_fraction(),
+            sched.kv_booked_fraction(),
+        )  # fmt: skip
+
+    def _flush(self) -> None:
+        stats = self.stats()
+        if stats != self._last_stats:
+            self._out.append(stats)
+            self._last_stats = stats
+        if not self._out:
+            return
+        out = self._take()
+        try:
+            self.emit(out)
+        except Exception:  # the receiver is gone (shutdown); nothing else to tell
+            log.debug("engine %s: emit failed", self.name, exc_info=True)

@@ -1,0 +1,120 @@
+"""What ``LLMModel.generate`` and ``stream`` return, built from the engine core's events.
+
+The core runs the offline call like any other (:data:`OFFLINE_ENGINE` knobs); this module
+gathers each sequence's tokens, text, logprobs, logits and speculative counters
+(:class:`SequenceCollector`), scores prompt logprobs, and packs ``output_token_ids`` the way
+transformers' ``generate`` does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from pace_core.caches.base import KVCache
+from pace_core.engine.config import EngineConfig
+from pace_core.engine.core import EngineCore
+from pace_core.engine.events import Token
+from pace_core.engine.output import TokenLogprob
+from pace_core.models.decoder import DecoderLM, left_pad, score
+from pace_core.sampling.config import SamplingConfig
+from pace_core.speculative.stats import SpecStats
+
+OFFLINE_ENGINE = EngineConfig(max_running=64, max_prefill_tokens=2048, prefill_slice_ms=0.0)
+"""The core's knobs for ``generate`` / ``stream``: up to 64 sequences at once (as the KV pool
+allows), 2048 prompt tokens per step on top of the decodes (no latency slice: throughput)."""
+
+
+@dataclass
+class OfflineRun:
+    """One call's sequences going through an :class:`EngineCore` (keys: ``str(index)``)."""
+
+    prompts: list[torch.Tensor]
+    padded: torch.Tensor | None  # the caller's padded input_ids, if any
+    configs: list[SamplingConfig]
+    core: EngineCore
+
+
+@dataclass
+class StreamChunk:
+    """One token of one sequence, as yielded by ``LLMModel.stream``."""
+
+    index: int
+    token_id: int
+    text: str
+    finish_reason: str | None
+
+
+class SequenceCollector:
+    """What ``generate`` gathers of one sequence from the core's events."""
+
+    def __init__(self, config: SamplingConfig, has_text: bool) -> None:
+        self.config = config
+        self.tokens: list[int] = []
+        self.text: str | None = "" if has_text else None
+        self.finish_reason: str | None = None
+        self.logprobs: list[TokenLogprob] = []
+        self.logits: list[torch.Tensor] = []
+        self.spec = SpecStats()
+
+    def add(self, ev: Token) -> None:
+        self.tokens.append(ev.token)
+        if self.text is not None:
+            self.text += ev.text
+        self.finish_reason = ev.finish_reason
+        if ev.logits is not None:
+            self.logits.append(ev.logits)
+        if self.config.logprobs is not None and ev.logprob is not None:
+            top = {}
+            if ev.top_ids is not None:
+                top = {i: v for i, v in zip(ev.top_ids, ev.top_logprobs) if i >= 0}
+            self.logprobs.append(TokenLogprob(ev.token, float(ev.logprob), top))
+
+
+def prompt_logprobs(
+    model: DecoderLM,
+    new_cache: Callable[[], KVCache],
+    prompts: Sequence[torch.Tensor],
+    configs: Sequence[SamplingConfig],
+) -> list[list[TokenLogprob | None] | None]:
+    """Per prompt that asked for them (``prompt_logprobs``), the logprob of each of its tokens
+    after the first (and the top ``k``), from one scoring forward; None for the others."""
+    wanted = [i for i, c in enumerate(configs) if c.prompt_logprobs is not None]
+    result: list[list[TokenLogprob | None] | None] = [None] * len(prompts)
+    if not wanted:
+        return result
+    batch = [prompts[i] for i in wanted]
+    logits = score(model, new_cache(), batch)
+    width = logits.shape[1]
+    for j, i in enumerate(wanted):
+        n, k = prompts[i].numel(), configs[i].prompt_logprobs
+        lp = torch.log_softmax(logits[j, width - n : width - 1], dim=-1)
+        entries: list[TokenLogprob | None] = [None]
+        for t in range(n - 1):
+            top = {}
+            if k:
+                best = lp[t].topk(k)
+                top = dict(zip(best.indices.tolist(), best.values.tolist()))
+            token = int(prompts[i][t + 1])
+            entries.append(TokenLogprob(token, float(lp[t, token]), top))
+        result[i] = entries
+    return result
+
+
+def pack_tokens(
+    prompts: Sequence[torch.Tensor],
+    padded: torch.Tensor | None,
+    generated: Sequence[Sequence[int]],
+    pad: int,
+) -> torch.Tensor:
+    """``[B, prompt + new]`` as transformers' ``generate`` returns it: the (left-padded)
+    prompts, then each row's new tokens, right-padded with ``pad``."""
+    if padded is None:
+        padded = left_pad(prompts, pad)[0]
+    width = max(len(g) for g in generated)
+    tail = torch.full((len(prompts), width), pad, dtype=torch.long)
+    for i, g in enumerate(generated):
+        tail[i, : len(g)] = torch.tensor(list(g), dtype=torch.long)
+    return torch.cat([padded, tail], dim=1)

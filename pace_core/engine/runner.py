@@ -1,0 +1,120 @@
+"""The model runner: one step's rows in, logits out.
+
+A step is the running sequences' next inputs (one token each; a LongRoPE sequence crossing its
+original length re-enters with its whole history) and this step's prompt chunks. When the
+model's decoder stack packs ragged steps (``DecoderLM.packs_ragged_steps``: no padding
+computed, the weights read once) or the cache steps all its rows together (a contiguous
+cache), they run as ONE forward; else the chunks run as forwards of their own, grouped by
+length, and the decodes as one batched forward. Forwards that prefill feed the
+:class:`~pace_core.engine.prefill_budget.PrefillBudget` its rate.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+import torch
+
+from pace_core.engine.prefill_budget import PrefillBudget
+from pace_core.engine.scheduler import Request
+from pace_core.models.decoder import DecoderLM, forward_step, left_pad
+
+T = TypeVar("T")
+
+
+def step_batch(rows: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[int]]:
+    """The ids of one forward, a row per 1-D token tensor, right-aligned in ``[B, W]`` (W =
+    the longest row), and the token count of each row."""
+    counts = [int(r.numel()) for r in rows]
+    if max(counts) == 1:
+        return torch.cat(list(rows)).view(-1, 1), counts
+    ids, _ = left_pad(rows)
+    return ids, counts
+
+
+def group_chunks(chunks: list[tuple[T, int]]) -> list[list[tuple[T, int]]]:
+    """Batch prefill chunks into forwards with at most ~25% padding (rows are left-padded)."""
+    groups: list[list[tuple[T, int]]] = []
+    real = 0
+    for item in sorted(chunks, key=lambda c: -c[1]):
+        if groups:
+            g = groups[-1]
+            width = g[0][1]
+            if (len(g) + 1) * width <= 1.25 * (real + item[1]):
+                g.append(item)
+                real += item[1]
+                continue
+        groups.append([item])
+        real = item[1]
+    return groups
+
+
+class ModelRunner:
+    """Runs the forwards of the core's steps on one decoder and cache.
+
+    Args:
+        model: the decoder.
+        budget: the prefill budget whose rate prefill forwards measure.
+        one_forward: decodes and prompt chunks share one forward (see the module doc).
+    """
+
+    def __init__(self, model: DecoderLM, budget: PrefillBudget, one_forward: bool) -> None:
+        self.model = model
+        self.budget = budget
+        self.one_forward = one_forward
+        self.reprefill_at = model.reprefill_at
+
+    def forward(self, cache: Any, seq_ids: list[int], rows: Sequence[torch.Tensor]) -> torch.Tensor:
+        """One forward adding ``rows[b]`` to sequence ``seq_ids[b]``; logits ``[B, V]`` of each
+        row's last token."""
+        ids, counts = step_batch(rows)
+        return forward_step(self.model, cache, seq_ids, ids, counts)
+
+    def decode_input(self, cache: Any, req: Request, generated: Sequence[int]) -> torch.Tensor:
+        """A running sequence's next input: its last token, or (LongRoPE, like HF) its whole
+        history once its cache reaches the original context length: the keys are then
+        recomputed with the long factors (its cache is emptied first)."""
+        if self.reprefill_at is not None and cache.get_num_tokens(req.seq_id) == self.reprefill_at:
+            cache.crop(req.seq_id, self.reprefill_at)
+            return torch.cat([req.prompt, torch.tensor(list(generated), dtype=torch.long)])
+        return torch.tensor([req.last], dtype=torch.long)
+
+    def step(
+        self,
+        cache: Any,
+        decodes: Sequence[tuple[Request, torch.Tensor]],
+        chunks: Sequence[tuple[Request, int]],
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Run ``decodes`` (request, input) and prompt ``chunks`` (request, tokens); returns
+        (logits of the decodes ``[D, V]``, logits of the chunks ``[C, V]``), None for none."""
+        if not decodes and not chunks:
+            return None, None
+        if self.one_forward or not chunks:
+            return self._together(cache, decodes, chunks)
+        by_chunk: dict[int, torch.Tensor] = {}
+        for group in group_chunks([((i, req), n) for i, (req, n) in enumerate(chunks)]):
+            _, logits = self._together(cache, [], [(req, n) for (_, req), n in group])
+            for ((i, _), _), row in zip(group, logits):
+                by_chunk[i] = row
+        chunk_logits = torch.stack([by_chunk[i] for i in range(len(chunks))])
+        decoded = self._together(cache, decodes, [])[0] if decodes else None
+        return decoded, chunk_logits
+
+    def _together(
+        self,
+        cache: Any,
+        decodes: Sequence[tuple[Request, torch.Tensor]],
+        chunks: Sequence[tuple[Request, int]],
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        rows = [x for _, x in decodes]
+        rows += [req.prompt[req.computed : req.computed + n] for req, n in chunks]
+        seq_ids = [req.seq_id for req, _ in decodes] + [req.seq_id for req, _ in chunks]
+        start = time.perf_counter()
+        logits = self.forward(cache, seq_ids, rows)
+        prompt_tokens = sum(n for _, n in chunks)
+        if prompt_tokens:
+            self.budget.record(prompt_tokens, time.perf_counter() - start, len(decodes))
+        d = len(decodes)
+        return (logits[:d] if d else None), (logits[d:] if chunks else None)
