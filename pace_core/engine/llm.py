@@ -69,7 +69,7 @@ class LLMModel:
         model: str | os.PathLike,
         tokenizer: Any | None = None,
         dtype: torch.dtype | str = torch.bfloat16,
-        kv_cache_type: str | KVCacheType = KVCacheType.DYNAMIC,
+        kv_cache_type: str | KVCacheType = KVCacheType.PAGED,
         opconfig: OperatorConfig | dict | str | None = None,
         spec_config: Any | None = None,
         *,
