@@ -108,7 +108,9 @@ class EngineCore:
         self._own_cache = cache is None
         cache = model.serving_cache(config.prefix_caching) if cache is None else cache
         self.prefill_budget = PrefillBudget(config.max_prefill_tokens, config.prefill_slice_ms)
-        self.scheduler = Scheduler(cache, config.max_running, self.prefill_budget)
+        self.scheduler = Scheduler(
+            cache, config.max_running, self.prefill_budget, self.max_context
+        )
         continuous = self.scheduler.continuous
         packs = config.mixed_steps and model.decoder.packs_ragged_steps
         self.runner = ModelRunner(model.decoder, self.prefill_budget, packs or not continuous)

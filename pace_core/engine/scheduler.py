@@ -81,10 +81,18 @@ class Scheduler:
         cache: the engine's KV cache; a :class:`BlockKVCache` schedules continuously.
         max_running: most sequences prefilling or running at once.
         budget: prompt tokens per step (ignored for whole batches: one step prefills them).
+        max_context: tokens a sequence may hold; a booking never exceeds it.
     """
 
-    def __init__(self, cache: KVCache, max_running: int, budget: PrefillBudget) -> None:
+    def __init__(
+        self,
+        cache: KVCache,
+        max_running: int,
+        budget: PrefillBudget,
+        max_context: int | None = None,
+    ) -> None:
         self.cache = cache
+        self.max_context = max_context
         self.continuous = isinstance(cache, BlockKVCache)
         self.max_running = max_running
         self.budget = budget
@@ -111,6 +119,11 @@ class Scheduler:
     def blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.block_size)
 
+    def tokens_to_book(self, spec: SeqSpec) -> int:
+        """Prompt + max_new_tokens, within the context window (a sequence stops there)."""
+        need = spec.reserve_tokens
+        return min(need, self.max_context) if self.max_context else need
+
     def kv_used_fraction(self) -> float:
         if not self.continuous:
             return 0.0
@@ -131,10 +144,11 @@ class Scheduler:
     def add(self, spec: SeqSpec) -> str | None:
         """Queue a sequence; returns why it can never run (its booking exceeds the pool)."""
         capacity = self.capacity_tokens
-        if capacity is not None and self.blocks_for(spec.reserve_tokens) > self.num_blocks:
+        need = self.tokens_to_book(spec)
+        if capacity is not None and self.blocks_for(need) > self.num_blocks:
             return (
-                f"the request needs {spec.reserve_tokens} tokens of KV cache "
-                f"(prompt + max_tokens); this engine holds {capacity}"
+                f"the request needs {need} tokens of KV cache (prompt + max_tokens); this "
+                f"engine holds {capacity}"
             )
         self.waiting.append(Request(spec))
         return None
@@ -150,7 +164,7 @@ class Scheduler:
         failed: list[Request] = []
         while self.waiting and len(self.active) < self.max_running:
             req = self.waiting[0]
-            need = self.blocks_for(req.spec.reserve_tokens) if self.continuous else 0
+            need = self.blocks_for(self.tokens_to_book(req.spec)) if self.continuous else 0
             if self.continuous and self.booked + need > self.num_blocks:
                 break
             if self.continuous and self._shares_pending_block(req):
@@ -173,7 +187,7 @@ class Scheduler:
             admitted.append(req)
         if admitted and isinstance(self.cache, ReservingKVCache):
             # a whole batch: room for its longest sequence now, so no step grows the buffers
-            self.cache.reserve(max(r.spec.reserve_tokens for r in admitted))
+            self.cache.reserve(max(self.tokens_to_book(r.spec) for r in admitted))
         return admitted, failed
 
     def _shares_pending_block(self, req: Request) -> bool:

@@ -140,3 +140,52 @@ def test_stream_iterator_matches_generate(tiny):
     for row in (0, 1):
         assert [c.token_id for c in chunks if c.index == row] == out.sequences[row].token_ids
         assert [c.finish_reason for c in chunks if c.index == row][-1] == "length"
+
+
+@pytest.mark.parametrize("kv_cache_type", ["paged", "slab_pool", "dynamic"])
+def test_more_prompts_than_the_pool_holds_stream_through_it(
+    tiny_llama_dir, kv_cache_type, monkeypatch
+):
+    """A call's prompts go through the engine core with a bounded running set: 40 prompts
+    of 20-40 tokens (~1,500 tokens with their budgets) through a 128-token pool finish, each
+    with the greedy tokens it gets alone; the pool is empty again after."""
+    monkeypatch.setenv("PACE_PAGED_BLOCK_TOKENS", "16")
+    monkeypatch.setenv("PACE_SLAB_BLOCK_TOKENS", "16")
+    llm = LLMModel(tiny_llama_dir, dtype=torch.float32, load_tokenizer=False,
+                   kv_cache_type=kv_cache_type, max_cache_tokens=128)  # fmt: skip
+    gen = torch.Generator().manual_seed(0)
+    sizes = torch.randint(20, 41, (40,), generator=gen).tolist()
+    prompts = [torch.randint(4, 128, (n,), generator=gen) for n in sizes]
+    cfg = SamplingConfig(max_new_tokens=6, ignore_eos=True)
+    together = llm.generate(prompts, cfg).generated_token_ids
+    alone = [llm.generate(p[None], cfg).generated_token_ids[0] for p in prompts[:8]]
+    assert together[:8] == alone and all(len(t) == 6 for t in together)
+    if kv_cache_type != "dynamic":
+        cache = llm.generation_cache()
+        assert cache.num_blocks == 8 and cache.num_free_blocks == cache.num_blocks
+
+
+def test_a_sequence_larger_than_the_pool_is_refused_with_the_fix(tiny_llama_dir, monkeypatch):
+    from pace_core.errors import ConfigError
+
+    monkeypatch.setenv("PACE_PAGED_BLOCK_TOKENS", "16")
+    llm = LLMModel(tiny_llama_dir, dtype=torch.float32, load_tokenizer=False,
+                   max_cache_tokens=32)  # fmt: skip
+    with pytest.raises(ConfigError, match=r"prompt 1 needs 40 tokens.*holds 32.*max_cache_tokens"):
+        llm.generate([torch.arange(5, 10), torch.arange(5, 25)], SamplingConfig(max_new_tokens=20))
+
+
+def test_prompts_sharing_an_instruction_compute_it_once(tiny_llama_dir, monkeypatch):
+    """Prefix caching inside one call: the shared instruction's blocks are computed for the
+    first prompt and adopted by the others (which wait for them), outputs unchanged."""
+    monkeypatch.setenv("PACE_PAGED_BLOCK_TOKENS", "16")
+    llm = LLMModel(tiny_llama_dir, dtype=torch.float32, load_tokenizer=False)
+    instruction = torch.arange(10, 50)  # 2 full blocks and a half
+    prompts = [torch.cat([instruction, torch.tensor([60 + i, 6, 7])]) for i in range(6)]
+    cfg = SamplingConfig(max_new_tokens=4, ignore_eos=True)
+    out = llm.generate(prompts, cfg).generated_token_ids
+    cache = llm.generation_cache()
+    assert cache.prefix_hits == 5 * 32  # every later prompt adopted the 2 full blocks
+    plain = LLMModel(tiny_llama_dir, dtype=torch.float32, load_tokenizer=False,
+                     prefix_caching=False)  # fmt: skip
+    assert out == plain.generate(prompts, cfg).generated_token_ids
