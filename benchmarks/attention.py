@@ -1,6 +1,6 @@
-"""Same as `pace bench attention [args]`; the code is in pace_core/bench/attention.py."""
+"""Same as `pace bench attention [args]`; the code is in bench/pace_bench/attention.py."""
 
-from pace_core.bench.attention import main
+from pace_bench.attention import main
 
 if __name__ == "__main__":
     main()

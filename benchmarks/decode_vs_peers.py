@@ -1,6 +1,6 @@
-"""Same as `pace bench decode_vs_peers [args]` (code: pace_core/bench/decode_vs_peers.py)."""
+"""Same as `pace bench decode_vs_peers [args]` (code: bench/pace_bench/decode_vs_peers.py)."""
 
-from pace_core.bench.decode_vs_peers import main
+from pace_bench.decode_vs_peers import main
 
 if __name__ == "__main__":
     main()

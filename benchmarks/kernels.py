@@ -1,6 +1,6 @@
-"""Same as `pace bench kernels [args]`; the code is in pace_core/bench/kernels.py."""
+"""Same as `pace bench kernels [args]`; the code is in bench/pace_bench/kernels.py."""
 
-from pace_core.bench.kernels import main
+from pace_bench.kernels import main
 
 if __name__ == "__main__":
     main()

@@ -1,6 +1,6 @@
-"""Same as `pace bench offline [args]`; the code is in pace_core/bench/offline.py."""
+"""Same as `pace bench offline [args]`; the code is in bench/pace_bench/offline.py."""
 
-from pace_core.bench.offline import main
+from pace_bench.offline import main
 
 if __name__ == "__main__":
     main()

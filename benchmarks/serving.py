@@ -1,6 +1,6 @@
-"""Same as `pace bench serving [args]`; the code is in pace_core/bench/serving.py."""
+"""Same as `pace bench serving [args]`; the code is in bench/pace_bench/serving.py."""
 
-from pace_core.bench.serving import main
+from pace_bench.serving import main
 
 if __name__ == "__main__":
     main()

@@ -1,6 +1,6 @@
-"""Same as `pace bench speculative [args]`; the code is in pace_core/bench/speculative.py."""
+"""Same as `pace bench speculative [args]`; the code is in bench/pace_bench/speculative.py."""
 
-from pace_core.bench.speculative import main
+from pace_bench.speculative import main
 
 if __name__ == "__main__":
     main()

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import logging
 import os
 import sys
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -187,12 +189,37 @@ def build_parser() -> argparse.ArgumentParser:
     add_quantization_argument(p)
     p.set_defaults(func=_cmd_check)
 
-    from pace_core.bench.cli import add_bench_parser
     from pace_core.server.cli import add_serve_parser
 
     add_serve_parser(sub)
-    add_bench_parser(sub)
+    add_command_plugins(sub)
     return parser
+
+
+COMMAND_GROUP = "pace.commands"
+"""Entry points of other distributions that add ``pace`` subcommands (``pace-bench``: ``bench``);
+each is a function taking the subparsers object."""
+
+
+def add_command_plugins(sub: Any) -> None:
+    """Add the subcommands other installed distributions declare; ``pace bench`` without
+    ``pace-bench`` installed says how to get it."""
+    found = {ep.name: ep for ep in importlib.metadata.entry_points(group=COMMAND_GROUP)}
+    for ep in found.values():
+        ep.load()(sub)
+    if "bench" not in found:
+        p = sub.add_parser("bench", help="benchmarks (needs the pace-bench distribution)")
+        p.add_argument("rest", nargs=argparse.REMAINDER)
+        p.set_defaults(func=_cmd_bench_missing)
+
+
+def _cmd_bench_missing(args: argparse.Namespace) -> int:
+    print(
+        "pace: error: `pace bench` is in the pace-bench distribution, which is not installed: "
+        "`pip install pace-bench` (from the repository: `pip install -e bench`)",
+        file=sys.stderr,
+    )
+    return 2
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -2,7 +2,7 @@
 
 ``models/`` holds the zoo's converted models (:mod:`pace_core.zoo`), ``kernels/`` the JIT-built
 C++ extensions (:mod:`pace_core.jit`), ``peers/`` the benchmark peers' tools, ``random/`` the
-benchmarks' random-weight models (:mod:`pace_core.bench.random_models`), ``gguf-meta/`` and
+benchmarks' random-weight models (:mod:`pace_bench.random_models`), ``gguf-meta/`` and
 ``tokenizers/`` what was converted from a model file once (:func:`derived_entry`).
 """
 

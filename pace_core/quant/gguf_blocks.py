@@ -82,22 +82,22 @@ def _shifts(*values: int) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.uint8)
 
 
-def _unpack(x: torch.Tensor, shifts: tuple[int, ...], mask: int) -> torch.Tensor:
+def unpack_blocks(x: torch.Tensor, shifts: tuple[int, ...], mask: int) -> torch.Tensor:
     """``[N, G, L] -> [N, G, len(shifts), L]``: ``(x >> s) & mask`` for every shift ``s``."""
     s = _shifts(*shifts).view(1, 1, -1, 1)
     return (x.unsqueeze(-2) >> s) & mask
 
 
-def _nibbles(qs: torch.Tensor, group: int) -> torch.Tensor:
+def nibbles(qs: torch.Tensor, group: int) -> torch.Tensor:
     """Low then high nibbles of each run of ``group`` bytes: ``[N, B] -> [N, 2 * B]``."""
     n = qs.shape[0]
-    return _unpack(qs.reshape(n, -1, group), (0, 4), 0x0F).reshape(n, -1)
+    return unpack_blocks(qs.reshape(n, -1, group), (0, 4), 0x0F).reshape(n, -1)
 
 
 def _bits(qh: torch.Tensor) -> torch.Tensor:
     """Little-endian bits of a little-endian bit field: ``[N, B] -> [N, 8 * B]`` of 0/1."""
     n = qh.shape[0]
-    return _unpack(qh.reshape(n, -1, 1), tuple(range(8)), 1).reshape(n, -1)
+    return unpack_blocks(qh.reshape(n, -1, 1), tuple(range(8)), 1).reshape(n, -1)
 
 
 # --------------------------------------------------------------------------- dequantizers
@@ -121,28 +121,28 @@ def _deq_q8_0(b: torch.Tensor) -> torch.Tensor:
 
 
 def _deq_q4_0(b: torch.Tensor) -> torch.Tensor:
-    q = _nibbles(b[:, 2:], 16).float() - 8.0
+    q = nibbles(b[:, 2:], 16).float() - 8.0
     return _f16(b, 0) * q
 
 
 def _deq_q4_1(b: torch.Tensor) -> torch.Tensor:
-    q = _nibbles(b[:, 4:], 16).float()
+    q = nibbles(b[:, 4:], 16).float()
     return _f16(b, 0) * q + _f16(b, 2)
 
 
-def _q5(b: torch.Tensor, qh_off: int) -> torch.Tensor:
+def q5_values(b: torch.Tensor, qh_off: int) -> torch.Tensor:
     """The 5-bit values (0..31, uint8) of a q5_0/q5_1 block."""
     hi = _bits(b[:, qh_off : qh_off + 4])
-    return _nibbles(b[:, qh_off + 4 :], 16) | (hi << 4)
+    return nibbles(b[:, qh_off + 4 :], 16) | (hi << 4)
 
 
 def _deq_q5_0(b: torch.Tensor) -> torch.Tensor:
-    q = _q5(b, 2).float() - 16.0
+    q = q5_values(b, 2).float() - 16.0
     return _f16(b, 0) * q
 
 
 def _deq_q5_1(b: torch.Tensor) -> torch.Tensor:
-    q = _q5(b, 4).float()
+    q = q5_values(b, 4).float()
     return _f16(b, 0) * q + _f16(b, 2)
 
 
@@ -153,7 +153,7 @@ def _deq_q2_k(b: torch.Tensor) -> torch.Tensor:
     d, dmin = _f16(b, 80), _f16(b, 82)
     dl = (d * (scales & 0x0F).float()).reshape(n, 16, 1)
     ml = (dmin * (scales >> 4).float()).reshape(n, 16, 1)
-    q = _unpack(qs, (0, 2, 4, 6), 3).reshape(n, 16, 16).float()
+    q = unpack_blocks(qs, (0, 2, 4, 6), 3).reshape(n, 16, 16).float()
     return (dl * q - ml).reshape(n, QK_K)
 
 
@@ -163,17 +163,17 @@ def _deq_q3_k(b: torch.Tensor) -> torch.Tensor:
     qs = b[:, 32:96].reshape(n, 2, 32)
     sc = b[:, 96:108]
     d = _f16(b, 108)
-    lo = _unpack(sc[:, :8].reshape(n, 1, 8), (0, 4), 0x0F).reshape(n, 16)
-    hi = _unpack(sc[:, 8:].reshape(n, 1, 4), (0, 2, 4, 6), 3).reshape(n, 16)
+    lo = unpack_blocks(sc[:, :8].reshape(n, 1, 8), (0, 4), 0x0F).reshape(n, 16)
+    hi = unpack_blocks(sc[:, 8:].reshape(n, 1, 4), (0, 2, 4, 6), 3).reshape(n, 16)
     scales = (lo | (hi << 4)).float() - 32.0
     dl = (d * scales).reshape(n, 16, 1)
-    ql = _unpack(qs, (0, 2, 4, 6), 3).reshape(n, 16, 16)
-    qh = _unpack(hmask, tuple(range(8)), 1).reshape(n, 16, 16) ^ 1
+    ql = unpack_blocks(qs, (0, 2, 4, 6), 3).reshape(n, 16, 16)
+    qh = unpack_blocks(hmask, tuple(range(8)), 1).reshape(n, 16, 16) ^ 1
     q = ql.float() - (qh << 2).float()
     return (dl * q).reshape(n, QK_K)
 
 
-def _scale_min_k4(sc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def scale_min_k4(sc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The eight 6-bit scales and mins packed in the 12 scale bytes of q4_k/q5_k."""
     d, m, md = sc[:, 0:4], sc[:, 4:8], sc[:, 8:12]
     scale = torch.cat([d & 0x3F, (md & 0x0F) | ((d >> 2) & 0x30)], dim=-1)
@@ -184,26 +184,26 @@ def _scale_min_k4(sc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def _k4_affine(b: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """``d * scale * q - dmin * min`` per 32-element sub-block of q4_k/q5_k."""
     n = b.shape[0]
-    scale, mins = _scale_min_k4(b[:, 4:16])
+    scale, mins = scale_min_k4(b[:, 4:16])
     dl = (_f16(b, 0) * scale.float()).reshape(n, 8, 1)
     ml = (_f16(b, 2) * mins.float()).reshape(n, 8, 1)
     return (dl * q.reshape(n, 8, 32).float() - ml).reshape(n, QK_K)
 
 
 def _deq_q4_k(b: torch.Tensor) -> torch.Tensor:
-    return _k4_affine(b, _nibbles(b[:, 16:144], 32))
+    return _k4_affine(b, nibbles(b[:, 16:144], 32))
 
 
 def _deq_q5_k(b: torch.Tensor) -> torch.Tensor:
     n = b.shape[0]
-    qh = _unpack(b[:, 16:48].reshape(n, 1, 32), tuple(range(8)), 1).reshape(n, QK_K)
-    return _k4_affine(b, _nibbles(b[:, 48:176], 32) | (qh << 4))
+    qh = unpack_blocks(b[:, 16:48].reshape(n, 1, 32), tuple(range(8)), 1).reshape(n, QK_K)
+    return _k4_affine(b, nibbles(b[:, 48:176], 32) | (qh << 4))
 
 
 def _deq_q6_k(b: torch.Tensor) -> torch.Tensor:
     n = b.shape[0]
-    ql = _nibbles(b[:, :128], 64)
-    qh = _unpack(b[:, 128:192].reshape(n, 2, 32), (0, 2, 4, 6), 3).reshape(n, QK_K)
+    ql = nibbles(b[:, :128], 64)
+    qh = unpack_blocks(b[:, 128:192].reshape(n, 2, 32), (0, 2, 4, 6), 3).reshape(n, QK_K)
     scales = b[:, 192:208].contiguous().view(torch.int8).float()
     dl = (_f16(b, 208) * scales).reshape(n, 16, 1)
     q = (ql | (qh << 4)).float() - 32.0

@@ -120,3 +120,20 @@ def test_no_import_circle_between_packages():
                 graph.setdefault(dst, set())
     assert graph["engine"] >= {"speculative", "models"}  # sees the packages
     assert _cycles(graph) == []
+
+
+def test_the_runtime_never_imports_the_benchmarks():
+    """``pace_bench`` is its own distribution: ``pip install pace-core`` carries none of it,
+    so no runtime module may import it (``pace bench`` arrives through an entry point)."""
+    def imported(node: ast.AST) -> list[str]:
+        if isinstance(node, ast.Import):
+            return [a.name for a in node.names]
+        return [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+
+    importers = [
+        name
+        for name, path in _modules().items()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if any(n.startswith("pace_bench") for n in imported(node))
+    ]
+    assert importers == []

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from pace_bench import peers
+from pace_bench.cli import BENCHMARKS
 
 from pace_core import plugins
-from pace_core.bench import peers
-from pace_core.bench.cli import BENCHMARKS
 from pace_core.cli import main
 from pace_core.cpu import detect_cpu
 from pace_core.registry import OpContext
@@ -90,7 +90,7 @@ def test_backends_filter(tmp_path):
 def test_qgemv_rows_per_format_and_backend_that_takes_it(tmp_path):
     """Every quantized format, every backend whose linear takes it, with its share of the
     streaming read timed in the same rounds (or of the dram-read rows without pace-avx512)."""
-    from pace_core.bench.kernels_quant import FORMATS, REFERENCE
+    from pace_bench.kernels_quant import FORMATS, REFERENCE
 
     argv = [*TINY_KERNELS[:-3], "--sections", "qgemv", "--out", str(tmp_path), "--no-plots"]
     assert main([*argv, "--quiet"]) == 0
@@ -181,7 +181,7 @@ def test_unknown_benchmark_lists_the_choices(capsys):
 
 
 def test_quick_defaults_yield_to_explicit_options():
-    from pace_core.bench.cli import parse
+    from pace_bench.cli import parse
 
     args = parse(["bench", "kernels", "--quick", "--repeats", "9"])
     assert args.repeats == 9 and args.shapes == ["576x1536"] and args.threads == [1]
@@ -265,7 +265,7 @@ def test_structured_compares_grammar_and_free_decoding(smollm2_dir, tmp_path):
 
 
 def test_random_model_names_are_checked():
-    from pace_core.bench.common import model_path
+    from pace_bench.common import model_path
 
     with pytest.raises(ValueError, match="qwen3-30b-a3b-2l"):
         model_path("random:nope")

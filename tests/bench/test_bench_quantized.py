@@ -7,8 +7,7 @@ import importlib.util
 import os
 
 import pytest
-
-from pace_core.bench.quantized import summary, with_ratios
+from pace_bench.quantized import summary, with_ratios
 
 
 def test_ratios_and_targets_cover_both_pace_engines():
@@ -32,7 +31,7 @@ def test_ratios_and_targets_cover_both_pace_engines():
 
 
 def test_models_load_under_a_mode_and_the_environment_comes_back(monkeypatch):
-    from pace_core.bench import activations
+    from pace_bench import activations
 
     monkeypatch.setenv(activations.ENV_VAR, "exact")
     with activations.loaded_under("int8"):
@@ -47,7 +46,7 @@ def test_models_load_under_a_mode_and_the_environment_comes_back(monkeypatch):
 def test_int8_is_dropped_with_a_note_without_pace_avx512(monkeypatch, capsys):
     import argparse
 
-    from pace_core.bench import activations
+    from pace_bench import activations
 
     args = argparse.Namespace(activations=["exact", "int8"], quiet=False)
     real = importlib.util.find_spec
@@ -63,8 +62,7 @@ def test_int8_is_dropped_with_a_note_without_pace_avx512(monkeypatch, capsys):
 def test_the_env_var_is_the_plugins():
     pytest.importorskip("pace_avx512")
     from pace_avx512 import settings
-
-    from pace_core.bench import activations
+    from pace_bench import activations
 
     assert activations.ENV_VAR == settings.ENV_VAR
     assert set(activations.ENGINES) == set(settings.CHOICES)
@@ -72,8 +70,7 @@ def test_the_env_var_is_the_plugins():
 
 def test_only_quantized_bf16_models_run_in_both_modes():
     import torch
-
-    from pace_core.bench import activations
+    from pace_bench import activations
 
     both = ["exact", "int8"]
     assert activations.for_model(both, quantized=True, dtype=torch.bfloat16) == both

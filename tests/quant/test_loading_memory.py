@@ -7,8 +7,7 @@ parsed by transformers) adds ~0.5 GB of transient memory, reported by ``pace ben
 from __future__ import annotations
 
 import pytest
-
-from pace_core.bench.loading import GB, measure
+from pace_bench.loading import GB, measure
 
 pytestmark = pytest.mark.slow
 

@@ -26,9 +26,9 @@ PROMPTS = [f"Question {i}: what is {i} plus {i}? The answer is" for i in range(1
 
 @pytest.fixture(scope="module")
 def ray_app(smollm2_dir):
+    from pace_bench.serving_peers import free_port
     from ray import serve
 
-    from pace_core.bench.serving_peers import free_port
     from pace_core.server.ray_serve import build_app
 
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)

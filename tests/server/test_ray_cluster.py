@@ -20,11 +20,11 @@ pytestmark = pytest.mark.slow
 
 
 def test_replicas_on_two_nodes_serve_one_endpoint(smollm2_dir):
+    from pace_bench.serving_peers import free_port
     from ray import serve
     from ray.cluster_utils import Cluster
     from ray.util.state import list_actors
 
-    from pace_core.bench.serving_peers import free_port
     from pace_core.server.ray_serve import build_app
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
@@ -60,9 +60,9 @@ def test_replicas_on_two_nodes_serve_one_endpoint(smollm2_dir):
 
 
 def test_autoscaling_adds_a_replica_under_load(smollm2_dir):
+    from pace_bench.serving_peers import free_port
     from ray import serve
 
-    from pace_core.bench.serving_peers import free_port
     from pace_core.server.ray_serve import build_app
 
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from pace_avx512 import build, settings
 from pace_core.quant import QuantizedWeight
-from pace_core.quant.gguf_blocks import _nibbles, _q5, _scale_min_k4, _unpack
+from pace_core.quant.gguf_blocks import nibbles, q5_values, scale_min_k4, unpack_blocks
 
 GROUP = 32  # k per quantization group of the kernel
 ROWS = 16  # rows per packed block
@@ -100,8 +100,8 @@ def _codes_scales_mins(w: QuantizedWeight, rows: slice):
         return codes, scales, w.mins[rows].repeat_interleave(repeat, dim=1)
     if fmt == "q6_k":
         b = data.reshape(-1, 210)
-        ql = _nibbles(b[:, :128], 64)
-        qh = _unpack(b[:, 128:192].reshape(-1, 2, 32), (0, 2, 4, 6), 3).reshape(-1, 256)
+        ql = nibbles(b[:, :128], 64)
+        qh = unpack_blocks(b[:, 128:192].reshape(-1, 2, 32), (0, 2, 4, 6), 3).reshape(-1, 256)
         codes = ((ql | (qh << 4)).to(torch.int16) - 32).to(torch.int8).reshape(n, k)
         sc = b[:, 192:208].contiguous().view(torch.int8).float()
         d = b[:, 208:210].contiguous().view(torch.float16).float()
@@ -109,7 +109,7 @@ def _codes_scales_mins(w: QuantizedWeight, rows: slice):
     if fmt == "q4_k":
         b = data.reshape(n, k // 256, 144)
         d, dmin = _f16(b, 0), _f16(b, 2)
-        sc, mn = _scale_min_k4(b[..., 4:16].reshape(-1, 12))
+        sc, mn = scale_min_k4(b[..., 4:16].reshape(-1, 12))
         scales = (d.unsqueeze(-1) * sc.view(n, -1, 8).float()).reshape(n, -1).half()
         mins = (-dmin.unsqueeze(-1) * mn.view(n, -1, 8).float()).reshape(n, -1).half()
         qs = b[..., 16:].reshape(n, k // 64, 1, 32)
@@ -119,7 +119,7 @@ def _codes_scales_mins(w: QuantizedWeight, rows: slice):
     b = data.reshape(n, k // GROUP, size)
     scales = _f16(b, 0).half()
     if fmt == "q5_0":  # (q - 16) * d with q of 5 bits: int8 codes
-        q = _q5(b.reshape(-1, size), 2).to(torch.int16) - 16
+        q = q5_values(b.reshape(-1, size), 2).to(torch.int16) - 16
         return q.to(torch.int8).reshape(n, k), scales, None
     if fmt == "q8_0":
         return b[..., 2:].contiguous().view(torch.int8).reshape(n, k), scales, None

@@ -30,8 +30,8 @@ from typing import Any
 
 import torch
 
-from pace_core.bench import activations
-from pace_core.bench.common import (
+from pace_bench import activations
+from pace_bench.common import (
     emit,
     model_path,
     note,
@@ -41,7 +41,7 @@ from pace_core.bench.common import (
     vocab_size,
     with_targets,
 )
-from pace_core.bench.offline import _LlamaCpp, _pace, measure_point
+from pace_bench.offline import LlamaCppRunner, measure_point, pace_runner
 
 FORMATS = ("bf16", "q8_0", "q4_0", "q4_k_m", "original", "int8", "int4")
 LLAMA_MADE = ("q8_0", "q4_0", "q4_k_m")  # quantized by llama.cpp from the BF16 GGUF
@@ -76,8 +76,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _files(name: str, fmt: str) -> tuple[Path, Path | None]:
     """(what pace loads, the GGUF llama.cpp runs or None) for one format."""
-    from pace_core.bench import peers
-    from pace_core.bench.quality import gguf_file
+    from pace_bench import peers
+    from pace_bench.quality import gguf_file
 
     path = model_path(name)
     if fmt == "original":
@@ -93,8 +93,8 @@ def _files(name: str, fmt: str) -> tuple[Path, Path | None]:
 
 def load_engines(name: str, args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, float]]:
     """(``"<engine> <format>"`` -> make(ids, n) -> fn, weights MB per pace engine)."""
+    from pace_bench import peers
     from pace_core import LLMModel
-    from pace_core.bench import peers
     from pace_core.quant.memory import weight_bytes
 
     engines: dict[str, Any] = {}
@@ -115,10 +115,10 @@ def load_engines(name: str, args: argparse.Namespace) -> tuple[dict[str, Any], d
                     model = LLMModel(source, dtype=torch.bfloat16, quantization=quant,
                                      quiet=True, load_tokenizer=False)  # fmt: skip
                 label = f"{activations.ENGINES[mode]} {fmt}"
-                engines[label] = lambda ids, n, m=model: _pace(m, ids, n)
+                engines[label] = lambda ids, n, m=model: pace_runner(m, ids, n)
                 sizes[label] = weight_bytes(model.model) / 1e6
         if "llama.cpp" in args.engines and gguf is not None and peers.find_llama_cpp():
-            engines[f"llama.cpp {fmt}"] = _LlamaCpp(gguf, n_ctx)
+            engines[f"llama.cpp {fmt}"] = LlamaCppRunner(gguf, n_ctx)
     if "llama.cpp" in args.engines and not peers.find_llama_cpp():
         note(args, "quantized: llama.cpp skipped: llama-cpp-python is not installed "
              "(make bench-peers)")  # fmt: skip
@@ -175,6 +175,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """``pace bench quantized [argv]``."""
-    from pace_core.bench.cli import main_for
+    from pace_bench.cli import main_for
 
     return main_for("quantized", argv)

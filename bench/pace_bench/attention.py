@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from pace_core.bench.common import emit, progress
+from pace_bench.common import emit, progress
 
 CACHES = ("dynamic", "bmc", "paged", "slab_pool")
 COLUMNS = ["cache", "batch", "context", "us_per_step", "us_per_seq", "memory_mb"]
@@ -92,6 +92,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """``pace bench attention [argv]``: run, write the results folder, return the payload."""
-    from pace_core.bench.cli import main_for
+    from pace_bench.cli import main_for
 
     return main_for("attention", argv)

@@ -29,8 +29,8 @@ RESULTS_ROOT = Path("results")
 
 
 def benchmark_module(name: str) -> ModuleType:
-    """``pace_core.bench.<name>``: exposes ``add_arguments``, ``run``, ``main`` and ``QUICK``."""
-    return importlib.import_module(f"pace_core.bench.{name}")
+    """``pace_bench.<name>``: exposes ``add_arguments``, ``run``, ``main`` and ``QUICK``."""
+    return importlib.import_module(f"pace_bench.{name}")
 
 
 def _add_output_arguments(p: argparse.ArgumentParser) -> None:
@@ -133,8 +133,8 @@ def _say(args: argparse.Namespace, message: str) -> None:
 
 def save(payload: dict[str, Any], out: Path, args: argparse.Namespace) -> list[Path]:
     """Write the JSON files and (unless ``--no-plots``) the plots; return what was written."""
-    from pace_core.bench import plots
-    from pace_core.bench.common import write_results
+    from pace_bench import plots
+    from pace_bench.common import write_results
 
     written = write_results(out, payload)
     if not getattr(args, "no_plots", False):
@@ -147,7 +147,7 @@ def save(payload: dict[str, Any], out: Path, args: argparse.Namespace) -> list[P
 
 def run_benchmark(name: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     """Run one benchmark with parsed ``args`` and write its results into ``out``."""
-    from pace_core.bench.common import machine_info
+    from pace_bench.common import machine_info
 
     args.machine = machine_info()  # before the run: load average, affinity
     payload = benchmark_module(name).run(args)
@@ -176,8 +176,8 @@ def _run_all(args: argparse.Namespace) -> int:
 
 
 def _plot(args: argparse.Namespace) -> int:
-    from pace_core.bench import plots
-    from pace_core.bench.common import read_results
+    from pace_bench import plots
+    from pace_bench.common import read_results
 
     payloads = read_results(args.folder)
     if not payloads:

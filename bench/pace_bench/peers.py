@@ -8,8 +8,8 @@
 - :func:`gguf_for` converts a Hugging Face model directory to GGUF once (cached next to the
   model); :class:`LlamaCppRunner` times prefill and decode on it.
 
-``python -m pace_core.bench.peers extract SDIST`` does the extraction step of ``make
-bench-peers``; ``python -m pace_core.bench.peers status`` shows what is found.
+``python -m pace_bench.peers extract SDIST`` does the extraction step of ``make
+bench-peers``; ``python -m pace_bench.peers status`` shows what is found.
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ def gguf_for(model_dir: str | Path, dtype: str = "bf16", *, quiet: bool = True) 
     if script is None:
         raise PeerUnavailable(
             f"llama.cpp's {CONVERTER} is not installed in {converter_dir()}: run `make "
-            "bench-peers` (or `python -m pace_core.bench.peers extract <llama-cpp-python sdist>`)"
+            "bench-peers` (or `python -m pace_bench.peers extract <llama-cpp-python sdist>`)"
         )
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")
@@ -233,7 +233,7 @@ class LlamaCppRunner:
 
     def measure(self, tokens: list[int], new_tokens: int, repeats: int = 3) -> dict[str, float]:
         """Median prefill time of ``tokens`` and decode tok/s over ``new_tokens``."""
-        from pace_core.bench.common import interleaved
+        from pace_bench.common import interleaved
 
         fns = {
             "prefill": lambda: self.generate(tokens, 1),
@@ -329,7 +329,7 @@ def status() -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m pace_core.bench.peers",
+        prog="python -m pace_bench.peers",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -345,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.action == "extract":
         print(extract_converter(args.sdist, args.dest))
     elif args.action == "convert":
-        from pace_core.bench.common import model_path
+        from pace_bench.common import model_path
 
         start = time.perf_counter()
         path = gguf_for(model_path(args.model), args.dtype, quiet=False)

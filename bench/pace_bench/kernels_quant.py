@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from pace_core.bench.common import (
+from pace_bench.common import (
     add_rows,
     dtype_name,
     interleaved,

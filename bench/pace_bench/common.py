@@ -136,9 +136,9 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 def model_path(name: str | Path) -> Path:
     """A zoo model name (prepared on first use), ``random:<shape>`` (a random-weight model with
-    real layer shapes, :mod:`pace_core.bench.random_models`) or a directory."""
+    real layer shapes, :mod:`pace_bench.random_models`) or a directory."""
+    from pace_bench.random_models import is_random_name, random_model
     from pace_core import zoo
-    from pace_core.bench.random_models import is_random_name, random_model
 
     text = str(name)
     if is_random_name(text):

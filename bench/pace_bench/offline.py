@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from pace_core.bench.common import (
+from pace_bench.common import (
     emit,
     interleaved,
     model_path,
@@ -93,7 +93,7 @@ def sweep_points(args: argparse.Namespace) -> list[tuple[int, int, int]]:
     return list(dict.fromkeys(points))
 
 
-def _pace(model: Any, ids: torch.Tensor, new_tokens: int) -> Callable[[], Any]:
+def pace_runner(model: Any, ids: torch.Tensor, new_tokens: int) -> Callable[[], Any]:
     """Exactly ``new_tokens`` greedy tokens. ``ignore_eos`` is pace's way of not stopping, as
     transformers' is ``min_new_tokens`` and llama.cpp's runner never checks EOS; pace's
     ``min_new_tokens`` would add a logits processor (a copy of the logits per step) that
@@ -104,7 +104,7 @@ def _pace(model: Any, ids: torch.Tensor, new_tokens: int) -> Callable[[], Any]:
     return lambda: model.generate(ids, cfg)
 
 
-def _transformers(model: Any, ids: torch.Tensor, new_tokens: int) -> Callable[[], Any]:
+def transformers_runner(model: Any, ids: torch.Tensor, new_tokens: int) -> Callable[[], Any]:
     def go() -> None:
         with torch.inference_mode():
             model.generate(
@@ -119,7 +119,7 @@ def _transformers(model: Any, ids: torch.Tensor, new_tokens: int) -> Callable[[]
     return go
 
 
-class _LlamaCpp:
+class LlamaCppRunner:
     """llama.cpp runners over the model's GGUF, one per thread count and batch size (batches
     of several sequences decode together in one context)."""
 
@@ -127,7 +127,7 @@ class _LlamaCpp:
         self.gguf, self.n_ctx, self.runners = gguf, n_ctx, {}
 
     def __call__(self, ids: torch.Tensor, new_tokens: int) -> Callable[[], Any]:
-        from pace_core.bench.peers import LlamaCppBatchRunner, LlamaCppRunner
+        from pace_bench.peers import LlamaCppBatchRunner, LlamaCppRunner
 
         threads, batch = torch.get_num_threads(), ids.shape[0]
         key = (threads, batch)
@@ -162,7 +162,7 @@ def load_engines(name: str, args: argparse.Namespace) -> dict[str, Any]:
             # 5.9x dynamic's on paged)
             pace = LLMModel(path, dtype=dtype, opconfig=args.opconfig, kv_cache_type=cache,
                             quiet=True, load_tokenizer=False, prefix_caching=False)  # fmt: skip
-            engines[pace_label(cache, args)] = lambda ids, n, m=pace: _pace(m, ids, n)
+            engines[pace_label(cache, args)] = lambda ids, n, m=pace: pace_runner(m, ids, n)
     if "transformers" in args.engines:
         from transformers import AutoModelForCausalLM
         from transformers.utils import logging as hf_logging
@@ -171,15 +171,15 @@ def load_engines(name: str, args: argparse.Namespace) -> dict[str, Any]:
             hf_logging.disable_progress_bar()
 
         hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).eval()
-        engines["transformers"] = lambda ids, n: _transformers(hf, ids, n)
+        engines["transformers"] = lambda ids, n: transformers_runner(hf, ids, n)
     if "llama.cpp" in args.engines:
-        from pace_core.bench import peers
+        from pace_bench import peers
 
         try:
             if peers.find_llama_cpp() is None:
                 raise peers.PeerUnavailable("llama-cpp-python is not installed (make bench-peers)")
             gguf = peers.gguf_for(path, GGUF_TYPES[args.dtype])
-            engines["llama.cpp"] = _LlamaCpp(gguf, max(args.prompt_lens) + args.new_tokens + 8)
+            engines["llama.cpp"] = LlamaCppRunner(gguf, max(args.prompt_lens) + args.new_tokens + 8)
         except peers.PeerUnavailable as exc:
             note(args, f"offline: llama.cpp skipped: {exc}")
     return engines
@@ -252,6 +252,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """``pace bench offline [argv]``: run, write the results folder, return the payload."""
-    from pace_core.bench.cli import main_for
+    from pace_bench.cli import main_for
 
     return main_for("offline", argv)

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from pace_core.bench.common import (
+from pace_bench.common import (
     dtype_name,
     interleaved,
     keep_backend,

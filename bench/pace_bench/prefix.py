@@ -22,10 +22,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pace_core.bench.common import emit, model_path, note, progress, target_row, with_targets
-from pace_core.bench.serving_peers import (
+from pace_bench.common import emit, model_path, note, progress, target_row, with_targets
+from pace_bench.peers import PeerUnavailable
+from pace_bench.serving_peers import (
     EngineServer,
-    PeerUnavailable,
     ServerSpec,
     pace_spec,
     vllm_spec,
@@ -152,6 +152,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """``pace bench prefix [argv]``: run, write the results folder, return the payload."""
-    from pace_core.bench.cli import main_for
+    from pace_bench.cli import main_for
 
     return main_for("prefix", argv)

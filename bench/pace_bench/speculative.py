@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from pace_core.bench.common import emit, model_path, note, progress
+from pace_bench.common import emit, model_path, note, progress
 
 CODE = '''def summarize_orders(orders, tax_rate=0.08):
     """Return per-customer totals and the grand total of a list of orders."""
@@ -351,6 +351,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """``pace bench speculative [argv]``: run, write the results folder, return the payload."""
-    from pace_core.bench.cli import main_for
+    from pace_bench.cli import main_for
 
     return main_for("speculative", argv)

@@ -20,7 +20,7 @@ import subprocess
 import sys
 from typing import Any
 
-from pace_core.bench.common import emit, model_path, note, progress
+from pace_bench.common import emit, model_path, note, progress
 
 COLUMNS = ["model", "variant", "weights_mb", "rss_after_mb", "peak_rss_mb", "load_s",
            "after_ok", "peak_ok", "weights_peak_mb", "weights_peak_ok", "tokenizer_mb"]  # fmt: skip
@@ -83,7 +83,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from pace_core.bench.quality import gguf_file
+    from pace_bench.quality import gguf_file
 
     rows = []
     note(args, f"loading: load_average={os.getloadavg()}")
@@ -102,6 +102,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """``pace bench loading [argv]``: run, write the results folder, return the payload."""
-    from pace_core.bench.cli import main_for
+    from pace_bench.cli import main_for
 
     return main_for("loading", argv)

@@ -22,7 +22,7 @@ two references for ``linear``: ``torch`` (F.linear on the [N, K] weight) and ``m
   per-expert torch loop), with the hit experts' weight GB/s.
 - qgemv (not in the default set): decode GEMVs over quantized weights (``int8``, ``int4``,
   ``q8_0``, ``q4_0``), cold, GB/s of the format's bytes and their ``of_dram`` share
-  (:mod:`pace_core.bench.kernels_quant`).
+  (:mod:`pace_bench.kernels_quant`).
 - model (not in the default set): a whole model (``--model``) per backend plan:
   ``{"default": "native"}``, every op of each installed backend on it, and ``auto``; prefill
   time of a ``--model-prompt``-token prompt and decode tok/s over ``--model-tokens`` tokens.
@@ -51,7 +51,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from pace_core.bench.common import (
+from pace_bench.common import (
     add_rows,
     dtype_name,
     emit,
@@ -66,9 +66,9 @@ from pace_core.bench.common import (
     usable_kernels,
     warn,
 )
-from pace_core.bench.kernels_model import bench_model
-from pace_core.bench.kernels_moe import bench_moe
-from pace_core.bench.kernels_quant import bench_qgemv
+from pace_bench.kernels_model import bench_model
+from pace_bench.kernels_moe import bench_moe
+from pace_bench.kernels_quant import bench_qgemv
 from pace_core.errors import ConfigError
 
 SHAPES = {"576x1536": (576, 1536), "2048x8192": (2048, 8192), "4096x4096": (4096, 4096)}  # K x N
@@ -408,6 +408,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """``pace bench kernels [argv]``: run, write the results folder, return the payload."""
-    from pace_core.bench.cli import main_for
+    from pace_bench.cli import main_for
 
     return main_for("kernels", argv)

@@ -29,8 +29,8 @@ from typing import Any
 
 import torch
 
-from pace_core.bench import activations
-from pace_core.bench.common import emit, model_path, note, progress
+from pace_bench import activations
+from pace_bench.common import emit, model_path, note, progress
 from pace_core.quality import SOURCE, Scorer, compare, text_ids, windows
 
 COLUMNS = ["model", "variant", "engine", "reference", "tokens", "kld_mean", "kld_p99", "top1",
@@ -63,7 +63,7 @@ def gguf_file(name: str) -> Path:
     return dest
 
 
-def _pace(
+def pace_runner(
     source: Path, dtype: torch.dtype, quantization: str | None = None, mode: str = "exact"
 ) -> tuple[Any, float]:
     from pace_core import LLMModel
@@ -107,12 +107,12 @@ def bench_model(args: argparse.Namespace, name: str) -> list[dict[str, Any]]:
     modes = activations.modes(args)
     dtype = getattr(torch, args.dtype)
     label = f"pace {args.dtype}"
-    ref, load = _pace(path, dtype)
+    ref, load = pace_runner(path, dtype)
     mb = round(weight_bytes(ref.model) / 1e6, 1)
     note(args, f"quality: {name}: {len(chunks)} windows of {args.window} tokens ({SOURCE})")
     for preset in args.quantization:
         for mode in activations.for_model(modes, quantized=True, dtype=dtype):
-            test, load = _pace(path, dtype, preset, mode)
+            test, load = pace_runner(path, dtype, preset, mode)
             report = compare(ref.logits, test.logits, chunks)
             rows.append(_row(name, preset, f"{activations.ENGINES[mode]} {args.dtype}",
                              f"{label} (dense)", report,
@@ -136,7 +136,7 @@ def bench_model(args: argparse.Namespace, name: str) -> list[dict[str, Any]]:
     if args.gguf:
         for dtype in (torch.bfloat16, torch.float32):
             for mode in activations.for_model(modes, quantized=True, dtype=dtype):
-                pace_gguf, load = _pace(file, dtype, mode=mode)
+                pace_gguf, load = pace_runner(file, dtype, mode=mode)
                 report = compare(hf_logits, pace_gguf.logits, chunks)
                 rows.append(_row(name, variant, f"{activations.ENGINES[mode]} {str(dtype)[6:]}",
                                  reference, report,
@@ -182,6 +182,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """``pace bench quality [argv]``: run, write the results folder, return the payload."""
-    from pace_core.bench.cli import main_for
+    from pace_bench.cli import main_for
 
     return main_for("quality", argv)

@@ -7,8 +7,8 @@ program there. :func:`server_for` builds the server of one engine (``pace``, ``v
 the request fields that make it produce exactly ``max_tokens`` tokens; :class:`EngineServer`
 starts it, waits for it to answer a completion (bounded) and stops it.
 
-    python -m pace_core.bench.serving_peers status          # where each peer lives
-    python -m pace_core.bench.serving_peers shim VENV vllm 0.32.0+cpu   # dist-info shim
+    python -m pace_bench.serving_peers status          # where each peer lives
+    python -m pace_bench.serving_peers shim VENV vllm 0.32.0+cpu   # dist-info shim
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from pace_bench.peers import PeerUnavailable
 
 ENGINES = ("pace", "vllm", "amd-pace")
 PEERS = {  # engine -> (venv folder under peers/, server program, distribution)
@@ -97,10 +99,6 @@ def status() -> dict[str, dict[str, str | None]]:
         }
         for engine in PEERS
     }
-
-
-class PeerUnavailable(RuntimeError):
-    """A serving peer is not installed here; the message says how to get it."""
 
 
 def free_port() -> int:
@@ -317,7 +315,7 @@ class EngineServer:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m pace_core.bench.serving_peers",
+        prog="python -m pace_bench.serving_peers",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

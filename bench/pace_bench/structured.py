@@ -4,7 +4,7 @@ Per model and batch size, greedy chat generation under a JSON schema (``--schema
 unbounded list of records so every row decodes its whole budget) and the same prompts
 unconstrained with ``ignore_eos`` to the same length. Decode time is the time of
 ``max_tokens`` tokens minus the time of 1 token (the same prefill), timed round-robin
-(:func:`~pace_core.bench.common.interleaved`), medians. Target (issue "serving features"):
+(:func:`~pace_bench.common.interleaved`), medians. Target (issue "serving features"):
 decode tok/s with a grammar >= 0.9x without.
 
     pace bench structured --models smollm2 --batches 1 8
@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from pace_core.bench.common import (
+from pace_bench.common import (
     emit,
     interleaved,
     model_path,
@@ -134,6 +134,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """``pace bench structured [argv]``: run, write the results folder, return the payload."""
-    from pace_core.bench.cli import main_for
+    from pace_bench.cli import main_for
 
     return main_for("structured", argv)

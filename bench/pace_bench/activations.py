@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import torch
 
-from pace_core.bench.common import note
+from pace_bench.common import note
 
 ENV_VAR = "PACE_QUANT_ACTIVATIONS"  # pace_avx512.settings.ENV_VAR
 ENGINES = {"exact": "pace", "int8": "pace-a8"}

