@@ -189,7 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_quantization_argument(p)
     p.set_defaults(func=_cmd_check)
 
-    from pace_core.server.cli import add_serve_parser
+    from pace_core.server.launch.cli import add_serve_parser
 
     add_serve_parser(sub)
     add_command_plugins(sub)

@@ -1,19 +1,18 @@
 """``pace serve``: an OpenAI-compatible HTTP server with continuous batching.
 
-Modules, one job each:
+Sub-packages, one job each:
 
-* :mod:`.local` (``LocalEngine``, a thread) and :mod:`.multi` (``ProcessEngine``, a process
-  per core group): engine instances, each running a :class:`~pace_core.engine.core.EngineCore`
-  and speaking its typed events (:mod:`pace_core.engine.events`);
-* :mod:`.instances`: what the front door knows of an instance (``EngineHandle``, ``Ready``,
-  ``Dead``);
-* :mod:`.frontend`: routing, queue limits, event fan-out, metrics bookkeeping;
-* :mod:`.server`: ``Server`` / ``ServerConfig`` and how they are built (in-process or
-  multi-instance);
-* :mod:`.openai_request` (request -> prompts, ``SamplingConfig`` s, submission),
-  :mod:`.openai_response` (tokens -> OpenAI bodies, SSE chunks, logprobs, usage),
-  :mod:`.delivery` (wait on a submission: whole answer or stream, timeout, disconnect);
-* :mod:`.app`: the FastAPI app (routes, API-key dependency, error handlers, OpenAPI);
-* :mod:`.protocol` (request models, error shape), :mod:`.metrics`, :mod:`.cli`
-  (``add_serve_parser``), :mod:`.testing` (run in a thread).
+* :mod:`.api`: the OpenAI HTTP API (``app``: FastAPI routes and error handlers; ``protocol``:
+  request models and the error shape; ``openai_request`` / ``openai_response``: requests to
+  prompts and ``SamplingConfig`` s, tokens to bodies and SSE chunks; ``delivery``: whole or
+  streamed answers; ``tools``; ``tokenize_api``). The only place HTTP statuses live.
+* :mod:`.frontdoor`: ``Server`` and its construction, ``frontend`` (routing, queue limits,
+  event fan-out), ``routing`` (prefix-aware), ``metrics``, ``context`` (what the API reads of
+  a server).
+* :mod:`.launch`: ``cli`` (``pace serve``), the engine instances (``local``: a thread;
+  ``multi``: pinned, restarted processes; ``ray_serve``: Ray Serve replicas) and
+  ``instances`` (``EngineHandle``, ``Ready``, ``Dead``), ``testing`` (a server in a thread).
+
+Each instance runs the engine core (:mod:`pace_core.engine`), the same one offline
+generation uses.
 """

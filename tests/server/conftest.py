@@ -29,8 +29,8 @@ else:
     import openai
 
     from pace_core.engine.config import EngineConfig
-    from pace_core.server.app import Server, ServerConfig, create_app
-    from pace_core.server.testing import ThreadedServer
+    from pace_core.server.api.app import Server, ServerConfig, create_app
+    from pace_core.server.launch.testing import ThreadedServer
 
 MODEL_NAME = "smollm2"
 CACHE_TOKENS = 2048

@@ -263,8 +263,8 @@ def test_the_server_listens_once_its_engine_has_warmed_up(llm, monkeypatch):
     listens, and the conversion starts, only once the warm-up is over."""
     from pace_core.engine.config import EngineConfig
     from pace_core.engine.core import EngineCore
-    from pace_core.server.app import Server, ServerConfig, create_app
-    from pace_core.server.testing import ThreadedServer
+    from pace_core.server.api.app import Server, ServerConfig, create_app
+    from pace_core.server.launch.testing import ThreadedServer
 
     from .conftest import THREADS
 

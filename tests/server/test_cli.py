@@ -8,7 +8,7 @@ import pytest
 
 from pace_core.engine.config import EngineConfig
 from pace_core.errors import ConfigError
-from pace_core.server.cli import add_serve_parser, build_server
+from pace_core.server.launch.cli import add_serve_parser, build_server
 
 
 def _parse(argv):

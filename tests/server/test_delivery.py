@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 
 from pace_core.engine.events import Token
-from pace_core.server import delivery
-from pace_core.server.frontend import Submission
+from pace_core.server.api import delivery
+from pace_core.server.frontdoor.frontend import Submission
 
 
 def _server(timeout: float | None) -> SimpleNamespace:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from pace_core.server.openai_request import max_tokens
+from pace_core.server.api.openai_request import max_tokens
 
 from .conftest import CACHE_TOKENS, MODEL_NAME, serve
 

@@ -22,8 +22,8 @@ from pace_core.engine.events import (
     Token,
 )
 from pace_core.sampling.config import SamplingConfig
-from pace_core.server.instances import Dead, EngineHandle, Ready
-from pace_core.server.multi import ProcessEngine
+from pace_core.server.launch.instances import Dead, EngineHandle, Ready
+from pace_core.server.launch.multi import ProcessEngine
 
 SPEC = SeqSpec("r:0", [1, 2, 3], SamplingConfig(max_new_tokens=4, seed=7), arrival=1.5)
 MESSAGES = [

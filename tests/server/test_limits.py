@@ -8,7 +8,7 @@ from pace_core.engine.config import EngineConfig
 from pace_core.engine.llm import LLMModel
 from pace_core.models.limits import serving_context_window
 from pace_core.models.loader import load_config
-from pace_core.server.server import Server
+from pace_core.server.frontdoor.server import Server
 
 
 def test_multi_instance_gets_the_longrope_clamp(tmp_path, word_tokenizer):

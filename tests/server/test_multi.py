@@ -9,9 +9,9 @@ import openai
 import pytest
 
 from pace_core.engine.config import EngineConfig
-from pace_core.server.app import Server, ServerConfig, create_app
-from pace_core.server.multi import partition_cores
-from pace_core.server.testing import ThreadedServer
+from pace_core.server.api.app import Server, ServerConfig, create_app
+from pace_core.server.launch.multi import partition_cores
+from pace_core.server.launch.testing import ThreadedServer
 
 from .conftest import CACHE_TOKENS, MODEL_NAME, wait_for
 

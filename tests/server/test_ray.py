@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from pace_core.engine.config import EngineConfig
-from pace_core.server.context import ServerConfig
+from pace_core.server.frontdoor.context import ServerConfig
 
 from .conftest import MODEL_NAME, client, serve
 
@@ -29,7 +29,7 @@ def ray_app(smollm2_dir):
     from pace_bench.serving_peers import free_port
     from ray import serve
 
-    from pace_core.server.ray_serve import build_app
+    from pace_core.server.launch.ray_serve import build_app
 
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     port = free_port()
@@ -157,7 +157,7 @@ def test_requests_sharing_a_prefix_land_on_the_replica_that_cached_it(ray_app):
 def test_prefix_affinity_router_ranks_the_holder_first_within_the_slack():
     from pace_core.engine.events import SeqSpec
     from pace_core.sampling import SamplingConfig
-    from pace_core.server.ray_serve import PrefixAffinityRouter
+    from pace_core.server.launch.ray_serve import PrefixAffinityRouter
 
     class Replica:
         def __init__(self, rid):

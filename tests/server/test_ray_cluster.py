@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from pace_core.engine.config import EngineConfig
-from pace_core.server.context import ServerConfig
+from pace_core.server.frontdoor.context import ServerConfig
 
 from .conftest import MODEL_NAME, client
 
@@ -25,7 +25,7 @@ def test_replicas_on_two_nodes_serve_one_endpoint(smollm2_dir):
     from ray.cluster_utils import Cluster
     from ray.util.state import list_actors
 
-    from pace_core.server.ray_serve import build_app
+    from pace_core.server.launch.ray_serve import build_app
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
     try:
@@ -63,7 +63,7 @@ def test_autoscaling_adds_a_replica_under_load(smollm2_dir):
     from pace_bench.serving_peers import free_port
     from ray import serve
 
-    from pace_core.server.ray_serve import build_app
+    from pace_core.server.launch.ray_serve import build_app
 
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     try:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pace_core.engine.events import SeqSpec
 from pace_core.sampling import SamplingConfig
-from pace_core.server.frontend import Frontend
-from pace_core.server.metrics import Metrics
-from pace_core.server.routing import PrefixRouter
+from pace_core.server.frontdoor.frontend import Frontend
+from pace_core.server.frontdoor.metrics import Metrics
+from pace_core.server.frontdoor.routing import PrefixRouter
 
 SHARED = list(range(1000, 1200))  # 3 full routing blocks
 

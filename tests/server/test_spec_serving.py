@@ -23,7 +23,7 @@ from pace_core.engine.core import EngineCore
 from pace_core.engine.events import Event, SeqSpec, Token
 from pace_core.engine.llm import LLMModel
 from pace_core.sampling.config import SamplingConfig
-from pace_core.server.cli import spec_config_arg
+from pace_core.server.launch.cli import spec_config_arg
 from pace_core.speculative.config import coerce_spec_config
 
 from .conftest import MODEL_NAME, client, engine_core, serve, wait_idle

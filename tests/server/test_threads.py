@@ -1,4 +1,4 @@
-"""Model loading for serving runs on a thread that ends (pace_core.server.threads): the
+"""Model loading for serving runs on a thread that ends (pace_core.server.launch.threads): the
 OpenMP team it creates must not outlive it, or the engine thread's OpenMP workers fall back
 to libgomp's throttled spin (a futex wake-up per parallel region)."""
 
@@ -9,8 +9,8 @@ import threading
 
 import pytest
 
-from pace_core.server import cli
-from pace_core.server.threads import on_transient_thread
+from pace_core.server.launch import cli
+from pace_core.server.launch.threads import on_transient_thread
 
 
 def test_returns_the_value_from_a_thread_that_has_ended():

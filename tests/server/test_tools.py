@@ -9,8 +9,8 @@ from transformers import AutoTokenizer
 
 from pace_core.sampling.config import SamplingConfig
 from pace_core.sampling.grammar import GrammarCompiler
-from pace_core.server.protocol import ChatCompletionRequest, ChatMessage, Tool
-from pace_core.server.tools import (
+from pace_core.server.api.protocol import ChatCompletionRequest, ChatMessage, Tool
+from pace_core.server.api.tools import (
     GENERIC,
     HERMES,
     LLAMA3_JSON,
@@ -164,7 +164,7 @@ def test_required_grammar_accepts_valid_calls_only(smollm2_dir, fmt, parallel):
 
 
 def test_named_choice_must_exist_and_tools_need_a_list():
-    from pace_core.server.protocol import APIError
+    from pace_core.server.api.protocol import APIError
 
     with pytest.raises(APIError, match="not in tools"):
         plan_tools(_req(tool_choice={"type": "function", "function": {"name": "nope"}}), None)

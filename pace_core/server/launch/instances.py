@@ -3,8 +3,8 @@ adds to the core's (:class:`Ready`: an engine process loaded its model; :class:`
 instance stopped).
 
 An instance is a :class:`~pace_core.engine.core.EngineCore` in a thread
-(:class:`~pace_core.server.local.LocalEngine`), in a process
-(:class:`~pace_core.server.multi.ProcessEngine`) or behind a Ray replica.
+(:class:`~pace_core.server.launch.local.LocalEngine`), in a process
+(:class:`~pace_core.server.launch.multi.ProcessEngine`) or behind a Ray replica.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ Deliver = Callable[..., None]  # (events, label=None): label names a replica in 
 
 @runtime_checkable
 class EngineHandle(Protocol):
-    """One engine instance as the :class:`~pace_core.server.frontend.Frontend` drives it.
+    """One engine instance as the :class:`~pace_core.server.frontdoor.frontend.Frontend` drives it.
 
     ``start`` hands it the callback that receives its event batches (called from the
     instance's own threads); ``wait_warm`` blocks until an instance that takes requests

@@ -3,13 +3,13 @@
 Two deployments (``pip install 'pace-core[ray]'``):
 
 * ``PaceEngine``: each replica loads the model and runs one pace engine
-  (:class:`~pace_core.server.local.LocalEngine`) in a thread on ``threads`` cores
+  (:class:`~pace_core.server.launch.local.LocalEngine`) in a thread on ``threads`` cores
   (``ray_actor_options={"num_cpus": threads}``; its threads pinned to cores of their own by
   the replica's rank on its node, :func:`pin_cores`). ``submit(specs)`` is a streaming method: it
   yields ``(replica, events)`` batches of the request's sequences until they finish and
   cancels them in the engine when the caller goes away. ``check_health`` is the engine's own
   health (its loop thread alive), so Ray replaces a replica whose engine died.
-* ``PaceIngress``: the same FastAPI app as ``pace serve`` (:func:`~pace_core.server.app.
+* ``PaceIngress``: the same FastAPI app as ``pace serve`` (:func:`~pace_core.server.api.app.
   create_app`: routes, validation, errors, streaming, metrics), whose front door has one
   engine instance, :class:`RayEngines`, forwarding each request to ``PaceEngine`` through a
   Ray Serve handle. Ray picks the replica with :class:`PrefixAffinityRouter` (the replica
@@ -38,9 +38,9 @@ from ray.serve.request_router import FIFOMixin, PendingRequest, RequestRouter, R
 
 from pace_core.engine.config import EngineConfig
 from pace_core.engine.events import ErrorKind, SeqError, SeqSpec, Stats, Token
-from pace_core.server.context import ServerConfig
-from pace_core.server.instances import Deliver, Event
-from pace_core.server.routing import PrefixRouter
+from pace_core.server.frontdoor.context import ServerConfig
+from pace_core.server.frontdoor.routing import PrefixRouter
+from pace_core.server.launch.instances import Deliver, Event
 
 log = logging.getLogger("pace.server.ray")
 
@@ -56,7 +56,7 @@ class PaceEngine:
         import torch
 
         from pace_core.engine.llm import LLMModel
-        from pace_core.server.local import LocalEngine
+        from pace_core.server.launch.local import LocalEngine
 
         context = serve.get_replica_context()
         self.replica = context.replica_id.unique_id if context else "local"
@@ -163,7 +163,7 @@ def pin_cores(local_rank: int, threads: int) -> list[int] | None:
 class RayEngines:
     """The ingress front door's one engine instance: every submission is a streaming call
     of ``PaceEngine.submit`` on the replica Ray routes it to (an
-    :class:`~pace_core.server.instances.EngineHandle`)."""
+    :class:`~pace_core.server.launch.instances.EngineHandle`)."""
 
     def __init__(self, handle: Any, name: str = "ray") -> None:
         self.name = name
@@ -229,13 +229,13 @@ class PaceIngress:
         engine_config: EngineConfig,
         server_config: ServerConfig,
     ) -> None:
-        from pace_core.server.server import Server
+        from pace_core.server.frontdoor.server import Server
 
         self.server = Server.for_engines(model_args, [RayEngines(engine)], engine_config,
                                          server_config)  # fmt: skip
 
     def __serve_build_asgi_app__(self) -> Any:
-        from pace_core.server.app import create_app
+        from pace_core.server.api.app import create_app
 
         return create_app(self.server)
 
@@ -243,7 +243,7 @@ class PaceIngress:
 class PrefixAffinityRouter(FIFOMixin, RequestRouter):
     """Ray Serve request router of ``PaceEngine``: a request goes to the replica that served
     the longest prefix of its prompt (remembered per replica, as
-    :class:`~pace_core.server.routing.PrefixRouter` does for ``--instances``) unless that
+    :class:`~pace_core.server.frontdoor.routing.PrefixRouter` does for ``--instances``) unless that
     replica's queue is longer than the shortest by more than ``slack``; otherwise Ray probes
     all candidates and takes the least loaded."""
 
@@ -298,7 +298,7 @@ def build_app(
     """The Ray Serve application: ``PaceIngress`` over ``PaceEngine`` replicas of
     ``threads`` CPUs each; ``replicas`` fixed, or autoscaled between ``min_replicas`` and
     ``max_replicas`` on ongoing requests (target: half of ``max_running`` per replica)."""
-    from pace_core.server.server import resolved_model_args
+    from pace_core.server.frontdoor.server import resolved_model_args
 
     engine_config = engine_config or EngineConfig()
     engine_config.threads = threads

@@ -3,7 +3,7 @@ and ``usage``.
 
 :class:`CompletionFormat` (``text_completion``) and :class:`ChatFormat` (``chat.completion``)
 turn :class:`~pace_core.engine.events.Token` events into stream chunks and the collected
-:class:`Choice` s into a body; :mod:`pace_core.server.delivery` drives them.
+:class:`Choice` s into a body; :mod:`pace_core.server.api.delivery` drives them.
 """
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from pace_core.engine.events import Token
-from pace_core.server.context import ServingContext
-from pace_core.server.openai_request import Plan, Submitted
-from pace_core.server.protocol import ChatCompletionRequest, CompletionRequest
-from pace_core.server.tools import ToolStreamParser
+from pace_core.server.api.openai_request import Plan, Submitted
+from pace_core.server.api.protocol import ChatCompletionRequest, CompletionRequest
+from pace_core.server.api.tools import ToolStreamParser
+from pace_core.server.frontdoor.context import ServingContext
 from pace_core.speculative.stats import SpecStats
 
 if TYPE_CHECKING:
-    from pace_core.server.frontend import Submission
+    from pace_core.server.frontdoor.frontend import Submission
 
 
 def _finite(x: float | None) -> float | None:
@@ -126,7 +126,7 @@ def chat_logprobs(server: ServingContext, items: list[Token]) -> dict[str, Any]:
 
 # -- the two response shapes -------------------------------------------------------------------
 class ResponseFormat:
-    """What :mod:`~pace_core.server.delivery` needs to answer one request."""
+    """What :mod:`~pace_core.server.api.delivery` needs to answer one request."""
 
     object_name = ""
     id_prefix = ""

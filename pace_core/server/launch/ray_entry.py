@@ -1,5 +1,5 @@
 """``import_path`` for Ray Serve config files and KubeRay ``RayService``:
-``pace_core.server.ray_entry:app``, built from environment variables (``PACE_MODEL``,
+``pace_core.server.launch.ray_entry:app``, built from environment variables (``PACE_MODEL``,
 ``PACE_REPLICAS``, ``PACE_THREADS``, ``PACE_DTYPE``, ``PACE_MIN_REPLICAS``,
 ``PACE_MAX_REPLICAS``, ``PACE_SERVED_MODEL_NAME``)."""
 
@@ -8,8 +8,8 @@ from __future__ import annotations
 import os
 
 from pace_core.engine.config import EngineConfig
-from pace_core.server.context import ServerConfig
-from pace_core.server.ray_serve import build_app
+from pace_core.server.frontdoor.context import ServerConfig
+from pace_core.server.launch.ray_serve import build_app
 
 
 def _int(name: str) -> int | None:

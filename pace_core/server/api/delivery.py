@@ -1,8 +1,9 @@
 """A submission's events -> the HTTP answer, whole or streamed.
 
-:func:`respond` waits on the :class:`~pace_core.server.frontend.Submission`'s queue (with the
+:func:`respond` waits on the
+:class:`~pace_core.server.frontdoor.frontend.Submission`'s queue (with the
 server's request timeout; a non-stream request also watches for the client going away) and
-answers through a :mod:`~pace_core.server.openai_response` format: a JSON body, or an SSE
+answers through a :mod:`~pace_core.server.api.openai_response` format: a JSON body, or an SSE
 stream in which a late error becomes a ``data: {"error": ...}`` payload. Leaving early
 (disconnect, timeout, error) cancels the request's unfinished sequences.
 """
@@ -19,10 +20,10 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from pace_core.engine.events import ErrorKind, SeqError, Token
-from pace_core.server.context import ServingContext
-from pace_core.server.frontend import Submission
-from pace_core.server.openai_response import Choice, ResponseFormat, sse
-from pace_core.server.protocol import APIError
+from pace_core.server.api.openai_response import Choice, ResponseFormat, sse
+from pace_core.server.api.protocol import APIError
+from pace_core.server.frontdoor.context import ServingContext
+from pace_core.server.frontdoor.frontend import Submission
 
 
 class _Timeout(Exception):

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from pace_core.server.context import ServingContext
-from pace_core.server.openai_request import chat_prompt, check_model, check_vocab
-from pace_core.server.protocol import (
+from pace_core.server.api.openai_request import chat_prompt, check_model, check_vocab
+from pace_core.server.api.protocol import (
     APIError,
     ChatCompletionRequest,
     DetokenizeRequest,
     TokenizeRequest,
 )
-from pace_core.server.tools import plan_tools
+from pace_core.server.api.tools import plan_tools
+from pace_core.server.frontdoor.context import ServingContext
 
 
 def model_card(server: ServingContext, name: str) -> dict[str, Any]:

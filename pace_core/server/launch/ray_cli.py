@@ -1,5 +1,5 @@
 """``pace serve --ray``: start (or join) a Ray cluster and run pace's Ray Serve application
-(:mod:`pace_core.server.ray_serve`) on ``--host``/``--port`` until interrupted."""
+(:mod:`pace_core.server.launch.ray_serve`) on ``--host``/``--port`` until interrupted."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def run_ray(args: argparse.Namespace, model_args: dict, engine_config: Any, conf
         raise ConfigError(
             "pace serve --ray needs Ray Serve: pip install 'pace-core[ray]'"
         ) from None
-    from pace_core.server.ray_serve import build_app
+    from pace_core.server.launch.ray_serve import build_app
 
     if args.instances > 1:
         raise ConfigError("--ray and --instances exclude each other: use --replicas")

@@ -1,6 +1,7 @@
 """What the OpenAI translation and delivery read of a server: :class:`ServingContext`, a
 protocol (so :mod:`openai_request`, :mod:`openai_response` and :mod:`delivery` never import
-the :class:`~pace_core.server.server.Server` that imports them), with the front-door settings
+the :class:`~pace_core.server.frontdoor.server.Server` that imports them), with the
+front-door settings
 (:class:`ServerConfig`) and the token text cache (:class:`TokenText`) it carries."""
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from pace_core.sampling.grammar import GrammarCompiler
-from pace_core.server.frontend import Frontend
+from pace_core.server.frontdoor.frontend import Frontend
 
 
 @dataclass
@@ -51,7 +52,8 @@ class TokenText:
 
 
 class ServingContext(Protocol):
-    """The parts of a :class:`~pace_core.server.server.Server` a request's translation uses."""
+    """The parts of a :class:`~pace_core.server.frontdoor.server.Server` a request's
+    translation uses."""
 
     tokenizer: Any
     config: ServerConfig

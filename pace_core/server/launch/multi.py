@@ -4,9 +4,11 @@ Each instance is a ``spawn``-ed process that loads the model, pins itself to its
 (``os.sched_setaffinity``) and runs an :class:`~pace_core.engine.core.EngineCore` with
 ``torch.set_num_threads(len(cores))``. The front door talks to it over two one-way pipes:
 commands (:class:`~pace_core.engine.events.Submit` / ``Cancel`` / ``Stop``) down, event
-batches (:mod:`pace_core.engine.events`, a :class:`~pace_core.server.instances.Ready` first) up.
+batches (:mod:`pace_core.engine.events`, a
+:class:`~pace_core.server.launch.instances.Ready` first) up.
 A reader thread per instance forwards events to the front door; when the pipe breaks (the
-process died) the instance reports :class:`~pace_core.server.instances.Dead` -- the front door
+process died) the instance reports :class:`~pace_core.server.launch.instances.Dead` -- the
+front door
 fails that instance's in-flight requests -- and a new process is spawned. The child exits by
 itself when the parent's end of the command pipe closes, so no orphan outlives the server.
 """
@@ -25,8 +27,8 @@ from typing import Any
 from pace_core.engine.config import EngineConfig
 from pace_core.engine.core import EngineCore
 from pace_core.engine.events import Cancel, Command, SeqSpec, Stop, Submit
-from pace_core.server.instances import Dead, Deliver, Event, Ready
-from pace_core.server.threads import on_transient_thread
+from pace_core.server.launch.instances import Dead, Deliver, Event, Ready
+from pace_core.server.launch.threads import on_transient_thread
 
 log = logging.getLogger("pace.server.multi")
 
@@ -104,7 +106,7 @@ def _instance_main(
 
 class ProcessEngine:
     """One engine instance in its own process, restarted when it dies; an
-    :class:`~pace_core.server.instances.EngineHandle`."""
+    :class:`~pace_core.server.launch.instances.EngineHandle`."""
 
     def __init__(
         self,

@@ -1,6 +1,6 @@
 """The default engine instance: an :class:`~pace_core.engine.core.EngineCore` in a thread
 of the server's own process (``--instances N`` runs them in processes instead, see
-:mod:`pace_core.server.multi`)."""
+:mod:`pace_core.server.launch.multi`)."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ from pace_core.engine.config import EngineConfig
 from pace_core.engine.core import EngineCore
 from pace_core.engine.events import SeqSpec
 from pace_core.engine.handle import ModelHandle
-from pace_core.server.instances import Dead, Deliver, Event
+from pace_core.server.launch.instances import Dead, Deliver, Event
 
 log = logging.getLogger("pace.server.engine")
 
 
 class LocalEngine:
     """An :class:`EngineCore` running in a thread of this process (the default); an
-    :class:`~pace_core.server.instances.EngineHandle`."""
+    :class:`~pace_core.server.launch.instances.EngineHandle`."""
 
     def __init__(self, model: ModelHandle, config: EngineConfig, name: str = "0") -> None:
         self.name = name

@@ -3,7 +3,7 @@ the :class:`~pace_core.engine.events.SeqSpec` submission.
 
 Every check a request can fail before it reaches an engine is here (unknown model, empty or
 out-of-vocabulary prompts, the context window and KV pool, sampling values), each a 400/404
-:class:`~pace_core.server.protocol.APIError`.
+:class:`~pace_core.server.api.protocol.APIError`.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from typing import Any
 from pace_core.engine.events import SeqSpec
 from pace_core.errors import ConfigError
 from pace_core.sampling.config import SamplingConfig
-from pace_core.server.context import ServingContext
-from pace_core.server.frontend import Submission
-from pace_core.server.protocol import APIError, ChatCompletionRequest, CompletionRequest
-from pace_core.server.tools import ToolFormat, ToolPlan, plan_tools
+from pace_core.server.api.protocol import APIError, ChatCompletionRequest, CompletionRequest
+from pace_core.server.api.tools import ToolFormat, ToolPlan, plan_tools
+from pace_core.server.frontdoor.context import ServingContext
+from pace_core.server.frontdoor.frontend import Submission
 
 MAX_SEQUENCES = 256  # prompts x n of one request
 _GEN_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pace_core.server.protocol import APIError, ChatCompletionRequest, ChatMessage, Tool
+from pace_core.server.api.protocol import APIError, ChatCompletionRequest, ChatMessage, Tool
 
 __all__ = ["ParsedCall", "ToolFormat", "ToolPlan", "ToolStreamParser", "plan_tools"]
 

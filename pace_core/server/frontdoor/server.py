@@ -2,7 +2,7 @@
 
 :meth:`Server.in_process` runs one engine thread on an already loaded
 :class:`~pace_core.engine.llm.LLMModel` (the default); :meth:`Server.multi_instance` launches
-engine processes on partitioned cores (:mod:`pace_core.server.multi`) and loads only the
+engine processes on partitioned cores (:mod:`pace_core.server.launch.multi`) and loads only the
 tokenizer. Both take the context window and the generation defaults from
 :mod:`pace_core.models.limits`, the rules the engines themselves use.
 """
@@ -23,17 +23,17 @@ from pace_core.models.limits import (
     text_config,
 )
 from pace_core.sampling.grammar import GrammarCompiler
-from pace_core.server.context import ServerConfig, TokenText
-from pace_core.server.frontend import Frontend
-from pace_core.server.instances import EngineHandle
-from pace_core.server.local import LocalEngine
-from pace_core.server.metrics import Metrics
-from pace_core.server.openai_request import sampling_defaults
+from pace_core.server.api.openai_request import sampling_defaults
+from pace_core.server.frontdoor.context import ServerConfig, TokenText
+from pace_core.server.frontdoor.frontend import Frontend
+from pace_core.server.frontdoor.metrics import Metrics
+from pace_core.server.launch.instances import EngineHandle
+from pace_core.server.launch.local import LocalEngine
 
 
 class Server:
     """The tokenizer, the engine instances behind a :class:`Frontend`, the metrics and the
-    model's limits; see :func:`~pace_core.server.app.create_app`."""
+    model's limits; see :func:`~pace_core.server.api.app.create_app`."""
 
     def __init__(
         self,
@@ -110,7 +110,7 @@ class Server:
     ) -> Server:
         """``instances`` engine processes with partitioned cores; loads only the tokenizer
         (the processes start with the app, see :meth:`Frontend.start`)."""
-        from pace_core.server.multi import ProcessEngine, partition_cores
+        from pace_core.server.launch.multi import ProcessEngine, partition_cores
 
         engine_config = engine_config or EngineConfig()
         model_args = resolved_model_args(model_args)

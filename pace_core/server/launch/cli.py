@@ -142,14 +142,14 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def build_server(args: argparse.Namespace):
-    """The :class:`~pace_core.server.app.Server` described by parsed ``serve`` arguments."""
-    from pace_core.server.app import Server
+    """The :class:`~pace_core.server.api.app.Server` described by parsed ``serve`` arguments."""
+    from pace_core.server.api.app import Server
 
     model_args, engine_config, config = serve_configs(args)
     if args.instances > 1:
         return Server.multi_instance(model_args, args.instances, engine_config, config)
     from pace_core.engine.llm import LLMModel
-    from pace_core.server.threads import on_transient_thread
+    from pace_core.server.launch.threads import on_transient_thread
 
     llm = on_transient_thread(lambda: LLMModel(**model_args, quiet=True))
     return Server.in_process(llm, engine_config, config)
@@ -160,7 +160,7 @@ def serve_configs(args: argparse.Namespace) -> tuple[dict[str, Any], Any, Any]:
     from pace_core import zoo
     from pace_core.engine.config import EngineConfig
     from pace_core.errors import ConfigError
-    from pace_core.server.app import ServerConfig
+    from pace_core.server.api.app import ServerConfig
 
     model = args.model or zoo.DEFAULT_MODEL
     if args.kv_cache_type not in ("paged", "slab_pool"):
@@ -226,7 +226,7 @@ def _resolve_draft(name: str) -> Path:
 def run_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from pace_core.server.app import create_app
+    from pace_core.server.api.app import create_app
 
     level = str(getattr(args, "log_level", None) or "info").lower()
     if not logging.getLogger().handlers:
@@ -237,7 +237,7 @@ def run_serve(args: argparse.Namespace) -> int:
         if args.model is None or zoo.is_zoo_name(args.model):
             args.model = str(zoo.pull(args.model or zoo.DEFAULT_MODEL))
     if args.ray:
-        from pace_core.server.ray_cli import run_ray
+        from pace_core.server.launch.ray_cli import run_ray
 
         return run_ray(args, *serve_configs(args))
     server = build_server(args)

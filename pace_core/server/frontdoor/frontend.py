@@ -1,7 +1,8 @@
 """The front door's side of the engines: routing, queue limits, event fan-out, metrics.
 
 Runs on the asyncio loop. Engines (threads or processes, each an
-:class:`~pace_core.server.instances.EngineHandle`) deliver event batches from their own threads;
+:class:`~pace_core.server.launch.instances.EngineHandle`) deliver event batches from their
+own threads;
 :meth:`Frontend.deliver` hops onto the loop with ``call_soon_threadsafe`` and fans the
 :class:`~pace_core.engine.events.Token` and :class:`~pace_core.engine.events.SeqError` events
 out to one :class:`Submission` (an ``asyncio.Queue``) per HTTP request.
@@ -18,10 +19,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from pace_core.engine.events import Admitted, ErrorKind, SeqError, SeqSpec, SpecStep, Stats, Token
-from pace_core.server.instances import Dead, EngineHandle, Event, Ready
-from pace_core.server.metrics import Metrics
-from pace_core.server.protocol import APIError
-from pace_core.server.routing import PrefixRouter
+from pace_core.server.api.protocol import APIError
+from pace_core.server.frontdoor.metrics import Metrics
+from pace_core.server.frontdoor.routing import PrefixRouter
+from pace_core.server.launch.instances import Dead, EngineHandle, Event, Ready
 from pace_core.speculative.stats import SpecStats
 
 log = logging.getLogger("pace.server")

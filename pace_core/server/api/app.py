@@ -1,9 +1,9 @@
 """The OpenAI-compatible HTTP front door (FastAPI): routes, auth, errors, OpenAPI.
 
-``create_app(server)`` builds the app for a :class:`~pace_core.server.server.Server`. The
-routes stay small: the request is translated by :mod:`~pace_core.server.openai_request`,
-submitted to the :class:`~pace_core.server.frontend.Frontend`, and answered by
-:mod:`~pace_core.server.delivery` in the shapes of :mod:`~pace_core.server.openai_response`.
+``create_app(server)`` builds the app for a :class:`~pace_core.server.frontdoor.server.Server`. The
+routes stay small: the request is translated by :mod:`~pace_core.server.api.openai_request`,
+submitted to the :class:`~pace_core.server.frontdoor.frontend.Frontend`, and answered by
+:mod:`~pace_core.server.api.delivery` in the shapes of :mod:`~pace_core.server.api.openai_response`.
 The ``/v1`` routes require the API key (:func:`require_api_key`, a FastAPI dependency) and
 read their body under the size limit (:func:`request_body`).
 """
@@ -22,11 +22,10 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from pace_core.server import openai_request as oreq
-from pace_core.server.delivery import respond
-from pace_core.server.metrics import CONTENT_TYPE
-from pace_core.server.openai_response import ChatFormat, CompletionFormat
-from pace_core.server.protocol import (
+from pace_core.server.api import openai_request as oreq
+from pace_core.server.api.delivery import respond
+from pace_core.server.api.openai_response import ChatFormat, CompletionFormat
+from pace_core.server.api.protocol import (
     APIError,
     ChatCompletionRequest,
     CompletionRequest,
@@ -35,8 +34,9 @@ from pace_core.server.protocol import (
     error_body,
     parse,
 )
-from pace_core.server.server import Server, ServerConfig
-from pace_core.server.tokenize_api import detokenize, model_card, tokenize
+from pace_core.server.api.tokenize_api import detokenize, model_card, tokenize
+from pace_core.server.frontdoor.metrics import CONTENT_TYPE
+from pace_core.server.frontdoor.server import Server, ServerConfig
 
 log = logging.getLogger("pace.server")
 
