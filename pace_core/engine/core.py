@@ -12,9 +12,11 @@ Each iteration (:meth:`EngineCore.step`):
    finished ones leave with ``select_rows``); with a model loaded with ``spec_config`` this
    is a speculative step instead (:class:`~pace_core.engine.speculative.SpecDecoder`:
    drafts, one target forward, verification, KV rollback);
-4. each token becomes a :class:`~pace_core.engine.events.Token` event (its text from the
-   sequence's :class:`~pace_core.engine.sequence.SequenceTracker`), and finished sequences
-   free their KV at once.
+4. each token becomes a :class:`~pace_core.engine.events.Token` event with the finish reason
+   the tokens decide (EOS, ``max_new_tokens``, the context window), and finished sequences
+   free their KV at once. Text and stop strings are the consumer's
+   (:class:`~pace_core.engine.output_processor.OutputProcessor`), off this loop: a stop
+   string comes back as a ``Cancel``.
 
 Served, the core runs in its own thread (:meth:`run`) and takes commands from its inbox;
 offline, the caller drives it (:meth:`drive`) and raises what a step raises. Failures are
@@ -52,7 +54,6 @@ from pace_core.engine.handle import ModelHandle
 from pace_core.engine.prefill_budget import PrefillBudget
 from pace_core.engine.runner import ModelRunner
 from pace_core.engine.scheduler import Request, Scheduler
-from pace_core.engine.sequence import SequenceTracker
 from pace_core.engine.speculative import RowVerdict, SpecDecoder
 from pace_core.engine.warm_up import warm_up
 from pace_core.errors import ConfigError
@@ -208,7 +209,8 @@ class EngineCore:
     # -- offline: the caller's loop ----------------------------------------------------------
     def drive(self) -> Iterator[list[Event]]:
         """Step until every submitted sequence has finished, yielding each step's events
-        (offline). Abandoning the iterator frees every sequence's KV."""
+        (offline); commands sent while a step's events are handled (a ``cancel``) apply
+        before the next step. Abandoning the iterator frees every sequence's KV."""
         try:
             self._drain(block=False)
             yield self._take()
@@ -216,6 +218,7 @@ class EngineCore:
                 with torch.inference_mode():
                     self.step()
                 yield self._take()
+                self._drain(block=False)  # e.g. the cancels of sequences stop strings ended
         finally:
             self.abort()
 
@@ -273,7 +276,7 @@ class EngineCore:
             self._spec_step(self._prefilled(chunks, chunk_logits))
             return
         decodes = [
-            (r, self.runner.decode_input(self.cache, r, r.state.tokens)) for r in sched.running
+            (r, self.runner.decode_input(self.cache, r, r.tokens)) for r in sched.running
         ]
         decoded, chunk_logits = self.runner.step(self.cache, decodes, chunks)
         self._sample(decoded, self._prefilled(chunks, chunk_logits))
@@ -282,14 +285,14 @@ class EngineCore:
         now = time.monotonic()
         admitted, failed = self.scheduler.admit(self._prepare)
         for req in failed:
-            exc = req.state
+            exc = req.error
             self._invalid(req.key, f"invalid sampling parameters: {exc}", exc)
         for req in admitted:
             wait = max(0.0, now - req.spec.arrival)
             self._out.append(Admitted(req.key, wait, req.prompt.numel(), req.computed))
 
     def _prepare(self, req: Request) -> None:
-        """A sequence's own sampler row and output tracker (raises for bad parameters)."""
+        """A sequence's own sampler row (raises for bad parameters)."""
         config = req.spec.config
         req.sampler = BatchSampler(
             [config],
@@ -301,9 +304,6 @@ class EngineCore:
         )
         if self.spec is not None:
             check_speculable(req.sampler)
-        req.state = SequenceTracker(
-            config, req.prompt.numel(), self.model.tokenizer, self.max_context
-        )
 
     def _prefilled(
         self, chunks: list[tuple[Request, int]], logits: torch.Tensor | None
@@ -343,13 +343,20 @@ class EngineCore:
         logprobs: tuple[Any, Any, Any] = (None, None, None),
         logits: torch.Tensor | None = None,
     ) -> bool:
-        """Record one generated token and queue its event; returns whether ``req`` finished."""
+        """Record one generated token and queue its event; returns whether ``req`` finished
+        (EOS, ``max_new_tokens`` or the context window)."""
         req.last = token
-        tracker: SequenceTracker = req.state
-        delta = tracker.add(token, eos, length)
-        reason = tracker.finish_reason
+        tokens = req.tokens
+        tokens.append(token)
+        reason = None
+        if eos:
+            reason = "stop"
+        elif length or (
+            self.max_context is not None and req.prompt.numel() + len(tokens) >= self.max_context
+        ):
+            reason = "length"
         kept = logits if self.keep_logits else None
-        self._out.append(Token(req.key, token, delta, reason, *logprobs, kept))
+        self._out.append(Token(req.key, token, "", reason, *logprobs, kept))
         return reason is not None
 
     def _sample(
@@ -392,8 +399,8 @@ class EngineCore:
         seq_ids = [r.seq_id for r in running]
         drafted = None
         if running:
-            contexts = [r.spec.prompt + r.state.tokens for r in running]
-            generated = [len(r.state.tokens) for r in running]
+            contexts = [r.spec.prompt + r.tokens for r in running]
+            generated = [len(r.tokens) for r in running]
             drafted = spec.draft(contexts, seq_ids, generated, self.sampler, self.cache)
         self._join([r for r, _ in ready])
         if not self.scheduler.running:
@@ -411,9 +418,9 @@ class EngineCore:
             self._remove_rows(finished)
 
     def _emit_run(self, row: int, req: Request, verdict: RowVerdict) -> tuple[list[int], bool]:
-        """Emit a row's verified tokens one at a time until it finishes (EOS, stop string,
-        length: the rest of the run is dropped); returns the delivered tokens and whether the
-        sequence finished. A ``SpecStep`` event for the step precedes the tokens."""
+        """Emit a row's verified tokens one at a time until it finishes (EOS, length: the rest
+        of the run is dropped); returns the delivered tokens and whether the sequence
+        finished. A ``SpecStep`` event for the step precedes the tokens."""
         cfg = self.sampler.configs[row]
         k = req.spec.config.logprobs
         lps = None if k is None else self.spec.logprobs(verdict.logits, verdict.tokens, k)
@@ -422,7 +429,7 @@ class EngineCore:
         done = False
         for t, token in enumerate(verdict.tokens):
             delivered.append(token)
-            eos, length = stop_flags(cfg, token, len(req.state.tokens) + 1)
+            eos, length = stop_flags(cfg, token, len(req.tokens) + 1)
             logprobs = lps[t] if lps else (None, None, None)
             if self._emit(req, token, eos, length, logprobs, verdict.logits[t]):
                 done = True

@@ -27,6 +27,7 @@ from pace_core.engine.offline import (
     prompt_logprobs,
 )
 from pace_core.engine.output import GenerationOutput, SequenceOutput
+from pace_core.engine.output_processor import OutputProcessor
 from pace_core.errors import ConfigError
 from pace_core.models import loader
 from pace_core.models.builder import OpPlan
@@ -305,12 +306,19 @@ class LLMModel:
                 )
 
     def _events(self, run: OfflineRun) -> Iterator[Token | SpecStep]:
-        """The sequences' token and speculative-step events, in order."""
+        """The sequences' token (with text) and speculative-step events, in order; a
+        sequence a stop string ends is cancelled in the core before its next step."""
         in_use = run.core.cache is self._prefix_cache
         self._prefix_cache_in_use |= in_use
+        output = OutputProcessor(self.tokenizer)
+        for i, config in enumerate(run.configs):
+            output.start(str(i), config)
         try:
             for events in run.core.drive():
-                for ev in events:
+                processed, stopped = output.process(events)
+                if stopped:
+                    run.core.cancel(stopped)
+                for ev in processed:
                     if isinstance(ev, Token | SpecStep):
                         yield ev
         finally:

@@ -38,7 +38,8 @@ class Request:
     """One sequence inside the core: its spec, where its KV lives and how far it got."""
 
     __slots__ = (
-        "block_keys", "booked", "computed", "last", "prompt", "sampler", "seq_id", "spec", "state",
+        "block_keys", "booked", "computed", "error", "last", "prompt", "sampler", "seq_id",
+        "spec", "tokens",
     )  # fmt: skip
 
     def __init__(self, spec: SeqSpec) -> None:
@@ -49,7 +50,8 @@ class Request:
         self.computed = 0  # prompt tokens prefilled so far (adopted ones included)
         self.last = -1  # last sampled token (the next decode input)
         self.sampler: BatchSampler | None = None  # its own row, until it joins the batch
-        self.state: object | None = None  # what the core keeps per sequence (its output)
+        self.tokens: list[int] = []  # generated so far
+        self.error: Exception | None = None  # why it could not be admitted
         self.block_keys: tuple[list, frozenset] | None = None  # prefix-cache keys, once asked
 
     @property
@@ -157,7 +159,7 @@ class Scheduler:
         """Admit waiting sequences by the cache's policy. ``prepare(request)`` builds what the
         core needs per sequence and raises ``ValueError`` / ``TypeError`` /
         ``NotImplementedError`` for a sequence that cannot run; returns (admitted, failed),
-        with each failed request's exception in its ``state``."""
+        with each failed request's exception in its ``error``."""
         if not self.continuous and self.active:
             return [], []
         admitted: list[Request] = []
@@ -173,7 +175,7 @@ class Scheduler:
             try:  # per-request problems surface here, not in the shared batch
                 prepare(req)
             except (ValueError, TypeError, NotImplementedError) as exc:
-                req.state = exc
+                req.error = exc
                 failed.append(req)
                 continue
             req.booked = need

@@ -33,7 +33,7 @@ def scheduler(cache, max_running: int = 8, budget: int = 512) -> Scheduler:
 
 
 def prepare(req: Request) -> None:
-    req.state = []  # what a core keeps per sequence; here the tokens it "generated"
+    """What a core builds per admitted sequence (its sampler row); nothing here."""
 
 
 def run_step(sched: Scheduler, chunks: list[tuple[Request, int]]) -> None:
@@ -91,7 +91,7 @@ def test_max_running_and_failed_preparation():
 
     admitted, failed = sched.admit(picky)
     assert [r.key for r in admitted] == ["B", "C"] and [r.key for r in failed] == ["A"]
-    assert isinstance(failed[0].state, ValueError) and sched.booked == 4  # 2 x (3 + 4 tokens)
+    assert isinstance(failed[0].error, ValueError) and sched.booked == 4  # 2 x (3 + 4 tokens)
 
 
 def test_prompt_chunks_follow_the_budget_fifo():

@@ -57,10 +57,10 @@ def test_caches_consistent_after_every_round(method, cache, target_dir, draft_di
     def check() -> None:
         proposer = core.spec.proposer
         for i, req in enumerate(core.scheduler.running):
-            history = req.prompt.tolist() + req.state.tokens
+            history = req.prompt.tolist() + req.tokens
             assert core.cache.get_num_tokens(req.seq_id) == len(history) - 1
             assert_kv_equal(core.cache.get_kv_states(req.seq_id), fresh_kv(llm, history[:-1]))
-            if proposer.kv is None or len(req.state.tokens) == 1:  # no draft round yet
+            if proposer.kv is None or len(req.tokens) == 1:  # no draft round yet
                 continue
             held = proposer.held[i]
             assert held == history[: len(held)] and len(held) >= len(history) - 2

@@ -1,0 +1,98 @@
+"""The output processor: the engine core's token ids -> what callers receive.
+
+The core only steps: it emits each token with the finish reason the tokens decide (EOS,
+``max_new_tokens``, the context window) and no text. :class:`OutputProcessor`, run by whoever
+consumes the core's events (the front door's event loop when serving, the caller of
+``generate`` / ``stream`` offline), adds per sequence the text delta (incremental
+detokenization, UTF-8 safe) and applies the stop strings, which end a sequence on its text:
+the sequences they end are returned so the consumer cancels them in the core. Tokens the core
+produced for a sequence after that (it was already stepping) are dropped, and a speculative
+step's ``emitted`` count is trimmed to the tokens delivered.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from pace_core.engine.detokenize import IncrementalDetokenizer
+from pace_core.engine.events import SpecStep, Token
+from pace_core.sampling.config import SamplingConfig
+from pace_core.sampling.stop import StopChecker
+
+
+class _Text:
+    """One sequence's text so far: its detokenizer and stop-string checker."""
+
+    __slots__ = ("detok", "stop")
+
+    def __init__(self, tokenizer: Any, config: SamplingConfig) -> None:
+        self.detok = IncrementalDetokenizer(tokenizer)
+        self.stop = StopChecker(config.stop)
+
+    def add(self, token: int, finished: bool) -> tuple[str, bool]:
+        """The text ``token`` releases and whether a stop string ended the sequence with it;
+        ``finished``: the core ended it with this token (the held-back text is released)."""
+        update = self.stop.feed(self.detok.add(token))
+        if update.stopped:
+            return update.text, True
+        if not finished:
+            return update.text, False
+        return update.text + self.stop.feed(self.detok.flush()).text + self.stop.flush(), False
+
+
+class OutputProcessor:
+    """Text and stop strings of many sequences (see the module doc).
+
+    Without a tokenizer, tokens pass through with empty text and stop strings do not apply.
+    """
+
+    def __init__(self, tokenizer: Any | None) -> None:
+        self.tokenizer = tokenizer
+        self._texts: dict[str, _Text | None] = {}
+
+    def start(self, key: str, config: SamplingConfig) -> None:
+        """Follow a new sequence."""
+        self._texts[key] = _Text(self.tokenizer, config) if self.tokenizer is not None else None
+
+    def forget(self, key: str) -> None:
+        """Stop following a sequence (cancelled, failed)."""
+        self._texts.pop(key, None)
+
+    def process(self, events: Sequence[Any]) -> tuple[list[Any], list[str]]:
+        """One step's events with text on the tokens (other events pass through); returns
+        them and the keys a stop string ended (to cancel in the core)."""
+        out: list[Any] = []
+        stopped: list[str] = []
+        steps: dict[str, int] = {}  # key -> index in out of its SpecStep of this batch
+        delivered: dict[str, int] = {}
+        for ev in events:
+            if isinstance(ev, SpecStep):
+                if ev.key in self._texts:
+                    steps[ev.key] = len(out)
+                    delivered[ev.key] = 0
+                    out.append(ev)
+                continue
+            if not isinstance(ev, Token):
+                out.append(ev)
+                continue
+            if ev.key not in self._texts:
+                continue  # the sequence ended before the core heard (or was never followed)
+            text = self._texts[ev.key]
+            finished = ev.finish_reason is not None
+            delta, by_stop = ("", False) if text is None else text.add(ev.token, finished)
+            if by_stop:
+                stopped.append(ev.key)
+                ev = dataclasses.replace(ev, text=delta, finish_reason="stop")
+            else:
+                ev = dataclasses.replace(ev, text=delta)
+            if ev.finish_reason is not None:
+                del self._texts[ev.key]
+            if ev.key in delivered:
+                delivered[ev.key] += 1
+            out.append(ev)
+        for key, at in steps.items():
+            if out[at].emitted != delivered[key]:
+                out[at] = dataclasses.replace(out[at], emitted=delivered[key])
+        return out, stopped
