@@ -181,3 +181,55 @@ def test_prefix_affinity_router_ranks_the_holder_first_within_the_slack():
     assert asyncio.run(router.choose_replicas([a, b], Pending(prompt)))[0] == [b]
     loads["b"] = 3
     assert asyncio.run(router.choose_replicas([a, b], Pending(prompt))) == [[a, b]]
+
+
+def test_a_choice_a_stop_string_ended_leaves_the_others_streaming():
+    """The front door cancels a sequence a stop string ended; on Ray the request's streaming
+    call carries all its choices, so it ends only once every unfinished one is cancelled."""
+    import asyncio
+    import contextlib
+
+    from pace_core.engine.events import SeqSpec, Token
+    from pace_core.sampling.config import SamplingConfig
+    from pace_core.server.launch.ray_serve import RayEngines
+
+    class Calls:
+        def __init__(self):
+            self.closed = False
+
+        def options(self, stream):
+            return self
+
+        @property
+        def submit(self):
+            return self
+
+        async def remote(self, specs):
+            try:
+                for t in range(6):
+                    await asyncio.sleep(0.01)
+                    yield "replica", [Token(s.key, t, "", "length" if t == 3 and s.key == "b"
+                                            else None) for s in specs]  # fmt: skip
+            finally:
+                self.closed = True
+
+    async def scenario(cancel_both: bool):
+        calls, got = Calls(), []
+        engines = RayEngines(calls)
+        engines.start(lambda events, replica=None: got.extend(events))
+        cfg = SamplingConfig(max_new_tokens=6)
+        engines.submit([SeqSpec("a", [1], cfg), SeqSpec("b", [1], cfg)])
+        task = engines._tasks["a"]
+        while not got:
+            await asyncio.sleep(0.005)
+        engines.cancel(["a", "b"] if cancel_both else ["a"])  # "a" hit a stop string
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return got, engines, calls
+
+    got, engines, calls = asyncio.run(scenario(cancel_both=False))
+    assert [e.token for e in got if e.key == "b"] == [0, 1, 2, 3]  # b ran to its end
+    assert not any(e.key == "a" and e.token > 3 for e in got)  # then the call ended
+    assert calls.closed and not engines._tasks and not engines._cancelled
+    got, engines, calls = asyncio.run(scenario(cancel_both=True))
+    assert max(e.token for e in got) < 3 and calls.closed and not engines._tasks

@@ -172,6 +172,8 @@ class RayEngines:
         self._handle = handle.options(stream=True)
         self._deliver: Deliver | None = None
         self._tasks: dict[str, asyncio.Task] = {}
+        self._left: dict[str, set[str]] = {}  # key -> its request's unfinished keys
+        self._cancelled: set[str] = set()
 
     def start(self, deliver: Deliver) -> None:
         self._deliver = deliver
@@ -187,6 +189,8 @@ class RayEngines:
 
     async def _run(self, specs: list[SeqSpec]) -> None:
         left = {s.key for s in specs}
+        for key in left:
+            self._left[key] = left
         try:
             async for replica, events in self._handle.submit.remote(specs):
                 for ev in events:
@@ -195,6 +199,8 @@ class RayEngines:
                     ):
                         left.discard(ev.key)
                 self._send(events, replica)
+                if left and left <= self._cancelled:  # what still runs was cancelled: end the
+                    asyncio.current_task().cancel()  # call as cancel() does (at the next await)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the replica died or Ray could not reach it
@@ -204,14 +210,22 @@ class RayEngines:
         finally:
             for spec in specs:
                 self._tasks.pop(spec.key, None)
+                self._left.pop(spec.key, None)
+                self._cancelled.discard(spec.key)
 
     def _send(self, events: list[Event], replica: str | None = None) -> None:
         if self._deliver is not None and events:
             self._deliver(events, replica)
 
     def cancel(self, keys: list[str]) -> None:
-        for task in {self._tasks[k] for k in keys if k in self._tasks}:
-            task.cancel()
+        """Stop sequences: a request's streaming call ends (and its replica cancels what it
+        still runs) once every unfinished sequence of it is cancelled; one choice of several
+        that a stop string ended runs on until the call ends (its tokens are dropped)."""
+        self._cancelled.update(k for k in keys if k in self._tasks)
+        for key in keys:
+            left = self._left.get(key)
+            if left is not None and left <= self._cancelled:
+                self._tasks[key].cancel()
 
     def shutdown(self, timeout: float = 10.0) -> None:
         for task in set(self._tasks.values()):
