@@ -38,7 +38,7 @@ from pace_bench.serving_peers import EngineServer, pace_spec
 
 COLUMNS = ["model", "threads", "pairs", "offline_ms_per_token", "served_ms_per_token",
            "ratio_median", "ratio_min", "ratio_max", "served_itl_p50_ms", "served_itl_p99_ms",
-           "itl_p99_over_p50"]  # fmt: skip
+           "itl_p99_over_p50", "offline_p99_over_p50"]  # fmt: skip
 QUICK = {"pairs": 3, "new_tokens": 16, "prompt_tokens": 32}
 TARGET = 0.97
 ITL_SPREAD_TARGET = 1.5  # served ITL p99 / p50, at most
@@ -89,9 +89,9 @@ def offline_gaps(llm: Any, ids: list[int], new_tokens: int) -> list[float]:
 
 def measure(
     model_dir: Path, args: argparse.Namespace
-) -> tuple[list[tuple[float, float]], list[float]]:
+) -> tuple[list[tuple[float, float]], list[float], list[float]]:
     """``args.pairs`` (offline, served) pairs of seconds per token on one model, and every
-    gap between two served tokens."""
+    gap between two tokens, served and offline (the offline spread shows the host's own)."""
     import torch
 
     from pace_core import LLMModel
@@ -106,13 +106,14 @@ def measure(
                                                  args.new_tokens, count)]  # fmt: skip
     spec = pace_spec(model_dir, dtype=args.dtype, threads=args.threads, max_running=4)
     server = EngineServer(spec)
-    pairs, served_all = [], []
+    pairs, served_all, offline_all = [], [], []
     try:
         server.wait_ready(args.start_timeout)
 
         def offline(prompt: str) -> float:
-            return per_token(offline_gaps(llm, llm.tokenizer(prompt)["input_ids"],
-                                          args.new_tokens))  # fmt: skip
+            gaps = offline_gaps(llm, llm.tokenizer(prompt)["input_ids"], args.new_tokens)
+            offline_all.extend(gaps)
+            return per_token(gaps)
 
         def served(prompt: str) -> float:
             gaps = served_gaps(server.url, prompt, args.new_tokens)
@@ -122,6 +123,7 @@ def measure(
         offline(prompts[-1])  # both sides warm
         served(prompts[-2])
         served_all.clear()
+        offline_all.clear()
         for i in progress(range(args.pairs), model_dir.name, args.quiet):
             a, b = prompts[2 * i], prompts[2 * i + 1]
             if i % 2:
@@ -131,16 +133,17 @@ def measure(
             pairs.append((o, s))
     finally:
         server.stop()
-    return pairs, served_all
+    return pairs, served_all, offline_all
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     args.threads = args.threads or usable_cores() or os.cpu_count() or 1
     rows, medians, spreads = [], [], []
     for name in args.models:
-        pairs, gaps = measure(model_path(name), args)
+        pairs, gaps, offline = measure(model_path(name), args)
         ratios = [o / s for o, s in pairs]
         p50, p99 = statistics.median(gaps), statistics.quantiles(gaps, n=100)[98]
+        offline_spread = statistics.quantiles(offline, n=100)[98] / statistics.median(offline)
         rows.append({
             "model": name, "threads": args.threads, "pairs": len(pairs),
             "offline_ms_per_token": round(1e3 * statistics.median(o for o, _ in pairs), 2),
@@ -149,6 +152,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "ratio_min": round(min(ratios), 3), "ratio_max": round(max(ratios), 3),
             "served_itl_p50_ms": round(1e3 * p50, 2), "served_itl_p99_ms": round(1e3 * p99, 2),
             "itl_p99_over_p50": round(p99 / p50, 2),
+            "offline_p99_over_p50": round(offline_spread, 2),
             "pairs_ms": [[round(1e3 * o, 2), round(1e3 * s, 2)] for o, s in pairs],
         })  # fmt: skip
         medians.append(statistics.median(ratios))
