@@ -30,7 +30,6 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import torch
 
@@ -58,7 +57,7 @@ from pace_core.engine.speculative import RowVerdict, SpecDecoder
 from pace_core.engine.warm_up import warm_up
 from pace_core.errors import ConfigError
 from pace_core.models import heap
-from pace_core.sampling.sampler import BatchSampler
+from pace_core.sampling.sampler import BatchSampler, LogprobEntry, logprob_entries
 from pace_core.speculative.verify import check_speculable, stop_flags
 
 log = logging.getLogger("pace.engine.core")
@@ -340,7 +339,7 @@ class EngineCore:
         token: int,
         eos: bool,
         length: bool,
-        logprobs: tuple[Any, Any, Any] = (None, None, None),
+        logprobs: LogprobEntry = (None, None, None),
         logits: torch.Tensor | None = None,
     ) -> bool:
         """Record one generated token and queue its event; returns whether ``req`` finished
@@ -376,19 +375,13 @@ class EngineCore:
         tokens = result.tokens.tolist()
         eos = result.stopped_eos.tolist()
         length = result.stopped_length.tolist()
-        lps = result.logprobs.tolist() if result.logprobs is not None else None
-        top_ids = top_vals = None
-        if result.top_logprobs is not None:
-            top_ids, top_vals = (t.tolist() for t in result.top_logprobs)
+        running = self.scheduler.running
+        entries = logprob_entries(
+            result.logprobs, result.top_logprobs, [r.spec.config.logprobs for r in running]
+        )
         finished = []
-        for j, req in enumerate(self.scheduler.running):
-            k = req.spec.config.logprobs
-            lp = ids_j = vals_j = None
-            if k is not None and lps is not None:
-                lp = lps[j]
-                if k and top_ids is not None:
-                    ids_j, vals_j = top_ids[j][:k], top_vals[j][:k]
-            if self._emit(req, tokens[j], eos[j], length[j], (lp, ids_j, vals_j), logits[j]):
+        for j, req in enumerate(running):
+            if self._emit(req, tokens[j], eos[j], length[j], entries[j], logits[j]):
                 finished.append(j)
         if finished:
             self._remove_rows(finished)

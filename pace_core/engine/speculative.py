@@ -34,7 +34,12 @@ import torch
 
 from pace_core.caches.base import BlockKVCache
 from pace_core.engine.handle import ModelHandle
-from pace_core.sampling.sampler import BatchSampler, compute_logprobs
+from pace_core.sampling.sampler import (
+    BatchSampler,
+    LogprobEntry,
+    compute_logprobs,
+    logprob_entries,
+)
 from pace_core.speculative.inferencer import KVRows, ModelInferencer
 from pace_core.speculative.proposer import Proposal, draft_budget, sampling_rows
 from pace_core.speculative.stats import SpecStats
@@ -173,18 +178,13 @@ class SpecDecoder:
         return logits, drafts, probs
 
     @staticmethod
-    def logprobs(
-        logits: torch.Tensor, tokens: Sequence[int], k: int
-    ) -> list[tuple[float, list[int] | None, list[float] | None]]:
+    def logprobs(logits: torch.Tensor, tokens: Sequence[int], k: int) -> list[LogprobEntry]:
         """Raw-logit logprobs (as the plain engine reports them) of a row's emitted
         ``tokens`` from its left-aligned logits ``[T, V]``: ``(logprob, top ids, top values)``
         per token."""
         res = compute_logprobs(logits[: len(tokens)], torch.tensor(tokens), k)
-        chosen = res.chosen.tolist()
-        if res.top_ids is None:
-            return [(lp, None, None) for lp in chosen]
-        ids, vals = res.top_ids.tolist(), res.top_values.tolist()
-        return list(zip(chosen, ids, vals))
+        top = None if res.top_ids is None else (res.top_ids, res.top_values)
+        return logprob_entries(res.chosen, top, [k] * len(tokens))
 
     @staticmethod
     def commit(sampler: BatchSampler, delivered: Sequence[Sequence[int]]) -> None:

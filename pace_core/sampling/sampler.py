@@ -75,6 +75,33 @@ def compute_logprobs(logits: Tensor, token_ids: Tensor, k: int = 0) -> TokenLogp
     return TokenLogprobs(chosen, top_ids, values - lse)
 
 
+LogprobEntry = tuple[float | None, list[int] | None, list[float] | None]
+"""One token's (logprob, top-k ids, top-k logprobs), as the engine's ``Token`` events carry it."""
+
+
+def logprob_entries(
+    chosen: Tensor | None,
+    top: tuple[Tensor, Tensor] | None,
+    wanted: Sequence[int | None],
+) -> list[LogprobEntry]:
+    """Per row, the entry of a row that asked for ``wanted[i]`` top logprobs (None: none at
+    all, 0: the chosen token's only); ``chosen [N]`` and ``top`` (ids, values ``[N, K]``, K >=
+    every wanted k) as :func:`compute_logprobs` or the batch sampler gives them."""
+    if chosen is None or all(k is None for k in wanted):
+        return [(None, None, None)] * len(wanted)
+    lps = chosen.tolist()
+    ids, values = (t.tolist() for t in top) if top is not None else (None, None)
+    out: list[LogprobEntry] = []
+    for i, k in enumerate(wanted):
+        if k is None:
+            out.append((None, None, None))
+        elif k and ids is not None:
+            out.append((lps[i], ids[i][:k], values[i][:k]))
+        else:
+            out.append((lps[i], None, None))
+    return out
+
+
 def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:
     """A private generator seeded with ``seed`` or, if None, with 64 fresh OS-random bits."""
     gen = torch.Generator(device=device)
