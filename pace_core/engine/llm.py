@@ -14,6 +14,7 @@ import torch
 from pace_core.caches import KVCacheType
 from pace_core.caches.base import BlockKVCache, KVCache
 from pace_core.engine.beam import BeamHypothesis, beam_search
+from pace_core.engine.config import EngineConfig
 from pace_core.engine.core import EngineCore
 from pace_core.engine.events import SeqSpec, SpecStep, Token
 from pace_core.engine.handle import ModelHandle
@@ -82,6 +83,7 @@ class LLMModel:
         profile: bool | None = None,
         quantization: QuantizationConfig | str | dict | None = None,
         prefix_caching: bool | None = None,
+        engine_config: EngineConfig | None = None,
     ) -> None:
         # validate before the (slow) load
         spec = None if spec_config is None else coerce_spec_config(spec_config)
@@ -97,6 +99,13 @@ class LLMModel:
         self.cache_spec = self.host.caches[kv_cache_type]
         self.cache_options = {"memory_gb": kv_cache_memory_gb, "max_tokens": max_cache_tokens}
         self.prefix_caching = self._prefix_caching_choice(prefix_caching)
+        if engine_config is not None and not isinstance(engine_config, EngineConfig):
+            raise ConfigError(
+                f"engine_config must be a pace_core.engine.config.EngineConfig, not "
+                f"{type(engine_config).__name__}"
+            )
+        # the knobs of generate's engine core: sequences at once, prompt tokens per step
+        self.engine_config = engine_config or OFFLINE_ENGINE
         self._prefix_cache: BlockKVCache | None = None
         self._prefix_cache_in_use = False
         self.path = resolve_model_path(model)
@@ -279,7 +288,7 @@ class LLMModel:
                     f"prompt {i} has {p.numel()} tokens; the model's context window is {max_ctx}"
                 )
         cache = self.generation_cache()
-        engine = OFFLINE_ENGINE
+        engine = self.engine_config
         if isinstance(cache, BlockKVCache):
             self._check_fits(cache, prompts, configs, max_ctx)
             engine = replace(engine, prefix_caching=cache.prefix_caching)

@@ -189,3 +189,21 @@ def test_prompts_sharing_an_instruction_compute_it_once(tiny_llama_dir, monkeypa
     plain = LLMModel(tiny_llama_dir, dtype=torch.float32, load_tokenizer=False,
                      prefix_caching=False)  # fmt: skip
     assert out == plain.generate(prompts, cfg).generated_token_ids
+
+
+def test_the_engine_knobs_of_generate(tiny_llama_dir):
+    """``engine_config`` sets how many sequences generate runs at once and its prompt tokens
+    per step; outputs do not depend on them (fp32); a wrong type is refused."""
+    from pace_core.engine.config import EngineConfig
+    from pace_core.errors import ConfigError
+
+    prompts = [torch.arange(5 + i, 30 + 2 * i) % 120 + 4 for i in range(5)]
+    cfg = SamplingConfig(max_new_tokens=5, ignore_eos=True)
+    small = LLMModel(tiny_llama_dir, dtype=torch.float32, load_tokenizer=False,
+                     engine_config=EngineConfig(max_running=2, max_prefill_tokens=8))  # fmt: skip
+    plain = LLMModel(tiny_llama_dir, dtype=torch.float32, load_tokenizer=False)
+    assert small.generate(prompts, cfg).generated_token_ids == plain.generate(
+        prompts, cfg
+    ).generated_token_ids
+    with pytest.raises(ConfigError, match="engine_config must be"):
+        LLMModel(tiny_llama_dir, load_tokenizer=False, engine_config={"max_running": 2})
