@@ -204,10 +204,18 @@ each is a function taking the subparsers object."""
 def add_command_plugins(sub: Any) -> None:
     """Add the subcommands other installed distributions declare; ``pace bench`` without
     ``pace-bench`` installed says how to get it."""
-    found = {ep.name: ep for ep in importlib.metadata.entry_points(group=COMMAND_GROUP)}
-    for ep in found.values():
-        ep.load()(sub)
-    if "bench" not in found:
+    added = set()
+    for ep in importlib.metadata.entry_points(group=COMMAND_GROUP):
+        try:
+            ep.load()(sub)
+        except Exception as exc:  # a broken distribution must not take `pace` down with it
+            logging.getLogger("pace.cli").warning(
+                "command %r of %s could not be added: %s: %s",
+                ep.name, ep.value, type(exc).__name__, exc,
+            )  # fmt: skip
+            continue
+        added.add(ep.name)
+    if "bench" not in added:
         p = sub.add_parser("bench", help="benchmarks (needs the pace-bench distribution)")
         p.add_argument("rest", nargs=argparse.REMAINDER)
         p.set_defaults(func=_cmd_bench_missing)

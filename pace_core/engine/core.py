@@ -78,9 +78,9 @@ class EngineCore:
         emit: receives each iteration's events (served); offline, :meth:`drive` yields them.
         name: the instance's name in logs.
         cache: the KV cache to run on; default a new block cache (serving).
-        max_context: tokens a sequence may hold; default the serving window.
         offline: errors raise (a failed step, an invalid sequence) instead of failing the
-            sequences in flight.
+            sequences in flight, and a sequence may hold the model's whole context (served:
+            the serving window).
         keep_logits: each ``Token`` event carries the raw logits that chose it.
     """
 
@@ -92,7 +92,6 @@ class EngineCore:
         name: str = "0",
         *,
         cache: KVCache | None = None,
-        max_context: int | None = None,
         offline: bool = False,
         keep_logits: bool = False,
     ) -> None:
@@ -102,9 +101,7 @@ class EngineCore:
         self.name = name
         self.offline = offline
         self.keep_logits = keep_logits
-        self.max_context = model.serving_context() if max_context is None else max_context
-        if max_context is None and offline:
-            self.max_context = model.offline_context()
+        self.max_context = model.offline_context() if offline else model.serving_context()
         self._own_cache = cache is None
         cache = model.serving_cache(config.prefix_caching) if cache is None else cache
         self.prefill_budget = PrefillBudget(config.max_prefill_tokens, config.prefill_slice_ms)
@@ -250,8 +247,14 @@ class EngineCore:
         if isinstance(command, Submit):
             for spec in command.specs:
                 problem = self.scheduler.add(spec)
-                if problem is not None:
-                    self._invalid(spec.key, problem)
+                if problem is None:
+                    continue
+                if self.offline:  # offline keys are prompt indices
+                    raise ConfigError(
+                        f"prompt {spec.key}: {problem}: raise max_cache_tokens or "
+                        "kv_cache_memory_gb, or lower max_new_tokens"
+                    )
+                self._out.append(SeqError(spec.key, problem, ErrorKind.INVALID_REQUEST))
         elif isinstance(command, Cancel):
             rows = self.scheduler.cancel(set(command.keys))
             if rows:
@@ -259,10 +262,6 @@ class EngineCore:
         elif isinstance(command, Stop):
             self._stopped = True
 
-    def _invalid(self, key: str, message: str, exc: Exception | None = None) -> None:
-        if self.offline:
-            raise exc if exc is not None else ConfigError(message)
-        self._out.append(SeqError(key, message, ErrorKind.INVALID_REQUEST))
 
     # -- one step --------------------------------------------------------------------------
     def step(self) -> None:
@@ -274,18 +273,17 @@ class EngineCore:
             _, chunk_logits = self.runner.step(self.cache, [], chunks)
             self._spec_step(self._prefilled(chunks, chunk_logits))
             return
-        decodes = [
-            (r, self.runner.decode_input(self.cache, r, r.tokens)) for r in sched.running
-        ]
-        decoded, chunk_logits = self.runner.step(self.cache, decodes, chunks)
+        decoded, chunk_logits = self.runner.step(self.cache, sched.running, chunks)
         self._sample(decoded, self._prefilled(chunks, chunk_logits))
 
     def _admit(self) -> None:
         now = time.monotonic()
         admitted, failed = self.scheduler.admit(self._prepare)
         for req in failed:
-            exc = req.error
-            self._invalid(req.key, f"invalid sampling parameters: {exc}", exc)
+            if self.offline:
+                raise req.error
+            message = f"invalid sampling parameters: {req.error}"
+            self._out.append(SeqError(req.key, message, ErrorKind.INVALID_REQUEST))
         for req in admitted:
             wait = max(0.0, now - req.spec.arrival)
             self._out.append(Admitted(req.key, wait, req.prompt.numel(), req.computed))
@@ -435,10 +433,11 @@ class EngineCore:
     # -- failures and load ---------------------------------------------------------------------
     def _fail_active(self, message: str, kind: ErrorKind) -> None:
         """Fail every active sequence and start over on a fresh cache (served)."""
-        fresh = self.model.serving_cache(self.config.prefix_caching) if self._own_cache else None
+        own = self._own_cache
+        cache = self.model.serving_cache(self.config.prefix_caching) if own else self.cache
         if self.spec is not None:
             self.spec.close()
-        active = self.scheduler.clear(fresh if fresh is not None else self.cache)
+        active = self.scheduler.clear(cache)
         for req in active:
             self._out.append(SeqError(req.key, message, kind))
         self.sampler = None

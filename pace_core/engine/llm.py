@@ -29,7 +29,7 @@ from pace_core.engine.offline import (
 )
 from pace_core.engine.output import GenerationOutput, SequenceOutput
 from pace_core.engine.output_processor import OutputProcessor
-from pace_core.errors import ConfigError
+from pace_core.errors import ConfigError, ContractError
 from pace_core.models import loader
 from pace_core.models.builder import OpPlan
 from pace_core.models.decoder import DecoderLM, score
@@ -174,7 +174,11 @@ class LLMModel:
             return self.new_cache()
         if self._prefix_cache is None:
             cache = self.new_cache()
-            assert isinstance(cache, BlockKVCache)  # a block layout's contract, checked
+            if not isinstance(cache, BlockKVCache):  # a factory function, not a checked class
+                raise ContractError(
+                    f"kv_cache_type {self.kv_cache_type!r} declares a block layout but its "
+                    f"cache ({type(cache).__name__}) is not a BlockKVCache"
+                )
             cache.enable_prefix_caching(self.kv_namespace)
             self._prefix_cache = cache
         if self._prefix_cache_in_use:  # a generation in progress (an unfinished stream)
@@ -220,7 +224,6 @@ class LLMModel:
         """This model as the engine core drives it."""
         return ModelHandle(
             decoder=self.model,
-            tokenizer=self.tokenizer,
             new_cache=self.new_cache,
             kv_cache_type=self.kv_cache_type,
             kv_namespace=self.kv_namespace,
@@ -290,29 +293,11 @@ class LLMModel:
         cache = self.generation_cache()
         engine = self.engine_config
         if isinstance(cache, BlockKVCache):
-            self._check_fits(cache, prompts, configs, max_ctx)
             engine = replace(engine, prefix_caching=cache.prefix_caching)
-        core = EngineCore(
-            self.handle, engine, cache=cache, max_context=max_ctx, offline=True,
-            keep_logits=keep_logits,
-        )  # fmt: skip
+        core = EngineCore(self.handle, engine, cache=cache, offline=True, keep_logits=keep_logits)
         specs = [SeqSpec(str(i), p.tolist(), c) for i, (p, c) in enumerate(zip(prompts, configs))]
         core.submit(specs)
         return OfflineRun(prompts, padded, configs, core)
-
-    def _check_fits(self, cache: BlockKVCache, prompts, configs, max_ctx: int | None) -> None:
-        """Every sequence's KV booking (prompt + max_new_tokens, within the context) fits the
-        pool, or a ConfigError that says how to grow it."""
-        capacity = int(cache.num_blocks) * int(cache.block_size)
-        for i, (p, c) in enumerate(zip(prompts, configs)):
-            need = p.numel() + c.max_new_tokens
-            need = min(need, max_ctx) if max_ctx else need
-            if need > capacity:
-                raise ConfigError(
-                    f"prompt {i} needs {need} tokens of KV cache (prompt + max_new_tokens); "
-                    f"the {self.kv_cache_type} pool holds {capacity}: raise max_cache_tokens or "
-                    "kv_cache_memory_gb, or lower max_new_tokens"
-                )
 
     def _events(self, run: OfflineRun) -> Iterator[Token | SpecStep]:
         """The sequences' token (with text) and speculative-step events, in order; a
@@ -386,8 +371,8 @@ class LLMModel:
         batch_stats = None
         if spec is not None:
             batch_stats = SpecStats.total(r.spec for r in rows)
-            batch_stats.draft_seconds = spec.stats.draft_seconds
-            batch_stats.verify_seconds = spec.stats.verify_seconds
+            batch_stats.draft_seconds = spec.draft_seconds
+            batch_stats.verify_seconds = spec.verify_seconds
             self.speculator.stats.merge(batch_stats)
         sequences = [
             SequenceOutput(

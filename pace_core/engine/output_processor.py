@@ -85,7 +85,7 @@ class OutputProcessor:
             if by_stop:
                 stopped.append(ev.key)
                 ev = dataclasses.replace(ev, text=delta, finish_reason="stop")
-            else:
+            elif delta:
                 ev = dataclasses.replace(ev, text=delta)
             if ev.finish_reason is not None:
                 del self._texts[ev.key]

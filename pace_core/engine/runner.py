@@ -19,19 +19,24 @@ import torch
 
 from pace_core.engine.prefill_budget import PrefillBudget
 from pace_core.engine.scheduler import Request
-from pace_core.models.decoder import DecoderLM, forward_step, left_pad
+from pace_core.models.decoder import DecoderLM, forward_step
 
 T = TypeVar("T")
 
 
-def step_batch(rows: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[int]]:
-    """The ids of one forward, a row per 1-D token tensor, right-aligned in ``[B, W]`` (W =
-    the longest row), and the token count of each row."""
-    counts = [int(r.numel()) for r in rows]
-    if max(counts) == 1:
-        return torch.cat(list(rows)).view(-1, 1), counts
-    ids, _ = left_pad(rows)
-    return ids, counts
+def step_batch(rows: Sequence[int | torch.Tensor]) -> tuple[torch.Tensor, list[int]]:
+    """The ids of one forward, a row per entry: a decode's one token (an ``int``) or a 1-D
+    token tensor (a prompt chunk, a recomputed history), right-aligned in ``[B, W]`` (W = the
+    longest row), and the token count of each row."""
+    counts = [1 if isinstance(r, int) else int(r.numel()) for r in rows]
+    batch = torch.zeros(len(rows), max(counts), dtype=torch.long)
+    singles = [i for i, r in enumerate(rows) if isinstance(r, int)]
+    if singles:
+        batch[singles, -1] = torch.tensor([rows[i] for i in singles], dtype=torch.long)
+    for i, r in enumerate(rows):
+        if not isinstance(r, int):
+            batch[i, batch.shape[1] - counts[i] :] = r
+    return batch, counts
 
 
 def group_chunks(chunks: list[tuple[T, int]]) -> list[list[tuple[T, int]]]:
@@ -66,51 +71,48 @@ class ModelRunner:
         self.one_forward = one_forward
         self.reprefill_at = model.reprefill_at
 
-    def forward(self, cache: Any, seq_ids: list[int], rows: Sequence[torch.Tensor]) -> torch.Tensor:
+    def forward(
+        self, cache: Any, seq_ids: list[int], rows: Sequence[int | torch.Tensor]
+    ) -> torch.Tensor:
         """One forward adding ``rows[b]`` to sequence ``seq_ids[b]``; logits ``[B, V]`` of each
         row's last token."""
         ids, counts = step_batch(rows)
         return forward_step(self.model, cache, seq_ids, ids, counts)
 
-    def decode_input(self, cache: Any, req: Request, generated: Sequence[int]) -> torch.Tensor:
+    def _decode_input(self, cache: Any, req: Request) -> int | torch.Tensor:
         """A running sequence's next input: its last token, or (LongRoPE, like HF) its whole
         history once its cache reaches the original context length: the keys are then
         recomputed with the long factors (its cache is emptied first)."""
         if self.reprefill_at is not None and cache.get_num_tokens(req.seq_id) == self.reprefill_at:
             cache.crop(req.seq_id, self.reprefill_at)
-            return torch.cat([req.prompt, torch.tensor(list(generated), dtype=torch.long)])
-        return torch.tensor([req.last], dtype=torch.long)
+            return torch.cat([req.prompt, torch.tensor(req.tokens, dtype=torch.long)])
+        return req.last
 
     def step(
-        self,
-        cache: Any,
-        decodes: Sequence[tuple[Request, torch.Tensor]],
-        chunks: Sequence[tuple[Request, int]],
+        self, cache: Any, decodes: Sequence[Request], chunks: Sequence[tuple[Request, int]]
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """Run ``decodes`` (request, input) and prompt ``chunks`` (request, tokens); returns
-        (logits of the decodes ``[D, V]``, logits of the chunks ``[C, V]``), None for none."""
+        """Run the running sequences ``decodes`` (their next inputs) and prompt ``chunks``
+        (request, tokens); returns (logits of the decodes ``[D, V]``, logits of the chunks
+        ``[C, V]``), None for none."""
         if not decodes and not chunks:
             return None, None
         if self.one_forward or not chunks:
             return self._together(cache, decodes, chunks)
         by_chunk: dict[int, torch.Tensor] = {}
-        for group in group_chunks([((i, req), n) for i, (req, n) in enumerate(chunks)]):
-            _, logits = self._together(cache, [], [(req, n) for (_, req), n in group])
-            for ((i, _), _), row in zip(group, logits):
+        for group in group_chunks([(i, n) for i, (_, n) in enumerate(chunks)]):
+            _, logits = self._together(cache, [], [chunks[i] for i, _ in group])
+            for (i, _), row in zip(group, logits):
                 by_chunk[i] = row
         chunk_logits = torch.stack([by_chunk[i] for i in range(len(chunks))])
         decoded = self._together(cache, decodes, [])[0] if decodes else None
         return decoded, chunk_logits
 
     def _together(
-        self,
-        cache: Any,
-        decodes: Sequence[tuple[Request, torch.Tensor]],
-        chunks: Sequence[tuple[Request, int]],
+        self, cache: Any, decodes: Sequence[Request], chunks: Sequence[tuple[Request, int]]
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        rows = [x for _, x in decodes]
+        rows: list[int | torch.Tensor] = [self._decode_input(cache, req) for req in decodes]
         rows += [req.prompt[req.computed : req.computed + n] for req, n in chunks]
-        seq_ids = [req.seq_id for req, _ in decodes] + [req.seq_id for req, _ in chunks]
+        seq_ids = [req.seq_id for req in decodes] + [req.seq_id for req, _ in chunks]
         start = time.perf_counter()
         logits = self.forward(cache, seq_ids, rows)
         prompt_tokens = sum(n for _, n in chunks)

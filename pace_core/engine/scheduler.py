@@ -96,6 +96,7 @@ class Scheduler:
         self.cache = cache
         self.max_context = max_context
         self.continuous = isinstance(cache, BlockKVCache)
+        self.reserving = isinstance(cache, ReservingKVCache)
         self.max_running = max_running
         self.budget = budget
         self.waiting: collections.deque[Request] = collections.deque()
@@ -149,8 +150,8 @@ class Scheduler:
         need = self.tokens_to_book(spec)
         if capacity is not None and self.blocks_for(need) > self.num_blocks:
             return (
-                f"the request needs {need} tokens of KV cache (prompt + max_tokens); this "
-                f"engine holds {capacity}"
+                f"the sequence needs {need} tokens of KV cache (prompt + max_tokens); the "
+                f"engine's pool holds {capacity}"
             )
         self.waiting.append(Request(spec))
         return None
@@ -164,7 +165,7 @@ class Scheduler:
             return [], []
         admitted: list[Request] = []
         failed: list[Request] = []
-        while self.waiting and len(self.active) < self.max_running:
+        while self.waiting and len(self.prefilling) + len(self.running) < self.max_running:
             req = self.waiting[0]
             need = self.blocks_for(self.tokens_to_book(req.spec)) if self.continuous else 0
             if self.continuous and self.booked + need > self.num_blocks:
@@ -187,7 +188,7 @@ class Scheduler:
                 )
             self.prefilling.append(req)
             admitted.append(req)
-        if admitted and isinstance(self.cache, ReservingKVCache):
+        if admitted and self.reserving:
             # a whole batch: room for its longest sequence now, so no step grows the buffers
             self.cache.reserve(max(self.tokens_to_book(r.spec) for r in admitted))
         return admitted, failed

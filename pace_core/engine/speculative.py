@@ -42,7 +42,6 @@ from pace_core.sampling.sampler import (
 )
 from pace_core.speculative.inferencer import KVRows, ModelInferencer
 from pace_core.speculative.proposer import Proposal, draft_budget, sampling_rows
-from pace_core.speculative.stats import SpecStats
 from pace_core.speculative.verify import align_left, append_ragged, verify_batch
 
 __all__ = ["Drafted", "RowVerdict", "SpecDecoder"]
@@ -78,8 +77,8 @@ class SpecDecoder:
         max_context: tokens a sequence may hold (prompt + generated; None: unbounded).
 
     Attributes:
-        stats: the wall times of drafting and verifying so far (``draft_seconds``,
-            ``verify_seconds``; the per-sequence counters travel as ``SpecStep`` events).
+        draft_seconds, verify_seconds: wall times of drafting and verifying so far (the
+            per-sequence counters travel as ``SpecStep`` events).
     """
 
     def __init__(self, model: ModelHandle, cache: Any, max_context: int | None) -> None:
@@ -89,7 +88,8 @@ class SpecDecoder:
         self.k = speculator.num_speculative_tokens
         self.max_context = max_context
         self.target = ModelInferencer(model.decoder, model.new_cache)
-        self.stats = SpecStats()
+        self.draft_seconds = 0.0
+        self.verify_seconds = 0.0
         self._verify_start = 0.0
         self.draft_cache: Any | None = None
         if speculator.draft is not None:
@@ -125,7 +125,7 @@ class SpecDecoder:
         ]
         proposal = self.proposer.propose(contexts, budgets, sampling_rows(sampler))
         self._verify_start = time.perf_counter()
-        self.stats.draft_seconds += self._verify_start - start
+        self.draft_seconds += self._verify_start - start
         queries = [[ctx[-1], *d] for ctx, d in zip(contexts, proposal.tokens)]
         logits = self.target.forward(queries, KVRows(cache, list(seq_ids)), all_logits=True)
         return Drafted(proposal, align_left(logits, [len(q) for q in queries]))
@@ -151,7 +151,7 @@ class SpecDecoder:
             self.proposer.on_accept(accepted)
         self.proposer.add_rows(len(ready_logits))
         if num_drafted:
-            self.stats.verify_seconds += time.perf_counter() - self._verify_start
+            self.verify_seconds += time.perf_counter() - self._verify_start
         return [
             RowVerdict(tokens, len(drafts[i]), m, i < num_drafted, logits[i])
             for i, (tokens, m) in enumerate(results)

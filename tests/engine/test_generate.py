@@ -171,7 +171,8 @@ def test_a_sequence_larger_than_the_pool_is_refused_with_the_fix(tiny_llama_dir,
     monkeypatch.setenv("PACE_PAGED_BLOCK_TOKENS", "16")
     llm = LLMModel(tiny_llama_dir, dtype=torch.float32, load_tokenizer=False,
                    max_cache_tokens=32)  # fmt: skip
-    with pytest.raises(ConfigError, match=r"prompt 1 needs 40 tokens.*holds 32.*max_cache_tokens"):
+    too_large = r"prompt 1: .*needs 40 tokens.*holds 32.*max_cache_tokens"
+    with pytest.raises(ConfigError, match=too_large):
         llm.generate([torch.arange(5, 10), torch.arange(5, 25)], SamplingConfig(max_new_tokens=20))
 
 
