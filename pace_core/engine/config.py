@@ -18,6 +18,9 @@ class EngineConfig:
     prefill_slice_ms: float = 50.0  # prefill work per iteration while sequences decode
     mixed_steps: bool = True  # decodes and prompt chunks in one forward where the stack packs
     prefix_caching: bool = True  # reuse the KV of indexed full prompt blocks (--no-prefix-caching)
+    # a prompt whose next block another prompt is prefilling waits to adopt it (throughput,
+    # offline); served, it would hold the queue behind it for the other prompt's chunks
+    wait_for_shared_prefix: bool = False
     threads: int | None = None  # torch intra-op threads of the engine thread
 
     def __post_init__(self) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from pace_core.caches.base import BlockKVCache, KVCache
 from pace_core.errors import ConfigError
@@ -24,6 +25,7 @@ class ModelHandle:
     """
 
     decoder: DecoderLM
+    tokenizer: Any | None
     new_cache: Callable[..., KVCache]
     kv_cache_type: str
     kv_namespace: bytes

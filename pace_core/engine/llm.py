@@ -28,7 +28,6 @@ from pace_core.engine.offline import (
     prompt_logprobs,
 )
 from pace_core.engine.output import GenerationOutput, SequenceOutput
-from pace_core.engine.output_processor import OutputProcessor
 from pace_core.errors import ConfigError, ContractError
 from pace_core.models import loader
 from pace_core.models.builder import OpPlan
@@ -224,6 +223,7 @@ class LLMModel:
         """This model as the engine core drives it."""
         return ModelHandle(
             decoder=self.model,
+            tokenizer=self.tokenizer,
             new_cache=self.new_cache,
             kv_cache_type=self.kv_cache_type,
             kv_namespace=self.kv_namespace,
@@ -300,19 +300,12 @@ class LLMModel:
         return OfflineRun(prompts, padded, configs, core)
 
     def _events(self, run: OfflineRun) -> Iterator[Token | SpecStep]:
-        """The sequences' token (with text) and speculative-step events, in order; a
-        sequence a stop string ends is cancelled in the core before its next step."""
+        """The sequences' token (with text) and speculative-step events, in order."""
         in_use = run.core.cache is self._prefix_cache
         self._prefix_cache_in_use |= in_use
-        output = OutputProcessor(self.tokenizer)
-        for i, config in enumerate(run.configs):
-            output.start(str(i), config)
         try:
             for events in run.core.drive():
-                processed, stopped = output.process(events)
-                if stopped:
-                    run.core.cancel(stopped)
-                for ev in processed:
+                for ev in events:
                     if isinstance(ev, Token | SpecStep):
                         yield ev
         finally:

@@ -22,7 +22,9 @@ from pace_core.models.decoder import DecoderLM, left_pad, score
 from pace_core.sampling.config import SamplingConfig
 from pace_core.speculative.stats import SpecStats
 
-OFFLINE_ENGINE = EngineConfig(max_running=64, max_prefill_tokens=2048, prefill_slice_ms=0.0)
+OFFLINE_ENGINE = EngineConfig(
+    max_running=64, max_prefill_tokens=2048, prefill_slice_ms=0.0, wait_for_shared_prefix=True
+)
 """The core's knobs for ``generate`` / ``stream``: up to 64 sequences at once (as the KV pool
 allows), 2048 prompt tokens per step on top of the decodes (no latency slice: throughput)."""
 

@@ -1,13 +1,12 @@
 """The output processor: the engine core's token ids -> what callers receive.
 
-The core only steps: it emits each token with the finish reason the tokens decide (EOS,
-``max_new_tokens``, the context window) and no text. :class:`OutputProcessor`, run by whoever
-consumes the core's events (the front door's event loop when serving, the caller of
-``generate`` / ``stream`` offline), adds per sequence the text delta (incremental
-detokenization, UTF-8 safe) and applies the stop strings, which end a sequence on its text:
-the sequences they end are returned so the consumer cancels them in the core. Tokens the core
-produced for a sequence after that (it was already stepping) are dropped, and a speculative
-step's ``emitted`` count is trimmed to the tokens delivered.
+The core's step emits each token with the finish reason the tokens decide (EOS,
+``max_new_tokens``, the context window) and no text; as the step's events leave the core,
+:class:`OutputProcessor` adds per sequence the text delta (incremental detokenization, UTF-8
+safe) and applies the stop strings, which end a sequence on its text: it returns the
+sequences they ended so the core retires them. A token of such a sequence after the stop (a
+speculative run goes on) is dropped, and a speculative step's ``emitted`` count is trimmed to
+the tokens delivered.
 """
 
 from __future__ import annotations

@@ -84,6 +84,7 @@ class Scheduler:
         max_running: most sequences prefilling or running at once.
         budget: prompt tokens per step (ignored for whole batches: one step prefills them).
         max_context: tokens a sequence may hold; a booking never exceeds it.
+        wait_for_shared_prefix: hold the queue for a prefix another prompt is computing.
     """
 
     def __init__(
@@ -92,8 +93,10 @@ class Scheduler:
         max_running: int,
         budget: PrefillBudget,
         max_context: int | None = None,
+        wait_for_shared_prefix: bool = False,
     ) -> None:
         self.cache = cache
+        self.wait_for_shared_prefix = wait_for_shared_prefix
         self.max_context = max_context
         self.continuous = isinstance(cache, BlockKVCache)
         self.reserving = isinstance(cache, ReservingKVCache)
@@ -170,7 +173,7 @@ class Scheduler:
             need = self.blocks_for(self.tokens_to_book(req.spec)) if self.continuous else 0
             if self.continuous and self.booked + need > self.num_blocks:
                 break
-            if self.continuous and self._shares_pending_block(req):
+            if self.continuous and self.wait_for_shared_prefix and self._shares_pending_block(req):
                 break
             self.waiting.popleft()
             try:  # per-request problems surface here, not in the shared batch

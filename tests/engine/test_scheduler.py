@@ -108,7 +108,7 @@ def test_prompt_chunks_follow_the_budget_fifo():
 
 def test_a_shared_prefix_is_computed_once():
     """B shares A's first two blocks: it waits while A prefills them, then adopts them."""
-    sched = scheduler(paged(256, caching=True), budget=64)
+    sched = Scheduler(paged(256, caching=True), 8, PrefillBudget(64, 0.0), None, True)
     shared = list(range(100, 108))  # two full blocks
     sched.add(spec("A", [*shared, 1, 2, 3]))
     sched.add(spec("B", [*shared, 7, 8, 9]))

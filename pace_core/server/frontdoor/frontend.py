@@ -2,10 +2,8 @@
 
 Runs on the asyncio loop. Engines (threads or processes, each an
 :class:`~pace_core.server.launch.instances.EngineHandle`) deliver event batches from their
-own threads; :meth:`Frontend.deliver` hops onto the loop with ``call_soon_threadsafe``, gives
-the tokens their text (the :class:`~pace_core.engine.output_processor.OutputProcessor`:
-detokenization and stop strings happen here, off the engines' threads; a sequence a stop
-string ends is cancelled in its engine) and fans the
+own threads; :meth:`Frontend.deliver` hops onto the loop with ``call_soon_threadsafe`` and
+fans the
 :class:`~pace_core.engine.events.Token` and :class:`~pace_core.engine.events.SeqError` events
 out to one :class:`Submission` (an ``asyncio.Queue``) per HTTP request.
 """
@@ -19,10 +17,8 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from pace_core.engine.events import Admitted, ErrorKind, SeqError, SeqSpec, SpecStep, Stats, Token
-from pace_core.engine.output_processor import OutputProcessor
 from pace_core.server.api.protocol import APIError
 from pace_core.server.frontdoor.metrics import Metrics
 from pace_core.server.frontdoor.routing import PrefixRouter
@@ -70,11 +66,8 @@ class Frontend:
         *,
         max_running: int,
         max_queue: int,
-        tokenizer: Any | None = None,
     ) -> None:
         self.instances = list(instances)
-        # text and stop strings of every sequence, on this loop, off the engines' threads
-        self.output = OutputProcessor(tokenizer)
         self.metrics = metrics
         self.max_running = max_running
         self.max_queue = max_queue
@@ -181,7 +174,6 @@ class Frontend:
             sub.remaining = set(sub.keys)
             for spec in specs:
                 self._seqs[spec.key] = _SeqState(sub, index)
-                self.output.start(spec.key, spec.config)
             self.outstanding[index] += len(specs)
             try:
                 inst.submit(specs)
@@ -206,13 +198,11 @@ class Frontend:
 
     def _drop(self, sub: Submission) -> None:
         for key in list(sub.remaining):
-            self.output.forget(key)
             if self._seqs.pop(key, None) is not None:
                 self.outstanding[sub.instance] -= 1
         sub.remaining.clear()
 
     def _finish(self, key: str, state: _SeqState) -> None:
-        self.output.forget(key)
         self._seqs.pop(key, None)
         state.sub.remaining.discard(key)
         self.outstanding[state.instance] -= 1
@@ -227,9 +217,6 @@ class Frontend:
             self.metrics.init_instance(name)
         m = self.metrics
         now = time.monotonic()
-        events, stopped = self.output.process(events)
-        if stopped:  # stop strings ended them: the engine stops stepping them
-            self.instances[index].cancel(stopped)
         for ev in events:
             if isinstance(ev, Token):
                 state = self._seqs.get(ev.key)

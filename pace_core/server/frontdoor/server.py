@@ -62,7 +62,6 @@ class Server:
             self.metrics,
             max_running=engine_config.max_running,
             max_queue=engine_config.max_queue,
-            tokenizer=tokenizer,
         )
         self.token_text = TokenText(tokenizer)
         eos = list(eos_token_ids) or [0]
@@ -81,9 +80,9 @@ class Server:
         """One engine thread on an already loaded :class:`~pace_core.engine.llm.LLMModel`."""
         engine_config = engine_config or EngineConfig()
         instance = LocalEngine(llm.handle, engine_config, "0")
-        # The front door encodes and decodes (the output processor) with its own copy; the
-        # engine thread keeps llm's: a Rust-backed tokenizer shared by an encoding and another
-        # thread can raise "Already borrowed" (transformers resets truncation/padding state).
+        # The engine thread decodes with llm.tokenizer; the front door encodes with its own
+        # copy: a Rust-backed tokenizer shared by an encoding and another thread can raise
+        # "Already borrowed" (transformers resets truncation/padding state on encode).
         try:
             tokenizer = copy.deepcopy(llm.tokenizer)
         except Exception:  # pragma: no cover - an exotic tokenizer that cannot be copied
