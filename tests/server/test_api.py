@@ -226,6 +226,35 @@ def test_models_and_health(server):
     assert r.status_code == 200 and r.json() == {"status": "ok"}
 
 
+def test_prompt_text_work_runs_off_the_event_loop(server, monkeypatch):
+    """Encoding and chat templates run on the server's text thread, never on the event loop
+    that streams the other requests' tokens."""
+    state = server.server_state
+    real = state.tokenizer
+    threads: list[str] = []
+
+    class Recording:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def __call__(self, *args, **kw):
+            threads.append(threading.current_thread().name)
+            return real(*args, **kw)
+
+        def apply_chat_template(self, *args, **kw):
+            threads.append(threading.current_thread().name)
+            return real.apply_chat_template(*args, **kw)
+
+    monkeypatch.setattr(state, "tokenizer", Recording())
+    c = client(server)
+    c.completions.create(model=MODEL_NAME, prompt="Hello", max_tokens=1)
+    msgs = [{"role": "user", "content": "hi"}]
+    c.chat.completions.create(model=MODEL_NAME, messages=msgs, max_tokens=1)
+    httpx.post(server.url + "/tokenize", json={"prompt": "Hello world"})
+    assert len(threads) == 3
+    assert all(name.startswith("pace-text") for name in threads), threads
+
+
 def test_tokenize_detokenize_and_the_model_card(server):
     url = server.url
     tok = server.server_state.tokenizer

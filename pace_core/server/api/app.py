@@ -14,7 +14,8 @@ import asyncio
 import contextlib
 import logging
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -38,6 +39,7 @@ from pace_core.server.api.tokenize_api import detokenize, model_card, tokenize
 from pace_core.server.frontdoor.metrics import CONTENT_TYPE
 from pace_core.server.frontdoor.server import Server, ServerConfig
 
+T = TypeVar("T")
 log = logging.getLogger("pace.server")
 
 WARM_UP_TIMEOUT_S = 600.0
@@ -131,19 +133,27 @@ async def model(request: Request, model_id: str):
 
 @tokens.post("/tokenize", openapi_extra=_body_schema(TokenizeRequest))
 async def tokenize_route(request: Request, body: bytes = Depends(request_body)):
-    return tokenize(_server(request), parse(TokenizeRequest, body))
+    server = _server(request)
+    return await _on_text_worker(server, tokenize, server, parse(TokenizeRequest, body))
 
 
 @tokens.post("/detokenize", openapi_extra=_body_schema(DetokenizeRequest))
 async def detokenize_route(request: Request, body: bytes = Depends(request_body)):
-    return detokenize(_server(request), parse(DetokenizeRequest, body))
+    server = _server(request)
+    return await _on_text_worker(server, detokenize, server, parse(DetokenizeRequest, body))
+
+
+async def _on_text_worker(server: Server, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` on the server's text thread: tokenizing a long prompt or rendering a
+    chat template there leaves the event loop free to stream other requests' tokens."""
+    return await asyncio.get_running_loop().run_in_executor(server.text_worker, fn, *args)
 
 
 async def _answer(request: Request, body: bytes, model: type, make_plan, fmt: type) -> Any:
     """Parse ``body`` as ``model``, plan and submit it, answer in the response format ``fmt``."""
     server = _server(request)
     req = parse(model, body)
-    plan = make_plan(server, req)
+    plan = await _on_text_worker(server, make_plan, server, req)
     submitted = oreq.submit(server, plan)
     return await respond(server, request, fmt(server, req, plan, submitted))
 
@@ -217,6 +227,7 @@ def create_app(server: Server) -> FastAPI:
             yield
         finally:
             await asyncio.get_running_loop().run_in_executor(None, server.frontend.shutdown)
+            server.text_worker.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="pace", version="0.1.0", lifespan=lifespan)
     app.state.server = server

@@ -6,6 +6,7 @@ front-door settings
 
 from __future__ import annotations
 
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -55,7 +56,8 @@ class ServingContext(Protocol):
     """The parts of a :class:`~pace_core.server.frontdoor.server.Server` a request's
     translation uses."""
 
-    tokenizer: Any
+    tokenizer: Any  # used on ``text_worker`` only (a Rust tokenizer is not shareable)
+    text_worker: Executor  # one thread: tokenization, chat templates, grammar checks
     config: ServerConfig
     frontend: Frontend
     max_context: int

@@ -79,9 +79,8 @@ class Frontend:
         slack = max(2, max_running // 4)
         self.router = PrefixRouter(slack=slack) if len(instances) > 1 else None
         self.loop: asyncio.AbstractEventLoop | None = None
-        self._labels = {inst.name for inst in instances}
-        for inst in instances:
-            metrics.init_instance(inst.name)
+        # each label's per-token series (a Ray replica behind an instance adds its own label)
+        self._series = {inst.name: metrics.init_instance(inst.name) for inst in instances}
 
     # -- lifecycle -----------------------------------------------------------------------
     def start(self) -> None:
@@ -212,23 +211,24 @@ class Frontend:
         """Apply an instance's events; ``label`` names the replica behind an instance that
         spreads work itself (Ray Serve) in the metrics, else the instance's name."""
         name = label or self.instances[index].name
-        if name not in self._labels:
-            self._labels.add(name)
-            self.metrics.init_instance(name)
+        series = self._series.get(name)
+        if series is None:
+            series = self._series[name] = self.metrics.init_instance(name)
         m = self.metrics
         now = time.monotonic()
+        tokens = 0
         for ev in events:
             if isinstance(ev, Token):
                 state = self._seqs.get(ev.key)
                 if state is None:
                     continue  # cancelled meanwhile
                 sub = state.sub
-                m.generation_tokens.labels(name).inc()
+                tokens += 1
                 if sub.first_token is None:
                     sub.first_token = now
-                    m.ttft.labels(name).observe(now - sub.created)
+                    series.ttft.observe(now - sub.created)
                 if state.last_token is not None:
-                    m.itl.labels(name).observe(now - state.last_token)
+                    series.itl.observe(now - state.last_token)
                 state.last_token = now
                 reason = ev.finish_reason
                 if reason is not None:
@@ -236,7 +236,7 @@ class Frontend:
                     self._finish(ev.key, state)
                     sub.finish[ev.key] = reason
                     if sub.done:
-                        m.e2e.labels(name).observe(now - sub.created)
+                        series.e2e.observe(now - sub.created)
                 sub.queue.put_nowait(ev)
             elif isinstance(ev, SpecStep):
                 m.record_spec_step(name, ev.proposed, ev.accepted)
@@ -268,6 +268,8 @@ class Frontend:
                 self._fail_instance(index, ev.reason)
             elif isinstance(ev, Ready):
                 log.info("instance %s ready (pid %s)", name, ev.pid)
+        if tokens:
+            series.generation_tokens.inc(tokens)
 
     def _fail_instance(self, index: int, reason: str) -> None:
         for key, state in list(self._seqs.items()):

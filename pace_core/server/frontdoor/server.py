@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +64,11 @@ class Server:
             max_running=engine_config.max_running,
             max_queue=engine_config.max_queue,
         )
-        self.token_text = TokenText(tokenizer)
+        # a request's text work (encoding, chat template, grammar check) runs on one thread
+        # of its own, off the event loop that streams every other request's tokens; the
+        # loop's logprob text decodes with a copy of the tokenizer
+        self.text_worker = ThreadPoolExecutor(1, thread_name_prefix="pace-text")
+        self.token_text = TokenText(copy_tokenizer(tokenizer))
         eos = list(eos_token_ids) or [0]
         self.grammar = grammar or GrammarCompiler(tokenizer, vocab_size, eos)
         self.created = int(time.time())
@@ -80,15 +85,9 @@ class Server:
         """One engine thread on an already loaded :class:`~pace_core.engine.llm.LLMModel`."""
         engine_config = engine_config or EngineConfig()
         instance = LocalEngine(llm.handle, engine_config, "0")
-        # The engine thread decodes with llm.tokenizer; the front door encodes with its own
-        # copy: a Rust-backed tokenizer shared by an encoding and another thread can raise
-        # "Already borrowed" (transformers resets truncation/padding state on encode).
-        try:
-            tokenizer = copy.deepcopy(llm.tokenizer)
-        except Exception:  # pragma: no cover - an exotic tokenizer that cannot be copied
-            tokenizer = llm.tokenizer
+        # the engine thread decodes with llm.tokenizer, the front door with its own copy
         return cls(
-            tokenizer,
+            copy_tokenizer(llm.tokenizer),
             [instance],
             engine_config,
             config or ServerConfig(),
@@ -149,6 +148,15 @@ class Server:
             eos_token_ids=resolve_eos_ids(generation_config, hf_config, tokenizer),
             speculative=model_args.get("spec_config") is not None,
         )
+
+
+def copy_tokenizer(tokenizer: Any) -> Any:
+    """A copy for another thread: a Rust-backed tokenizer used by two threads at once can
+    raise "Already borrowed" (transformers resets truncation/padding state on encode)."""
+    try:
+        return copy.deepcopy(tokenizer)
+    except Exception:  # pragma: no cover - an exotic tokenizer that cannot be copied
+        return tokenizer
 
 
 def resolved_model_args(model_args: dict[str, Any]) -> dict[str, Any]:
