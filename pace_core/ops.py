@@ -170,6 +170,27 @@ OPS: dict[str, OpSpec] = {
             prepare=("layers",),
             container=True,
         ),
+        OpSpec(
+            "embedding_bag",
+            ("indices[N] int64", "offsets[B+1] int64", "w"),
+            "[B,D]",
+            "sum-pooled embedding bags (DLRM): bag b sums table rows "
+            "indices[offsets[b]:offsets[b+1]] in fp32 (an empty bag is zeros); the table is "
+            "dense in the model dtype or int8 with one scale per row (a QuantizedWeight with "
+            "group_size D)",
+            context=("rows", "dim", "weight_format"),
+            prepare=("weight[V,D]",),
+        ),
+        OpSpec(
+            "cross_interaction",
+            ("x0[B,D]", "w"),
+            "[B,D]",
+            "DCNv2 low-rank cross stack (DLRMv2): x_{l+1} = x0 * (U_l (V_l x_l) + b_l) + x_l "
+            "from x_0 = x0; layers are (V[r,D], U[D,r], b[D]) tuples, V and U in any weight "
+            "format",
+            context=("in_features", "rank", "layers", "weight_format"),
+            prepare=("layers",),
+        ),
     )
 }
 

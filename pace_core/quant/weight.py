@@ -27,6 +27,9 @@ QUANTIZED_FORMATS: tuple[str, ...] = PACE_FORMATS + GGUF_FORMATS
 WEIGHT_FORMATS: tuple[str, ...] = (DENSE, *QUANTIZED_FORMATS)
 """Every weight format a kernel may declare (``Registrations.add_kernel(weight_formats=...)``)."""
 
+ACTIVATION_MODES: tuple[str, ...] = ("", "int8")
+"""Values of :attr:`QuantizedWeight.activations`: the backend's choice, or W8A8."""
+
 Rows = slice | torch.Tensor | None
 
 
@@ -42,6 +45,12 @@ class QuantizedWeight:
       the high one); ``scales`` fp16 ``[N, K // group_size]``; symmetric ``w = (q - 8) * s``,
       or with ``mins`` fp16 (same shape) ``w = q * s + m``.
     - a GGUF block type (``q4_k``, ...): ``data`` uint8 ``[N, row_bytes]``, the file's blocks.
+
+    ``activations``: how a matmul kernel takes its activations against this weight. ``""``
+    (the default): as the backend chooses (pace-avx512: ``PACE_QUANT_ACTIVATIONS``).
+    ``"int8"``: W8A8, every activation row quantized to int8 when the kernel runs, with a
+    dynamic scale per row and group of 32 values (``amax / 127``, round to nearest even), in
+    fp32 models too (DLRMv2's int8 scheme, :mod:`pace_core.dlrm.quantize`).
     """
 
     format: str
@@ -51,6 +60,7 @@ class QuantizedWeight:
     scales: torch.Tensor | None = None
     mins: torch.Tensor | None = None
     group_size: int = 0
+    activations: str = ""
 
     def __post_init__(self) -> None:
         if self.format not in QUANTIZED_FORMATS:
@@ -59,6 +69,8 @@ class QuantizedWeight:
             )
         if self.data.shape[0] != self.shape[0]:
             raise ValueError(f"data has {self.data.shape[0]} rows, shape says {self.shape[0]}")
+        if self.activations not in ACTIVATION_MODES:
+            raise ValueError(f"unknown activations {self.activations!r}; known: {ACTIVATION_MODES}")
 
     @property
     def nbytes(self) -> int:

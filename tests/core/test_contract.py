@@ -23,7 +23,8 @@ SAMPLE_CONTEXT = {
     "hidden": 576, "intermediate": 1536, "experts": 4, "top_k": 2, "head_dim": 64, "gqa": 3,
     "window": None, "sinks": False, "cache_layout": "contiguous", "blocks": frozenset(),
     "layer_backends": frozenset({"native"}), "profiling": False, "weight_format": "dense",
-    "biases": False, "rank": 512, "rope_dim": 64, "heads": 16,
+    "biases": False, "rank": 512, "rope_dim": 64, "heads": 16, "rows": 1000, "dim": 128,
+    "layers": 3,
 }  # fmt: skip
 
 

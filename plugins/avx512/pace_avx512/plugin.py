@@ -23,11 +23,12 @@ build.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
 
-from pace_avx512 import build, kernels, packing, qpacking, stack
+from pace_avx512 import build, dlrm, kernels, packing, qpacking, stack
 from pace_core import hookimpl
 from pace_core.cpu import detect_cpu
 from pace_core.registry import BuildNotApplicable, OpContext, Registrations
@@ -146,6 +147,20 @@ def pace_register_ops(registry: Registrations) -> None:
         weight_formats=MATRIX_FORMATS, packs_ragged=True,
         description="all pre-norm/sandwich blocks of a step in one C++ call (contiguous, "
         "paged and slab caches; ragged rows packed, no padding computed)",
+    )  # fmt: skip
+    dlrm_supports = functools.partial(dlrm.supports, quantized_problem=_quantized_problem)
+    registry.add_kernel(
+        "embedding_bag", BACKEND, dlrm.embedding_bag, dtypes=DTYPES, cpu_features=BASE,
+        prepare=dlrm.prepare_embedding_bag, supports=dlrm_supports, priority=PRIORITY,
+        weight_formats=("dense", "int8"),
+        description="sum-pooled bags, fp32 accumulation; int8 tables scaled per row",
+    )  # fmt: skip
+    registry.add_kernel(
+        "cross_interaction", BACKEND, dlrm.cross_interaction, dtypes=DTYPES, cpu_features=BASE,
+        prepare=dlrm.prepare_cross_interaction, supports=dlrm_supports, priority=PRIORITY,
+        weight_formats=MATRIX_FORMATS,
+        description="DCNv2 cross layers in one C++ call: packed GEMMs (int8: VNNI, W8A8 "
+        "weights with int8 activations) and the fused x0 * y + x_l",
     )  # fmt: skip
     add("attention", kernels.attention, cache_layouts=CACHE_LAYOUTS,
         description="flash-style attention (decode and prefill), GQA, sinks, windows; reads "

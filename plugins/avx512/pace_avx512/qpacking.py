@@ -63,6 +63,7 @@ class QPackedLinear:
     in_features: int
     dtype: torch.dtype  # what rows() de-quantizes to
     int8_activations: bool = False  # bf16 rows quantized to int8 (pace_avx512.settings)
+    w8a8: bool = False  # fp32 rows too (QuantizedWeight.activations == "int8")
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows ``ids`` of the de-quantized ``[N, K]`` matrix (a tied embedding's lookup)."""
@@ -194,13 +195,16 @@ def prepare_linear(
     w: QuantizedWeight, bias: torch.Tensor | None = None, int8_activations: bool | None = None
 ) -> QPackedLinear:
     """``w`` packed; its bf16 activations int8 or 15-bit as given, by default as
-    ``PACE_QUANT_ACTIVATIONS`` says now (:mod:`pace_avx512.settings`)."""
+    ``PACE_QUANT_ACTIVATIONS`` says now (:mod:`pace_avx512.settings`). A W8A8 weight
+    (``w.activations == "int8"``) takes int8 activations in every dtype."""
+    w8a8 = w.activations == "int8"
     if int8_activations is None:
         int8_activations = settings.int8_activations()
     packed, kind = pack(w)
     n, k = w.shape
     b = None if bias is None else bias.reshape(-1).float().contiguous()
-    return QPackedLinear(packed, b, kind, int(n), int(k), w.dtype, int8_activations)
+    return QPackedLinear(packed, b, kind, int(n), int(k), w.dtype, int8_activations or w8a8,
+                         w8a8)  # fmt: skip
 
 
 @dataclass(frozen=True)

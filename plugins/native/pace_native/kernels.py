@@ -74,15 +74,35 @@ def _contiguous(w):
 class LinearWeight:
     weight: torch.Tensor | QuantizedWeight
     bias: torch.Tensor | None
+    int8_activations: bool = False  # W8A8: QuantizedWeight.activations == "int8"
 
 
 def prepare_linear(weight, bias: torch.Tensor | None = None) -> LinearWeight:
-    return LinearWeight(_contiguous(weight), None if bias is None else bias.contiguous())
+    act8 = isinstance(weight, QuantizedWeight) and weight.activations == "int8"
+    return LinearWeight(_contiguous(weight), None if bias is None else bias.contiguous(), act8)
+
+
+ACT_GROUP = 32  # activation values sharing one dynamic int8 scale (W8A8)
+
+
+def int8_activations(x: torch.Tensor) -> torch.Tensor:
+    """``x`` rounded as a W8A8 kernel sees it: int8 per row and group of 32 values (the whole
+    row when K is not a multiple of 32) with the dynamic scale ``amax / 127``, round to nearest
+    even, de-quantized (fp32 math, back in ``x.dtype``)."""
+    k = x.shape[-1]
+    group = ACT_GROUP if k % ACT_GROUP == 0 else k
+    xf = x.float().reshape(-1, k // group, group)
+    amax = xf.abs().amax(-1, keepdim=True)
+    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    q = torch.round(xf * inv).clamp_(-127, 127)
+    return (q * (amax / 127.0)).reshape(x.shape).to(x.dtype)
 
 
 def linear(x: torch.Tensor, w: LinearWeight) -> torch.Tensor:
     if isinstance(w.weight, torch.Tensor):
         return F.linear(x, w.weight, w.bias)
+    if w.int8_activations:
+        x = int8_activations(x)
     out = matmul(x, w.weight)
     return out if w.bias is None else out + w.bias
 

@@ -7,7 +7,7 @@ import torch
 from pace_core import hookimpl
 from pace_core.quant import WEIGHT_FORMATS
 from pace_core.registry import Registrations
-from pace_native import kernels
+from pace_native import dlrm, kernels
 
 PACE_CONTRACT_VERSION = 1  # the pace_core.CONTRACT_VERSION this plugin implements
 
@@ -44,6 +44,10 @@ def pace_register_ops(registry: Registrations) -> None:
         dtypes=DTYPES,
         cache_layouts=("contiguous", "paged", "slab"),
     )
+    add("embedding_bag", "native", dlrm.embedding_bag, prepare=dlrm.prepare_embedding_bag,
+        dtypes=DTYPES, weight_formats=("dense", "int8"))  # fmt: skip
+    add("cross_interaction", "native", dlrm.cross_interaction,
+        prepare=dlrm.prepare_cross_interaction, dtypes=DTYPES, weight_formats=FORMATS)  # fmt: skip
     add(
         "decoder_stack",
         "native",

@@ -159,7 +159,7 @@ Tensor qpacked_rows_op(const Tensor& w, const Tensor& ids, int64_t n, int64_t k,
 // y[..., N] = x[..., K] @ W^T + bias over a quantized W packed by pace_avx512/qpacking.py:
 // uint8 [blocks of 16 rows, block_stride bytes] (layout in qlinear.cpp).
 Tensor qlinear(const Tensor& x, const Tensor& w, const OptTensor& bias, int64_t n, int64_t kind,
-               bool int8_activations) {
+               bool int8_activations, bool all_rows) {
   const int64_t K = x.size(-1);
   check_qpacked(w, n, K, kind);
   Tensor y = rows_out(x, n);
@@ -170,8 +170,12 @@ Tensor qlinear(const Tensor& x, const Tensor& w, const OptTensor& bias, int64_t 
   const uint8_t* wp = w.data_ptr<uint8_t>();
   by_dtype(xc, [&](auto t) {
     using T = decltype(t);
-    qlinear_rows(ptr<T>(xc), K, M, K, wp, w.size(1), (int)kind, int8_activations, b, n,
-                 ptr<T>(y), n, threads());
+    if constexpr (std::is_same_v<T, float>)  // fp32 rows: int8 only for W8A8 weights
+      qlinear_fp32(ptr<T>(xc), K, M, K, wp, w.size(1), (int)kind, int8_activations && all_rows,
+                   b, n, ptr<T>(y), n, threads());
+    else
+      qlinear_rows(ptr<T>(xc), K, M, K, wp, w.size(1), (int)kind, int8_activations, b, n,
+                   ptr<T>(y), n, threads());
   });
   return y;
 }
@@ -464,14 +468,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("has_bf16") = false;
 #endif
   register_decoder_stack(m);
+  register_dlrm(m);
   m.def("gated_activation", &gated_activation, nogil, py::arg("gate"), py::arg("up"),
         py::arg("act"), "act(gate) * up by activation code");
   m.def("qpacked_rows", &qpacked_rows_op, nogil, py::arg("w"), py::arg("ids"), py::arg("n"),
         py::arg("k"), py::arg("kind"), "rows of a quantized packed weight, de-quantized to fp32");
   m.def("qlinear", &qlinear, nogil, py::arg("x"), py::arg("w"), py::arg("bias"),
         py::arg("n"), py::arg("kind"), py::arg("int8_activations") = false,
+        py::arg("all_rows") = false,
         "y = x @ W^T + bias over a quantized packed W (AVX512-VNNI); bf16 x quantized to int8 "
-        "per 32 when int8_activations, else (and fp32 x always) to 15 bits");
+        "per 32 when int8_activations, fp32 x too when all_rows (W8A8), else to 15 bits");
   m.def("huge_page_copy", &huge_page_copy, py::arg("t"), py::arg("shape") = std::vector<int64_t>{},
         "copy a tensor into an arena of transparent huge pages (packed weights)");
   m.def("huge_page_empty", &huge_page_empty, py::arg("rows"), py::arg("row_bytes"),

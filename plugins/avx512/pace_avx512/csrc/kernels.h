@@ -47,9 +47,11 @@ void gated_fp32(const float* x, int64_t ldx, int64_t M, int64_t K, const float* 
 void qlinear_bf16(const bf16_t* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* w,
                   int64_t block_stride, int kind, bool int8_act, const float* bias, int64_t N,
                   bf16_t* y, int64_t ldy, int nthreads);
+// fp32 rows take int8 activations only when `int8_act` (W8A8 weights, QuantizedWeight
+// activations "int8"); the LLM paths pass false (raw_ops.h).
 void qlinear_fp32(const float* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* w,
-                  int64_t block_stride, int kind, const float* bias, int64_t N, float* y,
-                  int64_t ldy, int nthreads);
+                  int64_t block_stride, int kind, bool int8_act, const float* bias, int64_t N,
+                  float* y, int64_t ldy, int nthreads);
 
 // Rows `ids` [n] of the de-quantized [N, K] matrix a quantized packed weight holds, as fp32
 // [n, K] (a tied embedding's lookup): the values the kernels multiply by (pace_core's
@@ -169,6 +171,22 @@ struct AttnArgs {
 };
 template <typename T>
 void attention(const AttnArgs<T>& a, int nthreads);
+
+// DLRMv2 (dlrm.cpp). Sum-pooled embedding bags: out[b, :D] = sum of rows
+// indices[offsets[b] .. offsets[b + 1]) of a table of `type` (TABLE_INT8: w = q * scales[row]),
+// fp32 accumulation; indices must be in range (checked by the caller).
+enum TableType : int { TABLE_FP32 = 0, TABLE_BF16 = 1, TABLE_INT8 = 2 };
+void embedding_bag_fp32(const int64_t* indices, const int64_t* offsets, int64_t bags,
+                        const void* table, int type, const float* scales, int64_t dim, float* out,
+                        int nthreads);
+void embedding_bag_bf16(const int64_t* indices, const int64_t* offsets, int64_t bags,
+                        const void* table, int type, const float* scales, int64_t dim,
+                        bf16_t* out, int nthreads);
+// out[i] = x0[i] * y[i] + xl[i] over n values (a DCNv2 cross layer's tail); out may be xl.
+void cross_combine_fp32(const float* x0, const float* y, const float* xl, float* out, int64_t n,
+                        int nthreads);
+void cross_combine_bf16(const bf16_t* x0, const bf16_t* y, const bf16_t* xl, bf16_t* out,
+                        int64_t n, int nthreads);
 
 // Benchmark reference: read `bytes` once (64-byte lines), return a checksum.
 int64_t stream_read(const void* data, int64_t bytes, int nthreads);

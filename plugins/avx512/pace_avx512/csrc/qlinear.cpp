@@ -381,8 +381,8 @@ void qlinear_kind(const T* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* 
   qdrive<KIND, SPLIT>(a, st, M, blocks, nt);
 }
 
-// 15-bit split activations, or int8 (`int8_act`: only ever set for bf16 rows, qlinear_fp32
-// passes false).
+// 15-bit split activations, or int8 (`int8_act`: bf16 rows under PACE_QUANT_ACTIVATIONS=int8,
+// and rows of either dtype against W8A8 weights).
 template <int KIND, typename T>
 void qlinear_rows(const T* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* w,
                   int64_t block_stride, bool int8_act, const QStore<T>& st, int64_t N,
@@ -449,9 +449,9 @@ void qlinear_bf16(const bf16_t* x, int64_t ldx, int64_t M, int64_t K, const uint
 }
 
 void qlinear_fp32(const float* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* w,
-                  int64_t block_stride, int kind, const float* bias, int64_t N, float* y,
-                  int64_t ldy, int nthreads) {
-  qlinear(x, ldx, M, K, w, block_stride, kind, false, bias, N, y, ldy, nthreads);
+                  int64_t block_stride, int kind, bool int8_act, const float* bias, int64_t N,
+                  float* y, int64_t ldy, int nthreads) {
+  qlinear(x, ldx, M, K, w, block_stride, kind, int8_act, bias, N, y, ldy, nthreads);
 }
 
 }  // namespace pace_avx512

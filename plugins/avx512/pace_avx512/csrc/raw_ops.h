@@ -25,7 +25,7 @@ inline void qlinear_rows(const bf16_t* x, int64_t ldx, int64_t M, int64_t K, con
 inline void qlinear_rows(const float* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* w,
                          int64_t block_stride, int kind, bool /*int8_act*/, const float* bias,
                          int64_t N, float* y, int64_t ldy, int nt) {
-  qlinear_fp32(x, ldx, M, K, w, block_stride, kind, bias, N, y, ldy, nt);
+  qlinear_fp32(x, ldx, M, K, w, block_stride, kind, false, bias, N, y, ldy, nt);
 }
 
 inline void gated_rows(const bf16_t* x, int64_t ldx, int64_t M, int64_t K, const void* w,

@@ -15,7 +15,7 @@ using OptTensor = c10::optional<Tensor>;
 
 Tensor linear(const Tensor& x, const Tensor& w, const OptTensor& bias, int64_t n);
 Tensor qlinear(const Tensor& x, const Tensor& w, const OptTensor& bias, int64_t n, int64_t kind,
-               bool int8_activations);
+               bool int8_activations, bool all_rows = false);
 Tensor gated_activation(const Tensor& gate, const Tensor& up, int64_t act);
 Tensor gated_mlp(const Tensor& x, const Tensor& gate_up, const Tensor& down, int64_t inter,
                  int64_t hidden, int64_t act);
@@ -30,5 +30,7 @@ Tensor attend(Tensor q, Tensor k, Tensor v, const Tensor& mask, double scale,
 
 // Adds the DecoderStack class to the extension module.
 void register_decoder_stack(pybind11::module_& m);
+// Adds DLRMv2's embedding_bag and cross_stack (dlrm_ops.cpp) to the extension module.
+void register_dlrm(pybind11::module_& m);
 
 }  // namespace pace_avx512
