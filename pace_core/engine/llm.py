@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from pace_core.binder import OpPlan
 from pace_core.caches import KVCacheType
 from pace_core.caches.base import BlockKVCache, KVCache
 from pace_core.engine.beam import BeamHypothesis, beam_search
@@ -30,7 +31,6 @@ from pace_core.engine.offline import (
 from pace_core.engine.output import GenerationOutput, SequenceOutput
 from pace_core.errors import ConfigError, ContractError
 from pace_core.models import loader
-from pace_core.models.builder import OpPlan
 from pace_core.models.decoder import DecoderLM, score
 from pace_core.models.limits import (
     DEFAULT_CONTEXT,

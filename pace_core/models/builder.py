@@ -3,53 +3,24 @@ into blocks (load time only; the forward pass is :mod:`pace_core.models.decoder`
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from typing import Any
 
 import torch
 
+from pace_core.binder import KernelBinder
 from pace_core.caches.base import Window
 from pace_core.errors import ModelLoadError
 from pace_core.models.layers import Attention, Bound, GatedMLP, Norm
 from pace_core.models.rope import Rotary
 from pace_core.models.weights import WeightStore
-from pace_core.opconfig import OpResolver, Resolution
-from pace_core.profiling import OpProfiler
+from pace_core.opconfig import OpResolver
 from pace_core.quant import DENSE, QuantizationConfig, QuantizedWeight, formats_of, quantize
-from pace_core.registry import OpContext
 
 Matrix = torch.Tensor | QuantizedWeight
 
 
-class OpPlan:
-    """The resolved backend of every op call site of a model, printable as a table."""
-
-    def __init__(self) -> None:
-        self.sites: Counter[tuple[str, str, str]] = Counter()  # (op, backend, why not better)
-        self.resolutions: list[Resolution] = []
-
-    def record(self, res: Resolution) -> None:
-        self.sites[(res.op, res.backend, res.note)] += 1
-        self.resolutions.append(res)
-
-    def backends(self) -> dict[str, set[str]]:
-        out: dict[str, set[str]] = {}
-        for op, backend, _ in self.sites:
-            out.setdefault(op, set()).add(backend)
-        return out
-
-    def __str__(self) -> str:
-        from pace_core.report import format_table
-
-        rows = [
-            [op, backend, str(n), reason or "-"] for (op, backend, reason), n in self.sites.items()
-        ]
-        return format_table(["op", "backend", "sites", "fallback reason"], rows)
-
-
-class ModelBuilder:
+class ModelBuilder(KernelBinder):
     """Reads weights by name, resolves each op once, and returns bound blocks."""
 
     def __init__(
@@ -61,44 +32,21 @@ class ModelBuilder:
         cache_layout: str = "contiguous",
         quantization: QuantizationConfig | None = None,
     ) -> None:
-        self.config, self.weights, self.dtype, self.resolver = config, weights, dtype, resolver
+        super().__init__(dtype, resolver)
+        self.config, self.weights = config, weights
         self.cache_layout = cache_layout
         self.quantization = quantization
         # checkpoint name -> what it became, when asked to record it (saving a quantized copy)
         self.quantized: dict[str, QuantizedWeight] | None = None
-        self.plan = OpPlan()
         self.matrix_formats: set[str] = set()  # weight formats of the matrix ops bound so far
-        self.profiler: OpProfiler | None = None
-
-    def kernel(self, op: str, **attrs: Any):
-        return self._use(self.resolver.resolve(OpContext(op, self.dtype, attrs)))
-
-    def _use(self, res: Resolution):
-        """Record a resolution in the plan; its kernel (timed when profiling)."""
-        self.plan.record(res)
-        if self.profiler is None:
-            return res.kernel
-        return replace(res.kernel, fn=self.profiler.wrap(res.op, res.backend, res.kernel.fn))
 
     def bind(self, op: str, attrs: dict[str, Any], *weights: Any) -> Bound:
-        """Resolve ``op``, run its prepare step on ``weights`` and bind the kernel.
-
-        A backend whose prepare step fails (say, its JIT build breaks) is disabled with the
-        error as the reason and the next candidate is used; native failures propagate.
-        """
+        """Resolve ``op``, run its prepare step on ``weights`` and bind the kernel
+        (:meth:`KernelBinder.prepared`)."""
         if fmt := attrs.get("weight_format"):
             self.matrix_formats.update(fmt.split("+"))
-        while True:  # only the kernel that prepared enters the plan
-            res = self.resolver.resolve(OpContext(op, self.dtype, attrs))
-            k = res.kernel
-            try:
-                prepared = k.prepare(*weights)
-            except Exception as exc:
-                if k.backend == "native" or self.resolver.config.strict:
-                    raise
-                self.resolver.disable(k, f"prepare failed: {type(exc).__name__}: {exc}")
-                continue
-            return Bound(self._use(res).fn, prepared)
+        kernel, prepared = self.prepared(op, attrs, *weights)
+        return Bound(kernel.fn, prepared)
 
     def tensor(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
         return self.weights.take(name, dtype or self.dtype)

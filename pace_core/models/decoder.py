@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
+from pace_core.binder import OpPlan
 from pace_core.caches.base import StepMeta, Window
-from pace_core.models.builder import OpPlan
 from pace_core.models.layers import Bound, Norm, StepContext
 from pace_core.models.rope import Rotary
 

@@ -1,0 +1,133 @@
+"""The pace torch.compile backend on transformers architectures pace has no family for: the
+same logits and greedy tokens as transformers eager (fp32), with the catalogue's ops bound to
+plugin kernels and their weights prepared once."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+import pace_core.compile as pc
+from pace_core.errors import OpResolutionError
+
+TINY = dict(
+    hidden_size=64,
+    intermediate_size=160,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    vocab_size=300,
+    max_position_embeddings=128,
+    eos_token_id=None,
+    pad_token_id=None,
+    bos_token_id=None,
+)
+# model_type -> (extra config, the ops its graph must hand to plugin kernels)
+ARCHS = {
+    "olmo2": ({"num_key_value_heads": 2}, {"linear", "gated_mlp", "rms_norm", "embedding"}),
+    "gpt_neox": ({"rotary_pct": 0.5}, {"linear", "layer_norm", "embedding"}),
+    "granite": (
+        {"num_key_value_heads": 2, "residual_multiplier": 0.5, "logits_scaling": 2.0},
+        {"linear", "gated_mlp", "rms_norm", "embedding"},
+    ),
+}
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    """Each test compiles from scratch (Dynamo's caches are per code object, shared by every
+    instance of a transformers class)."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def tiny(arch: str, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    extra, _ = ARCHS[arch]
+    torch.manual_seed(0)
+    config = AutoConfig.for_model(arch, **TINY, **extra)
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
+    with torch.no_grad():  # non-trivial norm weights, so a dropped scale cannot pass
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.add_(torch.randn_like(p) * 0.1)
+    return model
+
+
+def twin(model: torch.nn.Module) -> torch.nn.Module:
+    other = AutoModelForCausalLM.from_config(model.config, dtype=model.dtype).eval()
+    other.load_state_dict(model.state_dict())
+    return other
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_compiled_matches_transformers_fp32(arch):
+    model = tiny(arch)
+    reference = twin(model)
+    ids = torch.randint(0, 300, (2, 9), generator=torch.Generator().manual_seed(1))
+    backend = pc.compile(model)
+    with torch.no_grad():
+        got, want = model(ids).logits, reference(ids).logits
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        tokens = model.generate(ids, max_new_tokens=12, do_sample=False)
+        expected = reference.generate(ids, max_new_tokens=12, do_sample=False)
+    assert tokens.tolist() == expected.tolist()
+    bound = set(backend.plan.backends())
+    assert bound == ARCHS[arch][1], str(backend.plan)
+    # every matched weight was prepared once, however many graphs (prefill, decode) compiled
+    assert backend.graphs >= 2
+    prepared_ops = [op for op, _, _ in backend._prepared]
+    matrices = sum(1 for p in model.parameters() if p.dim() == 2) - 1  # not the embedding
+    assert len(prepared_ops) <= matrices
+
+
+def test_bf16_top1_agrees_with_transformers():
+    model = tiny("olmo2", torch.bfloat16)
+    reference = twin(model)
+    ids = torch.randint(0, 300, (1, 24), generator=torch.Generator().manual_seed(2))
+    pc.compile(model)
+    with torch.no_grad():
+        got, want = model(ids).logits.float(), reference(ids).logits.float()
+    top = want.topk(2, dim=-1).values
+    clear = (top[..., 0] - top[..., 1]) > 0.05  # positions without a near-tie
+    agree = got.argmax(-1) == want.argmax(-1)
+    assert bool(agree[clear].all()), "top-1 differs where transformers has a clear winner"
+    kl = torch.nn.functional.kl_div(
+        got.log_softmax(-1), want.log_softmax(-1), log_target=True, reduction="batchmean"
+    )
+    assert kl.item() < 1e-3
+
+
+def test_backend_by_name_through_the_entry_point():
+    model = tiny("gpt_neox")
+    reference = twin(model)
+    compiled = torch.compile(model, backend="pace")
+    ids = torch.tensor([[3, 1, 4, 1, 5]])
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(ids).logits, reference(ids).logits)
+    from pace_core.compile import backend as module
+
+    assert module._default is not None and "linear" in module._default.plan.backends()
+
+
+def test_pinned_backend_falls_back_with_its_reason_or_fails_strict():
+    model = tiny("olmo2")
+    backend = pc.compile(model, opconfig={"embedding": "avx512"})
+    with torch.no_grad():
+        model(torch.tensor([[1, 2, 3]]))
+    (site,) = [k for k in backend.plan.sites if k[0] == "embedding"]
+    assert site[1] == "native" and "avx512" in site[2], str(backend.plan)
+
+    torch._dynamo.reset()
+    strict = tiny("olmo2")
+    pc.compile(strict, opconfig={"embedding": "avx512", "strict": True})
+    with pytest.raises(Exception) as info, torch.no_grad():
+        strict(torch.tensor([[1, 2, 3]]))
+    assert isinstance(info.value, OpResolutionError) or "OpResolutionError" in str(info.value)
+
+
+def test_unknown_backend_name_is_a_config_error():
+    from pace_core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="nope"):
+        pc.PaceBackend({"linear": "nope"})
