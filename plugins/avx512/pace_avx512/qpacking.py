@@ -159,7 +159,7 @@ def _block_bytes(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor |
     parts = [torch.cat([  # runs of `run` groups: their tables, then their codes
         tables[:, :whole].reshape(nb, whole // run, -1),
         groups[:, :whole].reshape(nb, whole // run, -1),
-    ], dim=2).reshape(nb, -1)]  # fmt: skip
+    ], dim=2).reshape(nb, -1)] if whole else []  # fmt: skip
     if whole < g:  # an odd last group: a run of its own
         parts += [tables[:, whole:].reshape(nb, -1), groups[:, whole:].reshape(nb, -1)]
     out = torch.cat(parts, dim=1)

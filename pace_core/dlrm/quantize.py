@@ -1,0 +1,68 @@
+"""DLRMv2's int8 scheme: int8 tables with one scale per row, per-channel int8 weights with
+int8 activations (W8A8, dynamic scales per sample and group of 32 values)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from pace_core.errors import ConfigError
+from pace_core.quant import QuantizationConfig, QuantizedWeight, quantize
+
+ACT_GROUP = 32  # activation values sharing a dynamic scale; matmuls need K a multiple of it
+
+
+@dataclass(frozen=True)
+class DLRMQuantization:
+    """What to quantize. ``tables``: every embedding table to int8, one scale per row
+    (``amax / 127``). ``weights``: every MLP and cross matrix with a row length that is a
+    multiple of 32 to int8 with one scale per output channel, taking int8 activations
+    (``activations="int8"``: each sample's values quantized when the layer runs, a scale per
+    32 values) or float ones (``activations="float"``: weight-only int8). The bottom MLP's
+    first layer (13 inputs) stays in the model dtype: its row length is not a multiple of 32,
+    and it is 0.03% of the multiply-adds."""
+
+    tables: bool = True
+    weights: bool = True
+    activations: str = "int8"
+
+    def __post_init__(self) -> None:
+        if self.activations not in ("int8", "float"):
+            raise ConfigError(
+                f"DLRM activations {self.activations!r}: choose 'int8' (W8A8) or 'float'"
+            )
+
+    @property
+    def name(self) -> str:
+        parts = [p for p, on in (("tables", self.tables), ("weights", self.weights)) if on]
+        return "int8(" + "+".join(parts) + f", activations {self.activations})"
+
+    def table(self, weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | QuantizedWeight:
+        """A table as the model keeps it: int8 rows with one scale each, or ``weight``."""
+        if not self.tables:
+            return weight.to(dtype)
+        return quantize(weight, QuantizationConfig(bits=8)).with_dtype(dtype)
+
+    def matrix(self, weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | QuantizedWeight:
+        """A linear layer's ``[N, K]`` matrix as the model keeps it."""
+        if not self.weights or weight.shape[1] % ACT_GROUP:
+            return weight.to(dtype)
+        q = quantize(weight, QuantizationConfig(bits=8)).with_dtype(dtype)
+        return replace(q, activations="int8") if self.activations == "int8" else q
+
+
+def coerce_quantization(value: DLRMQuantization | str | None) -> DLRMQuantization | None:
+    """``None`` / ``"none"`` / ``"fp"``: no quantization; ``"int8"``: the full scheme;
+    ``"int8-weights"``: int8 matrices and tables with float activations."""
+    if value is None or isinstance(value, DLRMQuantization):
+        return value
+    choices = {
+        "none": None,
+        "fp": None,
+        "int8": DLRMQuantization(),
+        "int8-weights": DLRMQuantization(activations="float"),
+    }
+    if value not in choices:
+        raise ConfigError(f"DLRM quantization {value!r}: choose one of {', '.join(choices)}")
+    return choices[value]
