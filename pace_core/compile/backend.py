@@ -21,9 +21,8 @@ from torch import fx
 
 from pace_core.binder import KernelBinder, OpPlan
 from pace_core.compile.patterns import MATCHERS, Graph, Match
-from pace_core.opconfig import OperatorConfig, Resolution
+from pace_core.opconfig import OperatorConfig
 from pace_core.plugins import get_host
-from pace_core.registry import OpContext
 
 log = logging.getLogger("pace.compile")
 
@@ -35,15 +34,20 @@ class PaceBackend:
 
     The graph's unmatched torch code runs as the captured Python (measured faster at decode
     than inductor compiling the whole graph, docs/compile.md). :attr:`plan` records every
-    call site's backend across the graphs compiled so far."""
+    call site's backend across the graphs compiled so far.
+
+    A call site reads its weights from the graph's inputs at every call and finds their
+    prepared form by the parameters' identity: Dynamo reuses one graph for every layer of a
+    model whose layer code it compiled once (``inline_inbuilt_nn_modules``), each call with
+    that layer's parameters, so a graph holds no weights of its own. The first call of a
+    parameter prepares it (the compile-time parameters are prepared while compiling)."""
 
     def __init__(self, opconfig: OperatorConfig | dict | str | None = None) -> None:
         self.opconfig = OperatorConfig.coerce(opconfig)
         self.resolver = get_host().resolver(self.opconfig)
         self.plan = OpPlan()
         self.graphs = 0
-        # (op, id(weight)) -> (kernel fn, prepared weight, the weight it came from, dtype)
-        self._prepared: dict[tuple[str, int, torch.dtype], tuple[Callable, Any, Any]] = {}
+        self.prepared = PreparedWeights()
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
         self.graphs += 1
@@ -51,7 +55,6 @@ class PaceBackend:
         log.info("graph %d: %d op call sites bound to plugin kernels", self.graphs, replaced)
         return gm.forward
 
-    # -- graph surgery ---------------------------------------------------------------------
     def rewrite(self, gm: fx.GraphModule, example_inputs: list[Any]) -> int:
         """Replace every matched pattern of ``gm`` by its kernel call; how many."""
         g = Graph(gm, example_inputs)
@@ -67,64 +70,75 @@ class PaceBackend:
                 claimed.update(found.covered)
                 matches.append(found)
         for match in matches:
-            self._replace(gm, match)
+            call = self._site(match)
+            call(*(Graph.meta(x) for x in match.inputs), *match.example, warm_only=True)
+            with gm.graph.inserting_before(match.output):
+                value = gm.graph.call_function(call, (*match.inputs, *match.weights))
+            value.meta.update(match.output.meta)
+            match.output.replace_all_uses_with(value)
         gm.graph.eliminate_dead_code()
         gm.graph.lint()
         gm.recompile()
         return len(matches)
 
-    def _replace(self, gm: fx.GraphModule, match: Match) -> None:
-        fn, prepared = self._kernel(match, self._dtype(match))
-        call = _bound_call(match, fn, prepared)
-        with gm.graph.inserting_before(match.output):
-            value = gm.graph.call_function(call, match.inputs)
-        value.meta.update(match.output.meta)
-        match.output.replace_all_uses_with(value)
-
-    def _dtype(self, match: Match) -> torch.dtype:
+    def _site(self, match: Match) -> Callable[..., Any]:
+        """The graph's call of one site (a plain function FX can name in the graph's code):
+        ``call(*inputs, *weights)`` with the kernel resolved now."""
         x = Graph.meta(match.inputs[0])
-        if match.op == "embedding" or x is None:
-            return match.weights[0].dtype
-        return x.dtype
-
-    def _kernel(self, match: Match, dtype: torch.dtype) -> tuple[Callable, Any]:
-        """The call site's kernel function and prepared weight (None: the op has no prepare
-        step); a weight already prepared for the same op and dtype is reused."""
-        key = (match.op, id(match.weights[0]), dtype)
-        cached = self._prepared.get(key)
-        if cached is not None and cached[2]() is match.weights[0]:
-            fn, prepared, _ = cached
-            self.plan.record(self._resolution(match, dtype))
-            return fn, prepared
+        dtype = match.example[0].dtype if match.op == "embedding" or x is None else x.dtype
         binder = KernelBinder(dtype, self.resolver)
         binder.plan = self.plan
-        if match.op in _NORMS or match.op == "embedding":
-            return binder.kernel(match.op, **match.attrs).fn, None
-        spec, prepared = binder.prepared(match.op, match.attrs, *match.weights)
-        self._prepared[key] = (spec.fn, prepared, weakref.ref(match.weights[0]))
-        return spec.fn, prepared
+        op, extra, cache = match.op, match.extra, self.prepared
+        if op in ("rms_norm", "layer_norm"):  # fn(x, weight, [bias,] eps, residual) -> (y, x)
+            fn = binder.kernel(op, **match.attrs).fn
 
-    def _resolution(self, match: Match, dtype: torch.dtype) -> Resolution:
-        return self.resolver.resolve(OpContext(match.op, dtype, match.attrs))
+            def call(x: Any, *weights: Any, warm_only: bool = False) -> Any:
+                fp32 = cache.get(op, weights, _fp32)
+                return None if warm_only else fn(x, *fp32, *extra, None)[0]
+
+        elif op == "embedding":  # fn(ids, weight)
+            fn = binder.kernel(op, **match.attrs).fn
+
+            def call(x: Any, *weights: Any, warm_only: bool = False) -> Any:
+                return None if warm_only else fn(x, *weights)
+
+        else:  # fn(x, prepared); prepare(*weights, *extra)
+            spec, first = binder.prepared(op, match.attrs, *match.example, *extra)
+            fn, prepare = spec.fn, spec.prepare
+            cache.put(op, match.example, first)
+
+            def call(x: Any, *weights: Any, warm_only: bool = False) -> Any:
+                w = cache.get(op, weights, lambda ws: prepare(*ws, *extra))
+                return None if warm_only else fn(x, w)
+
+        call.__name__ = call.__qualname__ = f"pace_{op}"
+        return call
 
 
-def _bound_call(match: Match, fn: Callable, prepared: Any) -> Callable:
-    """The graph's call of one site: the kernel with its weights bound (a plain function,
-    which FX can name in the graph's code)."""
-    if match.op in _NORMS:  # fn(x, weight, *rest, residual) -> (y, x): the graph reads y
-        weight, rest = match.weights[0], match.weights[1:]
+def _fp32(weights: tuple[torch.Tensor | None, ...]) -> tuple[torch.Tensor | None, ...]:
+    return tuple(None if w is None else w.detach().float() for w in weights)
 
-        def call(x: torch.Tensor) -> torch.Tensor:
-            return fn(x, weight, *rest, None)[0]
 
-    else:  # fn(x, prepared), or fn(ids, weight) for an op without a prepare step
-        w = match.weights[0] if prepared is None else prepared
+class PreparedWeights:
+    """Prepared weights by (op, the identity of the first weight tensor); an entry whose
+    tensor was freed is not returned for a new tensor at the same address."""
 
-        def call(x: torch.Tensor) -> torch.Tensor:
-            return fn(x, w)
+    def __init__(self) -> None:
+        self._entries: dict[tuple[str, int], tuple[weakref.ref, Any]] = {}
 
-    call.__name__ = call.__qualname__ = f"pace_{match.op}"
-    return call
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def put(self, op: str, weights: tuple[Any, ...], prepared: Any) -> None:
+        self._entries[(op, id(weights[0]))] = (weakref.ref(weights[0]), prepared)
+
+    def get(self, op: str, weights: tuple[Any, ...], make: Callable[[tuple], Any]) -> Any:
+        found = self._entries.get((op, id(weights[0])))
+        if found is not None and found[0]() is weights[0]:
+            return found[1]
+        prepared = make(weights)
+        self.put(op, weights, prepared)
+        return prepared
 
 
 _default: PaceBackend | None = None

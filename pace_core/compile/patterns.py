@@ -28,14 +28,18 @@ _ACTIVATIONS: dict[Any, str] = {F.silu: "silu", F.relu: "relu", torch.relu: "rel
 class Match:
     """One op call found in the graph.
 
-    ``inputs``: the graph values the kernel takes first (``x``...), ``weights``: what its
-    prepare step takes (or, for ops without one, its remaining arguments), ``output``: the
-    node whose uses the kernel's result replaces, ``covered``: every node the op stands for
-    (removed once unused)."""
+    ``inputs``: the graph values the kernel takes first (``x``...); ``weights``: the graph
+    values of its weight tensors (parameters, or None for an absent bias), in the order its
+    prepare step (or, without one, its call) takes them; ``extra``: the constants that follow
+    them (an activation name, an epsilon); ``example``: the parameters behind ``weights`` at
+    compile time; ``output``: the node whose uses the kernel's result replaces; ``covered``:
+    every node the op stands for (removed once unused)."""
 
     op: str
     inputs: tuple[fx.Node, ...]
-    weights: tuple[Any, ...]
+    weights: tuple[fx.Node | None, ...]
+    extra: tuple[Any, ...]
+    example: tuple[torch.Tensor | None, ...]
     attrs: dict[str, Any]
     output: fx.Node
     covered: list[fx.Node] = field(default_factory=list)
@@ -81,8 +85,17 @@ def _arg(node: fx.Node, i: int, name: str, default: Any = None) -> Any:
     return node.kwargs.get(name, default)
 
 
-def _linear_parts(g: Graph, node: Any) -> tuple[fx.Node, torch.Tensor, torch.Tensor | None] | None:
-    """``(x, weight, bias)`` of a linear call on parameters, else None."""
+@dataclass
+class _Linear:
+    x: fx.Node
+    w: fx.Node
+    b: fx.Node | None
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+
+
+def _linear_parts(g: Graph, node: Any) -> _Linear | None:
+    """The parts of a linear call on parameters, else None."""
     if not _fn(node, *LINEAR):
         return None
     x, w, b = _arg(node, 0, "input"), _arg(node, 1, "weight"), _arg(node, 2, "bias")
@@ -92,7 +105,7 @@ def _linear_parts(g: Graph, node: Any) -> tuple[fx.Node, torch.Tensor, torch.Ten
     bias = g.param(b)
     if b is not None and bias is None:
         return None
-    return x, weight, bias
+    return _Linear(x, w, b, weight, bias)
 
 
 def _activation(node: Any) -> str | None:
@@ -107,9 +120,9 @@ def _activation(node: Any) -> str | None:
 def gated_mlp(g: Graph, node: fx.Node) -> Match | None:
     """``down(act(gate(x)) * up(x))`` without biases: one fused ``gated_mlp`` kernel."""
     down = _linear_parts(g, node)
-    if down is None or down[2] is not None:
+    if down is None or down.bias is not None:
         return None
-    product = down[0]
+    product = down.x
     if not (_fn(product, operator.mul, torch.mul) and _only_use(product)):
         return None
     a, b = product.args[0], product.args[1]
@@ -119,11 +132,11 @@ def gated_mlp(g: Graph, node: fx.Node) -> Match | None:
             continue
         gate_node = act_node.args[0]
         gate, up = _linear_parts(g, gate_node), _linear_parts(g, up_node)
-        if gate is None or up is None or gate[2] is not None or up[2] is not None:
+        if gate is None or up is None or gate.bias is not None or up.bias is not None:
             continue
-        if gate[0] is not up[0] or not (_only_use(gate_node) and _only_use(up_node)):
+        if gate.x is not up.x or not (_only_use(gate_node) and _only_use(up_node)):
             continue
-        gw, uw, dw = gate[1], up[1], down[1]
+        gw, uw, dw = gate.weight, up.weight, down.weight
         if gw.shape != uw.shape or dw.shape != (gw.shape[1], gw.shape[0]):
             continue
         attrs = {
@@ -132,23 +145,24 @@ def gated_mlp(g: Graph, node: fx.Node) -> Match | None:
             "intermediate": int(gw.shape[0]),
             "weight_format": DENSE,
         }
-        covered = [gate_node, up_node, act_node, product, node]
-        return Match("gated_mlp", (gate[0],), (gw, uw, dw, activation), attrs, node, covered)
+        return Match(
+            "gated_mlp", (gate.x,), (gate.w, up.w, down.w), (activation,), (gw, uw, dw),
+            attrs, node, [gate_node, up_node, act_node, product, node],
+        )  # fmt: skip
     return None
 
 
 def linear(g: Graph, node: fx.Node) -> Match | None:
     """``x @ W.T (+ b)`` on parameters: the ``linear`` kernel over the prepared weight."""
-    parts = _linear_parts(g, node)
-    if parts is None:
+    p = _linear_parts(g, node)
+    if p is None:
         return None
-    x, weight, bias = parts
     attrs = {
-        "in_features": int(weight.shape[1]),
-        "out_features": int(weight.shape[0]),
+        "in_features": int(p.weight.shape[1]),
+        "out_features": int(p.weight.shape[0]),
         "weight_format": DENSE,
     }
-    return Match("linear", (x,), (weight, bias), attrs, node, [node])
+    return Match("linear", (p.x,), (p.w, p.b), (), (p.weight, p.bias), attrs, node, [node])
 
 
 def rms_norm(g: Graph, node: fx.Node) -> Match | None:
@@ -199,7 +213,7 @@ def rms_norm(g: Graph, node: fx.Node) -> Match | None:
     if len(h.users) != 2:  # the square and the scaling
         return None
     covered += [*inner, h]
-    return Match("rms_norm", (x,), (weight.detach().float(), float(eps)), {}, end, covered)
+    return Match("rms_norm", (x,), (weight_node,), (float(eps),), (weight,), {}, end, covered)
 
 
 def layer_norm(g: Graph, node: fx.Node) -> Match | None:
@@ -215,8 +229,7 @@ def layer_norm(g: Graph, node: fx.Node) -> Match | None:
         return None
     if tuple(shape) != (xv.shape[-1],) or not isinstance(eps, float):
         return None
-    bias32 = None if bias is None else bias.detach().float()
-    return Match("layer_norm", (x,), (weight.detach().float(), bias32, eps), {}, node, [node])
+    return Match("layer_norm", (x,), (w, b), (eps,), (weight, bias), {}, node, [node])
 
 
 def embedding(g: Graph, node: fx.Node) -> Match | None:
@@ -228,7 +241,7 @@ def embedding(g: Graph, node: fx.Node) -> Match | None:
     if weight is None or _arg(node, 3, "max_norm") is not None:
         return None
     attrs = {"vocab": int(weight.shape[0]), "weight_format": DENSE}
-    return Match("embedding", (ids,), (weight.detach(),), attrs, node, [node])
+    return Match("embedding", (ids,), (w,), (), (weight,), attrs, node, [node])
 
 
 # tried in this order on every node (a gated MLP claims its three linears first)
