@@ -189,8 +189,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_quantization_argument(p)
     p.set_defaults(func=_cmd_check)
 
+    from pace_core.dlrm.cli import add_dlrm_parser
     from pace_core.server.launch.cli import add_serve_parser
 
+    add_dlrm_parser(sub)
     add_serve_parser(sub)
     add_command_plugins(sub)
     return parser

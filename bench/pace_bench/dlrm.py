@@ -1,0 +1,215 @@
+"""DLRMv2 inference: samples/s of pace fp32 / bf16 / int8 against torch eager, torch.compile
+(inductor) and torch's own int8 path (fbgemm byte-rowwise embedding bags + dynamic int8
+linears), plus the int8 and bf16 models' quality on synthetic clicks.
+
+All engines run the same seeded random weights (``DLRM.random``: the MLPerf shapes with the
+tables capped at ``--max-rows``) on the same synthetic batches. Per batch size the engines run
+round-robin (``--repeats`` rounds after one warm-up call each, which for torch.compile is the
+compile); the table shows the median, samples/s and the ratio to torch eager fp32. Engines that
+cannot run here (torchrec/fbgemm-gpu-cpu not installed or not loadable with this torch; AMD
+PACE's DLRMv2 without its peer venv) get a row saying why. Quality: log loss and AUC against
+teacher labels (the fp32 model is the teacher), their deltas to fp32 and the largest
+probability difference, on ``--eval-samples`` samples.
+
+    pace bench dlrm --batches 1 64 256 1024 2048 --repeats 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pace_bench.common import emit, interleaved, note, progress
+
+ENGINES = ("pace-fp32", "pace-bf16", "pace-int8", "torch-eager", "torch-compile",
+           "torch-int8-fbgemm", "torchrec-fbgemm", "amd-pace")  # fmt: skip
+COLUMNS = {
+    "throughput": ["engine", "batch", "ms", "samples_s", "vs_eager", "note"],
+    "quality": ["engine", "samples", "logloss", "auc", "d_logloss", "d_auc", "max_dprob"],
+}
+QUICK = {"batches": [1, 256], "repeats": 3, "max_rows": 20000, "eval_samples": 4096,
+         "engines": ["pace-fp32", "pace-int8", "torch-eager"]}  # fmt: skip
+
+
+class PeerUnavailable(RuntimeError):
+    """An engine that cannot run on this machine; the message says why."""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64, 256, 1024, 2048])
+    p.add_argument("--engines", nargs="+", default=list(ENGINES), choices=ENGINES)
+    p.add_argument("--repeats", type=int, default=5, help="round-robin rounds per batch")
+    p.add_argument("--max-rows", type=int, default=100_000, help="rows per table (cap)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--eval-samples", type=int, default=16384, help="0: skip the quality rows")
+
+
+class TorchInt8:
+    """torch's fbgemm int8 path over the same weights: byte-rowwise int8 embedding bags
+    (``quantized::embedding_bag_byte_rowwise_offsets``) and dynamic int8 linears with
+    per-channel weights (``quantized::linear_dynamic``)."""
+
+    def __init__(self, config: Any, state: dict[str, torch.Tensor]) -> None:
+        from pace_core.dlrm import names
+
+        self.tables = [torch.ops.quantized.embedding_bag_byte_prepack(state[n])
+                       for n in names.tables(config)]  # fmt: skip
+        self.bottom = [self._linear(state, n) for n in names.bottom(config)]
+        self.top = [self._linear(state, n) for n in names.top(config)]
+        self.cross = [(self._packed(state[v], None), self._packed(state[u], state[b]))
+                      for v, u, b in names.cross(config)]  # fmt: skip
+
+    @staticmethod
+    def _packed(w: torch.Tensor, b: torch.Tensor | None) -> Any:
+        scales = (w.abs().amax(1) / 127).clamp(min=1e-12).double()
+        qw = torch.quantize_per_channel(w, scales, torch.zeros_like(scales, dtype=torch.long),
+                                        0, torch.qint8)  # fmt: skip
+        return torch.ops.quantized.linear_prepack(qw, b)
+
+    def _linear(self, state: dict[str, torch.Tensor], name: str) -> Any:
+        return self._packed(state[f"{name}.weight"], state[f"{name}.bias"])
+
+    def __call__(self, dense: torch.Tensor, indices: list, offsets: list) -> torch.Tensor:
+        lin = torch.ops.quantized.linear_dynamic
+        x = dense
+        for p in self.bottom:
+            x = torch.relu(lin(x, p, False))
+        bag = torch.ops.quantized.embedding_bag_byte_rowwise_offsets
+        bags = [
+            bag(t, i, o, False, 0, False, None, None, True)
+            for t, i, o in zip(self.tables, indices, offsets, strict=True)
+        ]
+        x0 = torch.cat([x, *bags], dim=1)
+        xl = x0
+        for v, u in self.cross:
+            xl = x0 * lin(lin(xl, v, False), u, False) + xl
+        for p in self.top[:-1]:
+            xl = torch.relu(lin(xl, p, False))
+        return lin(xl, self.top[-1], False).reshape(-1)
+
+
+def _torchrec() -> Callable[..., Any]:
+    try:
+        import fbgemm_gpu  # noqa: F401
+        import torchrec  # noqa: F401
+    except Exception as exc:  # ImportError, or a library built for another torch (OSError)
+        raise PeerUnavailable(
+            f"torchrec/fbgemm-gpu-cpu not usable with torch {torch.__version__}: "
+            f"{type(exc).__name__}: {str(exc)[:160]}"
+        ) from None
+    raise PeerUnavailable("torchrec found, but its int8 inference path is not wired in here")
+
+
+def _amd_pace() -> Callable[..., Any]:
+    root = Path(os.environ.get("PACE_CACHE_DIR", Path.home() / ".cache" / "pace")) / "peers"
+    venv = root / "amd-pace-venv"
+    if not venv.is_dir():
+        raise PeerUnavailable(f"AMD PACE peer venv absent ({venv})")
+    raise PeerUnavailable(f"AMD PACE venv at {venv}: its DLRMv2 path is not wired in here")
+
+
+def _engines(args: argparse.Namespace, config: Any, state: dict) -> dict[str, Any]:
+    """name -> callable(dense, sparse, indices, offsets) or the PeerUnavailable."""
+    from pace_core.dlrm import DLRM, ReferenceDLRM
+
+    out: dict[str, Any] = {}
+    for name in args.engines:
+        try:
+            if name.startswith("pace-"):
+                kind = name.removeprefix("pace-")
+                m = DLRM(config, state, dtype=torch.bfloat16 if kind == "bf16" else torch.float32,
+                         quantization="int8" if kind == "int8" else None)  # fmt: skip
+                note(args, f"dlrm: {name} op plan\n{m.op_plan}")
+                out[name] = lambda d, s, i, o, m=m: m.logits(d, s)
+            elif name in ("torch-eager", "torch-compile"):
+                ref = ReferenceDLRM(config, state).eval()
+                if name == "torch-compile":
+                    ref = torch.compile(ref, backend="inductor")
+                out[name] = lambda d, s, i, o, r=ref: r(d, i, o)
+            elif name == "torch-int8-fbgemm":
+                t8 = TorchInt8(config, state)
+                out[name] = lambda d, s, i, o, t=t8: t(d, i, o)
+            elif name == "torchrec-fbgemm":
+                out[name] = _torchrec()
+            else:
+                out[name] = _amd_pace()
+        except PeerUnavailable as exc:
+            out[name] = exc
+    return out
+
+
+def _quality(args: argparse.Namespace, engines: dict[str, Any], config: Any, state: dict,
+             rows: list[dict[str, Any]]) -> None:  # fmt: skip
+    from pace_core.dlrm import SyntheticClicks, auc, logloss
+    from pace_core.dlrm.features import fixed_hotness
+
+    batch = SyntheticClicks(config, state, seed=args.seed + 7).batch(args.eval_samples)
+    chunks = []  # (dense, sparse, indices, offsets) of at most 2048 samples
+    for s in range(0, batch.size, 2048):
+        sparse = [t[s : s + 2048] for t in batch.sparse]
+        chunks.append((batch.dense[s : s + 2048], sparse, *fixed_hotness(sparse)))
+    probs = {}
+    with torch.no_grad():
+        for name, fn in engines.items():
+            if name != "torch-compile":  # the same graph as torch-eager
+                probs[name] = torch.cat([torch.sigmoid(fn(*c)) for c in chunks])
+    base = probs.get("torch-eager", probs.get("pace-fp32"))
+    for name, p in probs.items():
+        ll, a = logloss(p, batch.labels), auc(p, batch.labels)
+        row = {"section": "quality", "engine": name, "samples": batch.size, "logloss": ll,
+               "auc": a}  # fmt: skip
+        if base is not None:
+            row["d_logloss"] = ll - logloss(base, batch.labels)
+            row["d_auc"] = a - auc(base, batch.labels)
+            row["max_dprob"] = float((p - base).abs().max())
+        rows.append(row)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from pace_core.dlrm import DLRMConfig, SyntheticClicks
+    from pace_core.dlrm.features import fixed_hotness
+    from pace_core.dlrm.weights import random_state
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    config = DLRMConfig.scaled(args.max_rows)
+    note(args, f"dlrm: {config.name}, {sum(config.table_rows)} rows, threads "
+               f"{torch.get_num_threads()}, load {os.getloadavg()}")  # fmt: skip
+    state = random_state(config, args.seed)
+    engines = _engines(args, config, state)
+    rows: list[dict[str, Any]] = []
+    for name, fn in engines.items():
+        if not callable(fn):
+            rows.append({"section": "throughput", "engine": name, "note": f"skipped: {fn}"})
+    live = {k: v for k, v in engines.items() if callable(v)}
+    data = SyntheticClicks(config, seed=args.seed)
+    for b in progress(args.batches, "dlrm", args.quiet):
+        dense, sparse = data.features(b, torch.Generator().manual_seed(args.seed + b))
+        inputs = (dense, sparse, *fixed_hotness(sparse))
+        fns = {name: (lambda f=fn, x=inputs: f(*x)) for name, fn in live.items()}
+        with torch.no_grad():
+            times = interleaved(fns, args.repeats, time.perf_counter)
+        med = {k: statistics.median(v) for k, v in times.items()}
+        eager = med.get("torch-eager")
+        for name, t in med.items():
+            rows.append({"section": "throughput", "engine": name, "batch": b, "ms": t * 1e3,
+                         "samples_s": b / t, "vs_eager": eager / t if eager else None,
+                         "note": "-"})  # fmt: skip
+    if args.eval_samples:
+        _quality(args, live, config, state, rows)
+    return emit("dlrm", rows, COLUMNS, args)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """``pace bench dlrm [argv]``: run, write the results folder, return the payload."""
+    from pace_bench.cli import main_for
+
+    return main_for("dlrm", argv)
