@@ -32,7 +32,7 @@ ENGINES = ("pace-fp32", "pace-bf16", "pace-int8", "torch-eager", "torch-compile"
            "torch-int8-fbgemm", "torchrec-fbgemm", "amd-pace")  # fmt: skip
 COLUMNS = {
     "throughput": ["engine", "batch", "ms", "samples_s", "vs_eager", "note"],
-    "quality": ["engine", "samples", "logloss", "auc", "d_logloss", "d_auc", "max_dprob"],
+    "quality": ["engine", "samples", "logloss", "auc", "vs_fp32"],
 }
 QUICK = {"batches": [1, 256], "repeats": 3, "max_rows": 20000, "eval_samples": 4096,
          "engines": ["pace-fp32", "pace-int8", "torch-eager"]}  # fmt: skip
@@ -164,12 +164,14 @@ def _quality(args: argparse.Namespace, engines: dict[str, Any], config: Any, sta
     base = probs.get("torch-eager", probs.get("pace-fp32"))
     for name, p in probs.items():
         ll, a = logloss(p, batch.labels), auc(p, batch.labels)
-        row = {"section": "quality", "engine": name, "samples": batch.size, "logloss": ll,
-               "auc": a}  # fmt: skip
+        row = {"section": "quality", "engine": name, "samples": batch.size,
+               "logloss": round(ll, 5), "auc": round(a, 5)}  # fmt: skip
         if base is not None:
             row["d_logloss"] = ll - logloss(base, batch.labels)
             row["d_auc"] = a - auc(base, batch.labels)
             row["max_dprob"] = float((p - base).abs().max())
+            row["vs_fp32"] = (f"logloss {row['d_logloss']:+.5f}, AUC {row['d_auc']:+.5f}, "
+                              f"max |dp| {row['max_dprob']:.4f}")  # fmt: skip
         rows.append(row)
 
 
