@@ -21,10 +21,21 @@ from torch import fx
 
 from pace_core.binder import KernelBinder, OpPlan
 from pace_core.compile.patterns import MATCHERS, Graph, Match
-from pace_core.opconfig import OperatorConfig
+from pace_core.errors import ConfigError
+from pace_core.opconfig import OperatorConfig, OpResolver
 from pace_core.plugins import get_host
 
 log = logging.getLogger("pace.compile")
+
+# opaque ops Dynamo records (custom ops with a fake implementation) -> the Python function the
+# compiled graph calls in their place (no dispatcher on the hot path)
+_DIRECT_CALLS: dict[Any, Callable[..., Any]] = {}
+
+
+def direct_call(op: Any, fn: Callable[..., Any]) -> None:
+    """Have compiled graphs call ``fn`` where Dynamo recorded the custom op ``op``."""
+    _DIRECT_CALLS[op] = fn
+
 
 _NORMS = ("rms_norm", "layer_norm")  # fn(x, weight, ..., residual): weights passed, not prepared
 
@@ -42,9 +53,18 @@ class PaceBackend:
     that layer's parameters, so a graph holds no weights of its own. The first call of a
     parameter prepares it (the compile-time parameters are prepared while compiling)."""
 
-    def __init__(self, opconfig: OperatorConfig | dict | str | None = None) -> None:
-        self.opconfig = OperatorConfig.coerce(opconfig)
-        self.resolver = get_host().resolver(self.opconfig)
+    def __init__(
+        self,
+        opconfig: OperatorConfig | dict | str | None = None,
+        *,
+        resolver: OpResolver | None = None,
+    ) -> None:
+        """``resolver``: resolve with this one (a model's, whose plan it shares) instead of a
+        new one for ``opconfig``."""
+        if resolver is not None and opconfig is not None:
+            raise ConfigError("give PaceBackend an opconfig or a resolver, not both")
+        self.resolver = resolver or get_host().resolver(OperatorConfig.coerce(opconfig))
+        self.opconfig = self.resolver.config
         self.plan = OpPlan()
         self.graphs = 0
         self.prepared = PreparedWeights()
@@ -57,6 +77,9 @@ class PaceBackend:
 
     def rewrite(self, gm: fx.GraphModule, example_inputs: list[Any]) -> int:
         """Replace every matched pattern of ``gm`` by its kernel call; how many."""
+        for node in gm.graph.nodes:
+            if node.op == "call_function" and node.target in _DIRECT_CALLS:
+                node.target = _DIRECT_CALLS[node.target]
         g = Graph(gm, example_inputs)
         claimed: set[fx.Node] = set()
         matches: list[Match] = []
@@ -169,4 +192,4 @@ def compile(
     return backend
 
 
-__all__ = ["PaceBackend", "compile", "pace_backend"]
+__all__ = ["PaceBackend", "compile", "direct_call", "pace_backend"]

@@ -54,10 +54,16 @@ class Graph:
         self.values = dict(zip(placeholders, example_inputs))
 
     def param(self, node: Any) -> torch.Tensor | None:
-        """The parameter a node is, or None (an activation, a buffer, a constant)."""
+        """The parameter a node is (a graph input, or an attribute of the graph module), or
+        None (an activation, a buffer, a constant)."""
         if not isinstance(node, fx.Node):
             return None
-        value = self.values.get(node)
+        if node.op == "get_attr":
+            value: Any = self.gm
+            for part in str(node.target).split("."):
+                value = getattr(value, part, None)
+        else:
+            value = self.values.get(node)
         return value if isinstance(value, torch.nn.Parameter) else None
 
     @staticmethod

@@ -106,6 +106,42 @@ def load_weights(path: Path, config: Any) -> WeightStore:
     return WeightStore.from_dir(path)
 
 
+def _without_family(
+    path: Path,
+    config: Any,
+    dtype: torch.dtype,
+    host: PluginHost,
+    resolver: OpResolver,
+    cache_layout: str,
+    quantization: QuantizationConfig | None,
+    *,
+    strict: bool,
+) -> Any:
+    """A model type with no pace family: transformers' code compiled with the pace backend
+    when transformers knows it (:mod:`~pace_core.models.transformers_decoder`), else an error
+    naming the supported types."""
+    from pace_core.models import transformers_decoder
+
+    model_type = getattr(config, "model_type", None)
+    known = ", ".join(sorted(host.models)) or "none (is the pace.models plugin disabled?)"
+    if not transformers_decoder.supported_by_transformers(model_type):
+        raise ModelLoadError(f"unsupported model_type {model_type!r} in {path}; supported: {known}")
+    if path.suffix == gguf_source.SUFFIX or quantization is not None:
+        what = "a GGUF file" if path.suffix == gguf_source.SUFFIX else "quantization"
+        raise ModelLoadError(
+            f"model_type {model_type!r} has no pace family, so it runs transformers' own code, "
+            f"which pace cannot give {what}; load the safetensors checkpoint unquantized "
+            f"(pace families: {known})"
+        )
+    log.warning(
+        "model_type %r has no pace family: running transformers' modeling code compiled with "
+        "the pace backend (its linears, MLPs, norms and attention on plugin kernels; see "
+        "op_plan). A family runs faster: its decoder stack is fused.",
+        model_type,
+    )
+    return transformers_decoder.load(path, config, dtype, resolver, cache_layout, strict=strict)
+
+
 def build_model(
     path: Path,
     config: Any,
@@ -126,8 +162,9 @@ def build_model(
     model_type = getattr(config, "model_type", None)
     spec = host.models.get(model_type)
     if spec is None:
-        known = ", ".join(sorted(host.models)) or "none (is the pace.models plugin disabled?)"
-        raise ModelLoadError(f"unsupported model_type {model_type!r} in {path}; supported: {known}")
+        return _without_family(
+            path, config, dtype, host, resolver, cache_layout, quantization, strict=strict
+        )
     weights = load_weights(path, config)
     if not quiet:
         weights.show_progress()

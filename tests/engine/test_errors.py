@@ -82,9 +82,13 @@ def test_missing_and_unexpected_tensors(tiny_llama_dir, tmp_path):
 def test_unsupported_model_type(tiny_llama_dir, tmp_path):
     path = copy_model(tiny_llama_dir, tmp_path / "m")
     cfg = json.loads((path / "config.json").read_text())
-    cfg["model_type"] = "bert"
+    cfg["model_type"] = "bert"  # transformers knows it (BertLMHeadModel): not these weights
     (path / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ModelLoadError, match="unsupported model_type 'bert'.*llama"):
+    with pytest.raises(ModelLoadError, match="'bert' checkpoint.*missing tensors"):
+        LLMModel(path, load_tokenizer=False)
+    cfg["model_type"] = "no_such_arch"  # neither pace nor transformers knows it
+    (path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelLoadError, match="no_such_arch"):
         LLMModel(path, load_tokenizer=False)
 
 
