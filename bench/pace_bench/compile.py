@@ -9,6 +9,10 @@ greedy loop over transformers' ``DynamicCache`` (prompt of ``--prompt-len`` rand
 ``--new-tokens`` tokens); every engine first generates once untimed (compilation, including
 the recompile for a growing cache), then the engines are timed round-robin and the medians
 give decode tok/s (tokens after the first over the time after it) and prefill tok/s.
+``pace-llm`` is what a user gets from ``LLMModel(path)`` on such a model: the same weights
+saved once under ``~/.cache/pace/random``, loaded through pace's fallback (transformers' code
+compiled with the pace backend, attending over pace's paged cache, driven by the engine core);
+its rates come from timing ``generate`` for 1 and for ``--new-tokens`` tokens.
 
     pace bench compile --models olmo2-1b pythia-1b --batches 1 8
 """
@@ -16,6 +20,7 @@ give decode tok/s (tokens after the first over the time after it) and prefill to
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
 from collections.abc import Callable
@@ -25,7 +30,7 @@ import torch
 
 from pace_bench.common import emit, note, progress, target_row, with_targets
 
-ENGINES = ("transformers", "inductor", "pace")
+ENGINES = ("transformers", "inductor", "pace", "pace-llm")
 # name -> (transformers model_type, config kwargs): real shapes of public checkpoints
 MODELS: dict[str, tuple[str, dict[str, Any]]] = {
     # allenai/OLMo-2-0425-1B
@@ -87,6 +92,7 @@ def greedy(model: Callable[..., Any], ids: torch.Tensor, new_tokens: int) -> tup
     cache = DynamicCache()
     start = time.perf_counter()
     with torch.inference_mode():
+        ids = ids.clone()  # an inference tensor, like every token after it (one graph key)
         logits = model(input_ids=ids, past_key_values=cache, use_cache=True).logits
         token = logits[:, -1:].argmax(-1)
         first = time.perf_counter()
@@ -96,21 +102,55 @@ def greedy(model: Callable[..., Any], ids: torch.Tensor, new_tokens: int) -> tup
     return first - start, time.perf_counter() - first
 
 
-def engines(model: torch.nn.Module, args: argparse.Namespace) -> dict[str, Callable[..., Any]]:
+def engines(
+    name: str, model: torch.nn.Module, args: argparse.Namespace
+) -> dict[str, Callable[[torch.Tensor, int], tuple[float, float]]]:
+    """engine -> ``run(ids, new_tokens)`` returning (seconds to the first token, after)."""
     from pace_core.compile import PaceBackend
 
-    out: dict[str, Callable[..., Any]] = {}
+    out: dict[str, Callable[[torch.Tensor, int], tuple[float, float]]] = {}
     for engine in args.engines:
         if engine == "transformers":
-            out[engine] = model
+            out[engine] = functools.partial(greedy, model)
         elif engine == "inductor":
-            out[engine] = torch.compile(model, backend="inductor")
+            out[engine] = functools.partial(greedy, torch.compile(model, backend="inductor"))
+        elif engine == "pace":
+            compiled = torch.compile(model, backend=PaceBackend(args.opconfig))
+            out[engine] = functools.partial(greedy, compiled)
         else:
-            out[engine] = torch.compile(model, backend=PaceBackend(args.opconfig))
+            out[engine] = functools.partial(llm_greedy, pace_llm(name, model, args))
     return out
 
 
+def pace_llm(name: str, model: torch.nn.Module, args: argparse.Namespace) -> Any:
+    """``LLMModel`` on ``model``'s weights, saved once under the pace cache."""
+    from pace_core import LLMModel
+    from pace_core.paths import cache_root
+
+    layers = model.config.num_hidden_layers
+    path = cache_root() / "random" / f"compile-{name}-{layers}l-{args.dtype}"
+    if not (path / "config.json").exists():
+        model.save_pretrained(path)
+    return LLMModel(path, dtype=model.dtype, load_tokenizer=False, opconfig=args.opconfig,
+                    quiet=True)  # fmt: skip
+
+
+def llm_greedy(llm: Any, ids: torch.Tensor, new_tokens: int) -> tuple[float, float]:
+    """``generate`` timed for one token and for ``new_tokens``: (first, after)."""
+    from pace_core.sampling.config import SamplingConfig
+
+    prompts = list(ids)
+    start = time.perf_counter()
+    llm.generate(prompts, SamplingConfig(max_new_tokens=1, ignore_eos=True))
+    first = time.perf_counter() - start
+    start = time.perf_counter()
+    llm.generate(prompts, SamplingConfig(max_new_tokens=new_tokens, ignore_eos=True))
+    return first, time.perf_counter() - start - first
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    # inductor and pace compile the same transformers code (the recompile limit counts both)
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     if args.threads:
         torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
@@ -118,19 +158,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for name in args.models:
         model = build_model(name, args.layers, dtype)
         layers = model.config.num_hidden_layers
-        fns = engines(model, args)
+        fns = engines(name, model, args)
         gen = torch.Generator().manual_seed(0)
         for batch in progress(args.batches, f"compile {name}", args.quiet):
             ids = torch.randint(0, model.config.vocab_size, (batch, args.prompt_len), generator=gen)
             compile_s = {}
             for engine, fn in fns.items():  # untimed: compiles (and recompiles) happen here
                 start = time.perf_counter()
-                greedy(fn, ids, args.new_tokens)
+                fn(ids, args.new_tokens)
                 compile_s[engine] = time.perf_counter() - start
             timed: dict[str, list[tuple[float, float]]] = {e: [] for e in fns}
             for _ in range(args.repeats):
                 for engine, fn in fns.items():
-                    timed[engine].append(greedy(fn, ids, args.new_tokens))
+                    timed[engine].append(fn(ids, args.new_tokens))
             for engine, runs in timed.items():
                 first = statistics.median(r[0] for r in runs)
                 after = statistics.median(r[1] for r in runs)
@@ -149,6 +189,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         values = [r[key] for r in rows if r["engine"] == "pace" and r.get(key) is not None]
         if values:
             summary.append(target_row(f"pace decode / {ref} decode", values, target))
+    values = [r["decode_vs_hf"] for r in rows if r["engine"] == "pace-llm" and r["decode_vs_hf"]]
+    if values:
+        summary.append(target_row("pace-llm decode / transformers decode", values, 2.0))
     if not any(r["engine"] == "pace" for r in rows):
         note(args, "compile: pace not among --engines; no targets checked")
     return with_targets(payload, summary, args.quiet)
