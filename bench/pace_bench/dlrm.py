@@ -108,9 +108,15 @@ def _torchrec() -> Callable[..., Any]:
     raise PeerUnavailable("torchrec found, but its int8 inference path is not wired in here")
 
 
+def amd_pace_venv() -> Path:
+    """Where AMD PACE's peer venv is looked for: ``$PACE_CACHE_DIR/peers/amd-pace-venv``."""
+    from pace_core.paths import cache_root
+
+    return cache_root() / "peers" / "amd-pace-venv"
+
+
 def _amd_pace() -> Callable[..., Any]:
-    root = Path(os.environ.get("PACE_CACHE_DIR", Path.home() / ".cache" / "pace")) / "peers"
-    venv = root / "amd-pace-venv"
+    venv = amd_pace_venv()
     if not venv.is_dir():
         raise PeerUnavailable(f"AMD PACE peer venv absent ({venv})")
     raise PeerUnavailable(f"AMD PACE venv at {venv}: its DLRMv2 path is not wired in here")
