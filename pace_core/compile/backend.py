@@ -20,7 +20,7 @@ import torch
 from torch import fx
 
 from pace_core.binder import KernelBinder, OpPlan
-from pace_core.compile.patterns import MATCHERS, Graph, Match
+from pace_core.compile.patterns import MATCHERS, Graph, Match, linear_parts
 from pace_core.errors import ConfigError
 from pace_core.opconfig import OperatorConfig, OpResolver
 from pace_core.plugins import get_host
@@ -67,6 +67,7 @@ class PaceBackend:
         self.opconfig = self.resolver.config
         self.plan = OpPlan()
         self.graphs = 0
+        self.left_to_torch = 0  # linears on parameters no pattern took, over all graphs
         self.prepared = PreparedWeights()
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
@@ -92,16 +93,25 @@ class PaceBackend:
                     continue
                 claimed.update(found.covered)
                 matches.append(found)
+        # a match's inputs may be another match's output (a post-norm reads the MLP's
+        # result): they are read through what replaced them
+        replaced: dict[fx.Node, fx.Node] = {}
         for match in matches:
             call = self._site(match)
             call(*(Graph.meta(x) for x in match.inputs), *match.example, warm_only=True)
+            inputs = tuple(replaced.get(x, x) for x in match.inputs)
             with gm.graph.inserting_before(match.output):
-                value = gm.graph.call_function(call, (*match.inputs, *match.weights))
+                value = gm.graph.call_function(call, (*inputs, *match.weights))
             value.meta.update(match.output.meta)
             match.output.replace_all_uses_with(value)
+            replaced[match.output] = value
         gm.graph.eliminate_dead_code()
         gm.graph.lint()
         gm.recompile()
+        left = sum(1 for n in gm.graph.nodes if linear_parts(g, n) is not None)
+        if left:
+            log.info("graph %d: %d linears on parameters left to torch", self.graphs, left)
+        self.left_to_torch += left
         return len(matches)
 
     def _site(self, match: Match) -> Callable[..., Any]:

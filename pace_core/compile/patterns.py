@@ -92,7 +92,7 @@ def _arg(node: fx.Node, i: int, name: str, default: Any = None) -> Any:
 
 
 @dataclass
-class _Linear:
+class LinearParts:
     x: fx.Node
     w: fx.Node
     b: fx.Node | None
@@ -100,7 +100,7 @@ class _Linear:
     bias: torch.Tensor | None
 
 
-def _linear_parts(g: Graph, node: Any) -> _Linear | None:
+def linear_parts(g: Graph, node: Any) -> LinearParts | None:
     """The parts of a linear call on parameters, else None."""
     if not _fn(node, *LINEAR):
         return None
@@ -111,7 +111,7 @@ def _linear_parts(g: Graph, node: Any) -> _Linear | None:
     bias = g.param(b)
     if b is not None and bias is None:
         return None
-    return _Linear(x, w, b, weight, bias)
+    return LinearParts(x, w, b, weight, bias)
 
 
 def _activation(node: Any) -> str | None:
@@ -125,7 +125,7 @@ def _activation(node: Any) -> str | None:
 
 def gated_mlp(g: Graph, node: fx.Node) -> Match | None:
     """``down(act(gate(x)) * up(x))`` without biases: one fused ``gated_mlp`` kernel."""
-    down = _linear_parts(g, node)
+    down = linear_parts(g, node)
     if down is None or down.bias is not None:
         return None
     product = down.x
@@ -137,7 +137,7 @@ def gated_mlp(g: Graph, node: fx.Node) -> Match | None:
         if activation is None or not _only_use(act_node):
             continue
         gate_node = act_node.args[0]
-        gate, up = _linear_parts(g, gate_node), _linear_parts(g, up_node)
+        gate, up = linear_parts(g, gate_node), linear_parts(g, up_node)
         if gate is None or up is None or gate.bias is not None or up.bias is not None:
             continue
         if gate.x is not up.x or not (_only_use(gate_node) and _only_use(up_node)):
@@ -160,7 +160,7 @@ def gated_mlp(g: Graph, node: fx.Node) -> Match | None:
 
 def linear(g: Graph, node: fx.Node) -> Match | None:
     """``x @ W.T (+ b)`` on parameters: the ``linear`` kernel over the prepared weight."""
-    p = _linear_parts(g, node)
+    p = linear_parts(g, node)
     if p is None:
         return None
     attrs = {

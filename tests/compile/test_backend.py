@@ -74,6 +74,7 @@ def test_compiled_matches_transformers_fp32(arch):
     assert tokens.tolist() == expected.tolist()
     bound = set(backend.plan.backends())
     assert bound == ARCHS[arch][1], str(backend.plan)
+    assert backend.left_to_torch == 0  # every linear went to a kernel, none computed twice
     # every matched weight was prepared once, however many graphs (prefill, decode) compiled
     assert backend.graphs >= 2
     matrices = sum(1 for p in model.parameters() if p.dim() == 2) - 1  # not the embedding
