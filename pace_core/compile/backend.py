@@ -122,7 +122,7 @@ class PaceBackend:
         binder = KernelBinder(dtype, self.resolver)
         binder.plan = self.plan
         op, extra, cache = match.op, match.extra, self.prepared
-        if op in ("rms_norm", "layer_norm"):  # fn(x, weight, [bias,] eps, residual) -> (y, x)
+        if op in _NORMS:  # fn(x, weight, [bias,] eps, residual) -> (y, x)
             fn = binder.kernel(op, **match.attrs).fn
 
             def call(x: Any, *weights: Any, warm_only: bool = False) -> Any:
@@ -153,8 +153,9 @@ def _fp32(weights: tuple[torch.Tensor | None, ...]) -> tuple[torch.Tensor | None
 
 
 class PreparedWeights:
-    """Prepared weights by (op, the identity of the first weight tensor); an entry whose
-    tensor was freed is not returned for a new tensor at the same address."""
+    """Prepared weights by (op, the identity of the first weight tensor). An entry leaves
+    when its tensor is freed (a backend outliving a model does not keep its packed weights),
+    so a new tensor at the same address never finds it."""
 
     def __init__(self) -> None:
         self._entries: dict[tuple[str, int], tuple[weakref.ref, Any]] = {}
@@ -163,7 +164,14 @@ class PreparedWeights:
         return len(self._entries)
 
     def put(self, op: str, weights: tuple[Any, ...], prepared: Any) -> None:
-        self._entries[(op, id(weights[0]))] = (weakref.ref(weights[0]), prepared)
+        key = (op, id(weights[0]))
+        entries = self._entries
+
+        def forget(ref: weakref.ref) -> None:
+            if entries.get(key, (None,))[0] is ref:
+                del entries[key]
+
+        entries[key] = (weakref.ref(weights[0], forget), prepared)
 
     def get(self, op: str, weights: tuple[Any, ...], make: Callable[[tuple], Any]) -> Any:
         found = self._entries.get((op, id(weights[0])))

@@ -172,3 +172,18 @@ def test_a_graph_reused_across_layers_reads_each_layers_weights():
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     assert backend.graphs < len(net.blocks), "the block's graph was not shared"
     assert {"linear", "layer_norm"} <= set(backend.plan.backends())
+
+
+def test_prepared_weights_leave_with_their_model():
+    import gc
+
+    backend = pc.PaceBackend()
+    model = _Net(depth=2).eval()
+    compiled = torch.compile(model, backend=backend)
+    with torch.no_grad():
+        compiled(torch.randn(2, 32))
+    assert len(backend.prepared) > 0
+    del compiled, model
+    torch._dynamo.reset()  # Dynamo's caches hold the graphs' example inputs
+    gc.collect()
+    assert len(backend.prepared) == 0
