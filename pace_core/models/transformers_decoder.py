@@ -44,8 +44,13 @@ def _attend_now(
 ) -> torch.Tensor:
     """Layer ``layer``'s attention of the running step: the new ``key/value [B, Hk, T, D]``
     into the step's cache, ``query [B, Hq, T, D]`` over its view; returns ``[B, T, Hq, D]``."""
-    decoder: TransformersDecoder = _current.decoder
-    step: StepContext = _current.step
+    decoder: TransformersDecoder | None = getattr(_current, "decoder", None)
+    step: StepContext | None = getattr(_current, "step", None)
+    if decoder is None or step is None:
+        raise RuntimeError(
+            f"attn_implementation={ATTENTION!r} attends over a pace KV cache: call the model "
+            "through pace (LLMModel or TransformersDecoder.forward), not directly"
+        )
     view = step.views[layer] = step.cache.update(layer, key, value)
     out = decoder.attention[layer](query, view, scale, None, decoder.windows[layer])
     return out.transpose(1, 2)
