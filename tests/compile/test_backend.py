@@ -6,22 +6,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
+from support.no_family import fresh_dynamo, no_family_model  # noqa: F401 (a fixture)
+from transformers import AutoModelForCausalLM
 
 import pace_core.compile as pc
 from pace_core.errors import OpResolutionError
 
-TINY = dict(
-    hidden_size=64,
-    intermediate_size=160,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    vocab_size=300,
-    max_position_embeddings=128,
-    eos_token_id=None,
-    pad_token_id=None,
-    bos_token_id=None,
-)
 # model_type -> (extra config, the ops its graph must hand to plugin kernels)
 ARCHS = {
     "olmo2": ({"num_key_value_heads": 2}, {"linear", "gated_mlp", "rms_norm", "embedding"}),
@@ -33,25 +23,11 @@ ARCHS = {
 }
 
 
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    """Each test compiles from scratch (Dynamo's caches are per code object, shared by every
-    instance of a transformers class)."""
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def tiny(arch: str, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
-    extra, _ = ARCHS[arch]
-    torch.manual_seed(0)
-    config = AutoConfig.for_model(arch, **TINY, **extra)
-    model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
-    with torch.no_grad():  # non-trivial norm weights, so a dropped scale cannot pass
-        for p in model.parameters():
-            if p.dim() == 1:
-                p.add_(torch.randn_like(p) * 0.1)
-    return model
+    return no_family_model(arch, dtype, **ARCHS[arch][0])
 
 
 def twin(model: torch.nn.Module) -> torch.nn.Module:

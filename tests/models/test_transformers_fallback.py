@@ -8,23 +8,12 @@ import logging
 
 import pytest
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
+from support.no_family import fresh_dynamo, no_family_model  # noqa: F401 (a fixture)
 
 from pace_core import LLMModel
 from pace_core.errors import ModelLoadError
 from pace_core.sampling.config import SamplingConfig
 
-TINY = dict(
-    hidden_size=64,
-    intermediate_size=160,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    vocab_size=300,
-    max_position_embeddings=256,
-    eos_token_id=None,
-    bos_token_id=None,
-    pad_token_id=None,
-)
 ARCHS = {  # model_type -> extra config (pace has a family for none of them)
     "olmo2": {"num_key_value_heads": 2},
     "gpt_neox": {"rotary_pct": 0.5},
@@ -32,21 +21,11 @@ ARCHS = {  # model_type -> extra config (pace has a family for none of them)
 PROMPTS = [[5, 17, 42, 9, 101, 7, 3], [250, 4], [60, 61, 62, 63, 64]]
 
 
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def save_tiny(arch: str, path, **overrides) -> torch.nn.Module:
-    torch.manual_seed(0)
-    config = AutoConfig.for_model(arch, **{**TINY, **ARCHS.get(arch, {}), **overrides})
-    model = AutoModelForCausalLM.from_config(config).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 1:
-                p.add_(torch.randn_like(p) * 0.1)
+    model = no_family_model(arch, **{**ARCHS.get(arch, {}), **overrides})
     model.save_pretrained(path)
     return model
 
