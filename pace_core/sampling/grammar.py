@@ -15,9 +15,11 @@ step on the 49k-token SmolLM2 vocabulary, with no per-schema compile step worth 
 * :func:`apply_bitmask` sets disallowed logits to ``-inf`` (vectorised bit unpacking; no
   ``torch.compile``).
 
-JSON is generated compact (``whitespace_flexible: false``: ``", "`` / ``": "`` separators, no
-free whitespace), so a small model sampling at temperature 1 cannot wander into whitespace
-until its token budget runs out. A schema may override this with its own ``x-guidance`` key.
+Object schemas that list properties are closed unless they say otherwise
+(:mod:`pace_core.sampling.schema`). JSON is generated compact (``whitespace_flexible:
+false``: ``,`` / ``:`` separators, no free whitespace), so a small model sampling at
+temperature 1 cannot wander into whitespace until its token budget runs out. A schema may
+override this with its own ``x-guidance`` key.
 When the grammar is complete only EOS is allowed, so the row ends by the normal EOS path.
 """
 
@@ -35,6 +37,7 @@ from torch import Tensor
 
 from pace_core.errors import ConfigError
 from pace_core.sampling.config import SamplingConfig
+from pace_core.sampling.schema import closed_objects
 
 __all__ = [
     "GrammarCompiler",
@@ -62,7 +65,9 @@ def grammar_text(cfg: SamplingConfig) -> str | None:
         schema = cfg.json_schema
         if isinstance(schema, str):
             schema = json.loads(schema)  # SamplingConfig checked it parses
-        return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=_JSON_DEFAULTS)
+        return llguidance.LLMatcher.grammar_from_json_schema(
+            closed_objects(schema), defaults=_JSON_DEFAULTS
+        )
     if cfg.grammar is not None:
         return llguidance.LLMatcher.grammar_from_lark(cfg.grammar)
     return None
@@ -192,4 +197,3 @@ def check_constrained(configs: Sequence[SamplingConfig], compiler: GrammarCompil
         raise ConfigError(
             "json_schema / grammar need a tokenizer: load the model with its tokenizer"
         )
-

@@ -288,3 +288,21 @@ def test_more_schemas_validate_over_many_samples(llm):
     for seq, schema in zip(out.sequences, wanted):
         assert seq.finish_reason == "stop", seq.text
         jsonschema.validate(json.loads(seq.text), schema)
+
+
+def test_objects_are_closed_unless_the_schema_opens_them(llm):
+    """A key the schema never declared is refused; ``additionalProperties: true`` allows it."""
+    from pace_core.sampling.config import SamplingConfig
+
+    props = {"name": {"type": "string"}}
+    closed = {"type": "object", "properties": props, "required": ["name"]}
+    opened = {**closed, "additionalProperties": True}
+
+    def accepts(schema, text):
+        row = llm.grammar.row(SamplingConfig(json_schema=schema))
+        tokens = llm.tokenizer.encode(text, add_special_tokens=False)
+        return row._matcher.validate_tokens(tokens) == len(tokens)
+
+    assert accepts(closed, '{"name":"Ada"}')  # (compact JSON: no free whitespace)
+    assert not accepts(closed, '{"name":"Ada","unit_type":"x"}')
+    assert accepts(opened, '{"name":"Ada","unit_type":"x"}')

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pace_core.sampling.schema import closed_objects
 from pace_core.server.api.protocol import APIError, ChatCompletionRequest, ChatMessage, Tool
 
 __all__ = ["ParsedCall", "ToolFormat", "ToolPlan", "ToolStreamParser", "plan_tools"]
@@ -99,7 +100,8 @@ def plan_tools(req: ChatCompletionRequest, chat_template: str | None) -> ToolPla
         if not chosen:
             names = ", ".join(t.function.name for t in tools)
             raise APIError(
-                400, f"tool_choice names {name!r}, which is not in tools ({names})",
+                400,
+                f"tool_choice names {name!r}, which is not in tools ({names})",
                 param="tool_choice",
             )
         tools_for_grammar: list[Tool] | None = chosen
@@ -190,7 +192,7 @@ def calls_grammar(tools: Sequence[Tool], fmt: ToolFormat, parallel: bool) -> str
             "type": "object",
             "properties": {
                 "name": {"const": tool.function.name},
-                fmt.args_key: tool.function.parameters or _ANY_OBJECT,
+                fmt.args_key: closed_objects(tool.function.parameters or _ANY_OBJECT),
             },
             "required": ["name", fmt.args_key],
             "additionalProperties": False,
