@@ -90,6 +90,18 @@ def test_unparsable_or_unclosed_blocks():
     assert content == "" and [c.name for c in calls] == ["f"]  # EOS before the closing tag
 
 
+def test_a_call_cut_off_by_max_tokens_is_a_partial_call_not_content():
+    cut = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par'
+    content, calls = _feed_in_pieces(ToolStreamParser(HERMES), "Sure. " + cut, 6)
+    assert content.strip() == "Sure."  # no template markup in the content
+    assert [(c.name, c.arguments) for c in calls] == [("get_weather", '{"city": "Par')]
+    content, calls = _feed_in_pieces(ToolStreamParser(HERMES), "<tool_call>\n{", 3)
+    assert content == "" and [(c.name, c.arguments) for c in calls] == [("", "")]
+    cut = '{"name": "get_weather", "parameters": {"ci'
+    content, calls = _feed_in_pieces(ToolStreamParser(LLAMA3_JSON), cut, 5)
+    assert content == "" and [(c.name, c.arguments) for c in calls] == [("get_weather", '{"ci')]
+
+
 def test_llama3_json_answer():
     parser = ToolStreamParser(LLAMA3_JSON)
     text = '{"name": "get_weather", "parameters": {"city": "Oslo"}}'

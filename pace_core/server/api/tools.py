@@ -20,6 +20,7 @@ bodies follow each tool's ``parameters`` schema, so arguments always parse and v
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -228,6 +229,21 @@ def parse_call(body: str, fmt: ToolFormat) -> ParsedCall | None:
     return ParsedCall(_call_id(), obj["name"], json.dumps(args, ensure_ascii=False))
 
 
+_NAME = re.compile(r'"name"\s*:\s*"((?:[^"\\]|\\.)*)"')
+
+
+def partial_call(body: str, fmt: ToolFormat) -> ParsedCall:
+    """A call cut off before its end (``max_tokens``): the name when the model wrote it, and
+    the arguments exactly as far as they were generated (JSON text, possibly incomplete)."""
+    found = _NAME.search(body)
+    name = _loads_or_text(f'"{found.group(1)}"') if found else ""
+    keys = "|".join(re.escape(k) for k in dict.fromkeys((fmt.args_key, "arguments", "parameters")))
+    start = re.search(rf'"(?:{keys})"\s*:\s*', body)
+    return ParsedCall(
+        _call_id(), name if isinstance(name, str) else "", body[start.end() :] if start else ""
+    )
+
+
 class ToolStreamParser:
     """Splits a choice's text, as it streams, into content and finished tool calls.
 
@@ -277,9 +293,10 @@ class ToolStreamParser:
                 break
             body = self._pending if end < 0 else self._pending[:end]
             call = parse_call(body.strip(), self.fmt)
-            if call is None:
-                tail = "" if end < 0 else CALL_CLOSE
-                content.append(CALL_OPEN + body + tail)
+            if call is None and end < 0:  # cut off (max_tokens): the call as far as it got
+                calls.append(partial_call(body, self.fmt))
+            elif call is None:  # a closed block that is no call: the model's text
+                content.append(CALL_OPEN + body + CALL_CLOSE)
             else:
                 calls.append(call)
             self._pending = "" if end < 0 else self._pending[end + len(CALL_CLOSE) :]
@@ -300,7 +317,10 @@ class ToolStreamParser:
         if not final:
             return "", []
         text, self._pending = self._pending, ""
-        calls = [parse_call(part, self.fmt) for part in text.split(";")]
+        parts = text.split(";")
+        calls = [parse_call(part, self.fmt) for part in parts]
+        if calls[-1] is None and all(calls[:-1]) and _NAME.search(parts[-1]):
+            calls[-1] = partial_call(parts[-1], self.fmt)  # cut off mid-call
         if not calls or any(c is None for c in calls):
             return text, []
         found = [c for c in calls if c is not None]
