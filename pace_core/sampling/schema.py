@@ -59,3 +59,34 @@ def _close(schema: Any, *, close: bool) -> Any:
 def _may_be_object(schema: dict[str, Any]) -> bool:
     kind = schema.get("type", "object")
     return kind == "object" or (isinstance(kind, list) and "object" in kind)
+
+
+def strict_problem(schema: Any, path: str = "$") -> str | None:
+    """Why ``schema`` breaks OpenAI's strict mode (``"strict": true``), or None: every object
+    that lists properties must require all of them (an optional field is made nullable
+    instead) and allow no others (``additionalProperties`` absent or false)."""
+    if not isinstance(schema, dict):
+        return None
+    if "properties" in schema and _may_be_object(schema):
+        extra = schema.get("additionalProperties", False)
+        if extra is not False:
+            return f"{path}: additionalProperties must be false in strict mode, not {extra!r}"
+        missing = [name for name in schema["properties"] if name not in schema.get("required", [])]
+        if missing:
+            return (
+                f"{path}: strict mode requires every property, but {missing[0]!r} is not in "
+                '\'required\' (make it nullable, e.g. "type": ["string", "null"], instead)'
+            )
+    for key, value in schema.items():
+        if key in _MAPS and isinstance(value, dict):
+            subs = [(f"{path}.{key}.{name}", sub) for name, sub in value.items()]
+        elif key in (*_LISTS, "allOf") and isinstance(value, list):
+            subs = [(f"{path}.{key}[{i}]", sub) for i, sub in enumerate(value)]
+        elif key in _ONE:
+            subs = [(f"{path}.{key}", value)]
+        else:
+            continue
+        for sub_path, sub in subs:
+            if (problem := strict_problem(sub, sub_path)) is not None:
+                return problem
+    return None

@@ -35,3 +35,24 @@ def test_what_stays_open():
     out = closed_objects(composed)
     assert "additionalProperties" not in out
     assert "additionalProperties" not in out["allOf"][0]
+
+
+def test_strict_mode_rules():
+    from pace_core.sampling.schema import strict_problem
+
+    ok = {
+        "type": "object",
+        "properties": {
+            "a": {"type": ["string", "null"]},
+            "b": {"type": "array", "items": {"properties": {"c": {}}, "required": ["c"]}},
+        },
+        "required": ["a", "b"],
+        "additionalProperties": False,
+    }
+    assert strict_problem(ok) is None
+    optional = {"type": "object", "properties": {"a": {}, "b": {}}, "required": ["a"]}
+    assert "'b' is not in 'required'" in strict_problem(optional)
+    nested = {**ok, "properties": {**ok["properties"], "b": {"items": {"properties": {"c": {}}}}}}
+    assert strict_problem(nested).startswith("$.properties.b.items:")
+    opened = {**ok, "additionalProperties": True}
+    assert "additionalProperties must be false" in strict_problem(opened)

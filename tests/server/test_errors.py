@@ -82,6 +82,11 @@ CASES = [
      400, "response_format"),
     ("json-schema-bad-ref", P, _ok(response_format=_schema_format(schema={"$ref": "#/nope"})),
      400, "response_format"),
+    ("json-schema-strict-optional", C, _chat(response_format={"type": "json_schema",
+     "json_schema": {"name": "a", "strict": True, "schema": _tool("f")["function"]["parameters"]}}),
+     400, "response_format"),
+    ("tool-strict-optional", C, _chat(tools=[{"type": "function", "function": {**_tool("f")[
+     "function"], "strict": True}}]), 400, "tools[0].function.parameters"),
     ("tool-choice-without-tools", C, _chat(tool_choice="required"), 400, "tool_choice"),
     ("tool-choice-unknown-name", C, _chat(tools=[_tool("f")], tool_choice=_named("g")), 400,
      "tool_choice"),

@@ -14,6 +14,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from pace_core.sampling.schema import strict_problem
+
 MAX_STOP = 4
 MAX_N = 16
 MAX_COMPLETION_LOGPROBS = 5
@@ -53,7 +55,10 @@ class ResponseFormat(_Strict):
             return {"type": "object"}
         if self.json_schema is None:
             raise ValueError("response_format of type json_schema needs a json_schema object")
-        return self.json_schema.schema_ or {"type": "object"}
+        schema = self.json_schema.schema_ or {"type": "object"}
+        if self.json_schema.strict and (problem := strict_problem(schema)) is not None:
+            raise ValueError(f"response_format.json_schema.schema is not strict: {problem}")
+        return schema
 
 
 class _Sampling(_Strict):

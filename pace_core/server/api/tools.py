@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pace_core.sampling.schema import closed_objects
+from pace_core.sampling.schema import closed_objects, strict_problem
 from pace_core.server.api.protocol import APIError, ChatCompletionRequest, ChatMessage, Tool
 
 __all__ = ["ParsedCall", "ToolFormat", "ToolPlan", "ToolStreamParser", "plan_tools"]
@@ -92,6 +92,15 @@ def plan_tools(req: ChatCompletionRequest, chat_template: str | None) -> ToolPla
     """The :class:`ToolPlan` of ``req`` for a model with ``chat_template``."""
     fmt = ToolFormat.detect(chat_template)
     tools = req.tools or []
+    for i, tool in enumerate(tools):
+        params = tool.function.parameters or _ANY_OBJECT
+        if tool.function.strict and (problem := strict_problem(params)) is not None:
+            raise APIError(
+                400,
+                f"tool {tool.function.name!r} has strict parameters that break strict mode: "
+                f"{problem}",
+                param=f"tools[{i}].function.parameters",
+            )
     choice = req.tool_choice if req.tool_choice is not None else ("auto" if tools else "none")
     if choice != "none" and not tools:
         raise APIError(400, "tool_choice needs a non-empty tools list", param="tool_choice")
