@@ -126,6 +126,8 @@ class LLMModel:
             profiler=self.profiler,
             quantization=self.quantization,
         )
+        if not isinstance(self.model, DecoderLM):  # a TransformersDecoder (no pace family)
+            self.model.compile_now(lambda: self.new_cache(max_tokens=256))
         if self.model.value_dims is not None and not self.cache_spec.value_dims:
             raise ConfigError(
                 f"kv_cache_type {self.kv_cache_type!r} does not take value_dims, which this "

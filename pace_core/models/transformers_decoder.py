@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -136,6 +137,22 @@ class TransformersDecoder:
             for d, kv, w in zip(self.head_dims, self.num_kv_heads, self.windows)
         ]  # fmt: skip
         self.compiled = torch.compile(model, backend=self.backend)
+
+    def compile_now(self, new_cache: Callable[[], Any]) -> None:
+        """Compile the graphs a generation needs (prompts and decodes of one sequence, then
+        of two, where Dynamo turns the shapes dynamic) on throwaway caches from
+        ``new_cache``: the op plan is whole after loading and no request waits for a
+        compilation."""
+        from pace_core.models.decoder import forward_step
+
+        with torch.inference_mode():
+            for rows in (1, 2):
+                cache = new_cache()
+                seqs = cache.add_sequences(rows)
+                forward_step(
+                    self, cache, seqs, torch.arange(1, 3 * rows + 1).view(rows, 3), [3] * rows
+                )
+                forward_step(self, cache, seqs, torch.full((rows, 1), 4), [1] * rows)
 
     def make_step(self, cache: Any, meta: StepMeta) -> StepContext:
         return StepContext(cache, meta.positions(), meta=meta)

@@ -40,6 +40,8 @@ def test_matches_transformers(arch, kv_cache_type, tmp_path, caplog):
             tmp_path, dtype=torch.float32, load_tokenizer=False, kv_cache_type=kv_cache_type
         )
     assert f"model_type '{arch}' has no pace family" in caplog.text
+    compiled_at_load = set(llm.op_plan.backends())
+    assert {"attention", "linear", "embedding"} <= compiled_at_load, str(llm.op_plan)
     out = llm.generate(
         [torch.tensor(p) for p in PROMPTS], SamplingConfig(max_new_tokens=12), output_logits=True
     )
