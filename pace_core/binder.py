@@ -21,10 +21,13 @@ class OpPlan:
     def __init__(self) -> None:
         self.sites: Counter[tuple[str, str, str]] = Counter()  # (op, backend, why not better)
         self.resolutions: list[Resolution] = []
+        self.named: dict[str, Resolution] = {}  # a named call site's resolution (DLRM's)
 
-    def record(self, res: Resolution) -> None:
+    def record(self, res: Resolution, site: str | None = None) -> None:
         self.sites[(res.op, res.backend, res.note)] += 1
         self.resolutions.append(res)
+        if site is not None:
+            self.named[site] = res
 
     def backends(self) -> dict[str, set[str]]:
         out: dict[str, set[str]] = {}
@@ -53,15 +56,18 @@ class KernelBinder:
     def kernel(self, op: str, **attrs: Any) -> KernelSpec:
         return self._use(self.resolver.resolve(OpContext(op, self.dtype, attrs)))
 
-    def _use(self, res: Resolution) -> KernelSpec:
+    def _use(self, res: Resolution, site: str | None = None) -> KernelSpec:
         """Record a resolution in the plan; its kernel (timed when profiling)."""
-        self.plan.record(res)
+        self.plan.record(res, site)
         if self.profiler is None:
             return res.kernel
         return replace(res.kernel, fn=self.profiler.wrap(res.op, res.backend, res.kernel.fn))
 
-    def prepared(self, op: str, attrs: dict[str, Any], *weights: Any) -> tuple[KernelSpec, Any]:
-        """Resolve ``op``, run its prepare step on ``weights``: the kernel and its weight.
+    def prepared(
+        self, op: str, attrs: dict[str, Any], *weights: Any, site: str | None = None
+    ) -> tuple[KernelSpec, Any]:
+        """Resolve ``op``, run its prepare step on ``weights``: the kernel and its weight
+        (recorded under ``site`` when named).
 
         A backend whose prepare step fails (say, its JIT build breaks) is disabled with the
         error as the reason and the next candidate is used; native failures propagate.
@@ -76,4 +82,4 @@ class KernelBinder:
                     raise
                 self.resolver.disable(k, f"prepare failed: {type(exc).__name__}: {exc}")
                 continue
-            return self._use(res), prepared
+            return self._use(res, site), prepared

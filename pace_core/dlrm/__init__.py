@@ -8,7 +8,7 @@ probs = m.predict(dense, sparse)
 from pace_core.dlrm.config import DLRMConfig, preset
 from pace_core.dlrm.data import ClickBatch, SyntheticClicks, auc, logloss
 from pace_core.dlrm.features import DLRMInputError
-from pace_core.dlrm.model import DLRM, DLRMPlan
+from pace_core.dlrm.model import DLRM
 from pace_core.dlrm.quantize import DLRMQuantization
 from pace_core.dlrm.reference import ReferenceDLRM
 
@@ -17,7 +17,6 @@ __all__ = [
     "ClickBatch",
     "DLRMConfig",
     "DLRMInputError",
-    "DLRMPlan",
     "DLRMQuantization",
     "ReferenceDLRM",
     "SyntheticClicks",

@@ -4,13 +4,13 @@ DCNv2 stack) and called as bound functions: a forward pass is plain calls, no re
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from pace_core.binder import KernelBinder
 from pace_core.dlrm import names, weights
 from pace_core.dlrm.config import DLRMConfig
 from pace_core.dlrm.features import (
@@ -21,37 +21,10 @@ from pace_core.dlrm.features import (
     sparse_bags,
 )
 from pace_core.dlrm.quantize import DLRMQuantization, coerce_quantization
-from pace_core.opconfig import OperatorConfig, OpResolver, Resolution
+from pace_core.opconfig import OperatorConfig
 from pace_core.quant import formats_of
-from pace_core.registry import OpContext
 
 DTYPES = (torch.float32, torch.bfloat16)
-
-
-class DLRMPlan:
-    """The backend of every op call site (``site`` names: ``bottom.0``, ``table.3``, ...)."""
-
-    def __init__(self) -> None:
-        self.sites: dict[str, Resolution] = {}
-
-    def record(self, site: str, res: Resolution) -> None:
-        self.sites[site] = res
-
-    def backend(self, site: str) -> str:
-        return self.sites[site].backend
-
-    def backends(self) -> dict[str, set[str]]:
-        out: dict[str, set[str]] = {}
-        for res in self.sites.values():
-            out.setdefault(res.op, set()).add(res.backend)
-        return out
-
-    def __str__(self) -> str:
-        from pace_core.report import format_table
-
-        count = Counter((r.op, r.backend, r.note) for r in self.sites.values())
-        rows = [[op, be, str(n), note or "-"] for (op, be, note), n in count.items()]
-        return format_table(["op", "backend", "sites", "fallback reason"], rows)
 
 
 class _Bound:
@@ -61,23 +34,6 @@ class _Bound:
 
     def __init__(self, fn: Callable[..., Any], w: Any) -> None:
         self.fn, self.w = fn, w
-
-
-def _bind(resolver: OpResolver, plan: DLRMPlan, site: str, op: str, dtype: torch.dtype,
-          attrs: dict[str, Any], *prepare_args: Any) -> _Bound:  # fmt: skip
-    """Resolve ``op`` once, prepare its weights and bind; a backend whose prepare step fails
-    is disabled with the error as the reason and the next one is used."""
-    while True:
-        res = resolver.resolve(OpContext(op, dtype, attrs))
-        try:
-            prepared = res.kernel.prepare(*prepare_args)
-        except Exception as exc:
-            if res.kernel.backend == "native" or resolver.config.strict:
-                raise
-            resolver.disable(res.kernel, f"prepare failed: {type(exc).__name__}: {exc}")
-            continue
-        plan.record(site, res)
-        return _Bound(res.kernel.fn, prepared)
 
 
 class DLRM:
@@ -106,7 +62,8 @@ class DLRM:
         self.config, self.dtype, self.state = config, dtype, dict(state)
         self.quantization = coerce_quantization(quantization)
         self.resolver = get_host().resolver(OperatorConfig.coerce(opconfig))
-        self.op_plan = DLRMPlan()
+        self.binder = KernelBinder(dtype, self.resolver)
+        self.op_plan = self.binder.plan  # sites named bottom.0, table.3, cross, top.1, ...
         q = self.quantization
         self.bottom = [self._linear(f"bottom.{i}", n) for i, n in enumerate(names.bottom(config))]
         self.tables = []
@@ -134,7 +91,8 @@ class DLRM:
 
     # -- construction -------------------------------------------------------------------------
     def _bind(self, site: str, op: str, attrs: dict[str, Any], *args: Any) -> _Bound:
-        return _bind(self.resolver, self.op_plan, site, op, self.dtype, attrs, *args)
+        kernel, prepared = self.binder.prepared(op, attrs, *args, site=site)
+        return _Bound(kernel.fn, prepared)
 
     def _matrix(self, weight: torch.Tensor):
         q = self.quantization

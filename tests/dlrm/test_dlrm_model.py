@@ -71,7 +71,7 @@ def test_bf16_is_close_to_fp32(state, clicks, opconfig):
 @pytest.mark.parametrize("opconfig", PLANS)
 def test_int8_keeps_logloss_within_0001_of_fp32(state, clicks, opconfig):
     model = DLRM(CONFIG, state, quantization="int8", opconfig=opconfig)
-    assert {s.kernel.weight_formats >= {"int8"} for s in model.op_plan.sites.values()} == {True}
+    assert {s.kernel.weight_formats >= {"int8"} for s in model.op_plan.named.values()} == {True}
     probs = model.predict(clicks.dense, clicks.sparse)
     ref = torch.sigmoid(reference_logits(state, clicks))
     d_logloss = logloss(probs, clicks.labels) - logloss(ref, clicks.labels)
@@ -100,7 +100,7 @@ def test_without_avx512_every_site_falls_back_with_the_reason(state, clean_env):
     clean_env.setenv("PACE_CPU_FEATURES_DISABLE", "avx512f")
     model = DLRM(CONFIG, state, opconfig={"cross_interaction": "avx512",
                                           "embedding_bag": "avx512"})  # fmt: skip
-    cross = model.op_plan.sites["cross"]
+    cross = model.op_plan.named["cross"]
     assert cross.backend == "native"
     assert "missing CPU features: avx512f" in cross.fallback_reason
     assert "missing CPU features: avx512f" in str(model.op_plan)
