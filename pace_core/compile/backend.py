@@ -98,7 +98,6 @@ class PaceBackend:
         replaced: dict[fx.Node, fx.Node] = {}
         for match in matches:
             call = self._site(match)
-            call(*(Graph.meta(x) for x in match.inputs), *match.example, warm_only=True)
             inputs = tuple(replaced.get(x, x) for x in match.inputs)
             with gm.graph.inserting_before(match.output):
                 value = gm.graph.call_function(call, (*inputs, *match.weights))
@@ -124,25 +123,27 @@ class PaceBackend:
         op, extra, cache = match.op, match.extra, self.prepared
         if op in _NORMS:  # fn(x, weight, [bias,] eps, residual) -> (y, x)
             fn = binder.kernel(op, **match.attrs).fn
+            cache.put(op, match.example, _fp32(match.example))
 
-            def call(x: Any, *weights: Any, warm_only: bool = False) -> Any:
-                fp32 = cache.get(op, weights, _fp32)
-                return None if warm_only else fn(x, *fp32, *extra, None)[0]
+            def call(x: Any, *weights: Any) -> Any:
+                return fn(x, *cache.get(op, weights, _fp32), *extra, None)[0]
 
         elif op == "embedding":  # fn(ids, weight)
             fn = binder.kernel(op, **match.attrs).fn
 
-            def call(x: Any, *weights: Any, warm_only: bool = False) -> Any:
-                return None if warm_only else fn(x, *weights)
+            def call(x: Any, *weights: Any) -> Any:
+                return fn(x, *weights)
 
         else:  # fn(x, prepared); prepare(*weights, *extra)
             spec, first = binder.prepared(op, match.attrs, *match.example, *extra)
             fn, prepare = spec.fn, spec.prepare
             cache.put(op, match.example, first)
 
-            def call(x: Any, *weights: Any, warm_only: bool = False) -> Any:
-                w = cache.get(op, weights, lambda ws: prepare(*ws, *extra))
-                return None if warm_only else fn(x, w)
+            def make(ws: tuple[Any, ...]) -> Any:
+                return prepare(*ws, *extra)
+
+            def call(x: Any, *weights: Any) -> Any:
+                return fn(x, cache.get(op, weights, make))
 
         call.__name__ = call.__qualname__ = f"pace_{op}"
         return call

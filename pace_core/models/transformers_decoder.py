@@ -24,6 +24,7 @@ from pace_core.caches.base import StepMeta
 from pace_core.compile import PaceBackend
 from pace_core.compile.backend import direct_call
 from pace_core.errors import ModelLoadError
+from pace_core.models.common import heads
 from pace_core.models.layers import StepContext
 from pace_core.opconfig import OpResolver
 
@@ -87,7 +88,7 @@ def _attend(
 ) -> tuple[torch.Tensor, None]:
     """transformers' attention-interface call, as the ``pace`` implementation."""
     layer = int(module.layer_idx)
-    scale = float(_head_dim(module) ** -0.5 if scaling is None else scaling)
+    scale = float(heads(module.config)[2] ** -0.5 if scaling is None else scaling)
     return torch.ops.pace.transformers_attention(query, key, value, layer, scale), None
 
 
@@ -121,17 +122,17 @@ class TransformersDecoder:
         self.vocab_size = int(model.config.vocab_size)
         modules = _attention_modules(model)
         self.num_layers = len(modules)
-        self.num_kv_heads = [_kv_heads(model.config) for _ in modules]
-        self.head_dims = [_head_dim(m) for m in modules]
+        num_heads, kv_heads, head_dim = heads(model.config)
+        self.num_kv_heads = [kv_heads] * len(modules)
+        self.head_dims = [head_dim] * len(modules)
         self.windows = [getattr(m, "sliding_window", None) for m in modules]
         self.backend = PaceBackend(resolver=resolver)
         self.plan: OpPlan = self.backend.plan
         binder = KernelBinder(dtype, resolver)
         binder.plan = self.plan
-        heads = int(model.config.num_attention_heads)
         self.attention = [
             binder.kernel(
-                "attention", head_dim=d, gqa=heads // kv, window=w, sinks=False,
+                "attention", head_dim=d, gqa=num_heads // kv, window=w, sinks=False,
                 cache_layout=cache_layout,
             ).fn
             for d, kv, w in zip(self.head_dims, self.num_kv_heads, self.windows)
@@ -173,19 +174,6 @@ class TransformersDecoder:
             _current.decoder = _current.step = None
         logits = out.logits.float()
         return logits if all_logits else logits[:, -1]
-
-
-def _head_dim(module: torch.nn.Module) -> int:
-    """An attention module's head size (``head_dim``; GPT-NeoX calls it ``head_size``)."""
-    size = getattr(module, "head_dim", None) or getattr(module, "head_size", None)
-    if size is None:
-        config = module.config
-        size = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    return int(size)
-
-
-def _kv_heads(config: Any) -> int:
-    return int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
 
 
 def _attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
