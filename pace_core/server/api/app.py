@@ -38,6 +38,7 @@ from pace_core.server.api.protocol import (
 from pace_core.server.api.tokenize_api import detokenize, model_card, tokenize
 from pace_core.server.frontdoor.metrics import CONTENT_TYPE
 from pace_core.server.frontdoor.server import Server, ServerConfig
+from pace_core.server.ui import router as chat_page
 
 T = TypeVar("T")
 log = logging.getLogger("pace.server")
@@ -238,6 +239,8 @@ def create_app(server: Server) -> FastAPI:
     app.include_router(open_routes)
     app.include_router(v1)
     app.include_router(tokens)
+    if server.config.ui:
+        app.include_router(chat_page)  # the chat page at / (off: `pace serve --no-ui`)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
 

@@ -24,6 +24,7 @@ class ServerConfig:
     max_request_bytes: int = 4 << 20
     request_timeout: float | None = 600.0
     default_max_tokens: int = 1024  # chat requests without max_tokens (see docs/server.md)
+    ui: bool = True  # the chat page at / (pace_core.server.ui)
 
 
 class TokenText:

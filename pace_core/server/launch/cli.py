@@ -128,6 +128,9 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="max_tokens of chat requests that do not set it",
     )
     p.add_argument("--served-model-name", default=None, help="model id clients send")
+    p.add_argument(
+        "--no-ui", dest="ui", action="store_false", help="do not serve the chat page at /"
+    )
     p.add_argument("--opconfig", default=None, help="operator config (JSON or file)")
     p.add_argument(
         "--spec-config",
@@ -191,6 +194,7 @@ def serve_configs(args: argparse.Namespace) -> tuple[dict[str, Any], Any, Any]:
         max_request_bytes=args.max_request_bytes,
         request_timeout=args.request_timeout or None,
         default_max_tokens=args.default_max_tokens,
+        ui=args.ui,
     )
     spec_config = getattr(args, "spec_config", None)
     model_args = {
