@@ -24,10 +24,12 @@ DTYPES = {
 
 
 def _cmd_plugins(args: argparse.Namespace) -> int:
+    from pace_core.platform import current_topology
     from pace_core.plugins import get_host
     from pace_core.report import plugins_table
 
     print(plugins_table(get_host()))
+    print(current_topology().summary())
     return 0
 
 
@@ -111,6 +113,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     from pace_core import zoo
     from pace_core.check import check_quantized, format_rows, run_check
     from pace_core.models.loader import resolve_model_path
+    from pace_core.platform import current_topology
 
     path = resolve_model_path(args.model or zoo.DEFAULT_MODEL)
     if args.quantization:
@@ -118,6 +121,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     else:
         rows = run_check(str(path), new_tokens=args.new_tokens, plans=args.plans)
     print(format_rows(rows))
+    print(current_topology().summary())
     return 0 if all(r.passed for r in rows) else 1
 
 
