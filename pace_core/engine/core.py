@@ -42,6 +42,7 @@ from pace_core.engine.events import (
     Admitted,
     Cancel,
     Command,
+    Embedding,
     ErrorKind,
     Event,
     SeqError,
@@ -61,6 +62,7 @@ from pace_core.engine.speculative import RowVerdict, SpecDecoder
 from pace_core.engine.warm_up import warm_up
 from pace_core.errors import ConfigError
 from pace_core.models import heap
+from pace_core.models.embedding import PoolState
 from pace_core.sampling.sampler import BatchSampler, LogprobEntry, logprob_entries
 from pace_core.speculative.verify import check_speculable, stop_flags
 
@@ -290,6 +292,15 @@ class EngineCore:
         decoded, chunk_logits = self.runner.step(self.cache, sched.running, chunks)
         self._sample(decoded, self._prefilled(chunks, chunk_logits))
 
+    def _embedded(self, done: list[Request]) -> None:
+        """Embeddings whose prompt completed: their vectors leave, their KV is freed."""
+        head = self.model.embedding()
+        for req in done:
+            embed = req.spec.embed
+            vector = head(req.pool.pooled(), embed.dimensions, embed.normalize)
+            self._out.append(Embedding(req.key, vector, req.prompt.numel()))
+        self.scheduler.cancel({req.key for req in done})
+
     def _admit(self) -> None:
         now = time.monotonic()
         admitted, failed = self.scheduler.admit(self._prepare)
@@ -303,7 +314,14 @@ class EngineCore:
             self._out.append(Admitted(req.key, wait, req.prompt.numel(), req.computed))
 
     def _prepare(self, req: Request) -> None:
-        """A sequence's own sampler row (raises for bad parameters)."""
+        """A sequence's own sampler row, or an embedding's pool state (raises for bad
+        parameters)."""
+        embed = req.spec.embed
+        if embed is not None:
+            head = self.model.embedding()
+            head.config.check_dimensions(embed.dimensions)
+            req.pool = PoolState(embed.pooling or head.config.pooling)
+            return
         config = req.spec.config
         req.sampler = BatchSampler(
             [config],
@@ -321,11 +339,15 @@ class EngineCore:
         self, chunks: list[tuple[Request, int]], logits: torch.Tensor | None
     ) -> list[tuple[Request, torch.Tensor]]:
         """Count ``chunks`` as prefilled; the requests whose prompt completed, each with the
-        logits of its last prompt token."""
+        logits of its last prompt token (embeddings that completed are answered here)."""
         if not chunks:
             return []
-        done = self.scheduler.advance(chunks)
-        return [(chunks[i][0], logits[i]) for i in done]
+        done = [(chunks[i][0], logits[i]) for i in self.scheduler.advance(chunks)]
+        embedded = [req for req, _ in done if req.pool is not None]
+        if embedded:
+            self._embedded(embedded)
+            done = [(req, lg) for req, lg in done if req.pool is None]
+        return done
 
     def _join(self, requests: list[Request]) -> None:
         """Requests whose prefill completed join the running batch and its sampler."""

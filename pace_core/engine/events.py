@@ -1,10 +1,12 @@
 """What the engine core takes and tells, as types (no HTTP in them).
 
-* :class:`SeqSpec`: one sequence submitted to the core.
+* :class:`SeqSpec`: one sequence submitted to the core (to generate from, or with an
+  :class:`EmbedSpec`, to embed).
 * Commands, caller -> core (over a queue in-process, a pipe to an engine process):
   :class:`Submit`, :class:`Cancel`, :class:`Stop`.
 * Events, core -> caller, delivered as one ``list`` per scheduler iteration:
-  :class:`Admitted`, :class:`Token`, :class:`SpecStep`, :class:`SeqError`, :class:`Stats`.
+  :class:`Admitted`, :class:`Token`, :class:`Embedding`, :class:`SpecStep`, :class:`SeqError`,
+  :class:`Stats`.
 
 A failure is a :class:`SeqError` of an :class:`ErrorKind`; what a kind means to a client (an
 HTTP status, an OpenAI error type) is the server's business. Every message is a plain
@@ -31,6 +33,17 @@ class ErrorKind(str, enum.Enum):
     ENGINE_ERROR = "engine_error"  # a step failed; the engine reset and serves on
 
 
+@dataclass(frozen=True)
+class EmbedSpec:
+    """Embed the prompt instead of generating: pooled by the model's rules
+    (:mod:`pace_core.models.embedding`) or ``pooling``, cut to ``dimensions``, normalised
+    when ``normalize`` (None: as the model says)."""
+
+    pooling: tuple[str, ...] | None = None
+    normalize: bool | None = None
+    dimensions: int | None = None
+
+
 @dataclass
 class SeqSpec:
     """One sequence (one choice of one request) as sent to an engine; picklable."""
@@ -40,10 +53,11 @@ class SeqSpec:
     config: SamplingConfig
     arrival: float = field(default_factory=time.monotonic)
     cache_salt: str = ""  # isolates this request's prefix-cache entries (tenants)
+    embed: EmbedSpec | None = None  # embed the prompt: no tokens are generated
 
     @property
     def reserve_tokens(self) -> int:
-        return len(self.prompt) + self.config.max_new_tokens
+        return len(self.prompt) + (0 if self.embed else self.config.max_new_tokens)
 
 
 # -- commands: front door -> engine ------------------------------------------------------------
@@ -98,6 +112,15 @@ class Token:
 
 
 @dataclass(frozen=True)
+class Embedding:
+    """The embedding of a sequence submitted with an :class:`EmbedSpec` (it is finished)."""
+
+    key: str
+    vector: torch.Tensor  # [D] float32
+    prompt_tokens: int
+
+
+@dataclass(frozen=True)
 class SpecStep:
     """One speculative verification step of a sequence (sent before that step's tokens)."""
 
@@ -127,4 +150,4 @@ class Stats:
     kv_booked: float = 0.0
 
 
-Event = Admitted | Token | SpecStep | SeqError | Stats
+Event = Admitted | Token | Embedding | SpecStep | SeqError | Stats

@@ -9,6 +9,7 @@ from typing import Any
 from pace_core.caches.base import BlockKVCache, KVCache
 from pace_core.errors import ConfigError
 from pace_core.models.decoder import DecoderLM
+from pace_core.models.embedding import EmbeddingHead
 from pace_core.models.limits import max_positions, serving_context_window
 from pace_core.registry import ProcessorSpec
 from pace_core.sampling.grammar import GrammarCompiler
@@ -20,7 +21,8 @@ class ModelHandle:
     """A loaded model as the core drives it.
 
     ``grammar`` builds the structured-output compiler on first use (None without a
-    tokenizer); ``kv_namespace`` names what besides the tokens decides a KV block (model,
+    tokenizer); ``embedding`` the embedding head on first use (it raises why the model
+    cannot embed); ``kv_namespace`` names what besides the tokens decides a KV block (model,
     dtype, quantization), for prefix caching.
     """
 
@@ -32,6 +34,7 @@ class ModelHandle:
     eos_token_ids: tuple[int, ...]
     processors: Sequence[ProcessorSpec]
     grammar: Callable[[], GrammarCompiler | None]
+    embedding: Callable[[], EmbeddingHead]
     speculator: Speculator | None = None
 
     @property

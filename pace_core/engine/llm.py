@@ -17,7 +17,7 @@ from pace_core.caches.base import BlockKVCache, KVCache
 from pace_core.engine.beam import BeamHypothesis, beam_search
 from pace_core.engine.config import EngineConfig
 from pace_core.engine.core import EngineCore
-from pace_core.engine.events import SeqSpec, SpecStep, Token
+from pace_core.engine.events import Embedding, EmbedSpec, Event, SeqSpec, SpecStep, Token
 from pace_core.engine.handle import ModelHandle
 from pace_core.engine.inputs import normalize_inputs
 from pace_core.engine.offline import (
@@ -32,6 +32,12 @@ from pace_core.engine.output import GenerationOutput, SequenceOutput
 from pace_core.errors import ConfigError, ContractError
 from pace_core.models import loader
 from pace_core.models.decoder import DecoderLM, score
+from pace_core.models.embedding import (
+    POOLING_MODES,
+    EmbeddingConfig,
+    EmbeddingHead,
+    read_embedding_config,
+)
 from pace_core.models.limits import (
     DEFAULT_CONTEXT,
     max_positions,
@@ -232,8 +238,27 @@ class LLMModel:
             eos_token_ids=self.eos_token_ids,
             processors=tuple(self.host.samplers.values()),
             grammar=lambda: self.grammar,
+            embedding=lambda: self.embedding_head,
             speculator=self.speculator,
         )
+
+    @cached_property
+    def embedding_config(self) -> EmbeddingConfig:
+        """How :meth:`embed` pools this model's states (see
+        :mod:`pace_core.models.embedding`); raises why the model cannot embed."""
+        if not isinstance(self.model, DecoderLM):
+            raise ConfigError(
+                f"model_type {self.config.model_type!r} runs through transformers' own code "
+                "(no pace family), which returns logits only; embeddings need a pace family"
+            )
+        if not self.path.is_dir():  # a GGUF file: no sentence-transformers files beside it
+            return EmbeddingConfig(hidden_size=int(self.model.config.hidden_size))
+        return read_embedding_config(self.path, self.config)
+
+    @cached_property
+    def embedding_head(self) -> EmbeddingHead:
+        """The pooled states -> vector step of :meth:`embed` (Dense layers read once)."""
+        return EmbeddingHead.load(self.embedding_config)
 
     @property
     def op_plan(self) -> OpPlan:
@@ -270,10 +295,11 @@ class LLMModel:
         return configs
 
     # -- generation ------------------------------------------------------------------------
-    def _start(self, inputs: Any, sampling: Any, *, keep_logits: bool = False) -> OfflineRun:
-        """Validate inputs and submit every prompt to a new engine core over this model's
-        generation cache."""
+    def _prompts(self, inputs: Any) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+        """The prompts of ``inputs`` (and the caller's padded ids), each checked non-empty,
+        in the vocabulary and within the context window."""
         prompts, padded = normalize_inputs(inputs, self.tokenizer)
+        max_ctx = max_positions(self.model.config)
         for i, p in enumerate(prompts):
             if p.numel() == 0:
                 raise ConfigError(f"prompt {i} is empty: every prompt needs at least one token")
@@ -283,36 +309,93 @@ class LLMModel:
                     f"prompt {i} has token id {int(bad[0])} outside the vocabulary "
                     f"[0, {self.model.vocab_size})"
                 )
-        configs = self._configs(sampling, len(prompts))
-        max_ctx = max_positions(self.model.config)
-        for i, (cfg, p) in enumerate(zip(configs, prompts)):
-            if cfg.num_beams > 1:
-                raise ConfigError("num_beams > 1 needs one SamplingConfig for the whole batch")
             if max_ctx and p.numel() >= max_ctx:
                 raise ConfigError(
                     f"prompt {i} has {p.numel()} tokens; the model's context window is {max_ctx}"
                 )
+        return prompts, padded
+
+    def _core(self, *, keep_logits: bool = False) -> EngineCore:
+        """A new offline engine core over this model's generation cache."""
         cache = self.generation_cache()
         engine = self.engine_config
         if isinstance(cache, BlockKVCache):
             engine = replace(engine, prefix_caching=cache.prefix_caching)
-        core = EngineCore(self.handle, engine, cache=cache, offline=True, keep_logits=keep_logits)
+        return EngineCore(self.handle, engine, cache=cache, offline=True, keep_logits=keep_logits)
+
+    def _start(self, inputs: Any, sampling: Any, *, keep_logits: bool = False) -> OfflineRun:
+        """Validate inputs and submit every prompt to a new engine core."""
+        prompts, padded = self._prompts(inputs)
+        configs = self._configs(sampling, len(prompts))
+        if any(cfg.num_beams > 1 for cfg in configs):
+            raise ConfigError("num_beams > 1 needs one SamplingConfig for the whole batch")
+        core = self._core(keep_logits=keep_logits)
         specs = [SeqSpec(str(i), p.tolist(), c) for i, (p, c) in enumerate(zip(prompts, configs))]
         core.submit(specs)
         return OfflineRun(prompts, padded, configs, core)
 
-    def _events(self, run: OfflineRun) -> Iterator[Token | SpecStep]:
-        """The sequences' token (with text) and speculative-step events, in order."""
-        in_use = run.core.cache is self._prefix_cache
+    def _drive(self, core: EngineCore) -> Iterator[Event]:
+        """Every event of an offline core's run, in order."""
+        in_use = core.cache is self._prefix_cache
         self._prefix_cache_in_use |= in_use
         try:
-            for events in run.core.drive():
-                for ev in events:
-                    if isinstance(ev, Token | SpecStep):
-                        yield ev
+            for events in core.drive():
+                yield from events
         finally:
             if in_use:
                 self._prefix_cache_in_use = False
+
+    def _events(self, run: OfflineRun) -> Iterator[Token | SpecStep]:
+        """The sequences' token (with text) and speculative-step events, in order."""
+        for ev in self._drive(run.core):
+            if isinstance(ev, Token | SpecStep):
+                yield ev
+
+    @torch.inference_mode()
+    def embed(
+        self,
+        inputs: Any,
+        *,
+        pooling: str | Sequence[str] | None = None,
+        normalize: bool | None = None,
+        dimensions: int | None = None,
+    ) -> torch.Tensor:
+        """Embeddings ``[N, D]`` (float32) of one text or a batch (texts, token id lists or
+        tensors), through the engine core like :meth:`generate`'s prompts.
+
+        By default pooled as the model's sentence-transformers files say (else its last
+        token's state, normalised; see :mod:`pace_core.models.embedding`; their default
+        prompt is prepended to texts). ``pooling`` overrides the mode (``"last"``,
+        ``"mean"``, ``"cls"``, ``"max"``, ...), ``normalize`` the L2 normalisation, and
+        ``dimensions`` cuts the vector (models trained for it only).
+        """
+        config = self.embedding_config
+        config.check_dimensions(dimensions)
+        modes = None
+        if pooling is not None:
+            modes = (pooling,) if isinstance(pooling, str) else tuple(pooling)
+            unknown = [m for m in modes if m not in POOLING_MODES]
+            if unknown or not modes:
+                raise ConfigError(
+                    f"pooling {pooling!r}: use one or more of {', '.join(POOLING_MODES)}"
+                )
+        if config.prompt:
+            if isinstance(inputs, str):
+                inputs = config.prompt + inputs
+            elif isinstance(inputs, Sequence) and all(isinstance(t, str) for t in inputs):
+                inputs = [config.prompt + t for t in inputs]
+        prompts, _ = self._prompts(inputs)
+        spec = EmbedSpec(modes, normalize, dimensions)
+        core = self._core()
+        default = self.sampling_defaults()
+        core.submit(
+            [SeqSpec(str(i), p.tolist(), default, embed=spec) for i, p in enumerate(prompts)]
+        )
+        vectors: list[torch.Tensor | None] = [None] * len(prompts)
+        for ev in self._drive(core):
+            if isinstance(ev, Embedding):
+                vectors[int(ev.key)] = ev.vector
+        return torch.stack(vectors)
 
     @torch.inference_mode()
     def generate(

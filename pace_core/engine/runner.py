@@ -6,7 +6,9 @@ model's decoder stack packs ragged steps (``DecoderLM.packs_ragged_steps``: no p
 computed, the weights read once) or the cache steps all its rows together (a contiguous
 cache), they run as ONE forward; else the chunks run as forwards of their own, grouped by
 length, and the decodes as one batched forward. Forwards that prefill feed the
-:class:`~pace_core.engine.prefill_budget.PrefillBudget` its rate.
+:class:`~pace_core.engine.prefill_budget.PrefillBudget` its rate; a forward with chunks of
+embeddings in it keeps every position's hidden state and feeds each embedding's
+:class:`~pace_core.models.embedding.PoolState`.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import torch
 
 from pace_core.engine.prefill_budget import PrefillBudget
 from pace_core.engine.scheduler import Request
-from pace_core.models.decoder import DecoderLM, forward_step
+from pace_core.models.decoder import DecoderLM, forward_step, hidden_step
 
 T = TypeVar("T")
 
@@ -114,9 +116,31 @@ class ModelRunner:
         rows += [req.prompt[req.computed : req.computed + n] for req, n in chunks]
         seq_ids = [req.seq_id for req in decodes] + [req.seq_id for req, _ in chunks]
         start = time.perf_counter()
-        logits = self.forward(cache, seq_ids, rows)
+        if any(req.pool is not None for req, _ in chunks):
+            logits = self._pooling_forward(cache, seq_ids, rows, len(decodes), chunks)
+        else:
+            logits = self.forward(cache, seq_ids, rows)
         prompt_tokens = sum(n for _, n in chunks)
         if prompt_tokens:
             self.budget.record(prompt_tokens, time.perf_counter() - start, len(decodes))
         d = len(decodes)
         return (logits[:d] if d else None), (logits[d:] if chunks else None)
+
+    def _pooling_forward(
+        self,
+        cache: Any,
+        seq_ids: list[int],
+        rows: Sequence[int | torch.Tensor],
+        first_chunk: int,
+        chunks: Sequence[tuple[Request, int]],
+    ) -> torch.Tensor:
+        """A forward with embedding chunks in it: every position's hidden state is kept, the
+        embeddings' chunks feed their pool states, and the rows' last positions give the
+        logits as :meth:`forward` would."""
+        ids, counts = step_batch(rows)
+        hidden = hidden_step(self.model, cache, seq_ids, ids, counts)
+        width = hidden.shape[1]
+        for i, (req, n) in enumerate(chunks, start=first_chunk):
+            if req.pool is not None:
+                req.pool.add(hidden[i, width - n :])
+        return self.model.head(hidden[:, -1:])[:, 0]

@@ -31,6 +31,7 @@ import torch
 from pace_core.caches.base import BlockKVCache, KVCache, ReservingKVCache
 from pace_core.engine.events import SeqSpec
 from pace_core.engine.prefill_budget import PrefillBudget
+from pace_core.models.embedding import PoolState
 from pace_core.sampling.sampler import BatchSampler
 
 
@@ -38,8 +39,8 @@ class Request:
     """One sequence inside the core: its spec, where its KV lives and how far it got."""
 
     __slots__ = (
-        "block_keys", "booked", "computed", "error", "last", "prompt", "sampler", "seq_id",
-        "spec", "tokens",
+        "block_keys", "booked", "computed", "error", "last", "pool", "prompt", "sampler",
+        "seq_id", "spec", "tokens",
     )  # fmt: skip
 
     def __init__(self, spec: SeqSpec) -> None:
@@ -53,6 +54,7 @@ class Request:
         self.tokens: list[int] = []  # generated so far
         self.error: Exception | None = None  # why it could not be admitted
         self.block_keys: tuple[list, frozenset] | None = None  # prefix-cache keys, once asked
+        self.pool: PoolState | None = None  # an embedding's pooled states so far
 
     @property
     def key(self) -> str:
@@ -173,7 +175,8 @@ class Scheduler:
             need = self.blocks_for(self.tokens_to_book(req.spec)) if self.continuous else 0
             if self.continuous and self.booked + need > self.num_blocks:
                 break
-            if self.continuous and self.wait_for_shared_prefix and self._shares_pending_block(req):
+            adopts = self.continuous and req.spec.embed is None  # embeddings pool every state
+            if adopts and self.wait_for_shared_prefix and self._shares_pending_block(req):
                 break
             self.waiting.popleft()
             try:  # per-request problems surface here, not in the shared batch
@@ -185,7 +188,7 @@ class Scheduler:
             req.booked = need
             self.booked += need
             (req.seq_id,) = self.cache.add_sequences(1)
-            if self.continuous:
+            if adopts:
                 req.computed = self.cache.adopt_prefix(
                     req.seq_id, req.spec.prompt, req.spec.cache_salt
                 )

@@ -70,7 +70,15 @@ class DecoderLM:
         self, ids: torch.Tensor, step: StepContext, *, all_logits: bool = False
     ) -> torch.Tensor:
         """Logits ``[B, V]`` for the last position, or ``[B, T, V]`` with ``all_logits``."""
-        step.last_only = not all_logits
+        logits = self.head(self.hidden_states(ids, step, last_only=not all_logits))
+        return logits if all_logits else logits[:, 0]
+
+    def hidden_states(
+        self, ids: torch.Tensor, step: StepContext, *, last_only: bool = False
+    ) -> torch.Tensor:
+        """The states the LM head reads (after the final norm; transformers'
+        ``last_hidden_state``): ``[B, T, H]``, or ``[B, 1, H]`` with ``last_only``."""
+        step.last_only = last_only
         x = self.embed(ids)
         if self.embed_scale is not None:
             x = x * torch.tensor(self.embed_scale, dtype=x.dtype)
@@ -81,7 +89,7 @@ class DecoderLM:
         if self.position_embed is not None:
             x = x + self.position_embed(step.positions)
         x, residual = self.stack.fn(x, None, step, self.stack.weight)
-        if not all_logits:
+        if last_only:
             x = x[:, -1:]
             residual = None if residual is None else residual[:, -1:]
         if self.final_norm is not None:
@@ -90,10 +98,14 @@ class DecoderLM:
             x = x + residual
         if self.project_out is not None:
             x = self.project_out(x)
-        logits = self.lm_head(x).float()
+        return x
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """fp32 logits of ``hidden`` states (the LM head and any soft-capping)."""
+        logits = self.lm_head(hidden).float()
         if self.logit_softcap:
             logits = torch.tanh(logits / self.logit_softcap) * self.logit_softcap
-        return logits if all_logits else logits[:, 0]
+        return logits
 
 
 def left_pad(prompts: Sequence[torch.Tensor], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -124,6 +136,17 @@ def forward_step(
     logits = model.forward(ids, model.make_step(cache, meta), all_logits=all_logits)
     cache.end_step()
     return logits
+
+
+def hidden_step(
+    model: DecoderLM, cache: Any, seq_ids: list[int], ids: torch.Tensor, num_new: Sequence[int]
+) -> torch.Tensor:
+    """:func:`forward_step` returning the hidden states of every position ``[B, T, H]``
+    (what embeddings pool) instead of logits."""
+    meta = cache.begin_step(seq_ids, list(num_new), ids.shape[1])
+    hidden = model.hidden_states(ids, model.make_step(cache, meta))
+    cache.end_step()
+    return hidden
 
 
 def prefill(
