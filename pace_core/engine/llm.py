@@ -251,8 +251,6 @@ class LLMModel:
                 f"model_type {self.config.model_type!r} runs through transformers' own code "
                 "(no pace family), which returns logits only; embeddings need a pace family"
             )
-        if not self.path.is_dir():  # a GGUF file: no sentence-transformers files beside it
-            return EmbeddingConfig(hidden_size=int(self.model.config.hidden_size))
         return read_embedding_config(self.path, self.config)
 
     @cached_property

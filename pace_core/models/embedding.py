@@ -93,8 +93,9 @@ class EmbeddingConfig:
 
 
 def read_embedding_config(path: Path, hf_config: Any) -> EmbeddingConfig:
-    """The embedding rules of the model in ``path`` (see the module doc); ModelLoadError for
-    sentence-transformers modules pace does not run, or an encoder that attends both ways."""
+    """The embedding rules of the model at ``path`` (a directory, or a GGUF file: the
+    defaults); ModelLoadError for sentence-transformers modules pace does not run, or an
+    encoder that attends both ways."""
     text = getattr(hf_config, "text_config", None) or hf_config
     hidden = int(getattr(text, "hidden_size", 0) or 0)
     if (
@@ -111,7 +112,7 @@ def read_embedding_config(path: Path, hf_config: Any) -> EmbeddingConfig:
     if dims:
         matryoshka = tuple(int(d) for d in dims)
     modules_file = path / "modules.json"
-    if not modules_file.is_file():
+    if not path.is_dir() or not modules_file.is_file():
         return EmbeddingConfig(hidden_size=hidden, matryoshka=matryoshka)
     pooling: tuple[str, ...] = ("last",)
     normalize = False

@@ -23,14 +23,16 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from pace_core.server.api import embeddings as emb
 from pace_core.server.api import openai_request as oreq
-from pace_core.server.api.delivery import respond
+from pace_core.server.api.delivery import embeddings, respond
 from pace_core.server.api.openai_response import ChatFormat, CompletionFormat
 from pace_core.server.api.protocol import (
     APIError,
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
+    EmbeddingRequest,
     TokenizeRequest,
     error_body,
     parse,
@@ -169,6 +171,16 @@ async def chat_completions(request: Request, body: bytes = Depends(request_body)
     return await _answer(request, body, ChatCompletionRequest, oreq.chat_plan, ChatFormat)
 
 
+@v1.post("/embeddings", openapi_extra=_body_schema(EmbeddingRequest))
+async def create_embeddings(request: Request, body: bytes = Depends(request_body)):
+    server = _server(request)
+    req = parse(EmbeddingRequest, body)
+    plan = await _on_text_worker(server, emb.embedding_plan, server, req)
+    keys, sub = emb.submit(server, plan)
+    found = await embeddings(server, request, sub)
+    return emb.embedding_body(server, plan, [found[k].vector for k in keys], req.encoding_format)
+
+
 # -- errors ------------------------------------------------------------------------------------
 def error_response(server: Server, exc: APIError) -> JSONResponse:
     server.metrics.errors.labels(exc.instance or "frontend", exc.type).inc()
@@ -204,7 +216,7 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
         return app.openapi_schema
     schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
     components = schema.setdefault("components", {}).setdefault("schemas", {})
-    for model in (CompletionRequest, ChatCompletionRequest):
+    for model in (CompletionRequest, ChatCompletionRequest, EmbeddingRequest):
         js = model.model_json_schema(ref_template="#/components/schemas/{model}")
         components.update(js.pop("$defs", {}))
         components[model.__name__] = js

@@ -19,7 +19,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from pace_core.engine.events import ErrorKind, SeqError, Token
+from pace_core.engine.events import Embedding, ErrorKind, SeqError, Token
 from pace_core.server.api.openai_response import Choice, ResponseFormat, sse
 from pace_core.server.api.protocol import APIError
 from pace_core.server.frontdoor.context import ServingContext
@@ -114,18 +114,34 @@ def _engine_error(server: ServingContext, sub: Submission, ev: SeqError) -> APIE
     return APIError(status, ev.message, error_type, headers=headers, instance=instance)
 
 
-async def _collect(server: ServingContext, fmt: ResponseFormat, request: Request) -> list[Choice]:
-    sub, keys = fmt.submitted.sub, fmt.submitted.keys
-    choices = {k: Choice() for k in keys}
+async def _answered(
+    server: ServingContext, sub: Submission, request: Request
+) -> AsyncIterator[Token | Embedding]:
+    """A non-streamed submission's events; an engine error or the timeout raises its
+    APIError."""
     try:
         async with contextlib.aclosing(_events(server, sub, request, True)) as events:
             async for ev in events:
                 if isinstance(ev, SeqError):
                     raise _engine_error(server, sub, ev)
-                choices[ev.key].add(ev)
+                yield ev
     except _Timeout:
         raise _timeout_error(server) from None
+
+
+async def _collect(server: ServingContext, fmt: ResponseFormat, request: Request) -> list[Choice]:
+    sub, keys = fmt.submitted.sub, fmt.submitted.keys
+    choices = {k: Choice() for k in keys}
+    async for ev in _answered(server, sub, request):
+        choices[ev.key].add(ev)
     return [choices[k] for k in keys]
+
+
+async def embeddings(
+    server: ServingContext, request: Request, sub: Submission
+) -> dict[str, Embedding]:
+    """The vectors of an embedding submission by sequence key."""
+    return {ev.key: ev async for ev in _answered(server, sub, request)}
 
 
 async def _stream_body(server: ServingContext, fmt: ResponseFormat) -> AsyncIterator[bytes]:

@@ -207,6 +207,43 @@ class TokenizeRequest(_Strict):
     return_token_strs: bool = False
 
 
+MAX_EMBEDDING_INPUTS = 2048  # OpenAI's limit per request
+
+
+class EmbeddingRequest(_Strict):
+    """``POST /v1/embeddings``: one text or token-id list, or up to 2048 of them."""
+
+    model: str | None = None
+    input: Any
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(None, ge=1)
+    user: str | None = None  # for the caller's records; never changes the output
+
+    @field_validator("input")
+    @classmethod
+    def _inputs(cls, v: Any) -> list[str] | list[list[int]]:
+        """The inputs as a list of texts or of token-id lists."""
+        what = "a string, a list of strings, a list of token ids or a list of token-id lists"
+        one_list = isinstance(v, list) and v and all(_token_id(t) for t in v)
+        if isinstance(v, str) or one_list:
+            v = [v]
+        if not isinstance(v, list) or not v:
+            raise ValueError(f"must be {what} (non-empty)")
+        if len(v) > MAX_EMBEDDING_INPUTS:
+            raise ValueError(f"has {len(v)} inputs; at most {MAX_EMBEDDING_INPUTS} per request")
+        texts = all(isinstance(x, str) for x in v)
+        for i, x in enumerate(v):
+            if texts and not x:
+                raise ValueError(f"item {i} is an empty string")
+            if not texts and not (isinstance(x, list) and x and all(_token_id(t) for t in x)):
+                raise ValueError(f"item {i} is not a non-empty list of token ids; must be {what}")
+        return v
+
+
+def _token_id(t: Any) -> bool:
+    return isinstance(t, int) and not isinstance(t, bool) and t >= 0
+
+
 class DetokenizeRequest(_Strict):
     """``POST /detokenize``."""
 
@@ -264,8 +301,10 @@ def validation_error(exc: ValidationError) -> APIError:
 
 def _is_type_tag(part: Any) -> bool:
     text = str(part)
-    return text in {"str", "int", "float", "bool", "list[str]", "list[int]"} or (
-        "[" in text and "]" in text
+    return (
+        text in {"str", "int", "float", "bool", "list[str]", "list[int]"}
+        or text.startswith("constrained-")  # an Annotated member, e.g. constrained-str
+        or ("[" in text and "]" in text)
     )
 
 

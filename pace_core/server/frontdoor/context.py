@@ -10,6 +10,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from pace_core.models.embedding import EmbeddingConfig
 from pace_core.sampling.grammar import GrammarCompiler
 from pace_core.server.frontdoor.frontend import Frontend
 
@@ -67,6 +68,7 @@ class ServingContext(Protocol):
     speculative: bool
     token_text: TokenText
     grammar: GrammarCompiler  # validates response_format / tool_choice constraints
+    embedding: EmbeddingConfig | str  # the model's embedding rules, or why it cannot embed
     created: int  # unix time the server started (model cards)
 
     @property

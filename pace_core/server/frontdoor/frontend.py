@@ -18,7 +18,16 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from pace_core.engine.events import Admitted, ErrorKind, SeqError, SeqSpec, SpecStep, Stats, Token
+from pace_core.engine.events import (
+    Admitted,
+    Embedding,
+    ErrorKind,
+    SeqError,
+    SeqSpec,
+    SpecStep,
+    Stats,
+    Token,
+)
 from pace_core.server.api.protocol import APIError
 from pace_core.server.frontdoor.metrics import Metrics
 from pace_core.server.frontdoor.routing import PrefixRouter
@@ -252,7 +261,7 @@ class Frontend:
                     m.prefix_queries.labels(name).inc(ev.prompt_tokens)
                     m.prefix_hits.labels(name).inc(ev.cached_tokens)
                     state.sub.cached[ev.key] = ev.cached_tokens
-            elif isinstance(ev, SeqError):
+            elif isinstance(ev, SeqError | Embedding):
                 state = self._seqs.get(ev.key)
                 if state is None:
                     continue

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from pace_core.engine.config import EngineConfig
+from pace_core.errors import PaceError
+from pace_core.models.embedding import EmbeddingConfig, read_embedding_config
 from pace_core.models.limits import (
     read_generation_config,
     resolve_eos_ids,
@@ -49,6 +51,7 @@ class Server:
         eos_token_ids: Sequence[int] = (),
         speculative: bool = False,
         grammar: GrammarCompiler | None = None,
+        embedding: EmbeddingConfig | str = "the server was built without embedding rules",
     ) -> None:
         self.tokenizer = tokenizer
         self.config = config
@@ -57,6 +60,7 @@ class Server:
         self.vocab_size = vocab_size
         self.gen_defaults = sampling_defaults(generation_config)
         self.speculative = speculative
+        self.embedding = embedding
         self.metrics = Metrics(speculative)
         self.frontend = Frontend(
             instances,
@@ -97,6 +101,7 @@ class Server:
             eos_token_ids=llm.eos_token_ids,
             speculative=llm.speculator is not None,
             grammar=llm.grammar,  # one conversion shared by the front door and the engine
+            embedding=embedding_rules(lambda: llm.embedding_config),
         )
 
     @classmethod
@@ -147,7 +152,16 @@ class Server:
             generation_config=generation_config,
             eos_token_ids=resolve_eos_ids(generation_config, hf_config, tokenizer),
             speculative=model_args.get("spec_config") is not None,
+            embedding=embedding_rules(lambda: read_embedding_config(path, hf_config)),
         )
+
+
+def embedding_rules(read: Callable[[], EmbeddingConfig]) -> EmbeddingConfig | str:
+    """The model's embedding rules, or why it cannot embed (``/v1/embeddings`` answers it)."""
+    try:
+        return read()
+    except PaceError as exc:
+        return str(exc)
 
 
 def copy_tokenizer(tokenizer: Any) -> Any:
