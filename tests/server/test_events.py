@@ -24,6 +24,7 @@ from pace_core.engine.events import (
 from pace_core.sampling.config import SamplingConfig
 from pace_core.server.launch.instances import Dead, EngineHandle, Ready
 from pace_core.server.launch.multi import ProcessEngine
+from pace_core.server.launch.placement import InstancePlan
 
 SPEC = SeqSpec("r:0", [1, 2, 3], SamplingConfig(max_new_tokens=4, seed=7), arrival=1.5)
 MESSAGES = [
@@ -65,6 +66,7 @@ def test_stats_default_is_idle():
 
 def test_both_instance_kinds_are_engine_handles(server):
     local = server.server_state.frontend.instances[0]
-    process = ProcessEngine("p", {"model": "unused"}, EngineConfig(), [0])  # never started
+    plan = InstancePlan((0,), None, 1)
+    process = ProcessEngine("p", {"model": "unused"}, EngineConfig(), plan)  # never started
     assert isinstance(local, EngineHandle) and isinstance(process, EngineHandle)
     assert process.capacity_tokens is None and not process.healthy

@@ -10,16 +10,9 @@ import pytest
 
 from pace_core.engine.config import EngineConfig
 from pace_core.server.api.app import Server, ServerConfig, create_app
-from pace_core.server.launch.multi import partition_cores
 from pace_core.server.launch.testing import ThreadedServer
 
 from .conftest import CACHE_TOKENS, MODEL_NAME, wait_for
-
-
-def test_partition_cores():
-    assert partition_cores(2, [0, 1, 2, 3, 4]) == [[0, 1, 2], [3, 4]]
-    assert partition_cores(1, [0, 1]) == [[0, 1]]
-    assert partition_cores(3, [0, 1]) == [[0], [1], [0]]
 
 
 @pytest.mark.slow  # 40-70 s here: three model loads in spawned processes

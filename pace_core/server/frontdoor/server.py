@@ -2,9 +2,10 @@
 
 :meth:`Server.in_process` runs one engine thread on an already loaded
 :class:`~pace_core.engine.llm.LLMModel` (the default); :meth:`Server.multi_instance` launches
-engine processes on partitioned cores (:mod:`pace_core.server.launch.multi`) and loads only the
-tokenizer. Both take the context window and the generation defaults from
-:mod:`pace_core.models.limits`, the rules the engines themselves use.
+engine processes placed by a launch plan (:mod:`pace_core.server.launch.placement`,
+:mod:`pace_core.server.launch.multi`) and loads only the tokenizer. Both take the context
+window and the generation defaults from :mod:`pace_core.models.limits`, the rules the engines
+themselves use.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from pace_core.server.frontdoor.frontend import Frontend
 from pace_core.server.frontdoor.metrics import Metrics
 from pace_core.server.launch.instances import EngineHandle
 from pace_core.server.launch.local import LocalEngine
+from pace_core.server.launch.placement import InstancePlan
 
 
 class Server:
@@ -108,20 +110,27 @@ class Server:
     def multi_instance(
         cls,
         model_args: dict[str, Any],
-        instances: int,
+        instances: int | str | Sequence[InstancePlan],
         engine_config: EngineConfig | None = None,
         config: ServerConfig | None = None,
         cores: list[int] | None = None,
     ) -> Server:
-        """``instances`` engine processes with partitioned cores; loads only the tokenizer
-        (the processes start with the app, see :meth:`Frontend.start`)."""
-        from pace_core.server.launch.multi import ProcessEngine, partition_cores
+        """Engine processes placed by a launch plan (``instances``: a count, ``"auto"`` /
+        ``"auto-l3"`` planned on this machine's topology, restricted to ``cores`` if given,
+        or the plans themselves); loads only the tokenizer (the processes start with the
+        app, see :meth:`Frontend.start`)."""
+        from pace_core.platform import current_topology, read_topology
+        from pace_core.server.launch.multi import ProcessEngine
+        from pace_core.server.launch.placement import plan_instances
 
         engine_config = engine_config or EngineConfig()
         model_args = resolved_model_args(model_args)
-        groups = partition_cores(instances, cores)
+        if isinstance(instances, (int, str)):
+            topology = current_topology() if cores is None else read_topology(allowed=cores)
+            instances = plan_instances(topology, instances)
         engines = [
-            ProcessEngine(str(i), model_args, engine_config, groups[i]) for i in range(instances)
+            ProcessEngine(str(i), model_args, engine_config, plan)
+            for i, plan in enumerate(instances)
         ]
         return cls.for_engines(model_args, engines, engine_config, config)
 

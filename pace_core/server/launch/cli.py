@@ -8,7 +8,10 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pace_core.server.launch.placement import InstancePlan
 
 DTYPE_CHOICES = ("bfloat16", "bf16", "float32", "fp32")
 _SPEC_EXAMPLE = '{"method": "prompt_lookup", "num_speculative_tokens": 4}'
@@ -48,6 +51,30 @@ def spec_config_arg(value: str) -> dict[str, Any]:
     except ConfigError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return data
+
+
+def instances_arg(value: str) -> int | str:
+    """``--instances``: a count, ``auto`` or ``auto-l3`` (argparse error otherwise)."""
+    from pace_core.errors import ConfigError
+    from pace_core.server.launch.placement import parse_instances
+
+    try:
+        return parse_instances(value)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def cpus_arg(value: str) -> list[int]:
+    """One ``--instance-cores`` list: ``0-3,8-11``."""
+    from pace_core.platform import parse_cpulist
+
+    try:
+        cpus = parse_cpulist(value)
+    except ValueError:
+        cpus = []
+    if not cpus:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a CPU list; pass e.g. 0-3,8-11")
+    return cpus
 
 
 def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -104,7 +131,21 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="do not reuse the KV of prompt prefixes computed before (automatic prefix "
         "caching over full KV blocks; see docs/server.md)",
     )
-    p.add_argument("--instances", type=int, default=1, help="engine processes (cores split)")
+    p.add_argument(
+        "--instances",
+        type=instances_arg,
+        default=1,
+        help="engine processes: N (physical cores split N ways), auto (one per NUMA node) or "
+        "auto-l3 (one per L3 domain); see docs/server.md",
+    )
+    p.add_argument(
+        "--instance-cores",
+        nargs="+",
+        type=cpus_arg,
+        default=None,
+        metavar="CPUS",
+        help="one engine process per CPU list, e.g. 0-15 16-31 (instead of --instances)",
+    )
     ray = p.add_argument_group("Ray Serve (pip install 'pace-core[ray]'; see docs/server.md)")
     ray.add_argument("--ray", action="store_true", help="serve with Ray Serve replicas")
     ray.add_argument(
@@ -149,13 +190,28 @@ def build_server(args: argparse.Namespace):
     from pace_core.server.api.app import Server
 
     model_args, engine_config, config = serve_configs(args)
-    if args.instances > 1:
-        return Server.multi_instance(model_args, args.instances, engine_config, config)
+    plans = instance_plans(args)
+    if plans is not None:
+        return Server.multi_instance(model_args, plans, engine_config, config)
     from pace_core.engine.llm import LLMModel
     from pace_core.server.launch.threads import on_transient_thread
 
     llm = on_transient_thread(lambda: LLMModel(**model_args, quiet=True))
     return Server.in_process(llm, engine_config, config)
+
+
+def instance_plans(args: argparse.Namespace) -> list[InstancePlan] | None:
+    """The engine processes ``--instances`` / ``--instance-cores`` ask for (launch plans on
+    this machine's topology); None: one engine thread in this process (``--instances 1``,
+    or ``auto`` on a one-node machine)."""
+    from pace_core.platform import current_topology
+    from pace_core.server.launch.placement import plan_instances
+
+    cores = getattr(args, "instance_cores", None)
+    if args.instances == 1 and not cores:
+        return None
+    plans = plan_instances(current_topology(), args.instances, cores)
+    return plans if len(plans) > 1 or cores else None
 
 
 def serve_configs(args: argparse.Namespace) -> tuple[dict[str, Any], Any, Any]:
@@ -175,8 +231,6 @@ def serve_configs(args: argparse.Namespace) -> tuple[dict[str, Any], Any, Any]:
                 f"--kv-cache-type {args.kv_cache_type!r} cannot serve: continuous batching needs "
                 "a block cache (paged or slab_pool)"
             )
-    if args.instances < 1:
-        raise ConfigError("--instances must be >= 1")
     name = args.served_model_name or os.path.basename(str(model).rstrip("/")) or str(model)
     engine_config = EngineConfig(
         max_running=args.max_running,
@@ -235,7 +289,7 @@ def run_serve(args: argparse.Namespace) -> int:
     level = str(getattr(args, "log_level", None) or "info").lower()
     if not logging.getLogger().handlers:
         logging.basicConfig(level=level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    if args.instances > 1 or args.ray:
+    if args.ray or instance_plans(args) is not None:
         from pace_core import zoo
 
         if args.model is None or zoo.is_zoo_name(args.model):
@@ -250,7 +304,7 @@ def run_serve(args: argparse.Namespace) -> int:
     spec_note = "" if spec is None else f", speculative {json.dumps(spec, separators=(',', ':'))}"
     print(
         f"pace serve: {server.config.served_model_name} on http://{args.host}:{args.port}/v1 "
-        f"({args.instances} instance(s), kv {args.kv_cache_type}{spec_note})",
+        f"({len(server.frontend.instances)} instance(s), kv {args.kv_cache_type}{spec_note})",
         file=sys.stderr,
         flush=True,
     )

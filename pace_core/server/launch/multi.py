@@ -1,16 +1,18 @@
-"""Multi-instance serving: engine processes with partitioned cores behind one front door.
+"""Multi-instance serving: engine processes, each placed by a launch plan, behind one front door.
 
-Each instance is a ``spawn``-ed process that loads the model, pins itself to its cores
-(``os.sched_setaffinity``) and runs an :class:`~pace_core.engine.core.EngineCore` with
-``torch.set_num_threads(len(cores))``. The front door talks to it over two one-way pipes:
-commands (:class:`~pace_core.engine.events.Submit` / ``Cancel`` / ``Stop``) down, event
-batches (:mod:`pace_core.engine.events`, a
-:class:`~pace_core.server.launch.instances.Ready` first) up.
-A reader thread per instance forwards events to the front door; when the pipe breaks (the
-process died) the instance reports :class:`~pace_core.server.launch.instances.Dead` -- the
-front door
-fails that instance's in-flight requests -- and a new process is spawned. The child exits by
-itself when the parent's end of the command pipe closes, so no orphan outlives the server.
+Each instance is a ``spawn``-ed process placed by its
+:class:`~pace_core.server.launch.placement.InstancePlan`: it pins itself to the plan's cores,
+prefers its NUMA node's memory (:mod:`~pace_core.server.launch.binding`) before loading the
+model, and runs an :class:`~pace_core.engine.core.EngineCore` with an OpenMP team of the
+plan's size (``OMP_NUM_THREADS`` in its environment, ``torch.set_num_threads``). The front door
+talks to it over two one-way pipes: commands (:class:`~pace_core.engine.events.Submit` /
+``Cancel`` / ``Stop``) down, event batches (:mod:`pace_core.engine.events`, a
+:class:`~pace_core.server.launch.instances.Ready` first) up. A reader thread per instance
+forwards events to the front door; when the pipe breaks (the process died) the instance
+reports :class:`~pace_core.server.launch.instances.Dead` -- the front door fails that
+instance's in-flight requests only and routes around it -- and a new process is spawned,
+which rejoins routing with its ``Ready``. The child exits by itself when the parent's end of
+the command pipe closes, so no orphan outlives the server.
 """
 
 from __future__ import annotations
@@ -20,41 +22,28 @@ import dataclasses
 import logging
 import multiprocessing as mp
 import os
+import signal
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from pace_core.engine.config import EngineConfig
 from pace_core.engine.core import EngineCore
 from pace_core.engine.events import Cancel, Command, SeqSpec, Stop, Submit
+from pace_core.server.launch.binding import apply_plan
 from pace_core.server.launch.instances import Dead, Deliver, Event, Ready
+from pace_core.server.launch.placement import InstancePlan
 from pace_core.server.launch.threads import on_transient_thread
 
 log = logging.getLogger("pace.server.multi")
-
-
-def partition_cores(instances: int, cores: list[int] | None = None) -> list[list[int]]:
-    """Split the usable cores into ``instances`` contiguous, disjoint groups (>= 1 core each;
-    with fewer cores than instances the groups wrap around and share)."""
-    if cores is None:
-        cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-        cores = cores or list(range(os.cpu_count() or 1))
-    if instances <= len(cores):
-        size, extra = divmod(len(cores), instances)
-        out, start = [], 0
-        for i in range(instances):
-            n = size + (1 if i < extra else 0)
-            out.append(cores[start : start + n])
-            start += n
-        return out
-    return [[cores[i % len(cores)]] for i in range(instances)]
 
 
 def _instance_main(
     name: str,
     model_args: dict[str, Any],
     config: EngineConfig,
-    cores: list[int],
+    plan: InstancePlan,
     cmd_conn: Any,
     evt_conn: Any,
 ) -> None:
@@ -63,12 +52,8 @@ def _instance_main(
 
     from pace_core.engine.llm import LLMModel
 
-    if cores and hasattr(os, "sched_setaffinity"):
-        try:
-            os.sched_setaffinity(0, cores)
-        except OSError as exc:
-            log.warning("instance %s: cannot pin to cores %s: %s", name, cores, exc)
-    threads = config.threads or max(1, len(cores))
+    apply_plan(plan, name)  # before the weights load: they land on the plan's node
+    threads = config.threads or max(1, plan.omp_threads)
     torch.set_num_threads(threads)
     config = dataclasses.replace(config, threads=threads)
 
@@ -104,6 +89,33 @@ def _instance_main(
     thread.join(30)
 
 
+def _exit_text(code: int | None) -> str:
+    if code is not None and code < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-code).name}"
+    return f"exit code {code}"
+
+
+_ENV_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _child_env(**env: str) -> Iterator[None]:
+    """``env`` in ``os.environ`` while a child is spawned (it inherits the environment; an
+    OpenMP runtime reads ``OMP_NUM_THREADS`` when it loads, before any code of ours runs)."""
+    with _ENV_LOCK:
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            yield
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+
+
 class ProcessEngine:
     """One engine instance in its own process, restarted when it dies; an
     :class:`~pace_core.server.launch.instances.EngineHandle`."""
@@ -113,13 +125,13 @@ class ProcessEngine:
         name: str,
         model_args: dict[str, Any],
         config: EngineConfig,
-        cores: list[int],
+        plan: InstancePlan,
         restart_delay: float = 0.5,
     ) -> None:
         self.name = name
         self.model_args = model_args
         self.config = config
-        self.cores = cores
+        self.plan = plan
         self.restart_delay = restart_delay
         self.capacity_tokens: int | None = None
         self.block_size: int | None = None
@@ -134,6 +146,7 @@ class ProcessEngine:
 
     def start(self, deliver: Deliver) -> None:
         self._deliver = deliver
+        log.info("instance %s: %s", self.name, self.plan.describe())
         self._spawn()
 
     def _spawn(self) -> None:
@@ -142,11 +155,13 @@ class ProcessEngine:
         evt_r, evt_w = ctx.Pipe(duplex=False)
         proc = ctx.Process(
             target=_instance_main,
-            args=(self.name, self.model_args, self.config, self.cores, cmd_r, evt_w),
+            args=(self.name, self.model_args, self.config, self.plan, cmd_r, evt_w),
             name=f"pace-instance-{self.name}",
             daemon=True,
         )
-        proc.start()
+        threads = self.config.threads or self.plan.omp_threads
+        with _child_env(OMP_NUM_THREADS=str(max(1, threads))):
+            proc.start()
         cmd_r.close()
         evt_w.close()
         with self._send_lock:
@@ -172,9 +187,9 @@ class ProcessEngine:
         self.healthy = False
         if self._closing:
             return
-        reason = f"engine instance {self.name} stopped (exit code {proc.exitcode})"
+        reason = f"engine instance {self.name} stopped ({_exit_text(proc.exitcode)})"
         log.error("%s; restarting it", reason)
-        self._emit([Dead(reason)])
+        self._emit([Dead(f"{reason} with this request in flight; retry it")])
         time.sleep(self.restart_delay)
         if not self._closing:
             self.restarts += 1

@@ -143,21 +143,28 @@ def _local_rank(context: Any) -> int:
 
 def pin_cores(local_rank: int, threads: int) -> list[int] | None:
     """Pin every thread of this replica process (and so the threads they start: the engine
-    and its OpenMP pool) to its own ``threads`` cores: replica ``local_rank`` on a node takes
-    cores ``[local_rank * threads, (local_rank + 1) * threads)`` of the process's allowed
-    set. Skipped (None) when the node has too few cores for that: Ray still bounds the
-    replica's CPU share by ``num_cpus``."""
-    allowed = sorted(os.sched_getaffinity(0))
-    start = local_rank * threads
-    if start + threads > len(allowed):
-        log.warning("replica rank %d x %d threads: only %d cores, not pinned",
-                    local_rank, threads, len(allowed))  # fmt: skip
+    and its OpenMP pool) to cores of its own, and prefer their NUMA node's memory for the
+    calling thread (which loads the weights): replica ``local_rank`` on a machine takes the
+    ``local_rank``-th group of ``threads`` physical cores
+    (:func:`~pace_core.server.launch.placement.plan_replica`). Skipped (None) when the
+    machine has too few cores for that: Ray still bounds the replica's CPU share by
+    ``num_cpus``."""
+    from pace_core.platform import current_topology
+    from pace_core.server.launch.binding import prefer_node
+    from pace_core.server.launch.placement import plan_replica
+
+    topology = current_topology()
+    plan = plan_replica(topology, local_rank, threads)
+    if plan is None:
+        log.warning("replica rank %d x %d threads: only %d physical cores, not pinned",
+                    local_rank, threads, len(topology.cores))  # fmt: skip
         return None
-    cores = set(allowed[start : start + threads])
     for task in os.listdir("/proc/self/task"):
         with contextlib.suppress(OSError):  # a thread that ended meanwhile
-            os.sched_setaffinity(int(task), cores)
-    return sorted(cores)
+            os.sched_setaffinity(int(task), plan.cores)
+    if plan.numa_node is not None:
+        prefer_node(plan.numa_node)
+    return list(plan.cores)
 
 
 class RayEngines:
