@@ -223,7 +223,7 @@ def test_models_and_health(server):
     models = client(server).models.list()
     assert [m.id for m in models.data] == [MODEL_NAME]
     r = httpx.get(server.url + "/health")
-    assert r.status_code == 200 and r.json() == {"status": "ok"}
+    assert r.status_code == 200 and r.json() == {"status": "ok", "ready": 1, "instances": 1}
 
 
 def test_prompt_text_work_runs_off_the_event_loop(server, monkeypatch):
@@ -326,4 +326,3 @@ def test_the_server_listens_once_its_engine_has_warmed_up(llm, monkeypatch):
         release.set()
         starter.join(30)
         http.stop()
-

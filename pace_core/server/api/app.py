@@ -112,9 +112,10 @@ tokens = APIRouter(dependencies=[Depends(require_api_key)])  # vLLM's /tokenize,
 
 @open_routes.get("/health")
 async def health(request: Request):
-    if not _server(request).frontend.healthy:
-        return JSONResponse({"status": "starting"}, status_code=503, headers={"Retry-After": "2"})
-    return {"status": "ok"}
+    body = _server(request).frontend.readiness()
+    if not body["ready"]:
+        return JSONResponse(body, status_code=503, headers={"Retry-After": "2"})
+    return body
 
 
 @open_routes.get("/metrics")

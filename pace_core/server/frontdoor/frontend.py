@@ -17,6 +17,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from pace_core.engine.events import (
     Admitted,
@@ -101,9 +102,7 @@ class Frontend:
         """Block until every instance has warmed up, at most ``timeout`` s in all; True if
         they all have."""
         deadline = time.monotonic() + timeout
-        return all(
-            inst.wait_warm(max(0.0, deadline - time.monotonic())) for inst in self.instances
-        )
+        return all(inst.wait_warm(max(0.0, deadline - time.monotonic())) for inst in self.instances)
 
     def shutdown(self) -> None:
         for inst in self.instances:
@@ -123,6 +122,14 @@ class Frontend:
     @property
     def healthy(self) -> bool:
         return any(inst.healthy for inst in self.instances)
+
+    def readiness(self) -> dict[str, Any]:
+        """``/health``'s body: ``ok`` (every instance ready), ``degraded`` (some are: requests
+        go to those while the others start or restart) or ``starting`` (none: a 503)."""
+        ready = sum(1 for inst in self.instances if inst.healthy)
+        total = len(self.instances)
+        status = "ok" if ready == total else "degraded" if ready else "starting"
+        return {"status": status, "ready": ready, "instances": total}
 
     def capacity_tokens(self) -> int | None:
         caps = [i.capacity_tokens for i in self.instances if i.capacity_tokens is not None]
