@@ -175,6 +175,12 @@ def test_answer_streams_with_ttft_and_tokens_per_second(browser, server_url):
     page.wait_ready()
     assert len(browser.find_elements(By.CSS_SELECTOR, ".message.user")) == 2
     assert "TTFT" in page.last_stats()
+    script_problems = [
+        entry["message"]
+        for entry in browser.get_log("browser")
+        if "Content Security Policy" in entry["message"] or "Uncaught" in entry["message"]
+    ]
+    assert not script_problems
     screenshot = os.environ.get("PACE_CHAT_SCREENSHOT")
     if screenshot:
         Path(screenshot).parent.mkdir(parents=True, exist_ok=True)
