@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from pace_core.errors import ConfigError
-from pace_core.platform import read_topology
+from pace_core.platform import current_topology, read_topology
 from pace_core.server.launch.binding import prefer_node
 from pace_core.server.launch.cli import add_serve_parser, instance_plans
 from pace_core.server.launch.placement import (
@@ -106,6 +106,8 @@ def test_cli(capsys):
     args = _parse(["serve", "--instances", "AUTO", "--instance-cores", "0", "1"])
     assert args.instances == "auto" and args.instance_cores == [[0], [1]]
     assert instance_plans(_parse(["serve"])) is None  # one engine thread, as always
+    if len(current_topology().nodes) == 1:  # auto on one node: as --instances 1
+        assert instance_plans(_parse(["serve", "--instances", "auto"])) is None
     assert instance_plans(_parse(["serve", "--instance-cores", "0"])) == [
         InstancePlan((0,), None, 1)
     ]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import os
 import signal
+from pathlib import Path
 
 import httpx
 import openai
@@ -48,6 +49,10 @@ def test_a_killed_instance_fails_only_its_own_requests(smollm2_dir):
     with ThreadedServer(create_app(server), timeout=60) as http:
         wait_for(lambda: victim.healthy and survivor.healthy, 240, "both instances ready")
         assert httpx.get(http.url + "/health").json()["status"] == "ok"
+        for inst in frontend.instances:  # placed by its plan: pinned, OpenMP team sized
+            assert os.sched_getaffinity(inst.pid) == set(inst.plan.cores)
+            environ = Path(f"/proc/{inst.pid}/environ").read_bytes().split(b"\0")
+            assert f"OMP_NUM_THREADS={inst.plan.omp_threads}".encode() in environ
         c = openai.OpenAI(base_url=http.url + "/v1", api_key="x", max_retries=0, timeout=180)
 
         def call(i: int, max_tokens: int = TOKENS, stream: bool = False):

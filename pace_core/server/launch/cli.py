@@ -60,8 +60,8 @@ def instances_arg(value: str) -> int | str:
 
     try:
         return parse_instances(value)
-    except ConfigError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    except ConfigError as exc:  # argparse names the option itself
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--instances ")) from None
 
 
 def cpus_arg(value: str) -> list[int]:
