@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
@@ -62,6 +62,9 @@ class BlockPool:
         self.key_of: dict[int, BlockKey] = {}
         self.block_of: dict[BlockKey, int] = {}
         self.cached: collections.OrderedDict[int, None] = collections.OrderedDict()  # LRU first
+        # called with (block, key) before a cached block is handed out again (the disk tier
+        # saves it while its contents are still there)
+        self.on_evict: Callable[[int, BlockKey], None] | None = None
 
     # -- counts ----------------------------------------------------------------------------
     @property
@@ -86,6 +89,8 @@ class BlockPool:
                 b = self.free.pop()
             else:
                 b, _ = self.cached.popitem(last=False)
+                if self.on_evict is not None:
+                    self.on_evict(b, self.key_of[b])
                 del self.block_of[self.key_of.pop(b)]
             self.ref[b] = 1
             out.append(b)

@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from pace_core.caches.base import BlockKVCache, KVCache
+from pace_core.caches.blocks import BlockCache
 from pace_core.engine.config import EngineConfig
 from pace_core.engine.events import (
     Admitted,
@@ -127,6 +128,7 @@ class EngineCore:
         self._stopped = False
         self.warmed = threading.Event()  # set by run once warmed up (or its warm-up failed)
         self._last_stats: Stats | None = None
+        self._spilled = True  # the prefix cache's blocks are queued for its disk tier
 
     # -- geometry ----------------------------------------------------------------------------
     @property
@@ -178,6 +180,7 @@ class EngineCore:
             while not self._stopped:
                 self.run_once(block=True)
         self._fail_active("server is shutting down", ErrorKind.UNAVAILABLE)
+        self._spill(final=True)
         for req in self.scheduler.drop_waiting():
             self._out.append(SeqError(req.key, "server is shutting down", ErrorKind.UNAVAILABLE))
         self._flush()
@@ -195,10 +198,12 @@ class EngineCore:
         fails the sequences in flight and resets the engine. Returns whether a step ran."""
         if not self.busy:
             self._flush()
+            self._spill()
         self._drain(block=block and not self.busy)
         if self._stopped or not self.busy:
             self._flush()  # e.g. rejections made while draining
             return False
+        self._spilled = False
         with torch.inference_mode():
             try:
                 self.step()
@@ -480,6 +485,18 @@ class EngineCore:
             self._out.append(SeqError(req.key, message, kind))
         self.sampler = None
         self.spec = self._new_spec()
+
+    def _spill(self, final: bool = False) -> None:
+        """Idle (or stopping): queue the prefix cache's new blocks for its disk tier, once
+        per idle spell; ``final`` waits until they are written."""
+        cache = self.cache
+        if not isinstance(cache, BlockCache) or cache.disk is None:
+            return
+        if not self._spilled:
+            cache.spill()
+            self._spilled = True
+        if final:
+            cache.disk.flush()
 
     def stats(self) -> Stats:
         sched = self.scheduler

@@ -36,6 +36,7 @@ class ModelHandle:
     grammar: Callable[[], GrammarCompiler | None]
     embedding: Callable[[], EmbeddingHead]
     speculator: Speculator | None = None
+    attach_disk: Callable[[BlockKVCache], None] | None = None  # the prefix cache's disk tier
 
     @property
     def vocab_size(self) -> int:
@@ -61,4 +62,6 @@ class ModelHandle:
             )
         if prefix_caching:
             cache.enable_prefix_caching(self.kv_namespace)
+            if self.attach_disk is not None:
+                self.attach_disk(cache)
         return cache

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -14,6 +16,8 @@ import torch
 from pace_core.binder import OpPlan
 from pace_core.caches import KVCacheType
 from pace_core.caches.base import BlockKVCache, KVCache
+from pace_core.caches.blocks import BlockCache
+from pace_core.caches.disk_tier import DEFAULT_DISK_GB, DiskBlockStore, weights_fingerprint
 from pace_core.engine.beam import BeamHypothesis, beam_search
 from pace_core.engine.config import EngineConfig
 from pace_core.engine.core import EngineCore
@@ -89,6 +93,8 @@ class LLMModel:
         quantization: QuantizationConfig | str | dict | None = None,
         prefix_caching: bool | None = None,
         engine_config: EngineConfig | None = None,
+        prefix_cache_dir: str | os.PathLike | None = None,
+        prefix_cache_disk_gb: float = DEFAULT_DISK_GB,
     ) -> None:
         # validate before the (slow) load
         spec = None if spec_config is None else coerce_spec_config(spec_config)
@@ -104,6 +110,17 @@ class LLMModel:
         self.cache_spec = self.host.caches[kv_cache_type]
         self.cache_options = {"memory_gb": kv_cache_memory_gb, "max_tokens": max_cache_tokens}
         self.prefix_caching = self._prefix_caching_choice(prefix_caching)
+        if prefix_cache_dir is not None and not self.prefix_caching:
+            raise ConfigError(
+                "prefix_cache_dir keeps prefix-cached KV blocks on disk: it needs prefix caching "
+                f"on a block cache (kv_cache_type 'paged' or 'slab_pool', not "
+                f"{self.kv_cache_type!r}, and prefix_caching not False)"
+            )
+        if prefix_cache_disk_gb <= 0:
+            raise ConfigError(f"prefix_cache_disk_gb must be > 0 (got {prefix_cache_disk_gb})")
+        self.prefix_cache_dir = None if prefix_cache_dir is None else Path(prefix_cache_dir)
+        self.prefix_cache_disk_bytes = int(prefix_cache_disk_gb * (1 << 30))
+        self._disk_stores: dict[str, DiskBlockStore] = {}
         if engine_config is not None and not isinstance(engine_config, EngineConfig):
             raise ConfigError(
                 f"engine_config must be a pace_core.engine.config.EngineConfig, not "
@@ -187,10 +204,33 @@ class LLMModel:
                     f"cache ({type(cache).__name__}) is not a BlockKVCache"
                 )
             cache.enable_prefix_caching(self.kv_namespace)
+            self.attach_disk(cache)
             self._prefix_cache = cache
         if self._prefix_cache_in_use:  # a generation in progress (an unfinished stream)
             return self.new_cache()
         return self._prefix_cache
+
+    def attach_disk(self, cache: BlockKVCache) -> None:
+        """Give a prefix-caching block cache the disk tier of ``prefix_cache_dir`` (one
+        store per block layout, shared by this model's caches); nothing without a dir."""
+        if self.prefix_cache_dir is None:
+            return
+        if not isinstance(cache, BlockCache):
+            raise ConfigError(
+                f"prefix_cache_dir needs one of pace's block caches; kv_cache_type "
+                f"{self.kv_cache_type!r} ({type(cache).__name__}) has no disk tier"
+            )
+        identity = {**cache.identity(), "weights": self._weights_fingerprint}
+        key = json.dumps(identity, sort_keys=True)
+        if key not in self._disk_stores:
+            self._disk_stores[key] = DiskBlockStore(
+                self.prefix_cache_dir, identity, self.prefix_cache_disk_bytes
+            )
+        cache.attach_disk(self._disk_stores[key])
+
+    @cached_property
+    def _weights_fingerprint(self) -> str:
+        return weights_fingerprint(self.path)
 
     def _default_eos(self) -> tuple[int, ...]:
         return resolve_eos_ids(self.generation_config, self.model.config, self.tokenizer)
@@ -239,6 +279,7 @@ class LLMModel:
             processors=tuple(self.host.samplers.values()),
             grammar=lambda: self.grammar,
             embedding=lambda: self.embedding_head,
+            attach_disk=self.attach_disk,
             speculator=self.speculator,
         )
 
@@ -342,6 +383,8 @@ class LLMModel:
         finally:
             if in_use:
                 self._prefix_cache_in_use = False
+            if isinstance(core.cache, BlockCache):
+                core.cache.spill()  # written in the background
 
     def _events(self, run: OfflineRun) -> Iterator[Token | SpecStep]:
         """The sequences' token (with text) and speculative-step events, in order."""

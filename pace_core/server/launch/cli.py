@@ -90,6 +90,7 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--dtype", default="bfloat16", choices=DTYPE_CHOICES)
+    from pace_core.caches.disk_tier import DEFAULT_DISK_GB
     from pace_core.quant.config import add_quantization_argument
 
     add_quantization_argument(p)
@@ -130,6 +131,19 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         action="store_false",
         help="do not reuse the KV of prompt prefixes computed before (automatic prefix "
         "caching over full KV blocks; see docs/server.md)",
+    )
+    p.add_argument(
+        "--prefix-cache-dir",
+        default=None,
+        help="keep prefix-cached KV blocks in this directory too: evicted blocks and, when the "
+        "engine is idle or stops, every cached one; the next start restores them on a hit "
+        "(only for the same model, weights, dtype and quantization; see docs/server.md)",
+    )
+    p.add_argument(
+        "--prefix-cache-disk-gb",
+        type=float,
+        default=DEFAULT_DISK_GB,
+        help="size cap of --prefix-cache-dir in GiB (least recently used blocks go first)",
     )
     p.add_argument(
         "--instances",
@@ -261,6 +275,11 @@ def serve_configs(args: argparse.Namespace) -> tuple[dict[str, Any], Any, Any]:
         "spec_config": spec_config,
         "quantization": args.quantization,
     }
+    if args.prefix_cache_dir:
+        if not args.prefix_caching:
+            raise ConfigError("--prefix-cache-dir needs prefix caching: drop --no-prefix-caching")
+        model_args["prefix_cache_dir"] = args.prefix_cache_dir
+        model_args["prefix_cache_disk_gb"] = args.prefix_cache_disk_gb
     if spec_config is not None and "model_name_or_path" in spec_config:
         # resolve (and pull) the draft before the target loads, and once for all instances
         # (an instance that cannot load it would die and be restarted forever)
