@@ -310,16 +310,22 @@ function newChat() {
 }
 
 // -- models ---------------------------------------------------------------------------------
+/** Counts the model listings: only the newest one (the latest API key) is shown. */
+let modelListings = 0;
+
 async function loadModels() {
+  const listing = ++modelListings;
   ui.modelNote.textContent = "";
   try {
     const response = await fetch("/v1/models", { headers: authHeaders() });
     if (!response.ok) throw await responseError(response);
     const { data } = await response.json();
+    if (listing !== modelListings) return;
     const current = ui.model.value;
     ui.model.replaceChildren(...data.map((model) => new Option(model.id, model.id)));
     if (data.some((model) => model.id === current)) ui.model.value = current;
   } catch (err) {
+    if (listing !== modelListings) return;
     ui.modelNote.textContent = "models not listed (API key?)";
     showError(`Listing the models failed. ${err.message}`);
   }
