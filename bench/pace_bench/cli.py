@@ -23,7 +23,7 @@ from typing import Any
 
 BENCHMARKS = (
     "offline", "decode_vs_peers", "kernels", "attention", "serving", "one_user", "speculative",
-    "quality", "loading", "quantized", "structured", "prefix", "compile", "dlrm",
+    "quality", "loading", "quantized", "structured", "prefix", "embeddings", "compile", "dlrm",
 )  # fmt: skip
 RESULTS_ROOT = Path("results")
 

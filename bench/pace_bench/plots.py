@@ -6,7 +6,8 @@ Plots are drawn from the JSON payload alone, so ``pace bench plot <folder>`` red
 - kernels: per-op backend comparison bars (GB/s for GEMV, GFLOP/s for GEMM, µs for ops,
   ms / tok/s for the model plans), one panel per shape and M;
 - attention: µs per decode step vs context, per cache type;
-- serving: output tok/s, TTFT and inter-token latency vs concurrency, per engine and mode.
+- serving: output tok/s, TTFT and inter-token latency vs concurrency, per engine and mode;
+- embeddings: inputs/s vs batch, per engine and input length.
 """
 
 from __future__ import annotations
@@ -261,6 +262,31 @@ def plot_quantized(payload: Mapping[str, Any], out: Path) -> list[Path]:
     return written
 
 
+# -- embeddings -----------------------------------------------------------------------------
+def plot_embeddings(payload: Mapping[str, Any], out: Path) -> list[Path]:
+    """Per model: inputs/s vs batch, a line per engine, a panel per input length."""
+    plt, rows, written = _pyplot(), payload["results"], []
+    for model in _unique(rows, "model"):
+        sub = [r for r in rows if r["model"] == model]
+        lengths = _unique(sub, "length")
+        fig, axes = plt.subplots(1, len(lengths), figsize=(5 * len(lengths), 4), squeeze=False)
+        for ax, length in zip(axes[0], lengths):
+            for engine in _unique(sub, "engine"):
+                mine = [r for r in sub if r["length"] == length and r["engine"] == engine]
+                ax.plot([r["batch"] for r in mine], [r["inputs_s"] for r in mine], "o-",
+                        label=engine)  # fmt: skip
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel("batch (inputs per call)")
+            ax.set_ylabel("inputs/s")
+            ax.set_title(f"{length} tokens per input")
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=8)
+        fig.suptitle(f"embeddings {model} ({_title(payload)})", fontsize=10)
+        written.append(_save(fig, out / f"embeddings-{_slug(Path(str(model)).name)}.png"))
+    return written
+
+
 def _slug(text: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in str(text))
 
@@ -271,6 +297,7 @@ PLOTTERS: dict[str, Callable[[Mapping[str, Any], Path], list[Path]]] = {
     "attention": plot_attention,
     "serving": plot_serving,
     "quantized": plot_quantized,
+    "embeddings": plot_embeddings,
 }
 
 

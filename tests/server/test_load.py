@@ -1,5 +1,5 @@
 """Bounded load: many concurrent streams, disconnects, overload, timeouts and a soak of all of
-them with malformed bodies."""
+them with embeddings and malformed bodies."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from pathlib import Path
 
 import httpx
 import openai
+import torch
 
-from pace_core.engine.events import Token
+from pace_core.engine.events import Embedding, Token
 
 from .conftest import MODEL_NAME, client, engine_core, serve, wait_idle
 
@@ -171,20 +172,40 @@ _BAD_BODIES = [
 ]
 
 
+_BAD_EMBEDDINGS = [
+    b"{",
+    b'{"input": ""}',
+    b'{"input": [[]]}',
+    b'{"input": [1, 10000000]}',  # outside the vocabulary
+    b'{"input": "hi", "dimensions": 64}',  # not a matryoshka model
+    b'{"input": "hi", "encoding_format": "int8"}',
+    b'{"input": "hi", "pooling": "mean"}',
+    b'{"model": "nope", "input": "hi"}',
+    b'{"input": "%s"}' % (b"word " * 3000),  # more tokens than the KV pool holds
+]
+# The last input is prefilled in chunks (the server's prefill budget is 64 tokens).
+EMBED_INPUTS = [PROMPTS[0], PROMPTS[2], PROMPTS[3] * 4]
+EMBED_ABANDONED = 12  # inputs of an embedding request the client gives up on
+
+
 def test_a_soak_of_streams_disconnects_and_bad_bodies_loses_nothing(server):
     """Complete streams (greedy and sampled), streams dropped mid-way, non-stream requests
-    given up on, and malformed bodies, three waves at once: every good request answers 200,
-    every bad one a 4xx, none a 5xx; the KV pool ends empty; and the same greedy requests
-    give the same text after the soak as before it."""
+    given up on (generations and large embeddings), embeddings, and malformed bodies for
+    both routes, three waves at once: every good request answers 200, every bad one a 4xx,
+    none a 5xx; the KV pool ends empty; abandoned requests stop; and the same greedy requests
+    and embeddings give the same answers after the soak as before it."""
     url = server.url + "/v1/completions"
+    embed_url = server.url + "/v1/embeddings"
     greedy = [
         {"model": MODEL_NAME, "prompt": p, "max_tokens": 12, "temperature": 0} for p in PROMPTS
     ]
 
-    def greedy_texts() -> list[str]:
-        return [httpx.post(url, json=b, timeout=60).json()["choices"][0]["text"] for b in greedy]
+    def answers() -> tuple[list[str], torch.Tensor]:
+        texts = [httpx.post(url, json=b, timeout=60).json()["choices"][0]["text"] for b in greedy]
+        r = httpx.post(embed_url, json={"model": MODEL_NAME, "input": EMBED_INPUTS}, timeout=60)
+        return texts, torch.tensor([d["embedding"] for d in r.json()["data"]])
 
-    before = greedy_texts()
+    before = answers()
     good, bad = [], []
 
     async def full_stream(c: httpx.AsyncClient, i: int) -> None:
@@ -212,9 +233,21 @@ def test_a_soak_of_streams_disconnects_and_bad_bodies_loses_nothing(server):
         with contextlib.suppress(httpx.TimeoutException):
             good.append((await c.post(url, json=body, timeout=0.3)).status_code)
 
-    async def malformed(c: httpx.AsyncClient, content: bytes) -> None:
-        r = await c.post(url, content=content, headers={"content-type": "application/json"})
-        bad.append((r.status_code, content))
+    async def embedded(c: httpx.AsyncClient, i: int) -> None:
+        inputs = EMBED_INPUTS[: 1 + i % 3]
+        r = await c.post(embed_url, json={"model": MODEL_NAME, "input": inputs})
+        good.append(r.status_code)
+        assert len(r.json()["data"]) == len(inputs)
+
+    async def embedding_given_up(c: httpx.AsyncClient, i: int) -> None:
+        inputs = [f"{i}.{k} " + PROMPTS[3] * 4 for k in range(EMBED_ABANDONED)]  # ~1,000 tokens
+        with contextlib.suppress(httpx.TimeoutException):
+            r = await c.post(embed_url, json={"model": MODEL_NAME, "input": inputs}, timeout=0.3)
+            good.append(r.status_code)
+
+    async def malformed(c: httpx.AsyncClient, route: str, content: bytes) -> None:
+        r = await c.post(route, content=content, headers={"content-type": "application/json"})
+        bad.append((r.status_code, content[:60]))
 
     async def soak() -> None:
         async with httpx.AsyncClient(timeout=120) as c:
@@ -222,14 +255,18 @@ def test_a_soak_of_streams_disconnects_and_bad_bodies_loses_nothing(server):
                 jobs = [full_stream(c, 8 * wave + i) for i in range(8)]
                 jobs += [dropped_stream(c, 6 * wave + i) for i in range(6)]
                 jobs += [given_up(c, 3 * wave + i) for i in range(3)]
-                jobs += [malformed(c, body) for body in _BAD_BODIES]
+                jobs += [embedded(c, 3 * wave + i) for i in range(3)]
+                jobs += [embedding_given_up(c, 2 * wave + i) for i in range(2)]
+                jobs += [malformed(c, url, body) for body in _BAD_BODIES]
+                jobs += [malformed(c, embed_url, body) for body in _BAD_EMBEDDINGS]
                 await asyncio.gather(*jobs)
 
     core = engine_core(server)
-    emit, generated = core.emit, []
+    emit, generated, embedded_n = core.emit, [], []
 
-    def counting(events: list) -> None:  # the tokens the engine makes, cancelled ones too
+    def counting(events: list) -> None:  # what the engine makes, for cancelled requests too
         generated.append(sum(isinstance(e, Token) for e in events))
+        embedded_n.append(sum(isinstance(e, Embedding) for e in events))
         emit(events)
 
     core.emit = counting
@@ -240,8 +277,13 @@ def test_a_soak_of_streams_disconnects_and_bad_bodies_loses_nothing(server):
         core.emit = emit
     assert good and all(code == 200 for code in good), good
     assert all(400 <= code < 500 for code, _ in bad), bad
-    assert len(bad) == 3 * len(_BAD_BODIES)
+    assert len(bad) == 3 * (len(_BAD_BODIES) + len(_BAD_EMBEDDINGS))
     complete = sum(8 + i % 8 for i in range(24))  # what the complete streams asked for
     abandoned = 3 * (6 + 3) * 300  # ... and the dropped and given-up requests
     assert sum(generated) < complete + abandoned / 2, "abandoned requests kept generating"
-    assert greedy_texts() == before
+    complete = sum(1 + i % 3 for i in range(9))  # the embeddings answered, then abandoned ones
+    abandoned = 3 * 2 * EMBED_ABANDONED
+    assert sum(embedded_n) < complete + abandoned / 2, "abandoned embeddings kept running"
+    texts, vectors = answers()
+    assert texts == before[0]
+    torch.testing.assert_close(vectors, before[1], atol=1e-5, rtol=0)
