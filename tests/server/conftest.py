@@ -60,6 +60,23 @@ def serve(llm, *, engine: dict | None = None, **server_kw):
         yield http
 
 
+def two_instance_server(model_dir, request_timeout: float):
+    """``pace serve --instances 2`` over SmolLM2 fp32 (not started: the app's lifespan
+    spawns the engine processes)."""
+    model_args = {
+        "model": str(model_dir),
+        "dtype": "float32",
+        "kv_cache_type": "paged",
+        "max_cache_tokens": CACHE_TOKENS,
+    }
+    return Server.multi_instance(
+        model_args,
+        2,
+        EngineConfig(max_running=8, max_queue=16),
+        ServerConfig(served_model_name=MODEL_NAME, request_timeout=request_timeout),
+    )
+
+
 def client(http, **kw):
     return openai.OpenAI(
         base_url=http.url + "/v1", api_key=kw.pop("api_key", "none"), max_retries=0, **kw

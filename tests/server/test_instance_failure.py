@@ -18,11 +18,10 @@ import httpx
 import openai
 import pytest
 
-from pace_core.engine.config import EngineConfig
-from pace_core.server.api.app import Server, ServerConfig, create_app
+from pace_core.server.api.app import create_app
 from pace_core.server.launch.testing import ThreadedServer
 
-from .conftest import CACHE_TOKENS, MODEL_NAME, wait_for
+from .conftest import MODEL_NAME, two_instance_server, wait_for
 
 TOKENS = 64
 # distinct first 64-token blocks: no shared prefix, so routing is least-loaded (ties: lowest
@@ -32,18 +31,7 @@ PROMPT = "Note {i}: the committee met on Tuesday to review the budget and the pl
 
 @pytest.mark.slow  # 50-90 s here: three model loads in spawned processes on 2 cores
 def test_a_killed_instance_fails_only_its_own_requests(smollm2_dir):
-    model_args = {
-        "model": str(smollm2_dir),
-        "dtype": "float32",
-        "kv_cache_type": "paged",
-        "max_cache_tokens": CACHE_TOKENS,
-    }
-    server = Server.multi_instance(
-        model_args,
-        2,
-        EngineConfig(max_running=8, max_queue=16),
-        ServerConfig(served_model_name=MODEL_NAME, request_timeout=180),
-    )
+    server = two_instance_server(smollm2_dir, request_timeout=180)
     frontend = server.frontend
     victim, survivor = frontend.instances
     with ThreadedServer(create_app(server), timeout=60) as http:

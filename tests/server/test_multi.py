@@ -8,27 +8,15 @@ import httpx
 import openai
 import pytest
 
-from pace_core.engine.config import EngineConfig
-from pace_core.server.api.app import Server, ServerConfig, create_app
+from pace_core.server.api.app import create_app
 from pace_core.server.launch.testing import ThreadedServer
 
-from .conftest import CACHE_TOKENS, MODEL_NAME, wait_for
+from .conftest import MODEL_NAME, two_instance_server, wait_for
 
 
 @pytest.mark.slow  # 40-70 s here: three model loads in spawned processes
 def test_two_instances_survive_a_crash(smollm2_dir):
-    model_args = {
-        "model": str(smollm2_dir),
-        "dtype": "float32",
-        "kv_cache_type": "paged",
-        "max_cache_tokens": CACHE_TOKENS,
-    }
-    server = Server.multi_instance(
-        model_args,
-        2,
-        EngineConfig(max_running=8, max_queue=16),
-        ServerConfig(served_model_name=MODEL_NAME, request_timeout=120),
-    )
+    server = two_instance_server(smollm2_dir, request_timeout=120)
     instances = server.frontend.instances
     with ThreadedServer(create_app(server), timeout=60) as http:
         wait_for(lambda: all(i.healthy for i in instances), 240, "both instances ready")
