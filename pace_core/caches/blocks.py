@@ -143,6 +143,8 @@ class BlockCache:
         self._meta: StepMeta | None = None
         self._write: tuple[torch.Tensor, ...] | None = None
         self._table: torch.Tensor | None = None
+        # (from, to) blocks copied by the current step's copy-on-write (what a mirror replays)
+        self.step_copies: list[tuple[int, int]] = []
 
     # -- prefix caching --------------------------------------------------------------------
     def enable_prefix_caching(self, namespace: bytes = b"") -> None:
@@ -318,10 +320,14 @@ class BlockCache:
     def _copy_block(self, sid: int, i: int) -> None:
         old = self.blocks[sid][i]
         (new,) = self.pool.take(1)
-        for pool in (*self.keys, *self.values):
-            pool[new] = pool[old]
+        self._copy_pools(old, new)
+        self.step_copies.append((old, new))
         self.pool.release([old])
         self.blocks[sid][i] = new
+
+    def _copy_pools(self, old: int, new: int) -> None:
+        for pool in (*self.keys, *self.values):
+            pool[new] = pool[old]
 
     # -- steps -----------------------------------------------------------------------------
     def begin_step(self, seq_ids: list[int], num_new, width: int) -> StepMeta:
@@ -336,6 +342,7 @@ class BlockCache:
                 requested_tokens=sum(meta.counts),
                 free_tokens=self.free_tokens,
             )
+        self.step_copies = []
         for sid, i in copies:
             self._copy_block(sid, i)
         for sid, n in zip(seq_ids, need):
@@ -390,6 +397,20 @@ class BlockCache:
         for sid, n in zip(self._meta.seq_ids, self._meta.ends):
             self.lens[sid] = n
             self._index_written(sid)
+        self._meta = self._write = self._table = None
+
+    def mirror_step(
+        self, meta: StepMeta, table: torch.Tensor, copies: Sequence[tuple[int, int]]
+    ) -> None:
+        """Begin a step another cache of the same geometry planned (a tensor-parallel rank
+        replays rank 0's): its copy-on-write block copies, then writes and reads through
+        ``table``; this cache's own bookkeeping is not used. :meth:`end_mirrored_step` ends
+        it."""
+        for old, new in copies:
+            self._copy_pools(old, new)
+        self._meta, self._table, self._write = meta, table, None
+
+    def end_mirrored_step(self) -> None:
         self._meta = self._write = self._table = None
 
     # -- inspection and rollback ---------------------------------------------------------

@@ -55,6 +55,8 @@ from pace_core.models.loader import (
     resolve_model_path,
 )
 from pace_core.opconfig import OperatorConfig
+from pace_core.parallel import load as tp_load
+from pace_core.parallel.config import TensorParallelConfig
 from pace_core.plugins import get_host
 from pace_core.profiling import OpProfiler
 from pace_core.quant import QuantizationConfig, coerce_quantization
@@ -95,6 +97,7 @@ class LLMModel:
         engine_config: EngineConfig | None = None,
         prefix_cache_dir: str | os.PathLike | None = None,
         prefix_cache_disk_gb: float = DEFAULT_DISK_GB,
+        tensor_parallel: int | TensorParallelConfig | None = None,
     ) -> None:
         # validate before the (slow) load
         spec = None if spec_config is None else coerce_spec_config(spec_config)
@@ -119,6 +122,11 @@ class LLMModel:
         if prefix_cache_disk_gb <= 0:
             raise ConfigError(f"prefix_cache_disk_gb must be > 0 (got {prefix_cache_disk_gb})")
         self.prefix_cache_dir = None if prefix_cache_dir is None else Path(prefix_cache_dir)
+        # one rank per process (pace_core.parallel); 1: this process alone
+        self.tensor_parallel = TensorParallelConfig.coerce(tensor_parallel)
+        tp_load.check_options(
+            self.tensor_parallel.size, self.kv_cache_type, self.cache_spec.layout, prefix_cache_dir
+        )
         self.prefix_cache_disk_bytes = int(prefix_cache_disk_gb * (1 << 30))
         self._disk_stores: dict[str, DiskBlockStore] = {}
         if engine_config is not None and not isinstance(engine_config, EngineConfig):
@@ -137,7 +145,8 @@ class LLMModel:
             profile = os.environ.get("PACE_PROFILE", "") not in ("", "0")
         self.profiler = OpProfiler() if profile else None
         self.resolver = self.host.resolver(self.opconfig)
-        self.model: DecoderLM = build_model(
+        build = build_model if self.tensor_parallel.size == 1 else self._build_sharded
+        self.model: DecoderLM = build(
             self.path,
             self.config,
             self.dtype,
@@ -164,6 +173,13 @@ class LLMModel:
         self.speculator = None if spec is None else self._speculator(spec)
         self._grammar: GrammarCompiler | None = None
 
+    def close(self) -> None:
+        """Stop the other tensor-parallel ranks (nothing otherwise); the model cannot run
+        after it."""
+        close = getattr(self.model, "close", None)
+        if close is not None:
+            close()
+
     @property
     def grammar(self) -> GrammarCompiler | None:
         """Structured-output matchers for this model's tokenizer (None without a tokenizer);
@@ -175,6 +191,13 @@ class LLMModel:
         return self._grammar
 
     # -- set-up helpers ------------------------------------------------------------------
+    def _build_sharded(self, *args: Any, **kwargs: Any) -> DecoderLM:
+        """Rank 0's shard, the other ranks started (``tensor_parallel`` > 1)."""
+        return tp_load.load_tensor_parallel(
+            self.tensor_parallel, *args, kv_cache_type=self.kv_cache_type,
+            opconfig=self.opconfig, cache_options=self.cache_options, **kwargs,
+        )  # fmt: skip
+
     def _prefix_caching_choice(self, asked: bool | None) -> bool:
         """On by default for the block caches (the only ones that can share blocks)."""
         blocks = self.cache_spec.layout in ("paged", "slab")

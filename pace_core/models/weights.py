@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,39 @@ CONVERT_CHUNK_BYTES = 64 << 20  # stored bytes read at a time when converting wh
 
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 BIN_INDEX = "pytorch_model.bin.index.json"
+
+
+@dataclass(frozen=True)
+class Slice:
+    """Part of a tensor along ``dim``: the ``ranges`` (start, stop) concatenated in order, then
+    zero rows appended up to ``pad_to`` (a tensor-parallel rank's share of a weight)."""
+
+    dim: int
+    ranges: tuple[tuple[int, int], ...]
+    pad_to: int | None = None
+
+    @property
+    def size(self) -> int:
+        return sum(b - a for a, b in self.ranges)
+
+
+# (tensor name, stored shape) -> the part of it to keep (None: all of it)
+SliceRule = Callable[[str, tuple[int, ...]], Slice | None]
+
+
+def apply_slice(tensor: torch.Tensor, part: Slice) -> torch.Tensor:
+    """``part`` of an in-memory tensor (a copy)."""
+    pieces = [tensor.narrow(part.dim, a, b - a) for a, b in part.ranges]
+    out = torch.cat(pieces, dim=part.dim) if len(pieces) > 1 else pieces[0].contiguous()
+    return _pad(out, part)
+
+
+def _pad(out: torch.Tensor, part: Slice) -> torch.Tensor:
+    if part.pad_to is None or part.pad_to == out.shape[part.dim]:
+        return out
+    shape = list(out.shape)
+    shape[part.dim] = part.pad_to - shape[part.dim]
+    return torch.cat([out, out.new_zeros(shape)], dim=part.dim)
 
 
 def _checkpoint_files(directory: Path) -> list[Path]:
@@ -68,6 +102,9 @@ def _file_loaders(path: Path) -> dict[str, Loader]:
                 return _read_safetensor(path, start, header[name], dtype)
 
             loaders: dict[str, Loader] = {name: partial(get, name) for name in names}
+            for name in names:
+                loaders[name].read_part = partial(_read_safetensor_part, path, start, header[name])
+                loaders[name].shape = tuple(header[name]["shape"])
             for name, info in checkpoint.unpack(metadata).items():
                 for part in (f"{name}_scales", f"{name}_mins"):
                     loaders.pop(part, None)
@@ -132,6 +169,43 @@ def _read_safetensor(
     return out
 
 
+def _read_safetensor_part(
+    path: Path, start: int, info: dict[str, Any], dtype: torch.dtype | None, part: Slice
+) -> torch.Tensor:
+    """``part`` of one stored tensor, reading only its bytes along dim 0 (a row range is one
+    contiguous run); along another dim, rows are read a chunk at a time and only the part of
+    each chunk is kept, so the whole tensor never exists in memory."""
+    stored = _SAFETENSORS_DTYPES.get(info["dtype"])
+    if stored is None:
+        raise ModelLoadError(f"{path}: tensor dtype {info['dtype']} is not supported")
+    shape = list(info["shape"])
+    begin = info["data_offsets"][0]
+    if not shape:
+        return _read_safetensor(path, start, info, dtype)
+    row_bytes = (info["data_offsets"][1] - begin) // shape[0]
+    target = dtype if dtype is not None and stored.is_floating_point else stored
+    pieces = []
+    with open(path, "rb") as f:
+        if part.dim == 0:
+            for a, b in part.ranges:
+                raw = torch.empty((b - a) * row_bytes, dtype=torch.uint8)
+                _read_into(f, start + begin + a * row_bytes, raw, path)
+                pieces.append(raw.view(stored).reshape(b - a, *shape[1:]).to(target))
+        else:
+            rows = max(1, CONVERT_CHUNK_BYTES // max(row_bytes, 1))
+            chunks = []
+            for first in range(0, shape[0], rows):
+                n = min(rows, shape[0] - first)
+                raw = torch.empty(n * row_bytes, dtype=torch.uint8)
+                _read_into(f, start + begin + first * row_bytes, raw, path)
+                t = raw.view(stored).reshape(n, *shape[1:])
+                sub = Slice(part.dim, part.ranges)
+                chunks.append(apply_slice(t, sub).to(target))
+            pieces.append(torch.cat(chunks) if len(chunks) > 1 else chunks[0])
+    out = torch.cat(pieces, dim=0) if len(pieces) > 1 else pieces[0]
+    return _pad(out, part)
+
+
 def _read_into(f: Any, offset: int, out: torch.Tensor, path: Path) -> None:
     f.seek(offset)
     if f.readinto(memoryview(out.numpy())) != out.numel():
@@ -172,6 +246,14 @@ class WeightStore:
         self.missing: list[str] = []
         self._progress: Any = None
         self._trim = TrimEvery()
+        self._slices: SliceRule | None = None
+
+    def slice_by(self, rule: SliceRule) -> None:
+        """Hand out only the part ``rule`` picks of each tensor (a tensor-parallel rank's
+        shard): read alone where the file allows (safetensors), else cut after reading.
+        A quantized weight is cut along whole quantization groups
+        (:func:`slice_quantized`)."""
+        self._slices = rule
 
     def show_progress(self, desc: str = "Loading weights") -> None:
         """A progress bar over the tensors taken, shown once the load has run 2 s."""
@@ -215,13 +297,29 @@ class WeightStore:
         self._taken.add(name)
         if self._progress is not None:
             self._progress.update()
-        tensor = loader(dtype)
+        tensor = self._read(name, loader, dtype)
         self._trim.add(_nbytes(tensor))  # the previous weights' transients are free by now
         if dtype is None:
             return tensor
         if isinstance(tensor, QuantizedWeight):
             return tensor.with_dtype(dtype)
         return tensor.to(dtype)
+
+    def _read(self, name: str, loader: Loader, dtype: torch.dtype | None) -> Weight:
+        rule = self._slices
+        read_part = getattr(loader, "read_part", None)
+        if rule is not None and read_part is not None:
+            part = rule(name, loader.shape)
+            return loader(dtype) if part is None else read_part(dtype, part)
+        tensor = loader(dtype)
+        if rule is None:
+            return tensor
+        part = rule(name, tuple(tensor.shape))
+        if part is None:
+            return tensor
+        if isinstance(tensor, QuantizedWeight):
+            return slice_quantized(tensor, part, name)
+        return apply_slice(tensor, part)
 
     def take_optional(self, name: str, dtype: torch.dtype | None = None) -> Any:
         return self.take(name, dtype) if name in self._loaders else None
@@ -263,3 +361,45 @@ class WeightStore:
         if self._progress is not None:
             self._progress.close()
         return unused
+
+
+def slice_quantized(weight: QuantizedWeight, part: Slice, name: str = "") -> QuantizedWeight:
+    """``part`` of a pace ``int8`` / ``int4`` weight: rows as they are, columns along whole
+    quantization groups; ConfigError for a cut inside a group or a GGUF block format."""
+    from dataclasses import replace
+
+    from pace_core.errors import ConfigError
+
+    if part.pad_to is not None and part.pad_to != part.size:
+        raise ConfigError(f"{name}: a quantized weight cannot be padded to {part.pad_to} rows")
+    if part.dim == 0:
+        index = torch.cat([torch.arange(a, b) for a, b in part.ranges])
+        return weight.rows(index)
+    if weight.format not in ("int8", "int4"):
+        raise ConfigError(
+            f"{name}: tensor parallelism cuts this {weight.format} weight across its input "
+            f"columns, which GGUF block formats do not allow; load the float checkpoint (with "
+            "quantization= to quantize each rank's shard)"
+        )
+    group = weight.group_size or weight.shape[1]
+    bad = [(a, b) for a, b in part.ranges if a % group or b % group]
+    if bad:
+        raise ConfigError(
+            f"{name}: its {weight.shape[1]} input columns split into parts {bad} that cut "
+            f"through its quantization groups of {group}; use a tensor_parallel size whose "
+            f"shards are multiples of {group} columns, or quantize on load"
+        )
+    per = 2 if weight.format == "int4" else 1
+
+    def cut(t: torch.Tensor | None, unit: int) -> torch.Tensor | None:
+        if t is None:
+            return None
+        return torch.cat([t[:, a // unit : b // unit] for a, b in part.ranges], dim=1)
+
+    return replace(
+        weight,
+        shape=(weight.shape[0], part.size),
+        data=cut(weight.data, per),
+        scales=cut(weight.scales, group),
+        mins=cut(weight.mins, group),
+    )
