@@ -12,7 +12,9 @@ compiled graphs without knowing about them.
 from __future__ import annotations
 
 import logging
+import operator
 import weakref
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -20,7 +22,19 @@ import torch
 from torch import fx
 
 from pace_core.binder import KernelBinder, OpPlan
-from pace_core.compile.patterns import MATCHERS, Graph, Match, linear_parts
+from pace_core.compile.attention import KVView, rope, sdpa, sdpa_mask
+from pace_core.compile.patterns import (
+    Graph,
+    Match,
+    embedding,
+    gated_mlp,
+    layer_norm,
+    linear,
+    linear_parts,
+    residual_rms_norm,
+    rms_norm,
+)
+from pace_core.compile.quantized import int8_linear, int8_weight
 from pace_core.errors import ConfigError
 from pace_core.opconfig import OperatorConfig, OpResolver
 from pace_core.plugins import get_host
@@ -36,6 +50,20 @@ def direct_call(op: Any, fn: Callable[..., Any]) -> None:
     """Have compiled graphs call ``fn`` where Dynamo recorded the custom op ``op``."""
     _DIRECT_CALLS[op] = fn
 
+
+# tried in this order on every node (a gated MLP claims its three linears first, an RMSNorm
+# of a sum claims the add before a plain RMSNorm would)
+MATCHERS: tuple[Callable[[Graph, fx.Node], Match | None], ...] = (
+    gated_mlp,
+    residual_rms_norm,
+    rms_norm,
+    layer_norm,
+    int8_linear,
+    linear,
+    embedding,
+    rope,
+    sdpa,
+)
 
 _NORMS = ("rms_norm", "layer_norm")  # fn(x, weight, ..., residual): weights passed, not prepared
 
@@ -68,6 +96,7 @@ class PaceBackend:
         self.plan = OpPlan()
         self.graphs = 0
         self.left_to_torch = 0  # linears on parameters no pattern took, over all graphs
+        self.matched: Counter[str] = Counter()  # pattern (matcher) name -> sites, all graphs
         self.prepared = PreparedWeights()
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
@@ -93,17 +122,26 @@ class PaceBackend:
                     continue
                 claimed.update(found.covered)
                 matches.append(found)
-        # a match's inputs may be another match's output (a post-norm reads the MLP's
+                found.pattern = matcher.__name__
+        placed = _placed(gm, matches)
+        # a match's inputs may be another match's outputs (a post-norm reads the MLP's
         # result): they are read through what replaced them
         replaced: dict[fx.Node, fx.Node] = {}
-        for match in matches:
+        for match, at in placed:
+            self.matched[match.pattern] += 1
             call = self._site(match)
             inputs = tuple(replaced.get(x, x) for x in match.inputs)
-            with gm.graph.inserting_before(match.output):
+            with gm.graph.inserting_before(at):
                 value = gm.graph.call_function(call, (*inputs, *match.weights))
-            value.meta.update(match.output.meta)
-            match.output.replace_all_uses_with(value)
-            replaced[match.output] = value
+                results = [value]
+                if match.more:
+                    results = [gm.graph.call_function(operator.getitem, (value, i))
+                               for i in range(len(match.outputs))]  # fmt: skip
+            outside = _outside(match)  # the covered nodes keep reading the originals
+            for out, result in zip(match.outputs, results, strict=True):
+                result.meta.update(out.meta)
+                out.replace_all_uses_with(result, delete_user_cb=outside)
+                replaced[out] = result
         gm.graph.eliminate_dead_code()
         gm.graph.lint()
         gm.recompile()
@@ -111,7 +149,7 @@ class PaceBackend:
         if left:
             log.info("graph %d: %d linears on parameters left to torch", self.graphs, left)
         self.left_to_torch += left
-        return len(matches)
+        return len(placed)
 
     def _site(self, match: Match) -> Callable[..., Any]:
         """The graph's call of one site (a plain function FX can name in the graph's code):
@@ -121,12 +159,18 @@ class PaceBackend:
         binder = KernelBinder(dtype, self.resolver)
         binder.plan = self.plan
         op, extra, cache = match.op, match.extra, self.prepared
-        if op in _NORMS:  # fn(x, weight, [bias,] eps, residual) -> (y, x)
+        if op in _NORMS:  # fn(x, weight, [bias,] eps, residual) -> (y, x + residual)
             fn = binder.kernel(op, **match.attrs).fn
             cache.put(op, match.example, _fp32(match.example))
+            if match.form == "residual":
 
-            def call(x: Any, *weights: Any) -> Any:
-                return fn(x, *cache.get(op, weights, _fp32), *extra, None)[0]
+                def call(x: Any, residual: Any, *weights: Any) -> Any:
+                    return fn(x, *cache.get(op, weights, _fp32), *extra, residual)
+
+            else:
+
+                def call(x: Any, *weights: Any) -> Any:
+                    return fn(x, *cache.get(op, weights, _fp32), *extra, None)[0]
 
         elif op == "embedding":  # fn(ids, weight)
             fn = binder.kernel(op, **match.attrs).fn
@@ -134,19 +178,107 @@ class PaceBackend:
             def call(x: Any, *weights: Any) -> Any:
                 return fn(x, *weights)
 
+        elif op == "rope":  # fn(q [B,T,H,D], k, cos [B,T,D], sin, interleaved), in place
+            call = _rope_call(binder.kernel(op, **match.attrs).fn)
+        elif op == "attention":  # fn(q, kv view, scale, sinks, window)
+            call = _attention_call(binder.kernel(op, **match.attrs).fn, *extra)
         else:  # fn(x, prepared); prepare(*weights, *extra)
-            spec, first = binder.prepared(op, match.attrs, *match.example, *extra)
+            weights_of = _int8_parts(dtype) if match.form == "int8" else _as_is
+            spec, first = binder.prepared(op, match.attrs, *weights_of(match.example), *extra)
             fn, prepare = spec.fn, spec.prepare
             cache.put(op, match.example, first)
 
             def make(ws: tuple[Any, ...]) -> Any:
-                return prepare(*ws, *extra)
+                return prepare(*weights_of(ws), *extra)
 
             def call(x: Any, *weights: Any) -> Any:
                 return fn(x, cache.get(op, weights, make))
 
         call.__name__ = call.__qualname__ = f"pace_{op}"
         return call
+
+
+def _placed(gm: fx.GraphModule, matches: list[Match]) -> list[tuple[Match, fx.Node]]:
+    """Each match with the node its call goes before (the first use of any of its outputs
+    outside it), in that order; a match whose inputs are not all computed by then is left to
+    torch (its nodes stay)."""
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    producer = {out: m for m in matches for out in m.outputs}
+    spots = {}
+    for m in matches:
+        covered = set(m.covered)
+        users = [u for out in m.outputs for u in out.users if u not in covered]
+        spots[id(m)] = min(users, key=order.__getitem__) if users else m.output
+    ranked = sorted(matches, key=lambda m: (order[spots[id(m)]], order[m.output]))
+    placed: list[tuple[Match, fx.Node]] = []
+    done: set[int] = set()
+    for m in ranked:
+        at = spots[id(m)]
+        ok = True
+        for x in m.inputs:
+            p = producer.get(x)
+            if p is not None and id(p) in done:
+                continue
+            ok = ok and p is None and order[x] < order[at]
+        if ok:
+            placed.append((m, at))
+            done.add(id(m))
+        else:
+            log.info("%s at %s: its inputs come after its first use; left to torch", m.op, at)
+    return placed
+
+
+def _outside(match: Match) -> Callable[[fx.Node], bool]:
+    covered = set(match.covered)
+    return lambda node: node not in covered
+
+
+def _as_is(weights: tuple[Any, ...]) -> tuple[Any, ...]:
+    return weights
+
+
+def _int8_parts(dtype: torch.dtype) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
+    """(codes, scales, bias) -> (int8 QuantizedWeight, bias): an int8 linear's prepare
+    arguments."""
+
+    def parts(weights: tuple[Any, ...]) -> tuple[Any, ...]:
+        codes, scales, bias = weights
+        return int8_weight(codes, scales, dtype), bias
+
+    return parts
+
+
+def _rope_call(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``call(q, k, cos, sin)`` over transformers' layout (``q [B, H, T, D]``, tables ``[B|1,
+    1, T, D]``) -> ``(q, k)`` rotated; the kernel rotates copies (it works in place)."""
+
+    def call(q: Any, k: Any, cos: Any, sin: Any) -> Any:
+        b = q.shape[0]
+        c, s = cos.select(1, 0), sin.select(1, 0)
+        if c.shape[0] != b:
+            c, s = c.expand(b, -1, -1), s.expand(b, -1, -1)
+        qt = q.transpose(1, 2).contiguous(memory_format=torch.contiguous_format)
+        kt = k.transpose(1, 2).contiguous(memory_format=torch.contiguous_format)
+        if qt.data_ptr() == q.data_ptr():  # already [B, T, H, D] in memory: the graph's own
+            qt = qt.clone()
+        if kt.data_ptr() == k.data_ptr():
+            kt = kt.clone()
+        qr, kr = fn(qt, kt, c.contiguous(), s.contiguous(), False)
+        return qr.transpose(1, 2), kr.transpose(1, 2)
+
+    return call
+
+
+def _attention_call(fn: Callable[..., Any], scale: float, causal: bool) -> Callable[..., Any]:
+    """``call(q, k, v[, mask])`` as ``F.scaled_dot_product_attention`` with this ``scale``
+    and ``is_causal``, through an ``attention`` kernel over a contiguous view."""
+
+    def call(q: Any, k: Any, v: Any, mask: Any = None) -> Any:
+        if mask is None:
+            mask = sdpa_mask(q.shape[2], k.shape[2], causal)
+        return fn(q, KVView(k, v, mask), scale, None, None)
+
+    return call
 
 
 def _fp32(weights: tuple[torch.Tensor | None, ...]) -> tuple[torch.Tensor | None, ...]:

@@ -13,12 +13,16 @@ import pace_core.compile as pc
 from pace_core.errors import OpResolutionError
 
 # model_type -> (extra config, the ops its graph must hand to plugin kernels)
+SDPA_ROPE = {"rope", "attention"}
 ARCHS = {
-    "olmo2": ({"num_key_value_heads": 2}, {"linear", "gated_mlp", "rms_norm", "embedding"}),
-    "gpt_neox": ({"rotary_pct": 0.5}, {"linear", "layer_norm", "embedding"}),
+    "olmo2": (
+        {"num_key_value_heads": 2},
+        {"linear", "gated_mlp", "rms_norm", "embedding", *SDPA_ROPE},
+    ),
+    "gpt_neox": ({"rotary_pct": 0.5}, {"linear", "layer_norm", "embedding", *SDPA_ROPE}),
     "granite": (
         {"num_key_value_heads": 2, "residual_multiplier": 0.5, "logits_scaling": 2.0},
-        {"linear", "gated_mlp", "rms_norm", "embedding"},
+        {"linear", "gated_mlp", "rms_norm", "embedding", *SDPA_ROPE},
     ),
 }
 
