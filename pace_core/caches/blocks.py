@@ -220,6 +220,11 @@ class BlockCache:
         self.disk = store
         self.pool.on_evict = self._save_block
 
+    def detach_disk(self) -> None:
+        """Stop using the disk tier (its files stay)."""
+        self.disk = None
+        self.pool.on_evict = None
+
     def block_layers(self, b: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Block ``b``'s keys and values in every layer (views into the pools)."""
         return [(k[b], v[b]) for k, v in zip(self.keys, self.values)]

@@ -13,6 +13,7 @@ import httpx
 import openai
 import torch
 
+from pace_core.caches.disk_tier import DiskBlockStore
 from pace_core.engine.events import Embedding, Token
 
 from .conftest import MODEL_NAME, client, engine_core, serve, wait_idle
@@ -183,22 +184,28 @@ _BAD_EMBEDDINGS = [
     b'{"model": "nope", "input": "hi"}',
     b'{"input": "%s"}' % (b"word " * 3000),  # more tokens than the KV pool holds
 ]
+LONG_PROMPT = "In the archive, every ledger of the old harbour office was numbered. " * 8
 # The last input is prefilled in chunks (the server's prefill budget is 64 tokens).
 EMBED_INPUTS = [PROMPTS[0], PROMPTS[2], PROMPTS[3] * 4]
 EMBED_ABANDONED = 12  # inputs of an embedding request the client gives up on
 
 
-def test_a_soak_of_streams_disconnects_and_bad_bodies_loses_nothing(server):
+def test_a_soak_of_streams_disconnects_and_bad_bodies_loses_nothing(server, tmp_path):
     """Complete streams (greedy and sampled), streams dropped mid-way, non-stream requests
     given up on (generations and large embeddings), embeddings, and malformed bodies for
-    both routes, three waves at once: every good request answers 200, every bad one a 4xx,
-    none a 5xx; the KV pool ends empty; abandoned requests stop; and the same greedy requests
-    and embeddings give the same answers after the soak as before it."""
+    both routes, three waves at once, with the prefix cache spilling to a disk tier: every
+    good request answers 200, every bad one a 4xx, none a 5xx; the KV pool ends empty;
+    abandoned requests stop; and the same greedy requests and embeddings give the same
+    answers after the soak as before it, the long prompt's blocks restored from disk."""
     url = server.url + "/v1/completions"
     embed_url = server.url + "/v1/embeddings"
     greedy = [
-        {"model": MODEL_NAME, "prompt": p, "max_tokens": 12, "temperature": 0} for p in PROMPTS
+        {"model": MODEL_NAME, "prompt": p, "max_tokens": 12, "temperature": 0}
+        for p in [*PROMPTS, LONG_PROMPT]
     ]
+    cache = engine_core(server).cache  # the engine is idle: attaching is safe
+    disk = DiskBlockStore(tmp_path, cache.identity(), 64 << 20)
+    cache.attach_disk(disk)
 
     def answers() -> tuple[list[str], torch.Tensor]:
         texts = [httpx.post(url, json=b, timeout=60).json()["choices"][0]["text"] for b in greedy]
@@ -273,8 +280,12 @@ def test_a_soak_of_streams_disconnects_and_bad_bodies_loses_nothing(server):
     try:
         asyncio.run(asyncio.wait_for(soak(), 240))
         wait_idle(server, timeout=60)
+        cache.pool.clear_cached()  # what stays cached in memory now comes back from disk
+        hits = cache.disk_hits
+        after = answers()
     finally:
         core.emit = emit
+        cache.detach_disk()
     assert good and all(code == 200 for code in good), good
     assert all(400 <= code < 500 for code, _ in bad), bad
     assert len(bad) == 3 * (len(_BAD_BODIES) + len(_BAD_EMBEDDINGS))
@@ -284,6 +295,8 @@ def test_a_soak_of_streams_disconnects_and_bad_bodies_loses_nothing(server):
     complete = sum(1 + i % 3 for i in range(9))  # the embeddings answered, then abandoned ones
     abandoned = 3 * 2 * EMBED_ABANDONED
     assert sum(embedded_n) < complete + abandoned / 2, "abandoned embeddings kept running"
-    texts, vectors = answers()
+    texts, vectors = after
     assert texts == before[0]
     torch.testing.assert_close(vectors, before[1], atol=1e-5, rtol=0)
+    disk.flush()
+    assert disk.written > 0 and cache.disk_hits - hits >= 64  # the long prompt's block
