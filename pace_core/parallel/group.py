@@ -94,7 +94,7 @@ class RankGroup:
         if self.closing:
             return
         reason = f"tensor-parallel rank {rank} (pid {proc.pid}) exited ({_exit_text(code)})"
-        self.comm.failure = self.comm.failure or reason
+        self.comm.failure = self.comm.failure or f"{reason}; load the model again"
         if self.config.exit_on_failure:
             log.error("%s: ending this instance so that its group restarts", reason)
             os._exit(75)
