@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from pace_core.opconfig import OpResolver, Resolution
+from pace_core.ops import OPS
 from pace_core.profiling import OpProfiler
 from pace_core.registry import KernelSpec, OpContext
 
@@ -52,9 +53,19 @@ class KernelBinder:
         self.dtype, self.resolver = dtype, resolver
         self.plan = OpPlan()
         self.profiler: OpProfiler | None = None
+        # the KV cache storage dtype (``kv_cache_dtype``), given to every op reading the
+        # cache; None: the model dtype (``auto``)
+        self.kv_dtype: str | None = None
+
+    def context(self, op: str, attrs: dict[str, Any]) -> OpContext:
+        """The resolver's view of a call site: ``attrs`` and, for ops that read the KV cache,
+        its storage dtype."""
+        if self.kv_dtype is not None and "kv_dtype" in OPS[op].context:
+            attrs = {**attrs, "kv_dtype": self.kv_dtype}
+        return OpContext(op, self.dtype, attrs)
 
     def kernel(self, op: str, **attrs: Any) -> KernelSpec:
-        return self._use(self.resolver.resolve(OpContext(op, self.dtype, attrs)))
+        return self._use(self.resolver.resolve(self.context(op, attrs)))
 
     def _use(self, res: Resolution, site: str | None = None) -> KernelSpec:
         """Record a resolution in the plan; its kernel (timed when profiling)."""
@@ -73,7 +84,7 @@ class KernelBinder:
         error as the reason and the next candidate is used; native failures propagate.
         """
         while True:  # only the kernel that prepared enters the plan
-            res = self.resolver.resolve(OpContext(op, self.dtype, attrs))
+            res = self.resolver.resolve(self.context(op, attrs))
             k = res.kernel
             try:
                 prepared = k.prepare(*weights)

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from pace_core.caches.kv_quant import add_kv_cache_dtype_argument
 from pace_core.quant.config import add_quantization_argument
 
 DTYPES = {
@@ -82,6 +83,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         opconfig=args.opconfig,
         profile=args.profile or None,
         quantization=args.quantization,
+        kv_cache_dtype=args.kv_cache_dtype,
     )
     overrides = {"max_new_tokens": args.max_new_tokens}
     if args.temperature is not None:
@@ -178,6 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--show-plan", action="store_true", help="print the op plan to stderr")
     p.add_argument("--profile", action="store_true", help="time every op; print a table")
     add_quantization_argument(p)
+    add_kv_cache_dtype_argument(p)
     p.set_defaults(func=_cmd_generate)
 
     p = sub.add_parser("build-kernels", help="build JIT kernels now (and retry failed builds)")

@@ -231,6 +231,11 @@ class OpResolver:
                 rejected.append((spec.backend, reason))
         if not usable:
             detail = "; ".join(f"{b}: {r}" for b, r in rejected) or "no kernel registered"
+            if candidates and all(s.layout_problem(ctx) for s in candidates):
+                raise ConfigError(
+                    f"no kernel for op {ctx.op!r} reads this KV cache ({detail}): choose "
+                    "another kv_cache_type / kv_cache_dtype"
+                )
             raise OpResolutionError(
                 f"no usable kernel for op {ctx.op!r} ({detail}). Is the pace-native plugin "
                 "installed and not disabled (PACE_DISABLE_PLUGINS)?"
@@ -251,7 +256,8 @@ class OpResolver:
             raise ConfigError(
                 f"op {ctx.op!r}: backend {requested!r} cannot be used with this KV cache "
                 f"({incompatible.layout_problem(ctx)}); compatible backends: "
-                f"{', '.join(compatible) or 'none'} — or choose another kv_cache_type"
+                f"{', '.join(compatible) or 'none'} — or choose another kv_cache_type / "
+                "kv_cache_dtype"
             )
         reason = dict(rejected).get(requested)
         if reason is None:

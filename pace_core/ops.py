@@ -150,7 +150,7 @@ OPS: dict[str, OpSpec] = {
             "[B,Hq,T,D]",
             "attention over the KV cache view (layout-specific), GQA, sinks; window: None, a "
             "sliding int or a caches.base.ChunkedWindow (masks from kv.meta.mask(window))",
-            context=("head_dim", "gqa", "window", "sinks", "cache_layout"),
+            context=("head_dim", "gqa", "window", "sinks", "cache_layout", "kv_dtype"),
         ),
         OpSpec(
             "latent_attention",
@@ -158,7 +158,7 @@ OPS: dict[str, OpSpec] = {
             "[B,H,T,R]",
             "multi-head latent attention (MLA) over a latent cache: one KV head of "
             "[latent R, rope P] rows, values = their first R dims",
-            context=("rank", "rope_dim", "heads", "window", "cache_layout"),
+            context=("rank", "rope_dim", "heads", "window", "cache_layout", "kv_dtype"),
         ),
         OpSpec(
             "decoder_stack",
@@ -166,7 +166,14 @@ OPS: dict[str, OpSpec] = {
             "(x, residual)",
             "run the decoder blocks in order (a backend may fuse the whole loop; with "
             "step.last_only it may return each row's last position only, [B,1,H])",
-            context=("blocks", "layer_backends", "cache_layout", "profiling", "weight_format"),
+            context=(
+                "blocks",
+                "layer_backends",
+                "cache_layout",
+                "profiling",
+                "weight_format",
+                "kv_dtype",
+            ),
             prepare=("layers",),
             container=True,
         ),

@@ -14,6 +14,7 @@ from typing import Any, Generic, TypeVar
 import torch
 
 from pace_core.caches.base import CACHE_PROTOCOLS, missing_members
+from pace_core.caches.kv_quant import AUTO, KV_DTYPES
 from pace_core.errors import ContractError, PluginError
 from pace_core.ops import OPS
 from pace_core.quant.weight import DENSE, WEIGHT_FORMATS
@@ -72,6 +73,8 @@ class KernelSpec:
     plugin: str = ""
     description: str = ""
     cache_layouts: frozenset[str] | None = None  # attention: the KV layouts it reads
+    # ops reading the KV cache (context ``kv_dtype``): the storage dtypes it reads
+    kv_dtypes: frozenset[str] = frozenset({AUTO})
     weight_formats: frozenset[str] = frozenset({DENSE})  # formats of the weights it takes
     # decoder_stack: computes only the real tokens of a ragged step (rows adding different
     # token counts), so prefill chunks and decodes can share one forward without padding
@@ -91,7 +94,11 @@ class KernelSpec:
         )
 
     def layout_problem(self, ctx: OpContext) -> str | None:
-        """The reason this kernel cannot read the context's KV cache layout, if any."""
+        """The reason this kernel cannot read the context's KV cache (its layout or storage
+        dtype, ``kv_cache_dtype``), if any."""
+        kv = ctx.attrs.get("kv_dtype")
+        if kv is not None and kv not in self.kv_dtypes:
+            return f"reads KV cache dtypes {', '.join(sorted(self.kv_dtypes))}, not {kv!r}"
         layout = ctx.attrs.get("cache_layout")
         if self.cache_layouts is None or layout is None or layout in self.cache_layouts:
             return None
@@ -128,6 +135,7 @@ class CacheSpec:
     plugin: str = ""
     description: str = ""
     value_dims: bool = False  # honours the ``value_dims`` option (per-layer value widths)
+    kv_dtypes: frozenset[str] = frozenset({AUTO})  # ``kv_dtype`` options it honours
 
 
 @dataclass(frozen=True)
@@ -229,6 +237,14 @@ class Registry(Generic[K, S]):
         return len(self._items)
 
 
+def _check_kv_dtypes(kv_dtypes: Iterable[str], what: str) -> None:
+    unknown = sorted(set(kv_dtypes) - set(KV_DTYPES))
+    if unknown:
+        raise PluginError(
+            f"{what} declares unknown KV cache dtype(s) {unknown}; known: {', '.join(KV_DTYPES)}"
+        )
+
+
 def _show(key: Any) -> str:
     if isinstance(key, tuple) and len(key) == 2:  # kernels: (op, backend)
         return f"{key[1]!r} for op {key[0]!r}"
@@ -274,11 +290,14 @@ class Registrations:
         cache_layouts: Iterable[str] | None = None,
         weight_formats: Iterable[str] = (DENSE,),
         packs_ragged: bool = False,
+        kv_dtypes: Iterable[str] = (AUTO,),
     ) -> KernelSpec:
         """Declare a kernel. ``priority`` orders candidates under ``auto`` (higher first);
         ``weight_formats``: the formats (``pace_core.quant.WEIGHT_FORMATS``) its prepare step
         accepts, plain float tensors (``"dense"``) by default; ``packs_ragged``
-        (``decoder_stack`` only): it computes only the real tokens of a ragged step."""
+        (``decoder_stack`` only): it computes only the real tokens of a ragged step;
+        ``kv_dtypes`` (ops that read the KV cache): the cache storage dtypes
+        (``pace_core.caches.kv_quant.KV_DTYPES``) it reads, the model dtype only by default."""
         if packs_ragged and op != "decoder_stack":
             raise PluginError(f"packs_ragged applies to decoder_stack kernels only, not to {op!r}")
         if op not in OPS:
@@ -296,6 +315,7 @@ class Registrations:
                 f"backend {backend!r} for op {op!r} declares unknown weight format(s) {unknown}; "
                 f"known: {', '.join(WEIGHT_FORMATS)}"
             )
+        _check_kv_dtypes(kv_dtypes, f"backend {backend!r} for op {op!r}")
         spec = KernelSpec(
             op=op,
             backend=backend,
@@ -310,6 +330,7 @@ class Registrations:
             cache_layouts=None if cache_layouts is None else frozenset(cache_layouts),
             weight_formats=frozenset(weight_formats),
             packs_ragged=packs_ragged,
+            kv_dtypes=frozenset(kv_dtypes),
         )
         self.kernels.append(spec)
         return spec
@@ -322,9 +343,12 @@ class Registrations:
         layout: str,
         description: str = "",
         value_dims: bool = False,
+        kv_dtypes: Iterable[str] = (AUTO,),
     ) -> None:
         """``value_dims``: the factory honours ``value_dims=[...]`` (value rows narrower than
         the keys, 0 for the latent rows of MLA models); models that need it refuse others.
+        ``kv_dtypes``: the ``kv_dtype=`` storage dtypes the factory honours
+        (``pace_core.caches.kv_quant.KV_DTYPES``; it is passed only when not ``auto``).
 
         A factory that is a class and declares a built-in ``layout`` must implement that
         layout's protocol (:data:`~pace_core.caches.base.CACHE_PROTOCOLS`: the block caches
@@ -338,8 +362,11 @@ class Registrations:
                     f"cache {name!r} declares layout {layout!r} but {factory.__name__} lacks "
                     f"{', '.join(missing)} of {protocol.__name__}"
                 )
+        _check_kv_dtypes(kv_dtypes, f"cache {name!r}")
         self.caches.append(
-            CacheSpec(name, factory, layout, self.plugin, description, value_dims)
+            CacheSpec(
+                name, factory, layout, self.plugin, description, value_dims, frozenset(kv_dtypes)
+            )
         )
 
     def add_model(

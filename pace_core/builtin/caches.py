@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pace_core.caches.blocks import PagedCache, SlabPoolCache
 from pace_core.caches.contiguous import BMCCache, DynamicCache
+from pace_core.caches.kv_quant import KV_DTYPES
 from pace_core.hookspecs import hookimpl
 from pace_core.registry import Registrations
 
@@ -32,6 +33,7 @@ def pace_register_kv_caches(registry: Registrations) -> None:
         layout="paged",
         description="shared pool of 64-token blocks, per-sequence block tables",
         value_dims=True,
+        kv_dtypes=KV_DTYPES,
     )
     registry.add_cache(
         "slab_pool",
@@ -39,4 +41,5 @@ def pace_register_kv_caches(registry: Registrations) -> None:
         layout="slab",
         description="pre-allocated pool of L2-sized blocks, O(1) free list",
         value_dims=True,
+        kv_dtypes=KV_DTYPES,
     )

@@ -29,6 +29,15 @@ import torch
 from pace_core.caches.base import CacheFullError, StepMeta
 from pace_core.caches.block_pool import BlockKey, BlockPool, block_keys
 from pace_core.caches.disk_tier import DiskBlockStore
+from pace_core.caches.kv_quant import (
+    AUTO,
+    INT8,
+    coerce_kv_dtype,
+    pack_rows,
+    pool_width,
+    row_bytes,
+    unpack_rows,
+)
 from pace_core.caches.pages import lazy_zeros, populate
 from pace_core.errors import ConfigError
 
@@ -37,7 +46,9 @@ DEFAULT_MAX_TOKENS = 32768
 
 @dataclass(frozen=True)
 class BlockKV:
-    """Attention view of one layer: pools ``[num_blocks, H, block, D]`` and block tables."""
+    """Attention view of one layer: pools ``[num_blocks, H, block, D]`` and block tables.
+    An int8 pool (``kv_dtype="int8"``) holds rows of ``D + 4`` bytes: see
+    :mod:`pace_core.caches.kv_quant`."""
 
     key_pool: torch.Tensor
     value_pool: torch.Tensor
@@ -97,18 +108,19 @@ class BlockCache:
         max_tokens: int | None = None,
         memory_gb: float | None = None,
         value_dims: Sequence[int] | None = None,
+        kv_dtype: str = AUTO,
         **_: object,
     ) -> None:
         self.block_size = block_size
+        self.kv_dtype = coerce_kv_dtype(kv_dtype)
         value_dims = list(head_dims if value_dims is None else value_dims)
         if not len(num_kv_heads) == len(head_dims) == len(value_dims):
             raise ConfigError(
                 f"per-layer cache dims disagree: {len(num_kv_heads)} KV head counts, "
                 f"{len(head_dims)} key dims, {len(value_dims)} value dims"
             )
-        elt = torch.empty(0, dtype=dtype).element_size()
         self.bytes_per_block = sum(
-            h * (d + dv) * elt * block_size
+            h * (row_bytes(kv_dtype, dtype, d) + row_bytes(kv_dtype, dtype, dv)) * block_size
             for h, d, dv in zip(num_kv_heads, head_dims, value_dims)
         )
         if memory_gb is not None:
@@ -121,12 +133,14 @@ class BlockCache:
         if num_blocks < 1:
             raise ConfigError("the KV cache budget is smaller than one block; raise it")
         self.num_blocks = num_blocks
+        self.dtype = dtype  # of the model: what get_kv_states returns
+        pool_dtype = torch.int8 if kv_dtype == INT8 else dtype
         self.keys = [
-            lazy_zeros((num_blocks, h, block_size, d), dtype)
+            lazy_zeros((num_blocks, h, block_size, pool_width(kv_dtype, d)), pool_dtype)
             for h, d in zip(num_kv_heads, head_dims)
         ]
         self.values = [
-            lazy_zeros((num_blocks, h, block_size, dv), dtype)
+            lazy_zeros((num_blocks, h, block_size, pool_width(kv_dtype, dv)), pool_dtype)
             for h, dv in zip(num_kv_heads, value_dims)
         ]
         self.pool = BlockPool(num_blocks, caching=False)
@@ -376,8 +390,11 @@ class BlockCache:
         if self._write is None:  # computed once per step, on the first layer that writes
             self._write = self._write_index()
         src_b, src_t, dst_block, dst_off = self._write
-        self.keys[layer][dst_block, :, dst_off] = k[src_b, :, src_t]
-        self.values[layer][dst_block, :, dst_off] = v[src_b, :, src_t]
+        k, v = k[src_b, :, src_t], v[src_b, :, src_t]
+        if self.kv_dtype == INT8:
+            k, v = pack_rows(k), pack_rows(v)
+        self.keys[layer][dst_block, :, dst_off] = k
+        self.values[layer][dst_block, :, dst_off] = v
         return BlockKV(
             self.keys[layer],
             self.values[layer],
@@ -444,9 +461,12 @@ class BlockCache:
         return pool[blocks].transpose(0, 1).reshape(h, rows, d)[:, : self.lens[seq_id]]
 
     def get_kv_states(self, seq_id: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        return [
+        out = [
             (self.gather(k, seq_id), self.gather(v, seq_id)) for k, v in zip(self.keys, self.values)
         ]
+        if self.kv_dtype == INT8:
+            out = [(unpack_rows(k, self.dtype), unpack_rows(v, self.dtype)) for k, v in out]
+        return out
 
     def memory_used(self) -> int:
         return self.pool.used * self.bytes_per_block
@@ -481,6 +501,7 @@ def slab_block_tokens(
     dtype: torch.dtype,
     max_seq_len: int = 1 << 30,
     value_dims: Sequence[int] | None = None,
+    kv_dtype: str = AUTO,
 ) -> int:
     """Largest power of two (16..1024, at most ``max_seq_len``) whose K+V block of the widest
     layer fits L2 / 2."""
@@ -488,9 +509,9 @@ def slab_block_tokens(
     if override:
         return override
     value_dims = head_dims if value_dims is None else value_dims
-    elt = torch.empty(0, dtype=dtype).element_size()
     per_token = max(
-        h * (d + dv) * elt for h, d, dv in zip(num_kv_heads, head_dims, value_dims)
+        h * (row_bytes(kv_dtype, dtype, d) + row_bytes(kv_dtype, dtype, dv))
+        for h, d, dv in zip(num_kv_heads, head_dims, value_dims)
     )
     tokens = max(16, min((l2_cache_bytes() // 2) // per_token, max_seq_len))
     return min(1024, 1 << (tokens.bit_length() - 1))
@@ -510,11 +531,13 @@ class SlabPoolCache(BlockCache):
         block_size: int | None = None,
         max_seq_len: int = 1 << 30,
         value_dims: Sequence[int] | None = None,
+        kv_dtype: str = AUTO,
         **kw,
     ) -> None:
         size = block_size or slab_block_tokens(
-            num_kv_heads, head_dims, dtype, max_seq_len, value_dims
+            num_kv_heads, head_dims, dtype, max_seq_len, value_dims, kv_dtype
         )
         super().__init__(
-            num_kv_heads, head_dims, dtype, block_size=size, value_dims=value_dims, **kw
-        )
+            num_kv_heads, head_dims, dtype, block_size=size, value_dims=value_dims,
+            kv_dtype=kv_dtype, **kw,
+        )  # fmt: skip

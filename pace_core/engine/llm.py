@@ -18,6 +18,7 @@ from pace_core.caches import KVCacheType
 from pace_core.caches.base import BlockKVCache, KVCache
 from pace_core.caches.blocks import BlockCache
 from pace_core.caches.disk_tier import DEFAULT_DISK_GB, DiskBlockStore, weights_fingerprint
+from pace_core.caches.kv_quant import AUTO, coerce_kv_dtype
 from pace_core.engine.beam import BeamHypothesis, beam_search
 from pace_core.engine.config import EngineConfig
 from pace_core.engine.core import EngineCore
@@ -97,6 +98,7 @@ class LLMModel:
         engine_config: EngineConfig | None = None,
         prefix_cache_dir: str | os.PathLike | None = None,
         prefix_cache_disk_gb: float = DEFAULT_DISK_GB,
+        kv_cache_dtype: str | None = None,
         tensor_parallel: int | TensorParallelConfig | None = None,
     ) -> None:
         # validate before the (slow) load
@@ -112,6 +114,9 @@ class LLMModel:
         self.kv_cache_type = str(kv_cache_type)  # a KVCacheType member is its name
         self.cache_spec = self.host.caches[kv_cache_type]
         self.cache_options = {"memory_gb": kv_cache_memory_gb, "max_tokens": max_cache_tokens}
+        self.kv_cache_dtype = self._kv_cache_dtype(kv_cache_dtype)
+        if self.kv_cache_dtype != AUTO:
+            self.cache_options["kv_dtype"] = self.kv_cache_dtype
         self.prefix_caching = self._prefix_caching_choice(prefix_caching)
         if prefix_cache_dir is not None and not self.prefix_caching:
             raise ConfigError(
@@ -157,6 +162,7 @@ class LLMModel:
             cache_layout=self.cache_spec.layout,
             profiler=self.profiler,
             quantization=self.quantization,
+            kv_dtype=None if self.kv_cache_dtype == AUTO else self.kv_cache_dtype,
         )
         if not isinstance(self.model, DecoderLM):  # a TransformersDecoder (no pace family)
             self.model.compile_now(lambda: self.new_cache(max_tokens=256))
@@ -164,6 +170,11 @@ class LLMModel:
             raise ConfigError(
                 f"kv_cache_type {self.kv_cache_type!r} does not take value_dims, which this "
                 f"{self.config.model_type} model's latent cache rows need; use a built-in type"
+            )
+        if self.model.value_dims is not None and self.kv_cache_dtype != AUTO:
+            raise ConfigError(
+                f"kv_cache_dtype {self.kv_cache_dtype!r} does not cover the latent (MLA) cache "
+                f"rows of this {self.config.model_type} model; use kv_cache_dtype 'auto'"
             )
         self.tokenizer = tokenizer  # after the weights: its heap does not add to their peak
         if tokenizer is None and load_tokenizer:
@@ -208,10 +219,23 @@ class LLMModel:
             )
         return blocks if asked is None else bool(asked)
 
+    def _kv_cache_dtype(self, asked: str | None) -> str:
+        """The KV storage dtype, if this cache type stores it."""
+        kv = coerce_kv_dtype(asked)
+        if kv not in self.cache_spec.kv_dtypes:
+            raise ConfigError(
+                f"kv_cache_dtype {kv!r} is not supported by kv_cache_type "
+                f"{self.kv_cache_type!r} (it stores {', '.join(sorted(self.cache_spec.kv_dtypes))})"
+                f"; use kv_cache_type 'paged' or 'slab_pool', or kv_cache_dtype 'auto'"
+            )
+        return kv
+
     @property
     def kv_namespace(self) -> bytes:
-        """What besides the tokens decides a KV block: model, dtype, quantization."""
-        return f"{self.path}|{self.dtype}|{self.quantization}".encode()
+        """What besides the tokens decides a KV block: model, dtype, quantization (and the KV
+        storage dtype when it is not the model's)."""
+        kv = "" if self.kv_cache_dtype == AUTO else f"|kv={self.kv_cache_dtype}"
+        return f"{self.path}|{self.dtype}|{self.quantization}{kv}".encode()
 
     def generation_cache(self) -> KVCache:
         """The cache of one :meth:`generate`: with prefix caching the model's persistent
@@ -282,6 +306,7 @@ class LLMModel:
             quiet=True,
             kv_cache_memory_gb=self.cache_options["memory_gb"],
             max_cache_tokens=self.cache_options["max_tokens"],
+            kv_cache_dtype=self.kv_cache_dtype,
         )
 
     @property

@@ -155,13 +155,20 @@ def build_model(
     profiler: Any | None = None,
     quantization: QuantizationConfig | None = None,
     record: dict[str, Any] | None = None,
+    kv_dtype: str | None = None,
 ) -> DecoderLM:
     """Read the checkpoint and build the model with the builder registered for its type
     (quantizing its matrices on the way in when ``quantization`` says so; ``record`` collects
-    them by checkpoint name)."""
+    them by checkpoint name). ``kv_dtype``: the KV cache storage dtype the attention kernels
+    must read (None: the model dtype)."""
     model_type = getattr(config, "model_type", None)
     spec = host.models.get(model_type)
     if spec is None:
+        if kv_dtype is not None:
+            raise ConfigError(
+                f"kv_cache_dtype {kv_dtype!r} needs a pace model family; model_type "
+                f"{model_type!r} runs transformers' own code: use kv_cache_dtype 'auto'"
+            )
         return _without_family(
             path, config, dtype, host, resolver, cache_layout, quantization, strict=strict
         )
@@ -171,6 +178,7 @@ def build_model(
     builder = ModelBuilder(config, weights, dtype, resolver, cache_layout, quantization)
     builder.profiler = profiler
     builder.quantized = record
+    builder.kv_dtype = kv_dtype
     with torch.no_grad():
         model = spec.builder(builder)
     tolerated = weights.finish(getattr(spec.builder, "harmless_extras", ()), strict=strict)

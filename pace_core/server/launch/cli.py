@@ -91,6 +91,7 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--dtype", default="bfloat16", choices=DTYPE_CHOICES)
     from pace_core.caches.disk_tier import DEFAULT_DISK_GB
+    from pace_core.caches.kv_quant import add_kv_cache_dtype_argument
     from pace_core.quant.config import add_quantization_argument
 
     add_quantization_argument(p)
@@ -99,6 +100,7 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         default="paged",
         help="a block cache: paged (default) or slab_pool",
     )
+    add_kv_cache_dtype_argument(p)
     p.add_argument("--kv-cache-memory-gb", type=float, default=None, help="KV pool size in GiB")
     p.add_argument("--max-cache-tokens", type=int, default=None, help="KV pool size in tokens")
     p.add_argument("--max-running", type=int, default=32, help="sequences decoded together")
@@ -270,6 +272,7 @@ def serve_configs(args: argparse.Namespace) -> tuple[dict[str, Any], Any, Any]:
         "dtype": args.dtype,
         "kv_cache_type": args.kv_cache_type,
         "kv_cache_memory_gb": args.kv_cache_memory_gb,
+        "kv_cache_dtype": args.kv_cache_dtype,
         "max_cache_tokens": args.max_cache_tokens,
         "opconfig": args.opconfig,
         "spec_config": spec_config,

@@ -48,6 +48,9 @@ MATRIX_FORMATS = ("dense", *qpacking.FORMATS)
 CACHE_LAYOUTS = ("contiguous", "paged", "slab")
 # Layouts whose caches the C++ stack writes itself: direct_buffers() / block_buffers().
 STACK_LAYOUTS = CACHE_LAYOUTS
+# KV storage dtypes the attention kernel and the stack read (int8: block pools only, whose
+# rows the kernel de-quantizes; the caches refuse int8 on other layouts)
+KV_DTYPES = ("auto", "int8")
 
 
 def _quantized_problem(ctx: OpContext, fmt: str) -> str | None:
@@ -144,9 +147,10 @@ def pace_register_ops(registry: Registrations) -> None:
     registry.add_kernel(
         "decoder_stack", BACKEND, stack.decoder_stack, dtypes=DTYPES, cpu_features=BASE,
         prepare=stack.prepare, supports=_stack_supports, priority=PRIORITY,
-        weight_formats=MATRIX_FORMATS, packs_ragged=True,
+        weight_formats=MATRIX_FORMATS, packs_ragged=True, kv_dtypes=KV_DTYPES,
         description="all pre-norm/sandwich blocks of a step in one C++ call (contiguous, "
-        "paged and slab caches; ragged rows packed, no padding computed)",
+        "paged and slab caches, int8 KV rows quantized as written; ragged rows packed, no "
+        "padding computed)",
     )  # fmt: skip
     dlrm_supports = functools.partial(dlrm.supports, quantized_problem=_quantized_problem)
     registry.add_kernel(
@@ -162,9 +166,10 @@ def pace_register_ops(registry: Registrations) -> None:
         description="DCNv2 cross layers in one C++ call: packed GEMMs (int8: VNNI, W8A8 "
         "weights with int8 activations) and the fused x0 * y + x_l",
     )  # fmt: skip
-    add("attention", kernels.attention, cache_layouts=CACHE_LAYOUTS,
+    add("attention", kernels.attention, cache_layouts=CACHE_LAYOUTS, kv_dtypes=KV_DTYPES,
         description="flash-style attention (decode and prefill), GQA, sinks, windows; reads "
-        "paged/slab pools through the block table")  # fmt: skip
+        "paged/slab pools through the block table (int8 KV rows de-quantized per "
+        "block)")  # fmt: skip
     add("latent_attention", kernels.latent_attention, cache_layouts=CACHE_LAYOUTS,
         description="MLA: the flash attention kernel over the latent rows as keys and values "
         "(all heads share each block in L1)")  # fmt: skip

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from pace_core import ops
 from pace_core.caches.base import Window
+from pace_core.caches.kv_quant import unpack_rows
 from pace_core.quant import QuantizedWeight
 
 # The core's activation vocabulary (pace_core.ops.ACTIVATIONS), in its order, as torch functions.
@@ -314,29 +315,36 @@ def latent_attention(
 
 
 def _over_cache(q, kv, scale, sinks, window, latent: int | None) -> torch.Tensor:
-    """Attention over any cache layout; values are the keys' first ``latent`` dims when set."""
+    """Attention over any cache layout; values are the keys' first ``latent`` dims when set.
+    Int8 pools (``kv_cache_dtype="int8"``) are de-quantized and attended in fp32."""
     meta = kv.meta
     mask = meta.mask(window)
     layout = getattr(kv, "layout", "contiguous")
     if layout == "contiguous":
         values = kv.values if latent is None else kv.keys[..., :latent]
         return _sdpa(q, kv.keys, values, mask, scale, sinks)
+    int8 = kv.key_pool.dtype == torch.int8
+    if int8:
+        if latent is not None:
+            raise ValueError("latent attention does not read int8 KV pools")
+        out_dtype, q = q.dtype, q.float()
 
     def gathered(table: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         k = _gather_blocks(kv.key_pool, table, length)
         v = k[..., :latent] if latent is not None else _gather_blocks(kv.value_pool, table, length)
-        return k, v
+        return (unpack_rows(k), unpack_rows(v)) if int8 else (k, v)
 
     if layout == "paged":
         s = mask.shape[-1]
-        return _sdpa(q, *gathered(kv.block_table, s), mask, scale, sinks)
-    # slab: one attention call per sequence over exactly its own blocks and length
-    outs = []
-    for b, length in enumerate(meta.ends):
-        nb = -(-length // kv.block_size)
-        k, v = gathered(kv.block_table[b : b + 1, :nb], length)
-        outs.append(_sdpa(q[b : b + 1], k, v, mask[b : b + 1, :, :, :length], scale, sinks))
-    return torch.cat(outs)
+        out = _sdpa(q, *gathered(kv.block_table, s), mask, scale, sinks)
+    else:  # slab: one attention call per sequence over exactly its own blocks and length
+        outs = []
+        for b, length in enumerate(meta.ends):
+            nb = -(-length // kv.block_size)
+            k, v = gathered(kv.block_table[b : b + 1, :nb], length)
+            outs.append(_sdpa(q[b : b + 1], k, v, mask[b : b + 1, :, :, :length], scale, sinks))
+        out = torch.cat(outs)
+    return out.to(out_dtype) if int8 else out
 
 
 # -- decoder stack --------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from pace_core import hookimpl
+from pace_core.caches.kv_quant import KV_DTYPES
 from pace_core.quant import WEIGHT_FORMATS
 from pace_core.registry import Registrations
 from pace_native import dlrm, kernels
@@ -36,6 +37,7 @@ def pace_register_ops(registry: Registrations) -> None:
         kernels.attention,
         dtypes=DTYPES,
         cache_layouts=("contiguous", "paged", "slab"),
+        kv_dtypes=KV_DTYPES,
     )
     add(
         "latent_attention",
@@ -55,4 +57,5 @@ def pace_register_ops(registry: Registrations) -> None:
         prepare=kernels.prepare_decoder_stack,
         dtypes=DTYPES,
         weight_formats=FORMATS,
+        kv_dtypes=KV_DTYPES,  # the layers' own attention kernels read the cache
     )

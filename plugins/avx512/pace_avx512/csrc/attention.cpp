@@ -78,9 +78,10 @@ static inline __mmask16 mask_bits(const bool* m, int64_t stride, int64_t n) {
 
 // Key or value row s of (batch row b, KV head g). Without a block table the cache is
 // [B, Hk, S, D] (strides st = b, h, s); with one it is a pool [blocks, Hk, block_size, D]
-// (st = block, h, s) and key s of row b lives in block table[b, s / block_size].
-template <typename T>
-ALWAYS_INLINE const T* kv_row(const T* base, const int64_t (&st)[3], const AttnArgs<T>& a,
+// (st = block, h, s) and key s of row b lives in block table[b, s / block_size]. E is the
+// cache's element: T, or int8_t for int8 KV rows (D values, then their fp32 scale).
+template <typename E, typename T>
+ALWAYS_INLINE const E* kv_row(const E* base, const int64_t (&st)[3], const AttnArgs<T>& a,
                               int64_t b, int64_t g, int64_t s) {
   return a.table == nullptr ? base + b * st[0] + g * st[1] + s * st[2]
                             : base + a.table[b * a.table_stride + s / a.block_size] * st[0] +
@@ -90,14 +91,14 @@ ALWAYS_INLINE const T* kv_row(const T* base, const int64_t (&st)[3], const AttnA
 // Rows s0 .. s0+n-1 of K or V for (b, g) as pointers into the cache (no conversion): one
 // table lookup per run of keys within a block, not a division per key (on the decode path
 // that division and lookup took a fifth of the attention time).
-template <typename T>
-inline void rows_raw(const T* base, const int64_t (&st)[3], const AttnArgs<T>& a, int64_t b,
-                     int64_t g, int64_t s0, int64_t n, const T* (&out)[BS]) {
+template <typename E, typename T>
+inline void rows_raw(const E* base, const int64_t (&st)[3], const AttnArgs<T>& a, int64_t b,
+                     int64_t g, int64_t s0, int64_t n, const E* (&out)[BS]) {
   for (int64_t j = 0; j < n;) {
     const int64_t s = s0 + j;
     const int64_t run =
         a.table == nullptr ? n - j : std::min(n - j, a.block_size - s % a.block_size);
-    const T* row = kv_row(base, st, a, b, g, s);
+    const E* row = kv_row(base, st, a, b, g, s);
     for (int64_t i = 0; i < run; ++i) out[j + i] = row + i * st[2];
     j += run;
   }
@@ -119,6 +120,28 @@ inline void rows_fp32(const T* base, const int64_t (&st)[3], const AttnArgs<T>& 
         _mm512_storeu_ps(scratch + j * Dp + i, load(src[j] + i, lane_mask(D - i)));
       out[j] = scratch + j * Dp;
     }
+  }
+}
+
+// Rows s0 .. s0+n-1 of int8 K or V rows (kv_cache_dtype "int8": D int8 values, then their
+// fp32 scale) for (b, g) de-quantized into `scratch` as fp32 rows q * scale, exactly as
+// pace_core/caches/kv_quant.py reads them, once for all query rows of the group.
+template <typename T>
+inline void rows_int8(const int8_t* base, const int64_t (&st)[3], const AttnArgs<T>& a, int64_t b,
+                      int64_t g, int64_t s0, int64_t n, int64_t D, int64_t Dp, float* scratch,
+                      const float* (&out)[BS]) {
+  const int8_t* src[BS];
+  rows_raw(base, st, a, b, g, s0, n, src);
+  for (int64_t j = 0; j < n; ++j) {
+    float scale;
+    std::memcpy(&scale, src[j] + D, sizeof(float));
+    const __m512 vs = _mm512_set1_ps(scale);
+    float* dst = scratch + j * Dp;
+    for (int64_t i = 0; i < Dp; i += 16) {
+      const __m512i q = _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(lane_mask(D - i), src[j] + i));
+      _mm512_storeu_ps(dst + i, _mm512_mul_ps(_mm512_cvtepi32_ps(q), vs));
+    }
+    out[j] = dst;
   }
 }
 
@@ -362,7 +385,7 @@ ALWAYS_INLINE int64_t tile_scores(const ItemRows<T>& it, int64_t s0, int64_t n, 
 // rows `bkeys` read in place by vdpbf16ps, else the fp32 rows `keys`. Masked keys get -inf.
 template <typename T>
 ALWAYS_INLINE void row_scores(const ItemRows<T>& it, int64_t s0, int64_t n, int64_t r0,
-                              const float* const* keys, const bf16_t* const* bkeys) {
+                              const float* const* keys, const bf16_t* const* bkeys, bool dot_bf16) {
   const AttnArgs<T>& a = it.a;
   for (int64_t j0 = 0; j0 < n; j0 += 16) {
     const int64_t nk = std::min<int64_t>(16, n - j0);
@@ -372,7 +395,7 @@ ALWAYS_INLINE void row_scores(const ItemRows<T>& it, int64_t s0, int64_t n, int6
       if (live) {
         const ScoreRow score{it.qf + r * it.Dp, reinterpret_cast<const bf16_t*>(it.query(r)),
                              a.scale, it.D};
-        s = _mm512_mask_mov_ps(s, live, kDotBf16<T> ? score(bkeys + j0, nk) : score(keys + j0, nk));
+        s = _mm512_mask_mov_ps(s, live, dot_bf16 ? score(bkeys + j0, nk) : score(keys + j0, nk));
       }
       _mm512_mask_storeu_ps(it.sc + r * BS + j0, lane_mask(nk), s);
     }
@@ -482,7 +505,9 @@ constexpr int64_t WARM_RUN_LINES = 32;
 // for caches whose rows are contiguous within a block (the keys of a run are adjacent).
 template <typename T>
 void warm_item(const AttnArgs<T>& a, int64_t b, int64_t g, int64_t lo, int64_t hi) {
-  if (a.ks[2] != a.d || a.vs[2] != a.d) return;
+  const bool q8 = a.k8 != nullptr;
+  const int64_t row_bytes = q8 ? a.d + 4 : a.d * (int64_t)sizeof(T);  // int8: values + scale
+  if (a.ks[2] * (q8 ? 1 : (int64_t)sizeof(T)) != row_bytes || a.vs[2] != a.ks[2]) return;
   const char* runs[WARM_STREAMS];
   int64_t lens[WARM_STREAMS];
   int n = 0;
@@ -497,9 +522,9 @@ void warm_item(const AttnArgs<T>& a, int64_t b, int64_t g, int64_t lo, int64_t h
         }
     n = 0;
   };
-  const auto add = [&](const T* row, int64_t keys) {  // the lines holding `keys` rows from `row`
+  const auto add = [&](const void* row, int64_t keys) {  // the lines holding `keys` rows from `row`
     const uintptr_t first = reinterpret_cast<uintptr_t>(row) / 64 * 64;
-    const uintptr_t end = reinterpret_cast<uintptr_t>(row + keys * a.d);  // one past the last byte
+    const uintptr_t end = reinterpret_cast<uintptr_t>(row) + keys * row_bytes;  // one past the last byte
     for (uintptr_t p = first; p < end; p += 64 * WARM_RUN_LINES) {
       runs[n] = reinterpret_cast<const char*>(p);
       lens[n] = std::min<int64_t>(WARM_RUN_LINES, (end - p + 63) / 64);
@@ -508,8 +533,13 @@ void warm_item(const AttnArgs<T>& a, int64_t b, int64_t g, int64_t lo, int64_t h
   };
   for (int64_t s0 = lo; s0 < hi;) {  // runs of keys adjacent in memory: a block, or all of them
     const int64_t keys = a.table ? std::min(a.block_size - s0 % a.block_size, hi - s0) : hi - s0;
-    add(kv_row(a.k, a.ks, a, b, g, s0), keys);
-    add(kv_row(a.v, a.vs, a, b, g, s0), keys);
+    if (q8) {
+      add(kv_row(a.k8, a.ks, a, b, g, s0), keys);
+      add(kv_row(a.v8, a.vs, a, b, g, s0), keys);
+    } else {
+      add(kv_row(a.k, a.ks, a, b, g, s0), keys);
+      add(kv_row(a.v, a.vs, a, b, g, s0), keys);
+    }
     s0 += keys;
   }
   read_runs();
@@ -535,13 +565,15 @@ void attend_item(const AttnArgs<T>& a, int64_t b, int64_t g, int64_t t0, int64_t
   const float* keys[BS];    // fp32 row of each key of the block (widened or in place)
   const bf16_t* bkeys[BS];  // bf16 rows, read in place by vdpbf16ps
   const float* vals[BS];
+  const bool q8 = a.k8 != nullptr;  // int8 KV: rows de-quantized to fp32 (rows_int8)
+  const bool dot_bf16 = kDotBf16<T> && !q8;
   const bool tiled = rows >= TILE_ROWS && D % 2 == 0;
-  std::vector<uint32_t> kt_buf(tiled && kDotBf16<T> && pre.kt == nullptr ? (D / 2) * 64 : 0);
+  std::vector<uint32_t> kt_buf(tiled && dot_bf16 && pre.kt == nullptr ? (D / 2) * 64 : 0);
   // bf16, few rows: values widened in registers (attention_pairs.h), and without
   // AVX512-BF16 the keys too; the accumulators are then in split order until the end
   constexpr bool kPairs = std::is_same_v<T, bf16_t> && !kDotBf16<T>;
   const bool value_pairs = std::is_same_v<T, bf16_t> && rows <= PAIR_ROWS && D % 32 == 0 &&
-                           pre.v == nullptr;
+                           pre.v == nullptr && !q8;
   const bool in_pairs = kPairs && value_pairs;
   start_rows(it, with_sinks);
   if (in_pairs) bf16_pairs::split_rows(it.qf, rows, Dp, D);
@@ -565,19 +597,23 @@ void attend_item(const AttnArgs<T>& a, int64_t b, int64_t g, int64_t t0, int64_t
     }
     int64_t r_done = 0;  // rows whose scores the tiles computed
     if constexpr (kDotBf16<T>) {
-      rows_raw(a.k, a.ks, a, b, g, s0, n, bkeys);
-      if (tiled) {
-        const uint32_t* kt = kt_buf.data();  // the block's packed key pairs
-        if (pre.kt != nullptr)
-          kt = pre.kt + ((b * a.hk + g) * pre.blocks + s0 / BS) * (D / 2) * 64;
-        else
-          pack_key_pairs(bkeys, n, D / 2, kt_buf.data());
-        r_done = tile_scores(it, s0, n, kt);
+      if (dot_bf16) {
+        rows_raw(a.k, a.ks, a, b, g, s0, n, bkeys);
+        if (tiled) {
+          const uint32_t* kt = kt_buf.data();  // the block's packed key pairs
+          if (pre.kt != nullptr)
+            kt = pre.kt + ((b * a.hk + g) * pre.blocks + s0 / BS) * (D / 2) * 64;
+          else
+            pack_key_pairs(bkeys, n, D / 2, kt_buf.data());
+          r_done = tile_scores(it, s0, n, kt);
+        }
       }
-    } else {
-      rows_fp32(a.k, a.ks, a, b, g, s0, n, D, Dp, kscratch, keys);
     }
-    row_scores(it, s0, n, r_done, keys, bkeys);
+    if (q8)
+      rows_int8(a.k8, a.ks, a, b, g, s0, n, D, Dp, kscratch, keys);
+    else if (!dot_bf16)
+      rows_fp32(a.k, a.ks, a, b, g, s0, n, D, Dp, kscratch, keys);
+    row_scores(it, s0, n, r_done, keys, bkeys, dot_bf16);
     softmax_block(it, n);
     if constexpr (std::is_same_v<T, bf16_t>) {
       if (value_pairs) {
@@ -590,6 +626,8 @@ void attend_item(const AttnArgs<T>& a, int64_t b, int64_t g, int64_t t0, int64_t
     if (pre.v != nullptr) {
       const float* vb = pre.v + ((b * a.hk + g) * pre.blocks * BS + s0) * Dp;
       for (int64_t j = 0; j < n; ++j) vals[j] = vb + j * Dp;
+    } else if (q8) {
+      rows_int8(a.v8, a.vs, a, b, g, s0, n, D, Dp, vscratch, vals);
     } else {
       rows_fp32(a.v, a.vs, a, b, g, s0, n, D, Dp, vscratch, vals);
     }
@@ -648,7 +686,8 @@ void attention(const AttnArgs<T>& a, int nthreads) {
   const int64_t chunk = (a.s + splits - 1) / splits, pstride = rows * (Dp + 2);
   std::vector<float> parts(splits > 1 ? heads * splits * pstride : 0);
   // Prefill with tiled bf16 scores: pack keys / widen values once, shared by all tiles.
-  const bool share = std::is_same_v<T, bf16_t> && tiles > 1 && rows >= TILE_ROWS && a.d % 2 == 0;
+  const bool share = std::is_same_v<T, bf16_t> && tiles > 1 && rows >= TILE_ROWS && a.d % 2 == 0 &&
+                     a.k8 == nullptr;
   const int64_t blocks = (a.s + BS - 1) / BS;
   // not zeroed (a serial memset of ~0.4 MB a layer for a 150-key chunk): every block is
   // packed below, its key tail zeroed, and a tile reads only the block's live value rows

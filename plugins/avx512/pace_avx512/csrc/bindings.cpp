@@ -276,8 +276,11 @@ void run_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
                    Tensor& out) {
   AttnArgs<T> a{};
   a.q = ptr<T>(q);
-  a.k = ptr<T>(k);
-  a.v = ptr<T>(v);
+  if (k.scalar_type() == at::kChar) {  // int8 KV rows (kv_quant.py)
+    a.k8 = k.data_ptr<int8_t>(), a.v8 = v.data_ptr<int8_t>();
+  } else {
+    a.k = ptr<T>(k), a.v = ptr<T>(v);
+  }
   a.mask = m.data_ptr<bool>();
   for (int i = 0; i < 3; ++i) {
     a.qs[i] = q.stride(i);
@@ -306,12 +309,14 @@ Tensor attend(Tensor q, Tensor k, Tensor v, const Tensor& mask, double scale,
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && mask.dim() == 4,
               "pace_avx512: attention expects 4-d q, k, v and mask");
   const bool bf = is_bf16(q);
-  TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(),
+  // int8 KV: rows of D int8 values and their fp32 scale (pace_core/caches/kv_quant.py)
+  const bool q8 = k.scalar_type() == at::kChar;
+  TORCH_CHECK((q8 || k.scalar_type() == q.scalar_type()) && v.scalar_type() == k.scalar_type(),
               "pace_avx512: attention q/k/v dtypes differ");
   TORCH_CHECK(mask.scalar_type() == at::kBool, "pace_avx512: attention mask must be bool");
   const int64_t B = q.size(0), Hq = q.size(1), T = q.size(2), D = q.size(3);
   const int64_t Hk = k.size(1), S = mask.size(3);
-  TORCH_CHECK(Hk > 0 && Hq % Hk == 0 && k.size(3) == D && v.sizes() == k.sizes(),
+  TORCH_CHECK(Hk > 0 && Hq % Hk == 0 && k.size(3) == D + (q8 ? 4 : 0) && v.sizes() == k.sizes(),
               "pace_avx512: attention shapes q ", q.sizes(), " k ", k.sizes(), " v ", v.sizes());
   Tensor table;
   if (block_table) {

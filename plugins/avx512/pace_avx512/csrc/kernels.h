@@ -158,6 +158,10 @@ struct AttnArgs {
   int64_t ks[3];  // b (or block), h, s
   const T* v;
   int64_t vs[3];  // b (or block), h, s
+  // int8 KV (kv_cache_dtype "int8", k and v unused): rows of d int8 values then their fp32
+  // scale (pace_core/caches/kv_quant.py); ks / vs count bytes
+  const int8_t* k8 = nullptr;
+  const int8_t* v8 = nullptr;
   const int64_t* table;  // [B, table_stride] block ids, or null for a contiguous cache
   int64_t table_stride;
   int64_t block_size;

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "kernels.h"
+#include "simd.h"
 #include "stack_layers.h"
 #include "tensor_ops.h"
 
@@ -79,13 +80,38 @@ T* data(const Tensor& t) {
   return static_cast<T*>(t.data_ptr());
 }
 
+// One (token, head) row of D values as an int8 KV row (pace_core/caches/kv_quant.py): the D
+// values round(x / scale) (to nearest even: the default MXCSR mode; clamped to +-127), then
+// the fp32 scale amax / 127; a zero row is zeros with scale 0. The same fp32 operations as
+// kv_quant.quantize_rows, so both writers store the same bytes.
+template <typename T>
+void quantize_kv_row(const T* x, int64_t D, int8_t* dst) {
+  __m512 mx = _mm512_setzero_ps();
+  for (int64_t i = 0; i < D; i += 16) mx = _mm512_max_ps(mx, _mm512_abs_ps(load(x + i, lane_mask(D - i))));
+  const float amax = _mm512_reduce_max_ps(mx);
+  const float scale = amax / 127.0f;
+  const __m512 vs = _mm512_set1_ps(scale);
+  for (int64_t i = 0; i < D; i += 16) {
+    const __mmask16 mk = lane_mask(D - i);
+    __m512i q = _mm512_setzero_si512();
+    if (amax > 0) {
+      q = _mm512_cvtps_epi32(_mm512_div_ps(load(x + i, mk), vs));
+      q = _mm512_max_epi32(_mm512_min_epi32(q, _mm512_set1_epi32(127)), _mm512_set1_epi32(-127));
+    }
+    _mm512_mask_cvtepi32_storeu_epi8(dst + i, mk, q);
+  }
+  std::memcpy(dst + D, &scale, sizeof(float));
+}
+
 // Group g's k or v rows (its tokens' rows `ld` apart in the qkv rows, heads D apart) into the
-// cache at positions starts[b] + j: plain row copies. Contiguous: row b's position p is
-// [b, h, p]; block pool: [table[b, p / bs], h, p % bs].
+// cache at positions starts[b] + j: plain row copies, or int8 rows (an int8 pool). Contiguous:
+// row b's position p is [b, h, p]; block pool: [table[b, p / bs], h, p % bs].
 template <typename T>
 void write_cache(const Tensor& cache, const T* x, int64_t ld, int64_t H, int64_t D, const Step& s,
                  const RowGroup& g) {
-  T* dst = data<T>(cache);
+  const bool q8 = cache.scalar_type() == at::kChar;
+  char* dst = static_cast<char*>(cache.data_ptr());
+  const int64_t elt = q8 ? 1 : (int64_t)sizeof(T);
   const int64_t st0 = cache.stride(0), st1 = cache.stride(1), st2 = cache.stride(2);
   const int64_t* table = s.table ? s.table->data_ptr<int64_t>() : nullptr;
   const int64_t table_stride = s.table ? s.table->stride(0) : 0;
@@ -96,8 +122,11 @@ void write_cache(const Tensor& cache, const T* x, int64_t ld, int64_t H, int64_t
       const int64_t slot = table ? table[b * table_stride + pos / s.block_size] : b;
       const int64_t off = table ? pos % s.block_size : pos;
       const T* row = x + ((b - g.b0) * g.count + j) * ld;
-      for (int64_t h = 0; h < H; ++h)
-        std::memcpy(dst + slot * st0 + h * st1 + off * st2, row + h * D, D * sizeof(T));
+      for (int64_t h = 0; h < H; ++h) {
+        char* out = dst + (slot * st0 + h * st1 + off * st2) * elt;
+        if (q8) quantize_kv_row(row + h * D, D, reinterpret_cast<int8_t*>(out));
+        else std::memcpy(out, row + h * D, D * sizeof(T));
+      }
     }
 }
 
@@ -149,11 +178,15 @@ void attend_group(const LayerSpec& L, const Step& s, const RowGroup& g, int64_t 
   const Tensor& mask = s.masks[L.mask];  // [B or 1, 1, T, S]
   const int64_t mb = mask.size(0) == 1 ? 0 : mask.stride(0);
   AttnArgs<T> a{};
-  a.k = data<T>(keys), a.v = data<T>(values);
+  const bool q8 = keys.scalar_type() == at::kChar;  // int8 KV rows (kv_quant.py)
+  if (q8) a.k8 = data<int8_t>(keys), a.v8 = data<int8_t>(values);
+  else a.k = data<T>(keys), a.v = data<T>(values);
   for (int i = 0; i < 3; ++i) a.ks[i] = keys.stride(i), a.vs[i] = values.stride(i);
   if (s.table) {
     a.table = s.table->data_ptr<int64_t>() + g.b0 * s.table->stride(0);
     a.table_stride = s.table->stride(0), a.block_size = s.block_size;
+  } else if (q8) {
+    a.k8 += g.b0 * a.ks[0], a.v8 += g.b0 * a.vs[0];
   } else {
     a.k += g.b0 * a.ks[0], a.v += g.b0 * a.vs[0];
   }
@@ -172,10 +205,12 @@ void attend_group(const LayerSpec& L, const Step& s, const RowGroup& g, int64_t 
 
 // The caches of a step: contiguous [B, Hk, >= length, D] per layer, or block pools of one
 // block count, the table's ids inside them and its rows long enough for every row's keys.
+// Block pools may be int8 KV rows (kv_quant.py: [blocks, Hk, bs, D + 4] int8).
 void check_caches(const std::vector<Tensor>& keys, const std::vector<Tensor>& values,
                   const OptTensor& table, int64_t block_size, int64_t B, int64_t length,
-                  at::ScalarType dtype) {
+                  at::ScalarType act) {
   TORCH_CHECK(keys.size() == values.size(), "pace_avx512: decoder stack key and value caches");
+  const at::ScalarType dtype = !keys.empty() && table && keys[0].scalar_type() == at::kChar ? at::kChar : act;
   for (size_t i = 0; i < keys.size(); ++i)
     TORCH_CHECK(keys[i].dim() == 4 && values[i].sizes() == keys[i].sizes() &&
                     keys[i].is_contiguous() && values[i].is_contiguous() &&
@@ -299,7 +334,8 @@ class DecoderStack {
       TORCH_CHECK(L.layer < (int64_t)keys.size() && L.mask < (int64_t)masks.size() &&
                       L.rope < (int64_t)ropes.size(),
                   "pace_avx512: decoder stack step is missing caches, masks or rope tables");
-      TORCH_CHECK(keys[L.layer].size(1) == L.hk && keys[L.layer].size(3) == L.d,
+      const int64_t row = L.d + (keys[L.layer].scalar_type() == at::kChar ? 4 : 0);  // int8: + scale
+      TORCH_CHECK(keys[L.layer].size(1) == L.hk && keys[L.layer].size(3) == row,
                   "pace_avx512: decoder stack cache ", L.layer, " ", keys[L.layer].sizes(),
                   " does not hold ", L.hk, " heads of ", L.d);
       TORCH_CHECK(L.hidden == x.size(2) && (L.dense_dtype == at::ScalarType::Undefined || L.dense_dtype == dtype),
