@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -65,9 +66,13 @@ def _head(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
 def _vocab_part(weight: Matrix, rank: int, size: int) -> Matrix:
     first, end, per = vocab_rows(int(weight.shape[0]), rank, size)
     if isinstance(weight, QuantizedWeight):
-        if end - first != per:
-            raise ValueError("a quantized tied head needs a vocabulary divisible by the ranks")
-        return weight.rows(slice(first, end))
+        part = weight.rows(slice(first, end))
+        if end - first == per:
+            return part
+        pad = weight.rows(slice(0, per - (end - first)))  # zero codes and scales: zero rows
+        parts = {"data": pad.data, "scales": pad.scales, "mins": pad.mins}
+        zero = {k: None if t is None else torch.zeros_like(t) for k, t in parts.items()}
+        return QuantizedWeight.cat([part, replace(pad, **zero)])
     part = weight[first:end]
     if end - first < per:
         part = torch.cat([part, part.new_zeros(per - (end - first), *part.shape[1:])])

@@ -86,6 +86,21 @@ def test_forks_and_prefix_hits_replay(tmp_path, monkeypatch):
         tp.close()
 
 
+def test_quantized_on_load(tmp_path):
+    """Each rank quantizes its own slices (int4, groups of 32: every shard holds whole groups,
+    so the groups are one process's): the tokens equal one process's."""
+    path = FACTORIES["llama"](tmp_path / "llama")
+    quant = {"bits": 4, "group_size": 32}
+    ref = LLMModel(str(path), dtype=torch.float32, load_tokenizer=False, quiet=True,
+                   quantization=quant)  # fmt: skip
+    tp = LLMModel(str(path), dtype=torch.float32, load_tokenizer=False, quiet=True,
+                  quantization=quant, tensor_parallel=TP2)  # fmt: skip
+    try:
+        assert _tokens(tp) == _tokens(ref)
+    finally:
+        tp.close()
+
+
 def test_sizes_that_do_not_divide(tmp_path):
     path = FACTORIES["llama"](tmp_path / "llama")  # 4 heads, 2 KV heads, intermediate 128
     with pytest.raises(ConfigError) as err:

@@ -68,3 +68,18 @@ def test_quantized_weights_cut_along_groups():
     assert torch.equal(rows.dequantize(), q.dequantize()[8:])
     with pytest.raises(ConfigError, match="cut through its quantization groups of 32"):
         slice_quantized(q, Slice(1, ((0, 48),)), "down_proj")
+
+
+def test_tied_head_rows_padded_with_zeros():
+    """A tied head takes its rows of the embedding table; the last rank's are padded with
+    zero rows (dense and quantized alike)."""
+    from pace_core.parallel.builder import _vocab_part
+
+    w = torch.randn(101, 64)
+    q = quantize(w, QuantizationConfig(bits=8, group_size=32))
+    for table in (w, q):
+        last = _vocab_part(table, 1, 2)
+        rows = last.dequantize() if table is q else last
+        full = q.dequantize() if table is q else w
+        assert rows.shape == (51, 64) and torch.equal(rows[:50], full[51:])
+        assert torch.count_nonzero(rows[50:]) == 0
