@@ -64,6 +64,17 @@ def instances_arg(value: str) -> int | str:
         raise argparse.ArgumentTypeError(str(exc).removeprefix("--instances ")) from None
 
 
+def tensor_parallel_arg(value: str) -> int:
+    """``--tensor-parallel``: ranks per model, >= 1."""
+    try:
+        size = int(value)
+    except ValueError:
+        size = 0
+    if size < 1:
+        raise argparse.ArgumentTypeError(f"{value!r}: expected a rank count >= 1")
+    return size
+
+
 def cpus_arg(value: str) -> list[int]:
     """One ``--instance-cores`` list: ``0-3,8-11``."""
     from pace_core.platform import parse_cpulist
@@ -162,6 +173,14 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="CPUS",
         help="one engine process per CPU list, e.g. 0-15 16-31 (instead of --instances)",
     )
+    p.add_argument(
+        "--tensor-parallel",
+        type=tensor_parallel_arg,
+        default=1,
+        metavar="N",
+        help="split the model across N ranks (processes, one per NUMA node with --instances "
+        "auto): each --instances group is N ranks; see docs/server.md",
+    )
     ray = p.add_argument_group("Ray Serve (pip install 'pace-core[ray]'; see docs/server.md)")
     ray.add_argument("--ray", action="store_true", help="serve with Ray Serve replicas")
     ray.add_argument(
@@ -206,6 +225,11 @@ def build_server(args: argparse.Namespace):
     from pace_core.server.api.app import Server
 
     model_args, engine_config, config = serve_configs(args)
+    groups = tensor_parallel_groups(args)
+    if groups is not None:
+        from pace_core.parallel.serving import tensor_parallel_server
+
+        return tensor_parallel_server(model_args, groups, engine_config, config)
     plans = instance_plans(args)
     if plans is not None:
         return Server.multi_instance(model_args, plans, engine_config, config)
@@ -214,6 +238,17 @@ def build_server(args: argparse.Namespace):
 
     llm = on_transient_thread(lambda: LLMModel(**model_args, quiet=True))
     return Server.in_process(llm, engine_config, config)
+
+
+def tensor_parallel_groups(args: argparse.Namespace) -> list[tuple[InstancePlan, ...]] | None:
+    """The rank plans of each tensor-parallel group (``--tensor-parallel N`` > 1), else None."""
+    size = getattr(args, "tensor_parallel", 1)
+    if size == 1:
+        return None
+    from pace_core.parallel.serving import plan_groups
+    from pace_core.platform import current_topology
+
+    return plan_groups(current_topology(), size, args.instances, args.instance_cores)
 
 
 def instance_plans(args: argparse.Namespace) -> list[InstancePlan] | None:
@@ -311,7 +346,11 @@ def run_serve(args: argparse.Namespace) -> int:
     level = str(getattr(args, "log_level", None) or "info").lower()
     if not logging.getLogger().handlers:
         logging.basicConfig(level=level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    if args.ray or instance_plans(args) is not None:
+    if args.ray and args.tensor_parallel > 1:
+        from pace_core.errors import ConfigError
+
+        raise ConfigError("--tensor-parallel with --ray is not supported: serve without --ray")
+    if args.ray or args.tensor_parallel > 1 or instance_plans(args) is not None:
         from pace_core import zoo
 
         if args.model is None or zoo.is_zoo_name(args.model):
