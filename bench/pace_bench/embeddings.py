@@ -9,15 +9,16 @@ default for a decoder LM, or the mean), timed round-robin
 - ``pace-bf16``, ``pace-fp32``: ``LLMModel.embed`` (through the engine core);
 - ``transformers``: fp32 ``AutoModel`` run eagerly (no compile; ``--hf-attn`` sdpa by
   default) on a right-padded batch, its ``last_hidden_state`` pooled over the attention mask;
-- ``llama.cpp``: llama-cpp-python's embedding mode (``Llama(embedding=True)``, its pooling set
-  to the same mode, ``.embed(texts, normalize=True)``) on an F32 GGUF converted from the same
-  checkpoint (``make bench-peers``); skipped with the reason when it is not installed.
+- ``llama.cpp-bf16``, ``llama.cpp-fp32``: llama-cpp-python's embedding mode
+  (``Llama(embedding=True)``, its pooling set to the same mode, ``.embed(texts,
+  normalize=True)``) on a BF16 / F32 GGUF converted from the same checkpoint (``make
+  bench-peers``); skipped with the reason when it is not installed.
 
 Each row also reports the engine's worst cosine to transformers' vectors of the same texts
 (a correctness check: fp32 engines should be ~1.0). Targets: pace fp32 cosine >= 0.999 (the
 issue's bar), pace bf16 >= 0.99.
 
-    pace bench embeddings --batches 1 8 32 --lengths 16 128 512 --engines pace-fp32 llama.cpp
+    pace bench embeddings --batches 1 8 32 --lengths 16 128 512 --engines pace-bf16 llama.cpp-bf16
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from pace_bench.common import (
     with_targets,
 )
 
-ENGINES = ("pace-bf16", "pace-fp32", "transformers", "llama.cpp")
+ENGINES = ("pace-bf16", "pace-fp32", "transformers", "llama.cpp-bf16", "llama.cpp-fp32")
 COLUMNS = ["model", "batch", "length", "engine", "inputs_s", "tokens_s", "ms", "vs_hf",
            "cosine_vs_hf"]  # fmt: skip
 QUICK = {"batches": [1, 8], "lengths": [32], "repeats": 2}
@@ -109,8 +110,11 @@ def transformers_embedder(path: Path, pooling: str, attn: str) -> Embedder:
     return embed
 
 
-def llama_cpp_embedder(path: Path, pooling: str, threads: int, max_tokens: int) -> Embedder:
-    """llama.cpp's embedding mode on the checkpoint's F32 GGUF; raises PeerUnavailable."""
+def llama_cpp_embedder(
+    path: Path, gguf_type: str, pooling: str, threads: int, max_tokens: int
+) -> Embedder:
+    """llama.cpp's embedding mode on the checkpoint's GGUF of ``gguf_type`` (``bf16``,
+    ``f32``); raises PeerUnavailable."""
     from pace_bench import peers
 
     ll = peers.find_llama_cpp()
@@ -118,7 +122,7 @@ def llama_cpp_embedder(path: Path, pooling: str, threads: int, max_tokens: int) 
         raise peers.PeerUnavailable("llama-cpp-python is not installed (make bench-peers)")
     mode = {"last": ll.LLAMA_POOLING_TYPE_LAST, "mean": ll.LLAMA_POOLING_TYPE_MEAN}[pooling]
     n = max(512, max_tokens)  # one decode per call: the whole batch in one ubatch
-    llm = ll.Llama(model_path=str(peers.gguf_for(path, "f32")), embedding=True,
+    llm = ll.Llama(model_path=str(peers.gguf_for(path, gguf_type)), embedding=True,
                    pooling_type=mode, n_ctx=n, n_batch=n, n_ubatch=n, n_threads=threads,
                    n_threads_batch=threads, verbose=False)  # fmt: skip
     return lambda texts: torch.tensor(llm.embed(texts, normalize=True))
@@ -137,10 +141,12 @@ def load_engines(path: Path, args: argparse.Namespace, threads: int) -> dict[str
             from pace_bench.peers import PeerUnavailable
 
             longest = max(args.batches) * (max(args.lengths) + 2)
+            gguf_type = "bf16" if engine == "llama.cpp-bf16" else "f32"
             try:
-                engines[engine] = llama_cpp_embedder(path, args.pooling, threads, longest)
+                engines[engine] = llama_cpp_embedder(path, gguf_type, args.pooling, threads,
+                                                     longest)  # fmt: skip
             except PeerUnavailable as exc:
-                note(args, f"embeddings: llama.cpp skipped: {exc}")
+                note(args, f"embeddings: {engine} skipped: {exc}")
     return engines
 
 

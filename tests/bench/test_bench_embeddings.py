@@ -18,9 +18,9 @@ TINY = ["bench", "embeddings", "--batches", "1", "3", "--lengths", "12", "--repe
 def test_pace_and_transformers_side_by_side(smollm2_dir, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(peers, "find_llama_cpp", lambda: None)
     argv = [*TINY, "--models", str(smollm2_dir), "--out", str(tmp_path),
-            "--engines", "pace-fp32", "transformers", "llama.cpp"]  # fmt: skip
+            "--engines", "pace-fp32", "transformers", "llama.cpp-bf16"]  # fmt: skip
     assert main(argv) == 0
-    assert "llama.cpp skipped: llama-cpp-python is not installed" in capsys.readouterr().err
+    assert "llama.cpp-bf16 skipped: llama-cpp-python is not installed" in capsys.readouterr().err
     payload = json.loads((tmp_path / "embeddings.json").read_text())
     rows = payload["results"]
     assert [(r["batch"], r["engine"]) for r in rows] == [
@@ -49,8 +49,8 @@ def test_llama_cpp_embeds_like_transformers(smollm2_dir, tmp_path):
     if peers.find_converter() is None:
         pytest.skip("llama.cpp converter not extracted (make bench-peers)")
     argv = [*TINY, "--models", str(smollm2_dir), "--out", str(tmp_path), "--no-plots",
-            "--quiet", "--engines", "transformers", "llama.cpp"]  # fmt: skip
+            "--quiet", "--engines", "transformers", "llama.cpp-fp32"]  # fmt: skip
     assert main(argv) == 0
     rows = json.loads((tmp_path / "embeddings.json").read_text())["results"]
-    llama = [r for r in rows if r["engine"] == "llama.cpp"]
+    llama = [r for r in rows if r["engine"] == "llama.cpp-fp32"]
     assert len(llama) == 2 and all(r["cosine_vs_hf"] >= 0.999 for r in llama)
