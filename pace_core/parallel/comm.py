@@ -15,11 +15,13 @@ import datetime
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from pace_core.errors import PaceError
+from pace_core.parallel.shm import ShmExchange
 
 HEADER = 16
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -69,8 +71,14 @@ class Comm:
         host: str = "127.0.0.1",
         port: int = 0,
         timeout: float = 300,
+        shm: Path | None = None,
     ) -> None:
+        """``shm``: the group's shared-memory segment (:mod:`~pace_core.parallel.shm`), mapped
+        before joining (rank 0 may unlink it once every rank joined)."""
         self.rank, self.size = rank, size
+        self.shm = None
+        if shm is not None:
+            self.shm = ShmExchange(shm, rank, size, failed=lambda: self.failure)
         if store is None:
             store = dist.TCPStore(
                 host, port, size, rank == 0, timeout=datetime.timedelta(seconds=timeout)
@@ -94,17 +102,25 @@ class Comm:
     # -- the forward's collectives -------------------------------------------------------------
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum ``tensor`` (contiguous) over the ranks, in place; returns it."""
+        shm = self.shm
         try:
+            if shm is not None and shm.fits(tensor):
+                return shm.all_reduce(tensor)
             self.pg.allreduce(tensor).wait()
         except RuntimeError as exc:
             raise self._fail(exc) from None
         return tensor
 
     def gather(self, tensor: torch.Tensor) -> list[torch.Tensor] | None:
-        """Every rank's ``tensor`` (same shape), in rank order, on rank 0 (None elsewhere)."""
+        """Every rank's ``tensor`` (same shape), in rank order, on rank 0 (None elsewhere);
+        through shared memory, views valid until the next collective but one."""
         tensor = tensor.contiguous()
+        shm = self.shm
         out = [torch.empty_like(tensor) for _ in range(self.size)] if self.leader else []
         try:
+            if shm is not None and shm.fits(tensor):
+                parts = shm.exchange(tensor)
+                return parts if self.leader else None
             self.pg.gather(out, tensor, 0).wait()
         except RuntimeError as exc:
             raise self._fail(exc) from None
@@ -177,6 +193,8 @@ class Comm:
     def close(self) -> None:
         with contextlib.suppress(Exception):  # already broken or shut down
             self.pg.shutdown()
+        if self.shm is not None:
+            self.shm.close()
 
 
 def concat_vocab(parts: Sequence[torch.Tensor], vocab: int) -> torch.Tensor:

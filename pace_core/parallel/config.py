@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from pace_core.errors import ConfigError
 from pace_core.server.launch.placement import InstancePlan
 
+ALL_REDUCES = ("shm", "gloo")
+
 
 @dataclass(frozen=True)
 class TensorParallelConfig:
@@ -17,17 +19,24 @@ class TensorParallelConfig:
     machine's physical cores split ``size`` ways, as ``--instances size``); ``bind``: pin
     each rank (rank 0 too) to its plan's cores and memory; ``exit_on_failure``: when another
     rank dies, end rank 0's process (a served instance, which its supervisor restarts with
-    its group) instead of failing the steps that follow.
+    its group) instead of failing the steps that follow; ``all_reduce``: ``"shm"`` (the
+    ranks' shared memory, :mod:`~pace_core.parallel.shm`; gloo for tensors larger than its
+    slots) or ``"gloo"`` (always torch.distributed's gloo over TCP).
     """
 
     size: int = 1
     plans: tuple[InstancePlan, ...] | None = None
     bind: bool = True
     exit_on_failure: bool = False
+    all_reduce: str = "shm"
 
     def __post_init__(self) -> None:
         if not isinstance(self.size, int) or self.size < 1:
             raise ConfigError(f"tensor_parallel must be an integer >= 1 (got {self.size!r})")
+        if self.all_reduce not in ALL_REDUCES:
+            raise ConfigError(
+                f"all_reduce {self.all_reduce!r}: use one of {', '.join(ALL_REDUCES)}"
+            )
         if self.plans is not None and len(self.plans) != self.size:
             raise ConfigError(
                 f"tensor_parallel={self.size} with {len(self.plans)} rank plans: give one per rank"

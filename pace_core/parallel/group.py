@@ -17,6 +17,7 @@ import datetime
 import logging
 import os
 import pickle
+import secrets
 import subprocess
 import sys
 import threading
@@ -30,6 +31,7 @@ import torch.distributed as dist
 
 from pace_core.parallel.comm import Comm
 from pace_core.parallel.config import TensorParallelConfig
+from pace_core.parallel.shm import create_segment, segment_path
 from pace_core.server.launch.placement import InstancePlan
 
 log = logging.getLogger("pace.parallel")
@@ -47,6 +49,7 @@ class WorkerArgs:
     plan: InstancePlan
     bind: bool
     model: dict[str, Any]  # path, dtype, kv_cache_type, opconfig, quantization, strict
+    shm: Path | None = None  # the shared-memory segment of the all-reduce
 
 
 class RankGroup:
@@ -61,13 +64,22 @@ class RankGroup:
             "127.0.0.1", 0, config.size, True,
             timeout=datetime.timedelta(seconds=CONNECT_TIMEOUT), wait_for_workers=False,
         )  # fmt: skip
+        shm = None
+        if config.all_reduce == "shm":
+            shm = segment_path(secrets.token_hex(4))
+            create_segment(shm, config.size)
         for rank in range(1, config.size):
-            args = WorkerArgs(rank, config.size, store.port, self.plans[rank], config.bind, model)
+            args = WorkerArgs(rank, config.size, store.port, self.plans[rank], config.bind,
+                              model, shm)  # fmt: skip
             self.procs.append(self._spawn(args))
         self._finalizer = weakref.finalize(self, _stop, list(self.procs))
         if config.bind:
             _bind(self.plans[0], 0)
-        self.comm = Comm(0, config.size, store=store)
+        try:
+            self.comm = Comm(0, config.size, store=store, shm=shm)
+        finally:
+            if shm is not None:  # every rank mapped it (or failed): the name can go
+                shm.unlink(missing_ok=True)
         for rank, proc in enumerate(self.procs, start=1):
             threading.Thread(
                 target=self._watch, args=(rank, proc), name=f"pace-tp-watch-{rank}", daemon=True

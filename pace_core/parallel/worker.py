@@ -50,7 +50,7 @@ def main() -> int:
         _bind(args.plan, args.rank)
     else:
         torch.set_num_threads(max(1, args.plan.omp_threads))
-    comm = Comm(args.rank, args.size, port=args.port)
+    comm = Comm(args.rank, args.size, port=args.port, shm=args.shm)
     m = args.model
     host = get_host()
     config = load_config(m["path"])

@@ -88,13 +88,15 @@ def test_forks_and_prefix_hits_replay(tmp_path, monkeypatch):
 
 def test_quantized_on_load(tmp_path):
     """Each rank quantizes its own slices (int4, groups of 32: every shard holds whole groups,
-    so the groups are one process's): the tokens equal one process's."""
+    so the groups are one process's): the tokens equal one process's (all-reduces over gloo
+    here, shared memory elsewhere)."""
     path = FACTORIES["llama"](tmp_path / "llama")
     quant = {"bits": 4, "group_size": 32}
     ref = LLMModel(str(path), dtype=torch.float32, load_tokenizer=False, quiet=True,
                    quantization=quant)  # fmt: skip
+    gloo = TensorParallelConfig(2, bind=False, all_reduce="gloo")
     tp = LLMModel(str(path), dtype=torch.float32, load_tokenizer=False, quiet=True,
-                  quantization=quant, tensor_parallel=TP2)  # fmt: skip
+                  quantization=quant, tensor_parallel=gloo)  # fmt: skip
     try:
         assert _tokens(tp) == _tokens(ref)
     finally:
@@ -108,6 +110,13 @@ def test_sizes_that_do_not_divide(tmp_path):
     message = str(err.value)
     assert "num_key_value_heads (2)" in message and "valid tensor_parallel sizes" in message
     assert "1, 2" in message
+
+
+def test_bad_config():
+    with pytest.raises(ConfigError, match="all_reduce 'mpi': use one of shm, gloo"):
+        TensorParallelConfig(2, all_reduce="mpi")
+    with pytest.raises(ConfigError, match="integer >= 1"):
+        TensorParallelConfig.coerce(0)
 
 
 def test_unsupported_family_and_cache(tmp_path):
