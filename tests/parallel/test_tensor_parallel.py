@@ -112,6 +112,18 @@ def test_sizes_that_do_not_divide(tmp_path):
     assert "1, 2" in message
 
 
+def test_int8_kv_cache(tmp_path):
+    """The other ranks' caches store int8 KV rows too (the cache options travel with them)."""
+    path = FACTORIES["llama"](tmp_path / "llama")
+    kw = {"dtype": torch.float32, "load_tokenizer": False, "quiet": True, "kv_cache_dtype": "int8"}
+    want = _tokens(LLMModel(str(path), **kw))
+    tp = LLMModel(str(path), **kw, tensor_parallel=TP2)
+    try:
+        assert _tokens(tp) == want
+    finally:
+        tp.close()
+
+
 def test_bad_config():
     with pytest.raises(ConfigError, match="all_reduce 'mpi': use one of shm, gloo"):
         TensorParallelConfig(2, all_reduce="mpi")
