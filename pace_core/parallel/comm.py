@@ -76,6 +76,7 @@ class Comm:
         """``shm``: the group's shared-memory segment (:mod:`~pace_core.parallel.shm`), mapped
         before joining (rank 0 may unlink it once every rank joined)."""
         self.rank, self.size = rank, size
+        self.failure: str | None = None  # why the group cannot run (a rank is gone)
         self.shm = None
         if shm is not None:
             self.shm = ShmExchange(shm, rank, size, failed=lambda: self.failure)
@@ -84,7 +85,6 @@ class Comm:
                 host, port, size, rank == 0, timeout=datetime.timedelta(seconds=timeout)
             )
         self.pg = dist.ProcessGroupGloo(store, rank, size, TIMEOUT)
-        self.failure: str | None = None
         self._header = torch.zeros(HEADER, dtype=torch.long)
 
     @property
@@ -116,11 +116,11 @@ class Comm:
         through shared memory, views valid until the next collective but one."""
         tensor = tensor.contiguous()
         shm = self.shm
-        out = [torch.empty_like(tensor) for _ in range(self.size)] if self.leader else []
         try:
             if shm is not None and shm.fits(tensor):
                 parts = shm.exchange(tensor)
                 return parts if self.leader else None
+            out = [torch.empty_like(tensor) for _ in range(self.size)] if self.leader else []
             self.pg.gather(out, tensor, 0).wait()
         except RuntimeError as exc:
             raise self._fail(exc) from None
