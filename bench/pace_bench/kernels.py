@@ -13,7 +13,8 @@ two references for ``linear``: ``torch`` (F.linear on the [N, K] weight) and ``m
   matrix of a set of ``--cold-mib`` (default 3x the reference machine's L3).
 - GEMM (prefill, ``--gemm-m``): GFLOP/s (2*M*N*K per call).
 - ops: decode-size ``gated_mlp``, ``rms_norm`` (+ residual), ``rope`` and ``attention`` (512
-  cached keys) at SmolLM2-135M sizes, hot data, every usable backend; microseconds per call.
+  cached keys: contiguous, paged, paged int8 KV) at SmolLM2-135M sizes, hot data, every
+  usable backend; microseconds per call.
 - mlp (not in the default set): decode ``gated_mlp`` (silu, ``--gemv-m``) with cold weights at
   SmolLM2-135M (576x1536) and TinyLlama-1.1B (2048x5632) sizes: GB/s of the three matrices,
   like GEMV, since a decode MLP streams its weights from DRAM.
@@ -306,7 +307,29 @@ def op_cases(dtype: torch.dtype, names: list[str] | None) -> list[tuple[str, str
             },
         )
     )
+    for kv in ("auto", "int8"):  # a paged pool in the model dtype, and int8 KV rows
+        attrs = {"cache_layout": "paged"} | ({"kv_dtype": kv} if kv != "auto" else {})
+        view = paged_decode_view(rand, kv)
+        label = f"{HEADS}/{KV_HEADS}x{D} S={CTX} paged" + (" int8" if kv != "auto" else "")
+        specs = kernels("attention", **attrs)
+        cases.append(
+            ("attention", label, 1, {b: partial(s.fn, qa, view, D**-0.5) for b, s in specs.items()})
+        )
     return cases
+
+
+def paged_decode_view(rand: Callable[..., torch.Tensor], kv_dtype: str) -> Any:
+    """A decode step's view of one sequence of ``CTX`` tokens in a paged cache."""
+    from pace_core.caches.blocks import PagedCache
+
+    dtype = rand(1).dtype
+    cache = PagedCache([KV_HEADS], [D], dtype, max_tokens=2 * CTX, kv_dtype=kv_dtype)
+    (sid,) = cache.add_sequences(1)
+    cache.begin_step([sid], [CTX - 1], CTX - 1)
+    cache.update(0, rand(1, KV_HEADS, CTX - 1, D), rand(1, KV_HEADS, CTX - 1, D))
+    cache.end_step()
+    cache.begin_step([sid], [1], 1)
+    return cache.update(0, rand(1, KV_HEADS, 1, D), rand(1, KV_HEADS, 1, D))
 
 
 def bench_ops(args, dtype: torch.dtype, threads: int, rows: list) -> None:

@@ -8,11 +8,14 @@ ratios. The sweep varies one axis at a time from the first value of each list (`
 every combination). llama.cpp (llama-cpp-python, ``make bench-peers``) runs a BF16 GGUF
 converted from the same checkpoint, batch 1 only; it is skipped with a note when absent.
 ``--kv-cache-types`` runs pace once per cache type (engines ``pace[dynamic]``,
-``pace[paged]``, ...; each timed in the same rounds, with its ratio to the first type).
+``pace[paged]``, ...; each timed in the same rounds, with its ratio to the first type); a
+type may name its KV storage dtype, ``paged:int8`` (``kv_cache_dtype``).
 
     pace bench offline --models smollm2 gemma3-270m --threads 1 2 --batches 1 8
     pace bench offline --prompt-lens 32 128 512 --engines pace llama.cpp
     pace bench offline --engines pace --kv-cache-types dynamic paged slab_pool
+    pace bench offline --engines pace --kv-cache-types paged paged:int8 --batches 8 \
+        --prompt-lens 4000 --threads 2
 """
 
 from __future__ import annotations
@@ -71,7 +74,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--kv-cache-types",
         nargs="+",
         default=["dynamic"],
-        help="pace's KV cache types, each a pace engine of its own (ratios vs the first)",
+        help="pace's KV cache types, each a pace engine of its own (ratios vs the first); "
+        "TYPE:int8 for an int8 KV cache",
     )
     p.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     p.add_argument("--batches", nargs="+", type=int, default=[1, 8])
@@ -160,8 +164,10 @@ def load_engines(name: str, args: argparse.Namespace) -> dict[str, Any]:
             # prefix caching off: the same prompt runs every repeat, and a block cache would
             # serve it from its prefix cache instead of prefilling it (measured: "prefill"
             # 5.9x dynamic's on paged)
-            pace = LLMModel(path, dtype=dtype, opconfig=args.opconfig, kv_cache_type=cache,
-                            quiet=True, load_tokenizer=False, prefix_caching=False)  # fmt: skip
+            kind, _, kv = cache.partition(":")
+            pace = LLMModel(path, dtype=dtype, opconfig=args.opconfig, kv_cache_type=kind,
+                            kv_cache_dtype=kv or None, quiet=True, load_tokenizer=False,
+                            prefix_caching=False)  # fmt: skip
             engines[pace_label(cache, args)] = lambda ids, n, m=pace: pace_runner(m, ids, n)
     if "transformers" in args.engines:
         from transformers import AutoModelForCausalLM

@@ -11,6 +11,9 @@ into windows, per model:
   same GGUF against the same reference, and against pace on that file (the KLD between the two
   engines).
 
+``--kv-cache-dtype int8`` measures pace's int8 KV cache (dense weights) against the same model
+with its KV in the model dtype (variant ``kv int8``).
+
 ``--activations exact int8`` measures the quantized bf16 rows in both of pace-avx512's
 activation modes (engine ``pace`` for ``exact``, ``pace-a8`` for ``int8``; fp32 models take
 15-bit activations in either, so their rows run once).
@@ -64,14 +67,18 @@ def gguf_file(name: str) -> Path:
 
 
 def pace_runner(
-    source: Path, dtype: torch.dtype, quantization: str | None = None, mode: str = "exact"
+    source: Path,
+    dtype: torch.dtype,
+    quantization: str | None = None,
+    mode: str = "exact",
+    kv_cache_dtype: str | None = None,
 ) -> tuple[Any, float]:
     from pace_core import LLMModel
 
     start = time.perf_counter()
     with activations.loaded_under(mode):
         llm = LLMModel(source, dtype=dtype, quantization=quantization, quiet=True,
-                       load_tokenizer=False)  # fmt: skip
+                       load_tokenizer=False, kv_cache_dtype=kv_cache_dtype)  # fmt: skip
     return llm, time.perf_counter() - start
 
 
@@ -119,6 +126,12 @@ def bench_model(args: argparse.Namespace, name: str) -> list[dict[str, Any]]:
                              weight_mb=round(weight_bytes(test.model) / 1e6, 1),
                              load_s=round(load, 1)))  # fmt: skip
             del test
+    for kv in args.kv_cache_dtype:
+        test, load = pace_runner(path, dtype, kv_cache_dtype=kv)
+        rows.append(_row(name, f"kv {kv}", label, f"{label} (KV {args.dtype})",
+                         compare(ref.logits, test.logits, chunks), weight_mb=mb,
+                         load_s=round(load, 1)))  # fmt: skip
+        del test
     rows.append(_row(name, "dense", label, "-", compare(ref.logits, ref.logits, chunks),
                      weight_mb=mb, load_s=None))  # fmt: skip
     del ref
@@ -161,6 +174,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     p.add_argument("--quantization", nargs="*", help="pace quantize-on-load presets to measure",
                    default=["int8", "int8-channel", "int4", "int4-sym"])  # fmt: skip
+    p.add_argument("--kv-cache-dtype", nargs="*", default=[], choices=["int8"],
+                   help="KV storage dtypes to measure against the model-dtype KV")  # fmt: skip
     p.add_argument("--gguf", action="store_true", help="also the model's original GGUF file")
     p.add_argument("--llama-cpp", action="store_true", help="also llama.cpp on that GGUF file")
     p.add_argument("--window", type=int, default=512, help="tokens per scored window")

@@ -47,7 +47,7 @@ DEFAULT_MAX_TOKENS = 32768
 @dataclass(frozen=True)
 class BlockKV:
     """Attention view of one layer: pools ``[num_blocks, H, block, D]`` and block tables.
-    An int8 pool (``kv_dtype="int8"``) holds rows of ``D + 4`` bytes: see
+    An int8 pool (``kv_dtype="int8"``) holds rows of int8 values and their scales: see
     :mod:`pace_core.caches.kv_quant`."""
 
     key_pool: torch.Tensor

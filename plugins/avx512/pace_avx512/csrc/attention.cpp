@@ -123,9 +123,9 @@ inline void rows_fp32(const T* base, const int64_t (&st)[3], const AttnArgs<T>& 
   }
 }
 
-// Rows s0 .. s0+n-1 of int8 K or V rows (kv_cache_dtype "int8": D int8 values, then their
-// fp32 scale) for (b, g) de-quantized into `scratch` as fp32 rows q * scale, exactly as
-// pace_core/caches/kv_quant.py reads them, once for all query rows of the group.
+// Rows s0 .. s0+n-1 of int8 K or V rows (kv_cache_dtype "int8": D int8 values, then an fp32
+// scale per group of 32) for (b, g) de-quantized into `scratch` as fp32 rows q * scale,
+// exactly as pace_core/caches/kv_quant.py reads them, once for all query rows of the group.
 template <typename T>
 inline void rows_int8(const int8_t* base, const int64_t (&st)[3], const AttnArgs<T>& a, int64_t b,
                       int64_t g, int64_t s0, int64_t n, int64_t D, int64_t Dp, float* scratch,
@@ -133,13 +133,13 @@ inline void rows_int8(const int8_t* base, const int64_t (&st)[3], const AttnArgs
   const int8_t* src[BS];
   rows_raw(base, st, a, b, g, s0, n, src);
   for (int64_t j = 0; j < n; ++j) {
-    float scale;
-    std::memcpy(&scale, src[j] + D, sizeof(float));
-    const __m512 vs = _mm512_set1_ps(scale);
+    const int8_t* scales = src[j] + D;
     float* dst = scratch + j * Dp;
     for (int64_t i = 0; i < Dp; i += 16) {
+      float scale;
+      std::memcpy(&scale, scales + 4 * (i / KV8_GROUP), sizeof(float));
       const __m512i q = _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(lane_mask(D - i), src[j] + i));
-      _mm512_storeu_ps(dst + i, _mm512_mul_ps(_mm512_cvtepi32_ps(q), vs));
+      _mm512_storeu_ps(dst + i, _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(scale)));
     }
     out[j] = dst;
   }
@@ -506,7 +506,7 @@ constexpr int64_t WARM_RUN_LINES = 32;
 template <typename T>
 void warm_item(const AttnArgs<T>& a, int64_t b, int64_t g, int64_t lo, int64_t hi) {
   const bool q8 = a.k8 != nullptr;
-  const int64_t row_bytes = q8 ? a.d + 4 : a.d * (int64_t)sizeof(T);  // int8: values + scale
+  const int64_t row_bytes = q8 ? kv8_row_bytes(a.d) : a.d * (int64_t)sizeof(T);
   if (a.ks[2] * (q8 ? 1 : (int64_t)sizeof(T)) != row_bytes || a.vs[2] != a.ks[2]) return;
   const char* runs[WARM_STREAMS];
   int64_t lens[WARM_STREAMS];

@@ -316,7 +316,7 @@ Tensor attend(Tensor q, Tensor k, Tensor v, const Tensor& mask, double scale,
   TORCH_CHECK(mask.scalar_type() == at::kBool, "pace_avx512: attention mask must be bool");
   const int64_t B = q.size(0), Hq = q.size(1), T = q.size(2), D = q.size(3);
   const int64_t Hk = k.size(1), S = mask.size(3);
-  TORCH_CHECK(Hk > 0 && Hq % Hk == 0 && k.size(3) == D + (q8 ? 4 : 0) && v.sizes() == k.sizes(),
+  TORCH_CHECK(Hk > 0 && Hq % Hk == 0 && k.size(3) == (q8 ? kv8_row_bytes(D) : D) && v.sizes() == k.sizes(),
               "pace_avx512: attention shapes q ", q.sizes(), " k ", k.sizes(), " v ", v.sizes());
   Tensor table;
   if (block_table) {

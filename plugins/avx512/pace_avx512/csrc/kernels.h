@@ -158,8 +158,8 @@ struct AttnArgs {
   int64_t ks[3];  // b (or block), h, s
   const T* v;
   int64_t vs[3];  // b (or block), h, s
-  // int8 KV (kv_cache_dtype "int8", k and v unused): rows of d int8 values then their fp32
-  // scale (pace_core/caches/kv_quant.py); ks / vs count bytes
+  // int8 KV (kv_cache_dtype "int8", k and v unused): rows of d int8 values then one fp32
+  // scale per group of KV8_GROUP values (pace_core/caches/kv_quant.py); ks / vs count bytes
   const int8_t* k8 = nullptr;
   const int8_t* v8 = nullptr;
   const int64_t* table;  // [B, table_stride] block ids, or null for a contiguous cache
@@ -175,6 +175,10 @@ struct AttnArgs {
 };
 template <typename T>
 void attention(const AttnArgs<T>& a, int nthreads);
+
+// int8 KV rows (pace_core/caches/kv_quant.py): d int8 values, then an fp32 scale per group.
+constexpr int64_t KV8_GROUP = 32;
+inline int64_t kv8_row_bytes(int64_t d) { return d + 4 * ((d + KV8_GROUP - 1) / KV8_GROUP); }
 
 // DLRMv2 (dlrm.cpp). Sum-pooled embedding bags: out[b, :D] = sum of rows
 // indices[offsets[b] .. offsets[b + 1]) of a table of `type` (TABLE_INT8: w = q * scales[row]),

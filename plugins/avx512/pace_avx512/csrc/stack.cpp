@@ -82,25 +82,28 @@ T* data(const Tensor& t) {
 
 // One (token, head) row of D values as an int8 KV row (pace_core/caches/kv_quant.py): the D
 // values round(x / scale) (to nearest even: the default MXCSR mode; clamped to +-127), then
-// the fp32 scale amax / 127; a zero row is zeros with scale 0. The same fp32 operations as
-// kv_quant.quantize_rows, so both writers store the same bytes.
+// per group of KV8_GROUP values its fp32 scale amax / 127 (a zero group: zeros, scale 0). The
+// same fp32 operations as kv_quant.quantize_rows, so both writers store the same bytes.
 template <typename T>
 void quantize_kv_row(const T* x, int64_t D, int8_t* dst) {
-  __m512 mx = _mm512_setzero_ps();
-  for (int64_t i = 0; i < D; i += 16) mx = _mm512_max_ps(mx, _mm512_abs_ps(load(x + i, lane_mask(D - i))));
-  const float amax = _mm512_reduce_max_ps(mx);
-  const float scale = amax / 127.0f;
-  const __m512 vs = _mm512_set1_ps(scale);
-  for (int64_t i = 0; i < D; i += 16) {
-    const __mmask16 mk = lane_mask(D - i);
-    __m512i q = _mm512_setzero_si512();
-    if (amax > 0) {
-      q = _mm512_cvtps_epi32(_mm512_div_ps(load(x + i, mk), vs));
-      q = _mm512_max_epi32(_mm512_min_epi32(q, _mm512_set1_epi32(127)), _mm512_set1_epi32(-127));
+  for (int64_t g0 = 0; g0 < D; g0 += KV8_GROUP) {
+    const int64_t end = std::min(D, g0 + KV8_GROUP);
+    __m512 mx = _mm512_setzero_ps();
+    for (int64_t i = g0; i < end; i += 16) mx = _mm512_max_ps(mx, _mm512_abs_ps(load(x + i, lane_mask(end - i))));
+    const float amax = _mm512_reduce_max_ps(mx);
+    const float scale = amax / 127.0f;
+    const __m512 vs = _mm512_set1_ps(scale);
+    for (int64_t i = g0; i < end; i += 16) {
+      const __mmask16 mk = lane_mask(end - i);
+      __m512i q = _mm512_setzero_si512();
+      if (amax > 0) {
+        q = _mm512_cvtps_epi32(_mm512_div_ps(load(x + i, mk), vs));
+        q = _mm512_max_epi32(_mm512_min_epi32(q, _mm512_set1_epi32(127)), _mm512_set1_epi32(-127));
+      }
+      _mm512_mask_cvtepi32_storeu_epi8(dst + i, mk, q);
     }
-    _mm512_mask_cvtepi32_storeu_epi8(dst + i, mk, q);
+    std::memcpy(dst + D + 4 * (g0 / KV8_GROUP), &scale, sizeof(float));
   }
-  std::memcpy(dst + D, &scale, sizeof(float));
 }
 
 // Group g's k or v rows (its tokens' rows `ld` apart in the qkv rows, heads D apart) into the
@@ -205,7 +208,7 @@ void attend_group(const LayerSpec& L, const Step& s, const RowGroup& g, int64_t 
 
 // The caches of a step: contiguous [B, Hk, >= length, D] per layer, or block pools of one
 // block count, the table's ids inside them and its rows long enough for every row's keys.
-// Block pools may be int8 KV rows (kv_quant.py: [blocks, Hk, bs, D + 4] int8).
+// Block pools may hold int8 KV rows (kv_quant.py: [blocks, Hk, bs, kv8_row_bytes(D)] int8).
 void check_caches(const std::vector<Tensor>& keys, const std::vector<Tensor>& values,
                   const OptTensor& table, int64_t block_size, int64_t B, int64_t length,
                   at::ScalarType act) {
@@ -334,7 +337,7 @@ class DecoderStack {
       TORCH_CHECK(L.layer < (int64_t)keys.size() && L.mask < (int64_t)masks.size() &&
                       L.rope < (int64_t)ropes.size(),
                   "pace_avx512: decoder stack step is missing caches, masks or rope tables");
-      const int64_t row = L.d + (keys[L.layer].scalar_type() == at::kChar ? 4 : 0);  // int8: + scale
+      const int64_t row = keys[L.layer].scalar_type() == at::kChar ? kv8_row_bytes(L.d) : L.d;
       TORCH_CHECK(keys[L.layer].size(1) == L.hk && keys[L.layer].size(3) == row,
                   "pace_avx512: decoder stack cache ", L.layer, " ", keys[L.layer].sizes(),
                   " does not hold ", L.hk, " heads of ", L.d);
