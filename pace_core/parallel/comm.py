@@ -58,6 +58,11 @@ class StepMessage:
     last_only: bool
 
 
+def joined_key(rank: int) -> str:
+    """The store key a rank > 0 sets when it is about to join the group."""
+    return f"pace-tp-joined-{rank}"
+
+
 class Comm:
     """Rank ``rank``'s end of a group of ``size`` ranks meeting at ``store`` (or the TCP store
     at ``host:port``, which rank 0 runs)."""
@@ -84,6 +89,8 @@ class Comm:
             store = dist.TCPStore(
                 host, port, size, rank == 0, timeout=datetime.timedelta(seconds=timeout)
             )
+        if rank:
+            store.set(joined_key(rank), "1")  # rank 0 waits for these (or a rank's exit)
         self.pg = dist.ProcessGroupGloo(store, rank, size, TIMEOUT)
         self._header = torch.zeros(HEADER, dtype=torch.long)
 

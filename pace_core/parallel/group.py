@@ -21,6 +21,7 @@ import secrets
 import subprocess
 import sys
 import threading
+import time
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from pace_core.parallel.comm import Comm
+from pace_core.parallel.comm import Comm, RankFailure, joined_key
 from pace_core.parallel.config import TensorParallelConfig
 from pace_core.parallel.shm import create_segment, segment_path
 from pace_core.server.launch.placement import InstancePlan
@@ -76,6 +77,7 @@ class RankGroup:
         if config.bind:
             _bind(self.plans[0], 0)
         try:
+            self._wait_joined(store)
             self.comm = Comm(0, config.size, store=store, shm=shm)
         finally:
             if shm is not None:  # every rank mapped it (or failed): the name can go
@@ -88,6 +90,24 @@ class RankGroup:
             "tensor parallel: %d ranks: %s", config.size,
             "; ".join(f"rank {r}: {p.describe()}" for r, p in enumerate(self.plans)),
         )  # fmt: skip
+
+    def _wait_joined(self, store: dist.Store) -> None:
+        """Until every rank is about to join; RankFailure when one exits first (a rank that
+        cannot start would otherwise leave rank 0 waiting for the store's timeout)."""
+        keys = [joined_key(rank) for rank in range(1, self.config.size)]
+        deadline = time.monotonic() + CONNECT_TIMEOUT
+        while not store.check(keys):
+            for rank, proc in enumerate(self.procs, start=1):
+                if proc.poll() is not None:
+                    _stop(self.procs)
+                    raise RankFailure(
+                        f"tensor-parallel rank {rank} exited while starting "
+                        f"({_exit_text(proc.returncode)}); its error is in the log above"
+                    )
+            if time.monotonic() > deadline:
+                _stop(self.procs)
+                raise RankFailure(f"tensor-parallel ranks did not start in {CONNECT_TIMEOUT} s")
+            time.sleep(0.05)
 
     def _spawn(self, args: WorkerArgs) -> subprocess.Popen:
         env = {**os.environ, "OMP_NUM_THREADS": str(max(1, args.plan.omp_threads))}

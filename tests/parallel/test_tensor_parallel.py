@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -137,6 +139,19 @@ def test_unsupported_family_and_cache(tmp_path):
         _load(path, torch.float32, "paged", TP2)
     with pytest.raises(ConfigError, match="needs a block cache"):
         _load(path, torch.float32, "dynamic", TP2)
+
+
+def test_a_rank_that_cannot_start(tmp_path, monkeypatch):
+    from pace_core.parallel import group
+
+    def broken(self, args):
+        return subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"],
+                                stdin=subprocess.PIPE)  # fmt: skip
+
+    monkeypatch.setattr(group.RankGroup, "_spawn", broken)
+    path = FACTORIES["llama"](tmp_path / "llama")
+    with pytest.raises(RankFailure, match=r"rank 1 exited while starting \(exit code 3\)"):
+        _load(path, torch.float32, "paged", TP2)
 
 
 def test_a_dead_rank_fails_the_next_step(tmp_path):
