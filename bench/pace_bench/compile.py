@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from pace_bench import compile_families
 from pace_bench.common import emit, note, progress, target_row, with_targets
 
 ENGINES = ("transformers", "inductor", "pace", "pace-llm")
@@ -50,16 +51,25 @@ MODELS: dict[str, tuple[str, dict[str, Any]]] = {
         embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.015625,
         logits_scaling=8.0, tie_word_embeddings=True)),
 }  # fmt: skip
-COLUMNS = [
-    "model", "engine", "batch", "layers", "prefill_tok_s", "decode_tok_s", "decode_vs_hf",
-    "decode_vs_inductor", "compile_s",
-]  # fmt: skip
+COLUMNS = {
+    "no-family": [
+        "model", "engine", "batch", "layers", "prefill_tok_s", "decode_tok_s", "decode_vs_hf",
+        "decode_vs_inductor", "compile_s",
+    ],
+    "families": compile_families.COLUMNS,
+}  # fmt: skip
 QUICK = {"models": ["olmo2-1b"], "layers": 2, "batches": [1], "new_tokens": 8, "repeats": 2}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--models", nargs="+", default=["olmo2-1b", "pythia-1b"],
-                   choices=list(MODELS))  # fmt: skip
+    p.add_argument(
+        "--models",
+        nargs="*",
+        default=["olmo2-1b", "pythia-1b"],
+        choices=list(MODELS),
+        help="no-family architectures (none: skip them)",
+    )
+    compile_families.add_arguments(p)  # fmt: skip
     p.add_argument("--layers", type=int, default=None, help="depth (default: the real one)")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     p.add_argument("--engines", nargs="+", default=list(ENGINES), choices=ENGINES)
@@ -175,13 +185,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 first = statistics.median(r[0] for r in runs)
                 after = statistics.median(r[1] for r in runs)
                 rows.append({
-                    "model": name, "engine": engine, "batch": batch, "layers": layers,
+                    "section": "no-family", "model": name, "engine": engine, "batch": batch,
+                    "layers": layers,
                     "prefill_tok_s": batch * args.prompt_len / first,
                     "decode_tok_s": batch * (args.new_tokens - 1) / after,
                     "compile_s": compile_s[engine],
                 })  # fmt: skip
         del fns, model
     _ratios(rows)
+    rows += compile_families.family_rows(args, dtype)
     payload = emit("compile", rows, COLUMNS, args)
     summary = []
     for ref, key, target in (("transformers", "decode_vs_hf", 2.0),
@@ -192,6 +204,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     values = [r["decode_vs_hf"] for r in rows if r["engine"] == "pace-llm" and r["decode_vs_hf"]]
     if values:
         summary.append(target_row("pace-llm decode / transformers decode", values, 2.0))
+    bounds = [r["layer_bound"] for r in rows if r.get("layer_bound")]
+    if bounds:  # the families' target: a compiled step >= 1.2x eager pace
+        summary.append(target_row("families: layer / its kernels (compile's bound)", bounds,
+                                  1.2))  # fmt: skip
     if not any(r["engine"] == "pace" for r in rows):
         note(args, "compile: pace not among --engines; no targets checked")
     return with_targets(payload, summary, args.quiet)
@@ -200,7 +216,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def _ratios(rows: list[dict[str, Any]]) -> None:
     """Each row's decode rate over transformers' and inductor's at the same point."""
     by_point = {(r["model"], r["batch"], r["engine"]): r["decode_tok_s"] for r in rows}
-    for r in rows:
+    for r in rows:  # (the no-family section's rows: the families' come after)
         for ref, key in (("transformers", "decode_vs_hf"), ("inductor", "decode_vs_inductor")):
             base = by_point.get((r["model"], r["batch"], ref))
             r[key] = None if base is None else r["decode_tok_s"] / base
