@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from pace_core.errors import ConfigError
+from pace_core.quant.weight import ACTIVATION_MODES
 
 GROUP_SIZES = (32, 64, 128)
 PER_CHANNEL = 0
@@ -24,7 +25,10 @@ class QuantizationConfig:
     (e.g. ``"lm_head"``, ``"embed_tokens"``, ``"layers.0."``); ``head_bits``: the token
     embeddings and LM head are quantized to int8 with groups of 32 when 8 (the default: like
     llama.cpp, which keeps its output layer at 6-8 bits, since small models lose most of their
-    quality there), or like every other matrix when equal to ``bits``.
+    quality there), or like every other matrix when equal to ``bits``; ``activations``:
+    ``"int8"`` makes the matmuls W8A8 (int8 only: every activation row quantized to int8 when
+    the kernel runs, a dynamic scale per row and group of 32, see
+    ``pace_core.quant.weight.QuantizedWeight``), ``""`` leaves it to the backend.
     """
 
     bits: int = 8
@@ -32,6 +36,7 @@ class QuantizationConfig:
     symmetric: bool = True
     skip: tuple[str, ...] = field(default_factory=tuple)
     head_bits: int = 8
+    activations: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "skip", tuple(self.skip))
@@ -45,6 +50,13 @@ class QuantizationConfig:
             )
         if self.bits == 8 and not self.symmetric:
             raise ConfigError("int8 is symmetric only; pass symmetric=True or bits=4")
+        if self.activations not in ACTIVATION_MODES:
+            raise ConfigError(
+                f"quantization activations={self.activations!r} unsupported; use one of "
+                f"{', '.join(repr(m) for m in ACTIVATION_MODES)}"
+            )
+        if self.activations and self.bits != 8:
+            raise ConfigError("int8 activations (W8A8) need int8 weights: pass bits=8")
         if self.head_bits not in (self.bits, 8):
             raise ConfigError(
                 f"head_bits={self.head_bits!r} unsupported; use 8 or bits ({self.bits})"
@@ -54,7 +66,9 @@ class QuantizationConfig:
         """The config of the token embeddings and the LM head."""
         if self.head_bits == self.bits:
             return self
-        return QuantizationConfig(bits=8, group_size=32, skip=self.skip)
+        return QuantizationConfig(
+            bits=8, group_size=32, skip=self.skip, activations=self.activations
+        )
 
     @property
     def format(self) -> str:
@@ -65,6 +79,7 @@ class QuantizationConfig:
         """A short label: ``int8``, ``int8-g32``, ``int4-g32``, ``int4-g32-asym``."""
         text = self.format + (f"-g{self.group_size}" if self.group_size else "")
         text += "" if self.symmetric else "-asym"
+        text += "-a8" if self.activations == "int8" else ""
         return text + ("" if self.head_bits == 8 else f"-head{self.head_bits}")
 
     def skips(self, module: str) -> bool:
@@ -88,6 +103,7 @@ class QuantizationConfig:
 PRESETS: dict[str, QuantizationConfig] = {
     "int8": QuantizationConfig(bits=8, group_size=32),
     "int8-channel": QuantizationConfig(bits=8),
+    "w8a8": QuantizationConfig(bits=8, activations="int8"),
     "int4": QuantizationConfig(bits=4, group_size=32, symmetric=False),
     "int4-g64": QuantizationConfig(bits=4, group_size=64, symmetric=False),
     "int4-g128": QuantizationConfig(bits=4, group_size=128, symmetric=False),
@@ -95,7 +111,9 @@ PRESETS: dict[str, QuantizationConfig] = {
     "int4-all": QuantizationConfig(bits=4, group_size=32, symmetric=False, head_bits=4),
 }
 """Names accepted by ``quantization=`` and ``--quantization``. ``int8`` is groups of 32 (as
-GGUF's Q8_0; ``int8-channel``, one scale per row, loses more). ``int4`` is groups of 32 with
+GGUF's Q8_0; ``int8-channel``, one scale per row, loses more); ``w8a8`` is ``int8-channel``
+weights with int8 activations (dynamic, per row and group of 32: vpdpbusd on both operands,
+the vLLM-CPU / SGLang scheme with finer activation scales). ``int4`` is groups of 32 with
 mins (as GGUF's Q4_1): on the bundled models it loses far less than the symmetric ``int4-sym``
 (Q4_0-like), see docs/quantization.md. The embeddings and head stay int8-g32 except in
 ``int4-all``."""

@@ -35,7 +35,7 @@ def quantize(w: torch.Tensor, config: QuantizationConfig, *, name: str = "") -> 
         )
     rows = max(1, CHUNK_ELEMENTS // k)
     parts = _quantize_rows(w, config, group) if n <= rows else _in_chunks(w, config, group, rows)
-    return QuantizedWeight(config.format, (n, k), w.dtype, *parts, group)
+    return QuantizedWeight(config.format, (n, k), w.dtype, *parts, group, config.activations)
 
 
 def _in_chunks(w: torch.Tensor, config: QuantizationConfig, group: int, rows: int) -> Parts:

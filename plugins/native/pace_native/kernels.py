@@ -36,9 +36,12 @@ TILE_BYTES = 1 << 21  # fp32 bytes of one de-quantized tile of rows (fits L2)
 
 def matmul(x: torch.Tensor, w: torch.Tensor | QuantizedWeight) -> torch.Tensor:
     """``x @ w.T`` for a float or quantized ``w`` ``[N, K]``; a quantized one is de-quantized
-    one tile of rows at a time, so no full-size float copy is ever made."""
+    one tile of rows at a time, so no full-size float copy is ever made. A W8A8 weight
+    (``activations == "int8"``) sees ``x`` rounded as its kernels do (:func:`int8_activations`)."""
     if not isinstance(w, QuantizedWeight):
         return F.linear(x, w)
+    if w.activations == "int8":
+        x = int8_activations(x)
     n, k = w.shape
     rows = max(16, TILE_BYTES // (4 * k))
     if rows >= n:
@@ -75,12 +78,10 @@ def _contiguous(w):
 class LinearWeight:
     weight: torch.Tensor | QuantizedWeight
     bias: torch.Tensor | None
-    int8_activations: bool = False  # W8A8: QuantizedWeight.activations == "int8"
 
 
 def prepare_linear(weight, bias: torch.Tensor | None = None) -> LinearWeight:
-    act8 = isinstance(weight, QuantizedWeight) and weight.activations == "int8"
-    return LinearWeight(_contiguous(weight), None if bias is None else bias.contiguous(), act8)
+    return LinearWeight(_contiguous(weight), None if bias is None else bias.contiguous())
 
 
 ACT_GROUP = 32  # activation values sharing one dynamic int8 scale (W8A8)
@@ -102,8 +103,6 @@ def int8_activations(x: torch.Tensor) -> torch.Tensor:
 def linear(x: torch.Tensor, w: LinearWeight) -> torch.Tensor:
     if isinstance(w.weight, torch.Tensor):
         return F.linear(x, w.weight, w.bias)
-    if w.int8_activations:
-        x = int8_activations(x)
     out = matmul(x, w.weight)
     return out if w.bias is None else out + w.bias
 
