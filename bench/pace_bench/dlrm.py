@@ -1,6 +1,8 @@
-"""DLRMv2 inference: samples/s of pace fp32 / bf16 / int8 against torch eager, torch.compile
-(inductor) and torch's own int8 path (fbgemm byte-rowwise embedding bags + dynamic int8
-linears), plus the int8 and bf16 models' quality on synthetic clicks.
+"""DLRMv2 inference: samples/s of pace fp32 / bf16 / int8 (dynamic activation scales) /
+int8-static (activation scales calibrated on ``--calibration-samples`` synthetic samples of
+their own seed) against torch eager, torch.compile (inductor) and torch's own int8 path
+(fbgemm byte-rowwise embedding bags + dynamic int8 linears), plus the int8 and bf16 models'
+quality on synthetic clicks.
 
 All engines run the same seeded random weights (``DLRM.random``: the MLPerf shapes with the
 tables capped at ``--max-rows``) on the same synthetic batches. Per batch size the engines run
@@ -28,8 +30,8 @@ import torch
 
 from pace_bench.common import emit, interleaved, note, progress
 
-ENGINES = ("pace-fp32", "pace-bf16", "pace-int8", "torch-eager", "torch-compile",
-           "torch-int8-fbgemm", "torchrec-fbgemm", "amd-pace")  # fmt: skip
+ENGINES = ("pace-fp32", "pace-bf16", "pace-int8", "pace-int8-static", "torch-eager",
+           "torch-compile", "torch-int8-fbgemm", "torchrec-fbgemm", "amd-pace")  # fmt: skip
 COLUMNS = {
     "throughput": ["engine", "batch", "ms", "samples_s", "vs_eager", "note"],
     "quality": ["engine", "samples", "logloss", "auc", "vs_fp32"],
@@ -50,6 +52,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--eval-samples", type=int, default=16384, help="0: skip the quality rows")
+    p.add_argument("--calibration-samples", type=int, default=4096,
+                   help="pace-int8-static: samples fixing its activation scales (their own "
+                   "seed, not the throughput or quality batches)")  # fmt: skip
 
 
 class TorchInt8:
@@ -132,7 +137,9 @@ def _engines(args: argparse.Namespace, config: Any, state: dict) -> dict[str, An
             if name.startswith("pace-"):
                 kind = name.removeprefix("pace-")
                 m = DLRM(config, state, dtype=torch.bfloat16 if kind == "bf16" else torch.float32,
-                         quantization="int8" if kind == "int8" else None)  # fmt: skip
+                         quantization=kind if kind.startswith("int8") else None,
+                         calibration=_calibration(args, config)
+                         if kind == "int8-static" else None)  # fmt: skip
                 note(args, f"dlrm: {name} op plan\n{m.op_plan}")
                 out[name] = lambda d, s, i, o, m=m: m.logits(d, s)
             elif name in ("torch-eager", "torch-compile"):
@@ -150,6 +157,17 @@ def _engines(args: argparse.Namespace, config: Any, state: dict) -> dict[str, An
         except PeerUnavailable as exc:
             out[name] = exc
     return out
+
+
+def _calibration(args: argparse.Namespace, config: Any) -> list[Any]:
+    """The batches (of at most 2048) pace-int8-static calibrates on: synthetic features of
+    their own seed."""
+    from pace_core.dlrm import SyntheticClicks
+
+    data = SyntheticClicks(config, seed=args.seed + 11)
+    gen = torch.Generator().manual_seed(args.seed + 11)
+    n = args.calibration_samples
+    return [data.features(min(2048, n - s), gen) for s in range(0, n, 2048)]
 
 
 def _quality(args: argparse.Namespace, engines: dict[str, Any], config: Any, state: dict,

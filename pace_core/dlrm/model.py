@@ -4,7 +4,7 @@ DCNv2 stack) and called as bound functions: a forward pass is plain calls, no re
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +12,7 @@ import torch
 
 from pace_core.binder import KernelBinder
 from pace_core.dlrm import names, weights
+from pace_core.dlrm.calibrate import activation_scales
 from pace_core.dlrm.config import DLRMConfig
 from pace_core.dlrm.features import (
     DLRMInputError,
@@ -21,6 +22,7 @@ from pace_core.dlrm.features import (
     sparse_bags,
 )
 from pace_core.dlrm.quantize import DLRMQuantization, coerce_quantization
+from pace_core.errors import ConfigError
 from pace_core.opconfig import OperatorConfig
 from pace_core.quant import formats_of
 
@@ -42,7 +44,9 @@ class DLRM:
     ``state``: fp32 tensors in torchrec's ``DLRM_DCN`` naming (:mod:`pace_core.dlrm.names`);
     ``dtype``: float32 or bfloat16 activations and float weights; ``quantization``: ``None``,
     ``"int8"`` (int8 tables, W8A8 matrices) or a :class:`DLRMQuantization`; ``opconfig``:
-    which backend runs each op (as for ``LLMModel``; ``None`` reads ``$PACE_OPCONFIG``).
+    which backend runs each op (as for ``LLMModel``; ``None`` reads ``$PACE_OPCONFIG``);
+    ``calibration``: sample batches (``ClickBatch`` or ``(dense, sparse)``) that fix static
+    activation scales (``quantization="int8-static"``; :mod:`pace_core.dlrm.calibrate`).
     """
 
     def __init__(
@@ -53,6 +57,7 @@ class DLRM:
         dtype: torch.dtype = torch.float32,
         quantization: DLRMQuantization | str | None = None,
         opconfig: OperatorConfig | Mapping[str, Any] | str | None = None,
+        calibration: Iterable[Any] | None = None,
     ) -> None:
         from pace_core.plugins import get_host
 
@@ -61,6 +66,14 @@ class DLRM:
         weights.check_state(config, state)
         self.config, self.dtype, self.state = config, dtype, dict(state)
         self.quantization = coerce_quantization(quantization)
+        q = self.quantization
+        if q is not None and q.activations == "static" and q.scales is None:
+            if calibration is None:
+                raise ConfigError(
+                    "DLRM int8-static needs calibration=batches (or a DLRMQuantization with "
+                    "its scales)"
+                )
+            self.quantization = q.calibrated(activation_scales(config, state, calibration))
         self.resolver = get_host().resolver(OperatorConfig.coerce(opconfig))
         self.binder = KernelBinder(dtype, self.resolver)
         self.op_plan = self.binder.plan  # sites named bottom.0, table.3, cross, top.1, ...
@@ -77,7 +90,7 @@ class DLRM:
             }
             self.tables.append(self._bind(f"table.{i}", "embedding_bag", attrs, table))
         layers = [
-            (self._matrix(state[v]), self._matrix(state[u]), state[b].to(dtype))
+            (self._matrix(v), self._matrix(u), state[b].to(dtype))
             for v, u, b in names.cross(config)
         ]
         attrs = {
@@ -94,12 +107,12 @@ class DLRM:
         kernel, prepared = self.binder.prepared(op, attrs, *args, site=site)
         return _Bound(kernel.fn, prepared)
 
-    def _matrix(self, weight: torch.Tensor):
-        q = self.quantization
-        return q.matrix(weight, self.dtype) if q else weight.to(self.dtype)
+    def _matrix(self, name: str):
+        q, weight = self.quantization, self.state[name]
+        return q.matrix(weight, self.dtype, name) if q else weight.to(self.dtype)
 
     def _linear(self, site: str, module: str) -> _Bound:
-        w = self._matrix(self.state[f"{module}.weight"])
+        w = self._matrix(f"{module}.weight")
         b = self.state[f"{module}.bias"].to(self.dtype)
         attrs = {"in_features": int(w.shape[1]), "out_features": int(w.shape[0]),
                  "weight_format": formats_of([w])}  # fmt: skip

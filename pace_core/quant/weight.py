@@ -51,6 +51,9 @@ class QuantizedWeight:
     ``"int8"``: W8A8, every activation row quantized to int8 when the kernel runs, with a
     dynamic scale per row and group of 32 values (``amax / 127``, round to nearest even), in
     fp32 models too (DLRMv2's int8 scheme, :mod:`pace_core.dlrm.quantize`).
+    ``activation_scales``: with ``"int8"``, static (calibrated) scales instead of dynamic
+    ones: fp32 ``[K // 32]``, one per 32 input values shared by every row, codes clamped to
+    +-127.
     """
 
     format: str
@@ -61,6 +64,7 @@ class QuantizedWeight:
     mins: torch.Tensor | None = None
     group_size: int = 0
     activations: str = ""
+    activation_scales: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.format not in QUANTIZED_FORMATS:
@@ -71,6 +75,14 @@ class QuantizedWeight:
             raise ValueError(f"data has {self.data.shape[0]} rows, shape says {self.shape[0]}")
         if self.activations not in ACTIVATION_MODES:
             raise ValueError(f"unknown activations {self.activations!r}; known: {ACTIVATION_MODES}")
+        scales = self.activation_scales
+        if scales is not None and (
+            self.activations != "int8" or scales.shape != (self.shape[1] // 32,)
+        ):
+            raise ValueError(
+                f"static activation scales need activations 'int8' and shape "
+                f"[{self.shape[1] // 32}] (one per 32 inputs), got {tuple(scales.shape)}"
+            )
 
     @property
     def nbytes(self) -> int:

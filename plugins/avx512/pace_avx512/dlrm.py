@@ -68,10 +68,11 @@ class CrossStack:
     rank: int
     kind: int  # -1: dense packs; else the quantized kind (qpacking.KINDS)
     int8_act: bool  # quantized: int8 activations (W8A8) rather than 15-bit
+    act_scales: tuple[torch.Tensor, ...] = ()  # static: V's and U's input scales per layer
 
 
 def prepare_cross_interaction(layers: Sequence[tuple[Any, Any, torch.Tensor]]) -> CrossStack:
-    vs, us, biases, kinds, act8 = [], [], [], set(), set()
+    vs, us, biases, kinds, act8, fixed = [], [], [], set(), set(), []
     rank = int(layers[0][0].shape[0]) if layers else 0
     for v, u, b in layers:
         if isinstance(v, QuantizedWeight) != isinstance(u, QuantizedWeight):
@@ -80,6 +81,7 @@ def prepare_cross_interaction(layers: Sequence[tuple[Any, Any, torch.Tensor]]) -
         if isinstance(pv, qpacking.QPackedLinear):
             kinds.add((pv.kind, pu.kind))
             act8.update((pv.int8_activations, pu.int8_activations))
+            fixed += [pv.act_scales, pu.act_scales]
             vs.append(pv.weight)
             us.append(pu.weight)
             biases.append(pu.bias)
@@ -90,12 +92,18 @@ def prepare_cross_interaction(layers: Sequence[tuple[Any, Any, torch.Tensor]]) -
             biases.append(pu.bias)
     if len(kinds) > 1 or len(act8) > 1 or any(a != b for a, b in kinds):
         raise ValueError("pace-avx512 cross_interaction needs every layer in one weight format")
+    if any(f is None for f in fixed) and any(f is not None for f in fixed):
+        raise ValueError("pace-avx512 cross_interaction: static activation scales for every "
+                         "layer's V and U or for none")  # fmt: skip
     kind = next(iter(kinds))[0] if kinds else -1
-    return CrossStack(tuple(vs), tuple(us), tuple(biases), rank, kind, bool(act8 and act8.pop()))
+    scales = tuple(f for f in fixed if f is not None)
+    return CrossStack(tuple(vs), tuple(us), tuple(biases), rank, kind, bool(act8 and act8.pop()),
+                      scales)  # fmt: skip
 
 
 def cross_interaction(x0: torch.Tensor, w: CrossStack) -> torch.Tensor:
-    return (_E or _ext()).cross_stack(x0, w.vs, w.us, w.biases, w.rank, w.kind, w.int8_act)
+    return (_E or _ext()).cross_stack(x0, w.vs, w.us, w.biases, w.rank, w.kind, w.int8_act,
+                                      list(w.act_scales))  # fmt: skip
 
 
 def supports(ctx: OpContext, quantized_problem: Any) -> bool | str:

@@ -27,8 +27,9 @@ def _ext() -> ModuleType:
 
 def linear(x: torch.Tensor, w: PackedLinear | QPackedLinear) -> torch.Tensor:
     if w.__class__ is QPackedLinear:  # quantized weights: the VNNI kernel
-        return (_E or _ext()).qlinear(x, w.weight, w.bias, w.out_features, w.kind,
-                                      w.int8_activations, w.w8a8)
+        return (_E or _ext()).qlinear(
+            x, w.weight, w.bias, w.out_features, w.kind, w.int8_activations, w.w8a8, w.act_scales
+        )
     return (_E or _ext()).linear(x, w.weight, w.bias, w.out_features)
 
 

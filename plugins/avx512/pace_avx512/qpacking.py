@@ -64,12 +64,14 @@ class QPackedLinear:
     dtype: torch.dtype  # what rows() de-quantizes to
     int8_activations: bool = False  # bf16 rows quantized to int8 (pace_avx512.settings)
     w8a8: bool = False  # fp32 rows too (QuantizedWeight.activations == "int8")
+    act_scales: torch.Tensor | None = None  # static int8 scales fp32 [K / 32] (calibrated)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows ``ids`` of the de-quantized ``[N, K]`` matrix (a tied embedding's lookup)."""
         ext = build.load_extension()
-        out = ext.qpacked_rows(self.weight, ids.long(), self.out_features, self.in_features,
-                               self.kind)
+        out = ext.qpacked_rows(
+            self.weight, ids.long(), self.out_features, self.in_features, self.kind
+        )
         return out.to(self.dtype)
 
 
@@ -135,8 +137,9 @@ def _f16(blocks: torch.Tensor, offset: int) -> torch.Tensor:
     return blocks[..., offset : offset + 2].contiguous().view(torch.float16).squeeze(-1).float()
 
 
-def _block_bytes(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None,
-                 int8: bool) -> torch.Tensor:
+def _block_bytes(
+    codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None, int8: bool
+) -> torch.Tensor:
     """One chunk (rows a multiple of 16) as ``[blocks, block_stride]`` bytes."""
     n, k = codes.shape
     nb, g = n // ROWS, k // GROUP
@@ -203,8 +206,10 @@ def prepare_linear(
     packed, kind = pack(w)
     n, k = w.shape
     b = None if bias is None else bias.reshape(-1).float().contiguous()
+    fixed = w.activation_scales
+    fixed = None if fixed is None else fixed.float().contiguous()
     return QPackedLinear(packed, b, kind, int(n), int(k), w.dtype, int8_activations or w8a8,
-                         w8a8)  # fmt: skip
+                         w8a8, fixed)  # fmt: skip
 
 
 @dataclass(frozen=True)

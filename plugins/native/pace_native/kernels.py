@@ -41,7 +41,7 @@ def matmul(x: torch.Tensor, w: torch.Tensor | QuantizedWeight) -> torch.Tensor:
     if not isinstance(w, QuantizedWeight):
         return F.linear(x, w)
     if w.activations == "int8":
-        x = int8_activations(x)
+        x = int8_activations(x, w.activation_scales)
     n, k = w.shape
     rows = max(16, TILE_BYTES // (4 * k))
     if rows >= n:
@@ -87,17 +87,23 @@ def prepare_linear(weight, bias: torch.Tensor | None = None) -> LinearWeight:
 ACT_GROUP = 32  # activation values sharing one dynamic int8 scale (W8A8)
 
 
-def int8_activations(x: torch.Tensor) -> torch.Tensor:
+def int8_activations(x: torch.Tensor, scales: torch.Tensor | None = None) -> torch.Tensor:
     """``x`` rounded as a W8A8 kernel sees it: int8 per row and group of 32 values (the whole
-    row when K is not a multiple of 32) with the dynamic scale ``amax / 127``, round to nearest
+    row when K is not a multiple of 32) with the dynamic scale ``amax / 127`` or, given
+    ``scales [K / 32]``, those static ones (values past them clamp to +-127), round to nearest
     even, de-quantized (fp32 math, back in ``x.dtype``)."""
     k = x.shape[-1]
     group = ACT_GROUP if k % ACT_GROUP == 0 else k
     xf = x.float().reshape(-1, k // group, group)
-    amax = xf.abs().amax(-1, keepdim=True)
-    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    if scales is None:
+        amax = xf.abs().amax(-1, keepdim=True)
+        inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+        scale = amax / 127.0
+    else:
+        scale = scales.float().view(1, -1, 1)
+        inv = torch.where(scale > 0, 1.0 / scale, torch.zeros_like(scale))
     q = torch.round(xf * inv).clamp_(-127, 127)
-    return (q * (amax / 127.0)).reshape(x.shape).to(x.dtype)
+    return (q * scale).reshape(x.shape).to(x.dtype)
 
 
 def linear(x: torch.Tensor, w: LinearWeight) -> torch.Tensor:

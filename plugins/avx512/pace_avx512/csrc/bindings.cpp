@@ -158,24 +158,33 @@ Tensor qpacked_rows_op(const Tensor& w, const Tensor& ids, int64_t n, int64_t k,
 
 // y[..., N] = x[..., K] @ W^T + bias over a quantized W packed by pace_avx512/qpacking.py:
 // uint8 [blocks of 16 rows, block_stride bytes] (layout in qlinear.cpp).
+// `act_scales`: static int8 activation scales fp32 [K / 32] (W8A8 with calibrated scales).
 Tensor qlinear(const Tensor& x, const Tensor& w, const OptTensor& bias, int64_t n, int64_t kind,
-               bool int8_activations, bool all_rows) {
+               bool int8_activations, bool all_rows, const OptTensor& act_scales) {
   const int64_t K = x.size(-1);
   check_qpacked(w, n, K, kind);
   Tensor y = rows_out(x, n);
   const int64_t M = K ? x.numel() / K : 0;
   if (M == 0 || n == 0) return y;
   const float* b = bias_ptr(bias, n, "with N values");
+  const float* fixed = nullptr;
+  if (act_scales) {
+    TORCH_CHECK(int8_activations && act_scales->scalar_type() == at::kFloat &&
+                    act_scales->is_contiguous() && act_scales->numel() == K / 32,
+                "pace_avx512: static activation scales must be fp32 [K / 32] with int8 "
+                "activations");
+    fixed = act_scales->data_ptr<float>();
+  }
   const Tensor xc = x.contiguous();
   const uint8_t* wp = w.data_ptr<uint8_t>();
   by_dtype(xc, [&](auto t) {
     using T = decltype(t);
     if constexpr (std::is_same_v<T, float>)  // fp32 rows: int8 only for W8A8 weights
       qlinear_fp32(ptr<T>(xc), K, M, K, wp, w.size(1), (int)kind, int8_activations && all_rows,
-                   b, n, ptr<T>(y), n, threads());
+                   b, n, ptr<T>(y), n, threads(), all_rows ? fixed : nullptr);
     else
-      qlinear_rows(ptr<T>(xc), K, M, K, wp, w.size(1), (int)kind, int8_activations, b, n,
-                   ptr<T>(y), n, threads());
+      qlinear_bf16(ptr<T>(xc), K, M, K, wp, w.size(1), (int)kind, int8_activations, b, n,
+                   ptr<T>(y), n, threads(), fixed);
   });
   return y;
 }
@@ -480,9 +489,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("k"), py::arg("kind"), "rows of a quantized packed weight, de-quantized to fp32");
   m.def("qlinear", &qlinear, nogil, py::arg("x"), py::arg("w"), py::arg("bias"),
         py::arg("n"), py::arg("kind"), py::arg("int8_activations") = false,
-        py::arg("all_rows") = false,
+        py::arg("all_rows") = false, py::arg("act_scales") = py::none(),
         "y = x @ W^T + bias over a quantized packed W (AVX512-VNNI); bf16 x quantized to int8 "
-        "per 32 when int8_activations, fp32 x too when all_rows (W8A8), else to 15 bits");
+        "per 32 when int8_activations, fp32 x too when all_rows (W8A8), else to 15 bits; "
+        "act_scales: static int8 scales per 32 columns instead of dynamic ones");
   m.def("huge_page_copy", &huge_page_copy, py::arg("t"), py::arg("shape") = std::vector<int64_t>{},
         "copy a tensor into an arena of transparent huge pages (packed weights)");
   m.def("huge_page_empty", &huge_page_empty, py::arg("rows"), py::arg("row_bytes"),

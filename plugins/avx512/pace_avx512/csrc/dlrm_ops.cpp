@@ -84,21 +84,23 @@ inline void combine_rows(const bf16_t* x0, const bf16_t* y, const bf16_t* xl, bf
 }
 inline void qlinear_any(const float* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* w,
                         int64_t stride, int kind, bool act8, const float* bias, int64_t N, float* y,
-                        int64_t ldy, int nt) {
-  qlinear_fp32(x, ldx, M, K, w, stride, kind, act8, bias, N, y, ldy, nt);
+                        int64_t ldy, int nt, const float* fixed) {
+  qlinear_fp32(x, ldx, M, K, w, stride, kind, act8, bias, N, y, ldy, nt, fixed);
 }
 inline void qlinear_any(const bf16_t* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* w,
                         int64_t stride, int kind, bool act8, const float* bias, int64_t N, bf16_t* y,
-                        int64_t ldy, int nt) {
-  qlinear_bf16(x, ldx, M, K, w, stride, kind, act8, bias, N, y, ldy, nt);
+                        int64_t ldy, int nt, const float* fixed) {
+  qlinear_bf16(x, ldx, M, K, w, stride, kind, act8, bias, N, y, ldy, nt, fixed);
 }
 
 // DCNv2's low-rank cross stack in one call: for each layer, h = V x_l, y = U h + b, then
 // x_{l+1} = x0 * y + x_l. `kind` < 0: V [r, D] and U [D, r] packed dense (packing.py) with U's
 // bias padded to the packed width; else quantized packs of that kind (qpacking.py), bias [D],
-// activations int8 when `int8_act`.
+// activations int8 when `int8_act`, with the static scales `act_scales` when given (per layer:
+// V's input [D / 32], then U's [rank / 32]; fp32), else dynamic ones.
 Tensor cross_stack(const Tensor& x0, const std::vector<Tensor>& vs, const std::vector<Tensor>& us,
-                   const std::vector<Tensor>& biases, int64_t rank, int64_t kind, bool int8_act) {
+                   const std::vector<Tensor>& biases, int64_t rank, int64_t kind, bool int8_act,
+                   const std::vector<Tensor>& act_scales) {
   TORCH_CHECK(x0.dim() == 2, "pace_avx512: cross_stack takes x0 [B, D], got ", x0.sizes());
   TORCH_CHECK(x0.scalar_type() == at::kFloat || x0.scalar_type() == at::kBFloat16,
               "pace_avx512: cross_stack activations must be float32 or bfloat16");
@@ -106,6 +108,12 @@ Tensor cross_stack(const Tensor& x0, const std::vector<Tensor>& vs, const std::v
               "pace_avx512: cross_stack needs as many V, U and biases");
   const bool bf = x0.scalar_type() == at::kBFloat16;
   const int64_t B = x0.size(0), D = x0.size(1);
+  TORCH_CHECK(act_scales.empty() || (kind >= 0 && int8_act && act_scales.size() == 2 * vs.size()),
+              "pace_avx512: cross_stack static scales need int8 activations, two per layer");
+  for (size_t i = 0; i < act_scales.size(); ++i)
+    TORCH_CHECK(act_scales[i].scalar_type() == at::kFloat && act_scales[i].is_contiguous() &&
+                    act_scales[i].numel() == (i % 2 ? rank : D) / 32,
+                "pace_avx512: cross_stack static scales must be fp32 [D / 32] and [rank / 32]");
   for (size_t l = 0; l < vs.size(); ++l) {
     if (kind >= 0) {
       check_qpacked(vs[l], rank, D, kind);
@@ -141,10 +149,13 @@ Tensor cross_stack(const Tensor& x0, const std::vector<Tensor>& vs, const std::v
       const T* xl = l == 0 ? xp : op;
       const float* b = biases[l].data_ptr<float>();
       if (kind >= 0) {
+        const bool fixed = !act_scales.empty();
         qlinear_any(xl, D, B, D, vs[l].data_ptr<uint8_t>(), vs[l].size(1), (int)kind, int8_act,
-                    nullptr, rank, hp, rank, nt);
+                    nullptr, rank, hp, rank, nt,
+                    fixed ? act_scales[2 * l].data_ptr<float>() : nullptr);
         qlinear_any(hp, rank, B, rank, us[l].data_ptr<uint8_t>(), us[l].size(1), (int)kind,
-                    int8_act, b, D, yp, D, nt);
+                    int8_act, b, D, yp, D, nt,
+                    fixed ? act_scales[2 * l + 1].data_ptr<float>() : nullptr);
       } else {
         linear_rows(xl, D, B, D, vs[l].data_ptr(), nullptr, rank, hp, rank, nt);
         linear_rows(hp, rank, B, rank, us[l].data_ptr(), b, D, yp, D, nt);
@@ -166,6 +177,7 @@ void register_dlrm(py::module_& m) {
         "sum-pooled bags of an fp32 / bf16 / int8 (scale per row) table -> [B, D]");
   m.def("cross_stack", &cross_stack, nogil, py::arg("x0"), py::arg("vs"), py::arg("us"),
         py::arg("biases"), py::arg("rank"), py::arg("kind"), py::arg("int8_act"),
+        py::arg("act_scales") = std::vector<Tensor>{},
         "DCNv2 low-rank cross layers x_{l+1} = x0 * (U (V x_l) + b) + x_l over packed weights");
 }
 

@@ -43,15 +43,16 @@ void gated_fp32(const float* x, int64_t ldx, int64_t M, int64_t K, const float* 
 // (kind 0: 4-bit codes with mins; 1: int8, a scale per 32 k; 2: int8, a scale per 16 k;
 // 3: 4-bit symmetric),
 // K a multiple of 32. Needs AVX512-VNNI. bf16 rows take int8 activations when `int8_act`
-// (pace_avx512/settings.py), else 15 bits; fp32 rows always 15 bits.
+// (pace_avx512/settings.py), else 15 bits; fp32 rows always 15 bits. `act_scales` (int8
+// activations only): static scales [K / 32] (calibrated), else dynamic per row and 32.
 void qlinear_bf16(const bf16_t* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* w,
                   int64_t block_stride, int kind, bool int8_act, const float* bias, int64_t N,
-                  bf16_t* y, int64_t ldy, int nthreads);
+                  bf16_t* y, int64_t ldy, int nthreads, const float* act_scales = nullptr);
 // fp32 rows take int8 activations only when `int8_act` (W8A8 weights, QuantizedWeight
 // activations "int8"); the LLM paths pass false (raw_ops.h).
 void qlinear_fp32(const float* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* w,
                   int64_t block_stride, int kind, bool int8_act, const float* bias, int64_t N,
-                  float* y, int64_t ldy, int nthreads);
+                  float* y, int64_t ldy, int nthreads, const float* act_scales = nullptr);
 
 // Rows `ids` [n] of the de-quantized [N, K] matrix a quantized packed weight holds, as fp32
 // [n, K] (a tied embedding's lookup): the values the kernels multiply by (pace_core's

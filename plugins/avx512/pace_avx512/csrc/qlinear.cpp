@@ -68,8 +68,12 @@ QuantizedRows& scratch_rows() {
 
 // Rows split over up to `nthreads` threads (a prefill's rows are ~10% of its matmul's time
 // on one thread).
+// `fixed` (int8 only): static scales, one per group of 32 columns shared by every row
+// (calibrated activation scales); codes are clamped to +-127. Null: a dynamic scale per row
+// and group (amax / LEVELS).
 template <bool SPLIT, typename T>
-void quantize_rows(const T* x, int64_t ldx, int64_t M, int64_t K, QuantizedRows& q, int nthreads) {
+void quantize_rows(const T* x, int64_t ldx, int64_t M, int64_t K, QuantizedRows& q, int nthreads,
+                   const float* fixed = nullptr) {
   constexpr float LEVELS = SPLIT ? 16383.0f : 127.0f;
   const int64_t G = K / QGROUP;
   q.codes.resize((SPLIT ? 2 : 1) * M * K);
@@ -81,11 +85,22 @@ void quantize_rows(const T* x, int64_t ldx, int64_t M, int64_t K, QuantizedRows&
     for (int64_t g = 0; g < G; ++g) {
       const T* src = x + m * ldx + g * QGROUP;
       const __m512 a = load(src, 0xFFFF), b = load(src + 16, 0xFFFF);
-      const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
-      float inv = amax > 0 ? LEVELS / amax : 0.0f, scale = amax / LEVELS;
+      float inv, scale;
+      if (!SPLIT && fixed) {
+        scale = fixed[g];
+        inv = scale > 0 ? 1.0f / scale : 0.0f;
+      } else {
+        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+        inv = amax > 0 ? LEVELS / amax : 0.0f, scale = amax / LEVELS;
+      }
       if (!std::isfinite(inv)) inv = 0.0f, scale = 0.0f;  // a group of denormals: all codes 0
-      const __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, _mm512_set1_ps(inv)));
-      const __m512i qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, _mm512_set1_ps(inv)));
+      __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, _mm512_set1_ps(inv)));
+      __m512i qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, _mm512_set1_ps(inv)));
+      if (!SPLIT && fixed) {  // values past the calibrated range saturate
+        const __m512i hi = _mm512_set1_epi32(127), lo = _mm512_set1_epi32(-127);
+        qa = _mm512_max_epi32(_mm512_min_epi32(qa, hi), lo);
+        qb = _mm512_max_epi32(_mm512_min_epi32(qb, hi), lo);
+      }
       int8_t* dst = q.codes.data() + m * K + g * QGROUP;
       if constexpr (SPLIT) {
         const __m512i seven = _mm512_set1_epi32(127);
@@ -372,11 +387,12 @@ void qdrive(const QArgs& a, const Store& st, int64_t M, int64_t blocks, int nthr
 // per decode step), then run the tiles.
 template <int KIND, bool SPLIT, typename T>
 void qlinear_kind(const T* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* w,
-                  int64_t block_stride, const QStore<T>& st, int64_t N, int nthreads) {
+                  int64_t block_stride, const QStore<T>& st, int64_t N, int nthreads,
+                  const float* act_scales) {
   QuantizedRows& rows = scratch_rows();
   const int64_t blocks = (N + 15) / 16;
   const int nt = pick_threads(nthreads, blocks * block_stride, M, blocks);
-  quantize_rows<SPLIT>(x, ldx, M, K, rows, nt);
+  quantize_rows<SPLIT>(x, ldx, M, K, rows, nt, act_scales);
   const QArgs a{w, block_stride, K / QGROUP, &rows, K, M};
   qdrive<KIND, SPLIT>(a, st, M, blocks, nt);
 }
@@ -386,17 +402,17 @@ void qlinear_kind(const T* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* 
 template <int KIND, typename T>
 void qlinear_rows(const T* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* w,
                   int64_t block_stride, bool int8_act, const QStore<T>& st, int64_t N,
-                  int nthreads) {
+                  int nthreads, const float* act_scales) {
   if (int8_act)
-    qlinear_kind<KIND, false>(x, ldx, M, K, w, block_stride, st, N, nthreads);
+    qlinear_kind<KIND, false>(x, ldx, M, K, w, block_stride, st, N, nthreads, act_scales);
   else
-    qlinear_kind<KIND, true>(x, ldx, M, K, w, block_stride, st, N, nthreads);
+    qlinear_kind<KIND, true>(x, ldx, M, K, w, block_stride, st, N, nthreads, nullptr);
 }
 
 template <typename T>
 void qlinear(const T* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* w,
              int64_t block_stride, int kind, bool int8_act, const float* bias, int64_t N, T* y,
-             int64_t ldy, int nthreads) {
+             int64_t ldy, int nthreads, const float* act_scales) {
   if constexpr (std::is_same_v<T, bf16_t>) {  // prefill on AVX512-BF16: dense bf16 tiles
     if (!int8_act &&
         qlinear_bf16_panel(x, ldx, M, K, w, block_stride, kind, bias, N, y, ldy, nthreads))
@@ -404,7 +420,8 @@ void qlinear(const T* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* w,
   }
   const QStore<T> st{y, ldy, bias, N};
   by_kind(kind, [&](auto k) {
-    qlinear_rows<decltype(k)::value>(x, ldx, M, K, w, block_stride, int8_act, st, N, nthreads);
+    qlinear_rows<decltype(k)::value>(x, ldx, M, K, w, block_stride, int8_act, st, N, nthreads,
+                                     act_scales);
   });
 }
 
@@ -444,14 +461,14 @@ void qpacked_rows(const uint8_t* w, int64_t block_stride, int kind, int64_t K,
 
 void qlinear_bf16(const bf16_t* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* w,
                   int64_t block_stride, int kind, bool int8_act, const float* bias, int64_t N,
-                  bf16_t* y, int64_t ldy, int nthreads) {
-  qlinear(x, ldx, M, K, w, block_stride, kind, int8_act, bias, N, y, ldy, nthreads);
+                  bf16_t* y, int64_t ldy, int nthreads, const float* act_scales) {
+  qlinear(x, ldx, M, K, w, block_stride, kind, int8_act, bias, N, y, ldy, nthreads, act_scales);
 }
 
 void qlinear_fp32(const float* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* w,
                   int64_t block_stride, int kind, bool int8_act, const float* bias, int64_t N,
-                  float* y, int64_t ldy, int nthreads) {
-  qlinear(x, ldx, M, K, w, block_stride, kind, int8_act, bias, N, y, ldy, nthreads);
+                  float* y, int64_t ldy, int nthreads, const float* act_scales) {
+  qlinear(x, ldx, M, K, w, block_stride, kind, int8_act, bias, N, y, ldy, nthreads, act_scales);
 }
 
 }  // namespace pace_avx512

@@ -15,7 +15,8 @@ using OptTensor = c10::optional<Tensor>;
 
 Tensor linear(const Tensor& x, const Tensor& w, const OptTensor& bias, int64_t n);
 Tensor qlinear(const Tensor& x, const Tensor& w, const OptTensor& bias, int64_t n, int64_t kind,
-               bool int8_activations, bool all_rows = false);
+               bool int8_activations, bool all_rows = false,
+               const OptTensor& act_scales = c10::nullopt);
 Tensor gated_activation(const Tensor& gate, const Tensor& up, int64_t act);
 Tensor gated_mlp(const Tensor& x, const Tensor& gate_up, const Tensor& down, int64_t inter,
                  int64_t hidden, int64_t act);
