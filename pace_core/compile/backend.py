@@ -31,6 +31,7 @@ from pace_core.compile.patterns import (
     layer_norm,
     linear,
     linear_parts,
+    residual_layer_norm,
     residual_rms_norm,
     rms_norm,
 )
@@ -51,12 +52,13 @@ def direct_call(op: Any, fn: Callable[..., Any]) -> None:
     _DIRECT_CALLS[op] = fn
 
 
-# tried in this order on every node (a gated MLP claims its three linears first, an RMSNorm
-# of a sum claims the add before a plain RMSNorm would)
+# tried in this order on every node (a gated MLP claims its three linears first, a norm of a
+# sum claims the add before the plain norm would)
 MATCHERS: tuple[Callable[[Graph, fx.Node], Match | None], ...] = (
     gated_mlp,
     residual_rms_norm,
     rms_norm,
+    residual_layer_norm,
     layer_norm,
     int8_linear,
     linear,

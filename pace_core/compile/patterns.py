@@ -242,28 +242,6 @@ def rms_norm(g: Graph, node: fx.Node) -> Match | None:
     return Match("rms_norm", (x,), (weight_node,), (float(eps),), (weight,), {}, end, covered)
 
 
-def residual_rms_norm(g: Graph, node: fx.Node) -> Match | None:
-    """An RMSNorm of a sum ``a + b`` (the residual add before a pre-norm): one ``rms_norm``
-    call with its fused residual add, which returns the norm and the sum (the sum's other
-    uses, the next residual add, read the second result)."""
-    m = rms_norm(g, node)
-    if m is None or not fn_call(total := m.inputs[0], operator.add, torch.add):
-        return None
-    if len(total.args) != 2 or total.kwargs:
-        return None
-    a, b = total.args
-    av, bv, tv = g.meta(a), g.meta(b), g.meta(total)
-    if av is None or bv is None or tv is None:
-        return None
-    if av.dtype != tv.dtype or bv.dtype != tv.dtype or av.dim() != tv.dim() or bv.dim() != tv.dim():
-        return None
-    if av.shape[-1] != tv.shape[-1] or bv.shape[-1] != tv.shape[-1]:
-        return None
-    m.inputs, m.more, m.form = (a, b), (total,), "residual"
-    m.covered.append(total)
-    return m
-
-
 def layer_norm(g: Graph, node: fx.Node) -> Match | None:
     """``F.layer_norm`` over the last dimension with parameter weight (and bias)."""
     if not fn_call(node, F.layer_norm):
@@ -290,3 +268,34 @@ def embedding(g: Graph, node: fx.Node) -> Match | None:
         return None
     attrs = {"vocab": int(weight.shape[0]), "weight_format": DENSE}
     return Match("embedding", (ids,), (w,), (), (weight,), attrs, node, [node])
+
+
+def _with_residual(g: Graph, m: Match | None) -> Match | None:
+    """A norm match of a sum ``a + b`` (the residual add before a pre-norm) as the norm's call
+    with its fused residual add, which returns the norm and the sum (the sum's other uses,
+    such as the next residual add, read the second result)."""
+    if m is None or not fn_call(total := m.inputs[0], operator.add, torch.add):
+        return None
+    if len(total.args) != 2 or total.kwargs:
+        return None
+    a, b = total.args
+    av, bv, tv = g.meta(a), g.meta(b), g.meta(total)
+    if av is None or bv is None or tv is None:
+        return None
+    if av.dtype != tv.dtype or bv.dtype != tv.dtype or av.dim() != tv.dim() or bv.dim() != tv.dim():
+        return None
+    if av.shape[-1] != tv.shape[-1] or bv.shape[-1] != tv.shape[-1]:
+        return None
+    m.inputs, m.more, m.form = (a, b), (total,), "residual"
+    m.covered.append(total)
+    return m
+
+
+def residual_rms_norm(g: Graph, node: fx.Node) -> Match | None:
+    """:func:`rms_norm` of ``a + b``: one ``rms_norm`` call with its residual."""
+    return _with_residual(g, rms_norm(g, node))
+
+
+def residual_layer_norm(g: Graph, node: fx.Node) -> Match | None:
+    """:func:`layer_norm` of ``a + b``: one ``layer_norm`` call with its residual."""
+    return _with_residual(g, layer_norm(g, node))

@@ -110,9 +110,14 @@ class Residual(torch.nn.Module):
     """A pre-norm block's residual adds: the second norm reads ``x + f(x)``, the sum is the
     next residual."""
 
-    def __init__(self, width: int = 64) -> None:
+    def __init__(self, norm: str, width: int = 64) -> None:
         super().__init__()
-        self.norm1, self.norm2 = RMSNorm(width), RMSNorm(width)
+        make = RMSNorm if norm == "rms" else torch.nn.LayerNorm
+        self.norm1, self.norm2 = make(width), make(width)
+        if norm != "rms":
+            for n in (self.norm1, self.norm2):
+                torch.nn.init.normal_(n.weight, 1.0, 0.1)
+                torch.nn.init.normal_(n.bias, 0.0, 0.1)
         self.f = torch.nn.Linear(width, width, bias=False)
         self.g = torch.nn.Linear(width, width, bias=False)
 
@@ -121,10 +126,11 @@ class Residual(torch.nn.Module):
         return h + self.g(self.norm2(h))
 
 
+@pytest.mark.parametrize("norm", ["rms", "layer"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_residual_add_and_rms_norm_fuse(dtype):
+def test_residual_add_and_norm_fuse(norm, dtype):
     torch.manual_seed(0)
-    model = Residual().to(dtype).eval()
+    model = Residual(norm).to(dtype).eval()
     x = torch.randn(2, 5, 64).to(dtype)
     with torch.no_grad():
         want = model(x)
@@ -132,7 +138,8 @@ def test_residual_add_and_rms_norm_fuse(dtype):
         got = torch.compile(model, backend=backend)(x)
     tol = 1e-5 if dtype == torch.float32 else 3e-2
     torch.testing.assert_close(got, want, rtol=tol, atol=tol)
-    assert backend.matched["residual_rms_norm"] == 1 and backend.matched["rms_norm"] == 1
+    assert backend.matched[f"residual_{norm}_norm"] == 1
+    assert backend.matched[f"{norm}_norm"] == 1
     assert backend.left_to_torch == 0
 
 
