@@ -4,6 +4,7 @@ labels, AUC and log loss.
     pace dlrm --preset tiny --batch 8                       # random weights, synthetic batch
     pace dlrm --weights dlrm.pt --features batch.npz        # your weights and features
     pace dlrm --preset scaled --quantization int8 --batch 4096 --eval
+    pace dlrm --quantization int8-static --calibration-samples 4096   # calibrated int8
 
 Features files (``.npz`` or ``.pt``): ``dense`` ``[B, 13]`` float, ``sparse`` either
 ``[B, 26]`` / ``[B, 26, L]`` integers or ``sparse_0`` ... ``sparse_25`` ``[B, L_i]`` each;
@@ -78,7 +79,11 @@ def add_dlrm_parser(sub: Any) -> None:
     p.add_argument("--features", type=Path, default=None, help=".npz or .pt features file")
     p.add_argument("--batch", type=int, default=8, help="synthetic samples (without --features)")
     p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
-    p.add_argument("--quantization", default="none", choices=["none", "int8", "int8-weights"])
+    p.add_argument(
+        "--quantization", default="none", choices=["none", "int8", "int8-static", "int8-weights"]
+    )
+    p.add_argument("--calibration-samples", type=int, default=4096,
+                   help="int8-static: synthetic samples fixing the activation scales")  # fmt: skip
     p.add_argument("--opconfig", default=None, help="e.g. 'cross_interaction=native' or JSON")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--eval", action="store_true", help="also print AUC and log loss (labels)")
@@ -87,8 +92,19 @@ def add_dlrm_parser(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
+def calibration_batches(config: Any, samples: int, seed: int) -> list[tuple[Any, Any]]:
+    """Synthetic ``(dense, sparse)`` batches of at most 2048 (their own seed) for int8-static."""
+    from pace_core.dlrm import SyntheticClicks
+
+    if samples < 1:
+        raise DLRMInputError(f"--calibration-samples {samples}: give at least 1 sample")
+    data = SyntheticClicks(config, seed=seed + 2)
+    gen = torch.Generator().manual_seed(seed + 2)
+    return [data.features(min(2048, samples - s), gen) for s in range(0, samples, 2048)]
+
+
 def run(args: argparse.Namespace) -> int:
-    from pace_core.dlrm import DLRM, SyntheticClicks, auc, logloss
+    from pace_core.dlrm import DLRM, SyntheticClicks, auc, logloss, weights
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -97,9 +113,13 @@ def run(args: argparse.Namespace) -> int:
     options = {"dtype": DTYPES[args.dtype], "quantization": args.quantization,
                "opconfig": args.opconfig}  # fmt: skip
     if args.weights is not None:
-        model = DLRM.load(args.weights, **options)
+        config, state = weights.load(args.weights)
     else:
-        model = DLRM.random(preset(args.preset), seed=args.seed, **options)
+        config = preset(args.preset)
+        state = weights.random_state(config, args.seed)
+    if args.quantization == "int8-static":
+        options["calibration"] = calibration_batches(config, args.calibration_samples, args.seed)
+    model = DLRM(config, state, **options)
     if args.show_plan:
         print(model.op_plan, file=sys.stderr)
     if args.features is not None:

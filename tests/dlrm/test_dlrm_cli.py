@@ -83,3 +83,12 @@ def test_eval_without_labels_and_a_bad_file(files, capsys):
     (tmp / "f.csv").write_text("1,2,3\n")
     assert cli.main(["dlrm", "--features", str(tmp / "f.csv")]) == 2
     assert "use .npz or .pt" in capsys.readouterr().err
+
+
+def test_int8_static_calibrates_on_synthetic_samples(capsys):
+    argv = ["dlrm", "--preset", "tiny", "--batch", "64", "--eval", "--quantization",
+            "int8-static", "--calibration-samples", "300"]  # fmt: skip
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert all(0 < float(line.split("\t")[1]) < 1 for line in out[:10])
+    assert out[11].startswith("logloss ")
