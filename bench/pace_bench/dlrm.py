@@ -9,7 +9,8 @@ tables capped at ``--max-rows``) on the same synthetic batches. Per batch size t
 round-robin (``--repeats`` rounds after one warm-up call each, which for torch.compile is the
 compile); the table shows the median, samples/s and the ratio to torch eager fp32. Engines that
 cannot run here (torchrec/fbgemm-gpu-cpu not installed or not loadable with this torch; AMD
-PACE's DLRMv2 without its peer venv) get a row saying why. Quality: log loss and AUC against
+PACE without its peer venv, or whose peer venv has no DLRMv2 path: amd-pace 1.3.0 has none, see
+``amd_pace_dlrm_probe.py``) get a row saying why. Quality: log loss and AUC against
 teacher labels (the fp32 model is the teacher), their deltas to fp32 and the largest
 probability difference, on ``--eval-samples`` samples.
 
@@ -19,8 +20,10 @@ probability difference, on ``--eval-samples`` samples.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -120,11 +123,48 @@ def amd_pace_venv() -> Path:
     return cache_root() / "peers" / "amd-pace-venv"
 
 
+def probe_amd_pace(venv: Path, timeout: float = 300.0) -> dict[str, Any]:
+    """Run ``amd_pace_dlrm_probe.py`` with the venv's python (isolated: ``-I``, so neither this
+    repo nor pace-bench is on its path): AMD PACE's version, torch's, and which pieces of its
+    DLRMv2 path are missing (or why ``import pace`` failed)."""
+    python = venv / "bin" / "python"
+    if not python.is_file():
+        raise PeerUnavailable(f"AMD PACE peer venv {venv} has no bin/python: run "
+                              "`make bench-serving-peers`")  # fmt: skip
+    script = Path(__file__).with_name("amd_pace_dlrm_probe.py")
+    try:
+        done = subprocess.run([str(python), "-I", str(script)], capture_output=True, text=True,
+                              timeout=timeout, stdin=subprocess.DEVNULL, check=False)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        raise PeerUnavailable(f"AMD PACE probe in {venv} took over {timeout:.0f} s") from None
+    lines = done.stdout.strip().splitlines()
+    try:
+        return json.loads(lines[-1])
+    except (IndexError, json.JSONDecodeError):
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1][:200]
+        raise PeerUnavailable(f"AMD PACE probe in {venv} failed (exit {done.returncode}): "
+                              f"{tail}") from None  # fmt: skip
+
+
+def amd_pace_reason(found: dict[str, Any], venv: Path) -> str:
+    """Why the ``amd-pace`` engine does not run, from :func:`probe_amd_pace`'s answer."""
+    name = f"AMD PACE {found.get('version') or '(amd-pace not installed)'} in {venv}"
+    if "import_error" in found:
+        return f"{name}: import pace fails: {found['import_error']}"
+    missing = found.get("missing", [])
+    if missing:
+        return (f"{name} (torch {found.get('torch')}) has no DLRMv2 path: missing "
+                f"{', '.join(missing)}")  # fmt: skip
+    return (f"{name} has its DLRMv2 path (pace.graph.optimize_qdq and its int8 ops), but "
+            "running it is not wired in here")  # fmt: skip
+
+
 def _amd_pace() -> Callable[..., Any]:
     venv = amd_pace_venv()
     if not venv.is_dir():
-        raise PeerUnavailable(f"AMD PACE peer venv absent ({venv})")
-    raise PeerUnavailable(f"AMD PACE venv at {venv}: its DLRMv2 path is not wired in here")
+        raise PeerUnavailable(f"AMD PACE peer venv absent ({venv}): run "
+                              "`make bench-serving-peers`")  # fmt: skip
+    raise PeerUnavailable(amd_pace_reason(probe_amd_pace(venv), venv))
 
 
 def _engines(args: argparse.Namespace, config: Any, state: dict) -> dict[str, Any]:
