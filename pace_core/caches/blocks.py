@@ -28,7 +28,7 @@ import torch
 
 from pace_core.caches.base import CacheFullError, StepMeta
 from pace_core.caches.block_pool import BlockKey, BlockPool, block_keys
-from pace_core.caches.disk_tier import DiskBlockStore
+from pace_core.caches.disk_tier import DiskTier
 from pace_core.caches.kv_quant import (
     AUTO,
     INT8,
@@ -151,7 +151,7 @@ class BlockCache:
         self._indexed: dict[int, int] = {}  # how many of them are in the index
         self.prefix_queries = 0  # prompt tokens looked up by adopt_prefix
         self.prefix_hits = 0  # of which adopted
-        self.disk: DiskBlockStore | None = None  # the persistent tier (attach_disk)
+        self.disk: DiskTier | None = None  # the persistent tier (DiskTier.attach)
         self.disk_hits = 0  # adopted tokens restored from it
         self._next_id = 0
         self._meta: StepMeta | None = None
@@ -191,7 +191,7 @@ class BlockCache:
         self.pool.share(found)
         limit = (len(tokens) - 1) // self.block_size
         if self.disk is not None and len(found) < limit:
-            restored = self._restore(keys[len(found) : limit])
+            restored = self.disk.restore(keys[len(found) : limit])
             self.disk_hits += len(restored) * self.block_size
             found += restored
         self.prefix_queries += len(tokens)
@@ -223,66 +223,6 @@ class BlockCache:
         for i in range(self._indexed[seq_id], full):
             self.pool.register(keys[i], blocks[i])
         self._indexed[seq_id] = max(self._indexed[seq_id], full)
-
-    # -- the disk tier -----------------------------------------------------------------------
-    def attach_disk(self, store: DiskBlockStore) -> None:
-        """Keep indexed blocks on disk too (see :mod:`pace_core.caches.disk_tier`): a block
-        is saved when it is evicted and by :meth:`spill`; a prompt's blocks missing in
-        memory are restored from disk when it is admitted."""
-        if not self.pool.caching:
-            raise ConfigError("a disk prefix cache needs prefix caching: enable it first")
-        self.disk = store
-        self.pool.on_evict = self._save_block
-
-    def detach_disk(self) -> None:
-        """Stop using the disk tier (its files stay)."""
-        self.disk = None
-        self.pool.on_evict = None
-
-    def block_layers(self, b: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Block ``b``'s keys and values in every layer (views into the pools)."""
-        return [(k[b], v[b]) for k, v in zip(self.keys, self.values)]
-
-    def identity(self) -> dict[str, object]:
-        """What a stored block must match besides its key: the block layout and dtype."""
-        return {
-            "block_size": self.block_size,
-            "keys": [list(k.shape[1:]) for k in self.keys],
-            "values": [list(v.shape[1:]) for v in self.values],
-            "dtype": str(self.keys[0].dtype),
-            "namespace": self.namespace.hex(),
-        }
-
-    def spill(self) -> int:
-        """Queue every indexed block not yet on disk (the engine calls it when it goes idle
-        and when it stops); returns how many were queued."""
-        if self.disk is None:
-            return 0
-        return sum(self._save_block(b, key) for b, key in list(self.pool.key_of.items()))
-
-    def _save_block(self, b: int, key: BlockKey) -> bool:
-        if key in self.disk:
-            return False
-        return self.disk.save(key, [(k.clone(), v.clone()) for k, v in self.block_layers(b)])
-
-    def _restore(self, keys: Sequence[BlockKey]) -> list[int]:
-        """Blocks for the leading ``keys`` found on disk, loaded into new pool blocks
-        (indexed, referenced once by the caller's sequence)."""
-        out: list[int] = []
-        like = self.block_layers(0)
-        for key in keys:
-            if key not in self.disk or not self.pool.available:
-                break
-            layers = self.disk.load(key, like)
-            if layers is None:
-                break
-            (b,) = self.pool.take(1)
-            for (k, v), (pool_k, pool_v) in zip(layers, self.block_layers(b)):
-                pool_k.copy_(k)
-                pool_v.copy_(v)
-            self.pool.register(key, b)
-            out.append(b)
-        return out
 
     # -- sequences -------------------------------------------------------------------------
     def add_sequences(self, count: int) -> list[int]:

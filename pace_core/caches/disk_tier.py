@@ -26,10 +26,11 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from pace_core.caches.block_pool import BlockKey
+from pace_core.caches.block_pool import BlockKey, BlockPool
 from pace_core.errors import ConfigError
 
 log = logging.getLogger("pace.caches.disk")
@@ -247,6 +248,85 @@ class DiskBlockStore:
                     return
                 key, _ = self._files.popitem(last=False)
             self._path(key).unlink(missing_ok=True)
+
+
+class DiskTier:
+    """A block cache's link to its store: saves blocks (when the pool evicts one, and every
+    indexed block on :meth:`spill`) and restores a prompt's blocks into the pool (the cache's
+    ``adopt_prefix`` asks)."""
+
+    def __init__(
+        self,
+        store: DiskBlockStore,
+        keys: Sequence[torch.Tensor],
+        values: Sequence[torch.Tensor],
+        pool: BlockPool,
+    ) -> None:
+        self.store = store
+        self.keys, self.values, self.pool = keys, values, pool
+
+    @staticmethod
+    def identity(cache: Any) -> dict[str, object]:
+        """What a stored block of a block ``cache`` must match besides its key: the block
+        layout, the pools' dtype and the cache's namespace (model, dtype, quantization)."""
+        return {
+            "block_size": cache.block_size,
+            "keys": [list(k.shape[1:]) for k in cache.keys],
+            "values": [list(v.shape[1:]) for v in cache.values],
+            "dtype": str(cache.keys[0].dtype),
+            "namespace": cache.namespace.hex(),
+        }
+
+    @classmethod
+    def attach(cls, cache: Any, store: DiskBlockStore) -> DiskTier:
+        """Give a prefix-caching block ``cache`` (a
+        :class:`~pace_core.caches.blocks.BlockCache`) this tier over ``store``."""
+        if not cache.pool.caching:
+            raise ConfigError("a disk prefix cache needs prefix caching: enable it first")
+        tier = cls(store, cache.keys, cache.values, cache.pool)
+        cache.disk = tier
+        cache.pool.on_evict = tier.save_block
+        return tier
+
+    @staticmethod
+    def detach(cache: Any) -> None:
+        """The cache stops using its tier (the files stay)."""
+        cache.disk = None
+        cache.pool.on_evict = None
+
+    def layers(self, b: int) -> Layers:
+        """Block ``b``'s keys and values in every layer (views into the pools)."""
+        return [(k[b], v[b]) for k, v in zip(self.keys, self.values)]
+
+    def save_block(self, b: int, key: BlockKey) -> bool:
+        """Queue a snapshot of block ``b`` unless the store has ``key``."""
+        if key in self.store:
+            return False
+        return self.store.save(key, [(k.clone(), v.clone()) for k, v in self.layers(b)])
+
+    def spill(self) -> int:
+        """Queue every indexed block not yet on disk (the engine calls it when it goes idle
+        and when it stops); returns how many were queued."""
+        return sum(self.save_block(b, key) for b, key in list(self.pool.key_of.items()))
+
+    def restore(self, keys: Sequence[BlockKey]) -> list[int]:
+        """Blocks for the leading ``keys`` found on disk, loaded into new pool blocks
+        (indexed, referenced once by the caller's sequence)."""
+        out: list[int] = []
+        like = self.layers(0)
+        for key in keys:
+            if key not in self.store or not self.pool.available:
+                break
+            layers = self.store.load(key, like)
+            if layers is None:
+                break
+            (b,) = self.pool.take(1)
+            for (k, v), (pool_k, pool_v) in zip(layers, self.layers(b)):
+                pool_k.copy_(k)
+                pool_v.copy_(v)
+            self.pool.register(key, b)
+            out.append(b)
+        return out
 
 
 def _mismatch(layers: Layers, like: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> str | None:

@@ -36,6 +36,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from pace_core.engine.offline import pack_tokens
+from pace_core.engine.output import GenerationOutput, SequenceOutput
 from pace_core.models.decoder import DecoderLM, forward_step, prefill
 from pace_core.sampling.config import SamplingConfig
 from pace_core.sampling.processors import LogitsProcessor, build_processors
@@ -213,3 +215,26 @@ def beam_search(
             logits = forward_step(model, cache, seq_ids, next_ids.view(-1, 1), [1] * len(seq_ids))
     cache.retain([])
     return results
+
+
+def beam_output(
+    prompts: Sequence[Tensor],
+    padded: Tensor | None,
+    best: Sequence[BeamHypothesis],
+    eos: set[int],
+    tokenizer: Any | None,
+    pad: int,
+) -> GenerationOutput:
+    """``generate``'s result of a beam search: each prompt's best hypothesis, its text, and
+    "stop" when it ended with an EOS id."""
+    sequences = [
+        SequenceOutput(
+            p.tolist(),
+            h.token_ids,
+            None if tokenizer is None else tokenizer.decode(h.token_ids, skip_special_tokens=True),
+            "stop" if h.token_ids and h.token_ids[-1] in eos else "length",
+        )
+        for p, h in zip(prompts, best)
+    ]
+    tokens = pack_tokens(prompts, padded, [h.token_ids for h in best], pad)
+    return GenerationOutput(tokens, sequences)

@@ -1,29 +1,21 @@
-"""The engine core: the one generation loop behind ``LLMModel.generate`` / ``stream`` and
-``pace serve`` (its instances, processes and Ray replicas alike).
+"""The engine core: the one loop behind ``LLMModel`` (generate, stream, embed) and ``pace serve``.
 
-Each iteration (:meth:`EngineCore.step`):
+Each iteration (:meth:`EngineCore.step`): the
+:class:`~pace_core.engine.scheduler.Scheduler` admits waiting sequences and plans this step's
+prompt chunks; the :class:`~pace_core.engine.runner.ModelRunner` runs the running sequences'
+next inputs and the chunks (one forward where the stack packs ragged rows); one
+:class:`~pace_core.sampling.sampler.BatchSampler`, whose rows follow the running sequences,
+picks the next tokens (or, with ``spec_config``, a speculative step of
+:class:`~pace_core.engine.speculative.SpecDecoder`: drafts, one target forward,
+verification, KV rollback); each token becomes a :class:`~pace_core.engine.events.Token`
+event with the finish reason the tokens decide (EOS, ``max_new_tokens``, the context window)
+and finished sequences free their KV at once; embeddings whose prompt completed leave as
+:class:`~pace_core.engine.events.Embedding` events. The step's events get their text from
+the :class:`~pace_core.engine.output_processor.OutputProcessor` (detokenization, stop
+strings) as they leave the core.
 
-1. the :class:`~pace_core.engine.scheduler.Scheduler` admits waiting sequences (KV booked,
-   cached prefixes adopted) and plans this step's prompt chunks;
-2. the :class:`~pace_core.engine.runner.ModelRunner` runs the running sequences' next
-   inputs and the chunks (one forward where the stack packs ragged rows);
-3. one :class:`~pace_core.sampling.sampler.BatchSampler`, whose rows follow the running
-   sequences, picks the next tokens (sequences whose prompt completed join it with ``add``;
-   finished ones leave with ``select_rows``); with a model loaded with ``spec_config`` this
-   is a speculative step instead (:class:`~pace_core.engine.speculative.SpecDecoder`:
-   drafts, one target forward, verification, KV rollback);
-4. each token becomes a :class:`~pace_core.engine.events.Token` event with the finish reason
-   the tokens decide (EOS, ``max_new_tokens``, the context window), and finished sequences
-   free their KV at once;
-5. the step's events get their text from the
-   :class:`~pace_core.engine.output_processor.OutputProcessor` (detokenization, stop
-   strings) as they leave the core; a sequence a stop string ended is retired before the
-   next step. (Run on the event loop of the server instead, it cost 15-20% of the output
-   tokens/s at 32 users on 2 cores: its CPU competes with the forward's threads.)
-
-Served, the core runs in its own thread (:meth:`run`) and takes commands from its inbox;
-offline, the caller drives it (:meth:`drive`) and raises what a step raises. Failures are
-typed (:class:`~pace_core.engine.events.SeqError` of an ``ErrorKind``); HTTP is not here.
+Served (its thread: :meth:`run`), it takes commands from its inbox; offline, the caller
+drives it (:meth:`drive`). Failures are :class:`~pace_core.engine.events.SeqError` events.
 """
 
 from __future__ import annotations
@@ -63,7 +55,6 @@ from pace_core.engine.speculative import RowVerdict, SpecDecoder
 from pace_core.engine.warm_up import warm_up
 from pace_core.errors import ConfigError
 from pace_core.models import heap
-from pace_core.models.embedding import PoolState
 from pace_core.sampling.sampler import BatchSampler, LogprobEntry, logprob_entries
 from pace_core.speculative.verify import check_speculable, stop_flags
 
@@ -128,7 +119,6 @@ class EngineCore:
         self._stopped = False
         self.warmed = threading.Event()  # set by run once warmed up (or its warm-up failed)
         self._last_stats: Stats | None = None
-        self._spilled = True  # the prefix cache's blocks are queued for its disk tier
 
     # -- geometry ----------------------------------------------------------------------------
     @property
@@ -179,8 +169,8 @@ class EngineCore:
         with heap.loaded_objects_frozen():
             while not self._stopped:
                 self.run_once(block=True)
-        self._fail_active("server is shutting down", ErrorKind.UNAVAILABLE)
         self._spill(final=True)
+        self._fail_active("server is shutting down", ErrorKind.UNAVAILABLE)
         for req in self.scheduler.drop_waiting():
             self._out.append(SeqError(req.key, "server is shutting down", ErrorKind.UNAVAILABLE))
         self._flush()
@@ -203,7 +193,6 @@ class EngineCore:
         if self._stopped or not self.busy:
             self._flush()  # e.g. rejections made while draining
             return False
-        self._spilled = False
         with torch.inference_mode():
             try:
                 self.step()
@@ -283,7 +272,6 @@ class EngineCore:
         elif isinstance(command, Stop):
             self._stopped = True
 
-
     # -- one step --------------------------------------------------------------------------
     def step(self) -> None:
         """Admit, run one step's forwards, sample and emit (errors propagate)."""
@@ -301,8 +289,7 @@ class EngineCore:
         """Embeddings whose prompt completed: their vectors leave, their KV is freed."""
         head = self.model.embedding()
         for req in done:
-            embed = req.spec.embed
-            vector = head(req.pool.pooled(), embed.dimensions, embed.normalize)
+            vector = head.finish(req.pool, req.spec.embed)
             self._out.append(Embedding(req.key, vector, req.prompt.numel()))
         self.scheduler.cancel({req.key for req in done})
 
@@ -321,11 +308,8 @@ class EngineCore:
     def _prepare(self, req: Request) -> None:
         """A sequence's own sampler row, or an embedding's pool state (raises for bad
         parameters)."""
-        embed = req.spec.embed
-        if embed is not None:
-            head = self.model.embedding()
-            head.config.check_dimensions(embed.dimensions)
-            req.pool = PoolState(embed.pooling or head.config.pooling)
+        if req.spec.embed is not None:
+            req.pool = self.model.embedding().start(req.spec.embed)
             return
         config = req.spec.config
         req.sampler = BatchSampler(
@@ -487,16 +471,13 @@ class EngineCore:
         self.spec = self._new_spec()
 
     def _spill(self, final: bool = False) -> None:
-        """Idle (or stopping): queue the prefix cache's new blocks for its disk tier, once
-        per idle spell; ``final`` waits until they are written."""
+        """Idle or stopping: the prefix cache's blocks not yet on disk go to its disk tier;
+        ``final`` waits until they are written."""
         cache = self.cache
-        if not isinstance(cache, BlockCache) or cache.disk is None:
-            return
-        if not self._spilled:
-            cache.spill()
-            self._spilled = True
-        if final:
-            cache.disk.flush()
+        if isinstance(cache, BlockCache) and cache.disk is not None:
+            cache.disk.spill()
+            if final:
+                cache.disk.store.flush()
 
     def stats(self) -> Stats:
         sched = self.scheduler

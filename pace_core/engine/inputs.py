@@ -90,3 +90,24 @@ def normalize_inputs(
         f"unsupported generate() input of type {type(inputs).__name__}: pass a string, a list of "
         "strings, chat messages, token tensors or a tokenizer BatchEncoding"
     )
+
+
+def checked_prompts(
+    inputs: Any, tokenizer: Any | None, vocab_size: int, max_context: int | None
+) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+    """:func:`normalize_inputs`, each prompt checked non-empty, in the vocabulary and
+    shorter than the context window (``ConfigError`` naming the prompt)."""
+    prompts, padded = normalize_inputs(inputs, tokenizer)
+    for i, p in enumerate(prompts):
+        if p.numel() == 0:
+            raise ConfigError(f"prompt {i} is empty: every prompt needs at least one token")
+        bad = p[(p < 0) | (p >= vocab_size)]
+        if bad.numel():
+            raise ConfigError(
+                f"prompt {i} has token id {int(bad[0])} outside the vocabulary [0, {vocab_size})"
+            )
+        if max_context and p.numel() >= max_context:
+            raise ConfigError(
+                f"prompt {i} has {p.numel()} tokens; the model's context window is {max_context}"
+            )
+    return prompts, padded

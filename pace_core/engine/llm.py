@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from functools import cached_property
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -17,32 +15,29 @@ from pace_core.binder import OpPlan
 from pace_core.caches import KVCacheType
 from pace_core.caches.base import BlockKVCache, KVCache
 from pace_core.caches.blocks import BlockCache
-from pace_core.caches.disk_tier import DEFAULT_DISK_GB, DiskBlockStore, weights_fingerprint
+from pace_core.caches.disk_tier import DEFAULT_DISK_GB
 from pace_core.caches.kv_quant import AUTO, coerce_kv_dtype
-from pace_core.engine.beam import BeamHypothesis, beam_search
+from pace_core.caches.prefix_disk import PrefixDisk
+from pace_core.engine.beam import BeamHypothesis, beam_output, beam_search
 from pace_core.engine.config import EngineConfig
 from pace_core.engine.core import EngineCore
 from pace_core.engine.events import Embedding, EmbedSpec, Event, SeqSpec, SpecStep, Token
 from pace_core.engine.handle import ModelHandle
-from pace_core.engine.inputs import normalize_inputs
+from pace_core.engine.inputs import checked_prompts, normalize_inputs
 from pace_core.engine.offline import (
     OFFLINE_ENGINE,
     OfflineRun,
     SequenceCollector,
     StreamChunk,
-    pack_tokens,
+    generation_output,
     prompt_logprobs,
+    spec_totals,
 )
-from pace_core.engine.output import GenerationOutput, SequenceOutput
+from pace_core.engine.output import GenerationOutput
 from pace_core.errors import ConfigError, ContractError
 from pace_core.models import loader
 from pace_core.models.decoder import DecoderLM, score
-from pace_core.models.embedding import (
-    POOLING_MODES,
-    EmbeddingConfig,
-    EmbeddingHead,
-    read_embedding_config,
-)
+from pace_core.models.embedding import EmbeddingHead, coerce_pooling
 from pace_core.models.limits import (
     DEFAULT_CONTEXT,
     max_positions,
@@ -66,7 +61,6 @@ from pace_core.sampling.grammar import GrammarCompiler
 from pace_core.speculative.config import PromptLookupConfig, SpecConfig, coerce_spec_config
 from pace_core.speculative.inferencer import ModelInferencer
 from pace_core.speculative.speculator import SpecModel, Speculator, load_draft_tokenizer
-from pace_core.speculative.stats import SpecStats
 
 log = logging.getLogger("pace.engine")
 
@@ -124,16 +118,11 @@ class LLMModel:
                 f"on a block cache (kv_cache_type 'paged' or 'slab_pool', not "
                 f"{self.kv_cache_type!r}, and prefix_caching not False)"
             )
-        if prefix_cache_disk_gb <= 0:
-            raise ConfigError(f"prefix_cache_disk_gb must be > 0 (got {prefix_cache_disk_gb})")
-        self.prefix_cache_dir = None if prefix_cache_dir is None else Path(prefix_cache_dir)
         # one rank per process (pace_core.parallel); 1: this process alone
         self.tensor_parallel = TensorParallelConfig.coerce(tensor_parallel)
         tp_load.check_options(
             self.tensor_parallel.size, self.kv_cache_type, self.cache_spec.layout, prefix_cache_dir
         )
-        self.prefix_cache_disk_bytes = int(prefix_cache_disk_gb * (1 << 30))
-        self._disk_stores: dict[str, DiskBlockStore] = {}
         if engine_config is not None and not isinstance(engine_config, EngineConfig):
             raise ConfigError(
                 f"engine_config must be a pace_core.engine.config.EngineConfig, not "
@@ -144,6 +133,9 @@ class LLMModel:
         self._prefix_cache: BlockKVCache | None = None
         self._prefix_cache_in_use = False
         self.path = resolve_model_path(model)
+        self.prefix_disk = None  # the prefix caches' disk tier
+        if prefix_cache_dir is not None:
+            self.prefix_disk = PrefixDisk(prefix_cache_dir, prefix_cache_disk_gb, self.path)
         self.config = load_config(self.path)
         self.opconfig = OperatorConfig.coerce(opconfig)
         if profile is None:
@@ -179,8 +171,8 @@ class LLMModel:
         self.tokenizer = tokenizer  # after the weights: its heap does not add to their peak
         if tokenizer is None and load_tokenizer:
             self.tokenizer = loader.load_tokenizer(self.path)
-        self.generation_config = read_generation_config(self.path)
-        self.eos_token_ids = self._default_eos()
+        gen = self.generation_config = read_generation_config(self.path)
+        self.eos_token_ids = resolve_eos_ids(gen, self.model.config, self.tokenizer)
         self.speculator = None if spec is None else self._speculator(spec)
         self._grammar: GrammarCompiler | None = None
 
@@ -251,36 +243,12 @@ class LLMModel:
                     f"cache ({type(cache).__name__}) is not a BlockKVCache"
                 )
             cache.enable_prefix_caching(self.kv_namespace)
-            self.attach_disk(cache)
+            if self.prefix_disk is not None:
+                self.prefix_disk.attach(cache)
             self._prefix_cache = cache
         if self._prefix_cache_in_use:  # a generation in progress (an unfinished stream)
             return self.new_cache()
         return self._prefix_cache
-
-    def attach_disk(self, cache: BlockKVCache) -> None:
-        """Give a prefix-caching block cache the disk tier of ``prefix_cache_dir`` (one
-        store per block layout, shared by this model's caches); nothing without a dir."""
-        if self.prefix_cache_dir is None:
-            return
-        if not isinstance(cache, BlockCache):
-            raise ConfigError(
-                f"prefix_cache_dir needs one of pace's block caches; kv_cache_type "
-                f"{self.kv_cache_type!r} ({type(cache).__name__}) has no disk tier"
-            )
-        identity = {**cache.identity(), "weights": self._weights_fingerprint}
-        key = json.dumps(identity, sort_keys=True)
-        if key not in self._disk_stores:
-            self._disk_stores[key] = DiskBlockStore(
-                self.prefix_cache_dir, identity, self.prefix_cache_disk_bytes
-            )
-        cache.attach_disk(self._disk_stores[key])
-
-    @cached_property
-    def _weights_fingerprint(self) -> str:
-        return weights_fingerprint(self.path)
-
-    def _default_eos(self) -> tuple[int, ...]:
-        return resolve_eos_ids(self.generation_config, self.model.config, self.tokenizer)
 
     def _speculator(self, spec: SpecConfig) -> Speculator:
         """Load the draft model the method needs (if any) and hand both models over."""
@@ -327,25 +295,15 @@ class LLMModel:
             processors=tuple(self.host.samplers.values()),
             grammar=lambda: self.grammar,
             embedding=lambda: self.embedding_head,
-            attach_disk=self.attach_disk,
+            attach_disk=None if self.prefix_disk is None else self.prefix_disk.attach,
             speculator=self.speculator,
         )
 
     @cached_property
-    def embedding_config(self) -> EmbeddingConfig:
-        """How :meth:`embed` pools this model's states (see
-        :mod:`pace_core.models.embedding`); raises why the model cannot embed."""
-        if not isinstance(self.model, DecoderLM):
-            raise ConfigError(
-                f"model_type {self.config.model_type!r} runs through transformers' own code "
-                "(no pace family), which returns logits only; embeddings need a pace family"
-            )
-        return read_embedding_config(self.path, self.config)
-
-    @cached_property
     def embedding_head(self) -> EmbeddingHead:
-        """The pooled states -> vector step of :meth:`embed` (Dense layers read once)."""
-        return EmbeddingHead.load(self.embedding_config)
+        """How :meth:`embed` turns states into vectors (its ``config``: the pooling rules,
+        :mod:`pace_core.models.embedding`); raises why the model cannot embed."""
+        return EmbeddingHead.for_model(self.model, self.path, self.config)
 
     @property
     def op_plan(self) -> OpPlan:
@@ -383,24 +341,8 @@ class LLMModel:
 
     # -- generation ------------------------------------------------------------------------
     def _prompts(self, inputs: Any) -> tuple[list[torch.Tensor], torch.Tensor | None]:
-        """The prompts of ``inputs`` (and the caller's padded ids), each checked non-empty,
-        in the vocabulary and within the context window."""
-        prompts, padded = normalize_inputs(inputs, self.tokenizer)
         max_ctx = max_positions(self.model.config)
-        for i, p in enumerate(prompts):
-            if p.numel() == 0:
-                raise ConfigError(f"prompt {i} is empty: every prompt needs at least one token")
-            bad = p[(p < 0) | (p >= self.model.vocab_size)]
-            if bad.numel():
-                raise ConfigError(
-                    f"prompt {i} has token id {int(bad[0])} outside the vocabulary "
-                    f"[0, {self.model.vocab_size})"
-                )
-            if max_ctx and p.numel() >= max_ctx:
-                raise ConfigError(
-                    f"prompt {i} has {p.numel()} tokens; the model's context window is {max_ctx}"
-                )
-        return prompts, padded
+        return checked_prompts(inputs, self.tokenizer, self.model.vocab_size, max_ctx)
 
     def _core(self, *, keep_logits: bool = False) -> EngineCore:
         """A new offline engine core over this model's generation cache."""
@@ -431,8 +373,8 @@ class LLMModel:
         finally:
             if in_use:
                 self._prefix_cache_in_use = False
-            if isinstance(core.cache, BlockCache):
-                core.cache.spill()  # written in the background
+            if isinstance(core.cache, BlockCache) and core.cache.disk is not None:
+                core.cache.disk.spill()  # written in the background
 
     def _events(self, run: OfflineRun) -> Iterator[Token | SpecStep]:
         """The sequences' token (with text) and speculative-step events, in order."""
@@ -458,23 +400,10 @@ class LLMModel:
         ``"mean"``, ``"cls"``, ``"max"``, ...), ``normalize`` the L2 normalisation, and
         ``dimensions`` cuts the vector (models trained for it only).
         """
-        config = self.embedding_config
+        config = self.embedding_head.config
         config.check_dimensions(dimensions)
-        modes = None
-        if pooling is not None:
-            modes = (pooling,) if isinstance(pooling, str) else tuple(pooling)
-            unknown = [m for m in modes if m not in POOLING_MODES]
-            if unknown or not modes:
-                raise ConfigError(
-                    f"pooling {pooling!r}: use one or more of {', '.join(POOLING_MODES)}"
-                )
-        if config.prompt:
-            if isinstance(inputs, str):
-                inputs = config.prompt + inputs
-            elif isinstance(inputs, Sequence) and all(isinstance(t, str) for t in inputs):
-                inputs = [config.prompt + t for t in inputs]
-        prompts, _ = self._prompts(inputs)
-        spec = EmbedSpec(modes, normalize, dimensions)
+        spec = EmbedSpec(coerce_pooling(pooling), normalize, dimensions)
+        prompts, _ = self._prompts(config.with_prompt(inputs))
         core = self._core()
         default = self.sampling_defaults()
         core.submit(
@@ -507,17 +436,8 @@ class LLMModel:
                 raise ConfigError("beam search does not stream or return logits")
             prompts, padded = normalize_inputs(inputs, self.tokenizer)
             best = [h[0] for h in self.beam_search(prompts, sampling_config)]
-            sequences = [
-                SequenceOutput(
-                    p.tolist(),
-                    h.token_ids,
-                    self._decode(h.token_ids),
-                    self._beam_reason(h, sampling_config),
-                )
-                for p, h in zip(prompts, best)
-            ]
-            tokens = self._pack(prompts, padded, [h.token_ids for h in best])
-            return GenerationOutput(tokens, sequences)
+            eos = set(sampling_config.eos_token_ids or self.eos_token_ids)
+            return beam_output(prompts, padded, best, eos, self.tokenizer, self._pad_id)
         run = self._start(inputs, sampling_config, keep_logits=output_logits)
         prompts = run.prompts
         rows = [SequenceCollector(c, self.tokenizer is not None) for c in run.configs]
@@ -534,32 +454,10 @@ class LLMModel:
         if streamer is not None:
             streamer.end()
         prompt_lp = prompt_logprobs(self.model, self.new_cache, prompts, run.configs)
-        spec = run.core.spec
-        batch_stats = None
-        if spec is not None:
-            batch_stats = SpecStats.total(r.spec for r in rows)
-            batch_stats.draft_seconds = spec.draft_seconds
-            batch_stats.verify_seconds = spec.verify_seconds
-            self.speculator.stats.merge(batch_stats)
-        sequences = [
-            SequenceOutput(
-                p.tolist(),
-                r.tokens,
-                r.text,
-                r.finish_reason or "length",
-                r.logprobs if r.config.logprobs is not None else None,
-                prompt_lp[i],
-                r.spec if spec is not None else None,
-            )
-            for i, (p, r) in enumerate(zip(prompts, rows))
-        ]
-        out_logits = [torch.stack(r.logits) for r in rows] if output_logits else None
-        return GenerationOutput(
-            self._pack(prompts, run.padded, [r.tokens for r in rows]),
-            sequences,
-            out_logits,
-            batch_stats,
-        )
+        stats = spec_totals(rows, run.core.spec)
+        if stats is not None:
+            self.speculator.stats.merge(stats)
+        return generation_output(run, rows, prompt_lp, self._pad_id, output_logits, stats)
 
     @torch.inference_mode()
     def beam_search(
@@ -579,15 +477,6 @@ class LLMModel:
             num_return_sequences,
         )
 
-    def _decode(self, tokens: list[int]) -> str | None:
-        if self.tokenizer is None:
-            return None
-        return self.tokenizer.decode(tokens, skip_special_tokens=True)
-
-    def _beam_reason(self, hyp: BeamHypothesis, config: SamplingConfig) -> str:
-        eos = set(config.eos_token_ids or self.eos_token_ids)
-        return "stop" if hyp.token_ids and hyp.token_ids[-1] in eos else "length"
-
     @torch.inference_mode()
     def stream(
         self, inputs: Any, sampling_config: SamplingConfig | Sequence[SamplingConfig] | None = None
@@ -598,11 +487,11 @@ class LLMModel:
             if isinstance(ev, Token):
                 yield StreamChunk(int(ev.key), ev.token, ev.text, ev.finish_reason)
 
-    # -- output helpers --------------------------------------------------------------------
-    def _pack(self, prompts, padded: torch.Tensor | None, generated) -> torch.Tensor:
+    @property
+    def _pad_id(self) -> int:
+        """What pads ``output_token_ids``: the tokenizer's pad id, else the first EOS id."""
         pad = getattr(self.tokenizer, "pad_token_id", None)
-        pad = pad if pad is not None else (self.eos_token_ids[0] if self.eos_token_ids else 0)
-        return pack_tokens(prompts, padded, generated, pad)
+        return pad if pad is not None else (self.eos_token_ids[0] if self.eos_token_ids else 0)
 
     @torch.inference_mode()
     def logits(self, inputs: Any) -> torch.Tensor:

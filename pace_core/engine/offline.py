@@ -17,7 +17,8 @@ from pace_core.caches.base import KVCache
 from pace_core.engine.config import EngineConfig
 from pace_core.engine.core import EngineCore
 from pace_core.engine.events import Token
-from pace_core.engine.output import TokenLogprob
+from pace_core.engine.output import GenerationOutput, SequenceOutput, TokenLogprob
+from pace_core.engine.speculative import SpecDecoder
 from pace_core.models.decoder import DecoderLM, left_pad, score
 from pace_core.sampling.config import SamplingConfig
 from pace_core.speculative.stats import SpecStats
@@ -120,3 +121,39 @@ def pack_tokens(
     for i, g in enumerate(generated):
         tail[i, : len(g)] = torch.tensor(list(g), dtype=torch.long)
     return torch.cat([padded, tail], dim=1)
+
+
+def spec_totals(rows: Sequence[SequenceCollector], spec: SpecDecoder | None) -> SpecStats | None:
+    """The call's speculative counters and timings (None without speculative decoding)."""
+    if spec is None:
+        return None
+    stats = SpecStats.total(r.spec for r in rows)
+    stats.draft_seconds = spec.draft_seconds
+    stats.verify_seconds = spec.verify_seconds
+    return stats
+
+
+def generation_output(
+    run: OfflineRun,
+    rows: Sequence[SequenceCollector],
+    prompt_lp: Sequence[list[TokenLogprob | None] | None],
+    pad: int,
+    output_logits: bool,
+    spec: SpecStats | None,
+) -> GenerationOutput:
+    """``generate``'s result from what was collected of each sequence."""
+    sequences = [
+        SequenceOutput(
+            p.tolist(),
+            r.tokens,
+            r.text,
+            r.finish_reason or "length",
+            r.logprobs if r.config.logprobs is not None else None,
+            prompt_lp[i],
+            r.spec if spec is not None else None,
+        )
+        for i, (p, r) in enumerate(zip(run.prompts, rows))
+    ]
+    logits = [torch.stack(r.logits) for r in rows] if output_logits else None
+    tokens = pack_tokens(run.prompts, run.padded, [r.tokens for r in rows], pad)
+    return GenerationOutput(tokens, sequences, logits, spec)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,16 @@ class EmbeddingConfig:
             return self.dense[-1].out_features
         return self.hidden_size * len(self.pooling)
 
+    def with_prompt(self, inputs: Any) -> Any:
+        """Text ``inputs`` (one or a list) with the default prompt prepended."""
+        if not self.prompt:
+            return inputs
+        if isinstance(inputs, str):
+            return self.prompt + inputs
+        if isinstance(inputs, list) and all(isinstance(t, str) for t in inputs):
+            return [self.prompt + t for t in inputs]
+        return inputs
+
     def check_dimensions(self, dimensions: int | None) -> None:
         """Raise ``ConfigError`` naming the allowed values unless ``dimensions`` is one."""
         full = self.dimensions
@@ -90,6 +101,16 @@ class EmbeddingConfig:
         if dimensions not in allowed:
             shown = f"1..{full}" if self.matryoshka is True else ", ".join(map(str, allowed))
             raise ConfigError(f"dimensions={dimensions} is not one this model allows: {shown}")
+
+
+def coerce_pooling(pooling: str | Sequence[str] | None) -> tuple[str, ...] | None:
+    """A pooling override as modes (None: the model's); ConfigError for unknown ones."""
+    if pooling is None:
+        return None
+    modes = (pooling,) if isinstance(pooling, str) else tuple(pooling)
+    if not modes or any(m not in POOLING_MODES for m in modes):
+        raise ConfigError(f"pooling {pooling!r}: use one or more of {', '.join(POOLING_MODES)}")
+    return modes
 
 
 def read_embedding_config(path: Path, hf_config: Any) -> EmbeddingConfig:
@@ -236,6 +257,18 @@ class EmbeddingHead:
     layers: list[tuple[torch.Tensor, torch.Tensor | None, Any]] = field(default_factory=list)
 
     @classmethod
+    def for_model(cls, model: Any, path: Path, hf_config: Any) -> EmbeddingHead:
+        """The head of a loaded pace ``model`` (a
+        :class:`~pace_core.models.decoder.DecoderLM`); ConfigError / ModelLoadError for a
+        model that cannot embed."""
+        if not hasattr(model, "hidden_states"):
+            raise ConfigError(
+                f"model_type {hf_config.model_type!r} runs through transformers' own code "
+                "(no pace family), which returns logits only; embeddings need a pace family"
+            )
+        return cls.load(read_embedding_config(path, hf_config))
+
+    @classmethod
     def load(cls, config: EmbeddingConfig) -> EmbeddingHead:
         layers = []
         for spec in config.dense:
@@ -250,6 +283,16 @@ class EmbeddingHead:
             layers.append((weight.float(), None if bias is None else bias.float(),
                            _ACTIVATIONS[spec.activation]))  # fmt: skip
         return cls(config, layers)
+
+    def start(self, embed: Any) -> PoolState:
+        """The pool state of a new input embedded as ``embed`` (an
+        :class:`~pace_core.engine.events.EmbedSpec`; ConfigError for its ``dimensions``)."""
+        self.config.check_dimensions(embed.dimensions)
+        return PoolState(embed.pooling or self.config.pooling)
+
+    def finish(self, pool: PoolState, embed: Any) -> torch.Tensor:
+        """The vector of a completed input."""
+        return self(pool.pooled(), embed.dimensions, embed.normalize)
 
     def __call__(
         self, pooled: torch.Tensor, dimensions: int | None = None, normalize: bool | None = None

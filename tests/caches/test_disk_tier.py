@@ -101,7 +101,7 @@ def run(path, cache_dir, dtype=torch.float32):
     llm = LLMModel(path, dtype=dtype, load_tokenizer=False, prefix_cache_dir=cache_dir)
     out = llm.generate([PROMPT], GREEDY, output_logits=True)
     cache = llm._prefix_cache
-    cache.disk.flush()
+    cache.disk.store.flush()
     return out.sequences[0].token_ids, out.logits[0], cache.disk_hits
 
 

@@ -22,6 +22,7 @@ from support.tiny import FACTORIES
 
 from pace_core import LLMModel, SamplingConfig, hookimpl
 from pace_core.caches.blocks import PagedCache, SlabPoolCache
+from pace_core.caches.disk_tier import DiskTier
 from pace_core.caches.kv_quant import coerce_kv_dtype, pack_rows, quantize_rows, unpack_rows
 from pace_core.errors import ConfigError, PluginError
 from pace_core.ops import CONTRACT_VERSION
@@ -78,7 +79,7 @@ def test_a_budget_holds_int8_rows_and_their_scales(cls):
     assert int8.num_blocks == int(0.01 * (1 << 30)) // int8.bytes_per_block
     assert int8.num_blocks / bf16.num_blocks == pytest.approx(128 / 72, rel=0.01)
     assert int8.keys[0].dtype == torch.int8 and int8.keys[0].shape[-1] == 72
-    assert int8.identity() != bf16.identity()
+    assert DiskTier.identity(int8) != DiskTier.identity(bf16)
 
 
 def test_slab_blocks_fit_l2_with_int8_rows(monkeypatch):
@@ -144,8 +145,8 @@ def test_prefix_caching_adopts_int8_blocks(tmp_path, monkeypatch):
     cache = model._prefix_cache
     assert cache.prefix_hits >= 32 and cache.keys[0].dtype == torch.int8
     assert b"kv=int8" in model.kv_namespace and b"kv=" not in load(path, kv="auto").kv_namespace
-    cache.spill()
-    cache.disk.flush()
+    cache.disk.spill()
+    cache.disk.store.flush()
     again = load(path, prefix_cache_dir=tmp_path / "disk")  # restored from disk
     assert again.generate(prompt, sampling).generated_token_ids == fresh
     assert again._prefix_cache.disk_hits >= 32

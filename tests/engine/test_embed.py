@@ -44,7 +44,7 @@ def test_default_is_the_last_token_normalised(tiny, states):
     want = torch.stack([unit(h[-1]) for h in states])
     assert got.shape == (3, 64) and got.dtype == torch.float32
     torch.testing.assert_close(got, want, atol=TOL, rtol=0)
-    assert tiny.embedding_config.source == "default"
+    assert tiny.embedding_head.config.source == "default"
 
 
 @pytest.mark.parametrize(
@@ -129,7 +129,7 @@ def test_sentence_transformers_rules_are_followed(tiny_llama_dir, tmp_path, stat
     path = tmp_path / "st"
     w = _sentence_transformers_dir(tiny_llama_dir, path)
     llm = LLMModel(path, dtype=torch.float32, load_tokenizer=False)
-    cfg = llm.embedding_config
+    cfg = llm.embedding_head.config
     assert (cfg.source, cfg.pooling, cfg.normalize, cfg.dimensions, cfg.prompt) == (
         "sentence-transformers",
         ("cls", "mean"),

@@ -61,7 +61,7 @@ def case(request, tmp_path_factory):
 
 def test_default_is_transformers_last_token_normalised(case):
     pace, inputs, states = case
-    assert pace.embedding_config.source == "default"
+    assert pace.embedding_head.config.source == "default"
     got = pace.embed(inputs)
     want = torch.nn.functional.normalize(torch.stack([h[-1] for h in states]), dim=-1)
     assert got.shape == want.shape

@@ -13,7 +13,7 @@ import httpx
 import openai
 import torch
 
-from pace_core.caches.disk_tier import DiskBlockStore
+from pace_core.caches.disk_tier import DiskBlockStore, DiskTier
 from pace_core.engine.events import Embedding, Token
 
 from .conftest import MODEL_NAME, client, engine_core, serve, wait_idle
@@ -204,8 +204,8 @@ def test_a_soak_of_streams_disconnects_and_bad_bodies_loses_nothing(server, tmp_
         for p in [*PROMPTS, LONG_PROMPT]
     ]
     cache = engine_core(server).cache  # the engine is idle: attaching is safe
-    disk = DiskBlockStore(tmp_path, cache.identity(), 64 << 20)
-    cache.attach_disk(disk)
+    disk = DiskBlockStore(tmp_path, DiskTier.identity(cache), 64 << 20)
+    DiskTier.attach(cache, disk)
 
     def answers() -> tuple[list[str], torch.Tensor]:
         texts = [httpx.post(url, json=b, timeout=60).json()["choices"][0]["text"] for b in greedy]
@@ -285,7 +285,7 @@ def test_a_soak_of_streams_disconnects_and_bad_bodies_loses_nothing(server, tmp_
         after = answers()
     finally:
         core.emit = emit
-        cache.detach_disk()
+        DiskTier.detach(cache)
     assert good and all(code == 200 for code in good), good
     assert all(400 <= code < 500 for code, _ in bad), bad
     assert len(bad) == 3 * (len(_BAD_BODIES) + len(_BAD_EMBEDDINGS))

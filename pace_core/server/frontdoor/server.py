@@ -103,7 +103,7 @@ class Server:
             eos_token_ids=llm.eos_token_ids,
             speculative=llm.speculator is not None,
             grammar=llm.grammar,  # one conversion shared by the front door and the engine
-            embedding=embedding_rules(lambda: llm.embedding_config),
+            embedding=embedding_rules(lambda: llm.embedding_head.config),
         )
 
     @classmethod
