@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.pace-installed
 PROMPT ?= Once upon a time, there was a little
 
-.PHONY: setup run test test-slow lint bench bench-peers bench-serving-peers clean setup-browser
+.PHONY: setup run test test-slow lint bench bench-peers bench-serving-peers bench-dlrm-peers clean setup-browser
 
 setup: $(STAMP)
 
@@ -115,6 +115,25 @@ $(AMD_PACE_STAMP):
 	$(AMD_PACE_VENV)/bin/python -c "import pace.llm, importlib.metadata as m; \
 	  print('amd-pace', m.version('amd-pace'))"
 	test -x $(AMD_PACE_VENV)/bin/pace-server
+	touch $@
+
+# The peer for `pace bench dlrm --engines amd-pace`: AMD PACE's INT8 DLRMv2 path (TorchScript
+# passes rewriting a torch.ao FX-quantized model into its int8 ops: pace.graph.optimize_qdq,
+# pace.core.enable_pace_fusion, torch.ops.pace.qlinear* / qmerged_embedding_bag_nbit_cat) is in
+# amd-pace 1.2.0 (binary wheel for torch 2.12.0), not in 1.3.0, so it gets its own venv.
+AMD_PACE_DLRM_VERSION ?= 1.2.0
+AMD_PACE_DLRM_TORCH   ?= 2.12.0
+AMD_PACE_DLRM_VENV    := $(PACE_CACHE)/peers/amd-pace-dlrm-venv
+AMD_PACE_DLRM_STAMP   := $(AMD_PACE_DLRM_VENV)/.pace-peer-amd-pace-$(AMD_PACE_DLRM_VERSION)
+
+bench-dlrm-peers: setup $(AMD_PACE_DLRM_STAMP)
+
+$(AMD_PACE_DLRM_STAMP):
+	test -x $(AMD_PACE_DLRM_VENV)/bin/python || $(PYTHON) -m venv $(AMD_PACE_DLRM_VENV)
+	$(AMD_PACE_DLRM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(AMD_PACE_DLRM_VENV)/bin/python -m pip install -q torch==$(AMD_PACE_DLRM_TORCH) \
+	  amd-pace==$(AMD_PACE_DLRM_VERSION)
+	$(AMD_PACE_DLRM_VENV)/bin/python -I bench/pace_bench/amd_pace_dlrm_probe.py --check
 	touch $@
 
 clean:

@@ -6,7 +6,7 @@ Run by the python of AMD PACE's peer venv (``python -I amd_pace_dlrm_probe.py``,
 TorchScript, rewritten by ``pace.graph.optimize_qdq`` and a TorchScript pass switched on by
 ``pace.core.enable_pace_fusion`` into the ``torch.ops.pace`` int8 ops below. The JSON says which
 of those pieces are missing: ``{"version", "torch", "missing": [...]}``, or ``"import_error"``
-when ``import pace`` fails.
+when ``import pace`` fails; with ``--check`` it exits 1 unless the whole path is there.
 """
 
 from __future__ import annotations
@@ -48,4 +48,7 @@ def probe() -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    print(json.dumps(probe()))
+    found = probe()
+    print(json.dumps(found))
+    # --check (make bench-dlrm-peers): exit 1 unless the whole path is there
+    sys.exit(int("--check" in sys.argv and bool(found.get("import_error") or found["missing"])))

@@ -1,8 +1,9 @@
 """DLRMv2 inference: samples/s of pace fp32 / bf16 / int8 (dynamic activation scales) /
 int8-static (activation scales calibrated on ``--calibration-samples`` synthetic samples of
-their own seed) against torch eager, torch.compile (inductor) and torch's own int8 path
-(fbgemm byte-rowwise embedding bags + dynamic int8 linears), plus the int8 and bf16 models'
-quality on synthetic clicks.
+their own seed) against torch eager, torch.compile (inductor), torch's own int8 path
+(fbgemm byte-rowwise embedding bags + dynamic int8 linears) and AMD PACE's INT8 DLRMv2
+(``amd-pace``: amd-pace 1.2.0 from ``make bench-dlrm-peers``, a worker process in its own venv,
+:class:`AmdPaceDLRM`), plus the int8 and bf16 models' quality on synthetic clicks.
 
 All engines run the same seeded random weights (``DLRM.random``: the MLPerf shapes with the
 tables capped at ``--max-rows``) on the same synthetic batches. Per batch size the engines run
@@ -10,7 +11,8 @@ round-robin (``--repeats`` rounds after one warm-up call each, which for torch.c
 compile); the table shows the median, samples/s and the ratio to torch eager fp32. Engines that
 cannot run here (torchrec/fbgemm-gpu-cpu not installed or not loadable with this torch; AMD
 PACE without its peer venv, or whose peer venv has no DLRMv2 path: amd-pace 1.3.0 has none, see
-``amd_pace_dlrm_probe.py``) get a row saying why. Quality: log loss and AUC against
+``amd_pace_dlrm_probe.py``) get a row saying why. AMD PACE's time is the model call timed in its
+worker; the pipe round trip is in the row's note. Quality: log loss and AUC against
 teacher labels (the fp32 model is the teacher), their deltas to fp32 and the largest
 probability difference, on ``--eval-samples`` samples.
 
@@ -117,10 +119,16 @@ def _torchrec() -> Callable[..., Any]:
 
 
 def amd_pace_venv() -> Path:
-    """Where AMD PACE's peer venv is looked for: ``$PACE_CACHE_DIR/peers/amd-pace-venv``."""
+    """The venv the ``amd-pace`` engine runs in: ``$PACE_CACHE_DIR/peers/amd-pace-dlrm-venv``
+    (``make bench-dlrm-peers``: amd-pace 1.2.0, which has the DLRMv2 path) when present, else
+    the serving peer ``amd-pace-venv`` (amd-pace 1.3.0, which has not: the row says so)."""
     from pace_core.paths import cache_root
 
-    return cache_root() / "peers" / "amd-pace-venv"
+    peers = cache_root() / "peers"
+    for name in ("amd-pace-dlrm-venv", "amd-pace-venv"):
+        if (peers / name).is_dir():
+            return peers / name
+    return peers / "amd-pace-dlrm-venv"
 
 
 def probe_amd_pace(venv: Path, timeout: float = 300.0) -> dict[str, Any]:
@@ -130,7 +138,7 @@ def probe_amd_pace(venv: Path, timeout: float = 300.0) -> dict[str, Any]:
     python = venv / "bin" / "python"
     if not python.is_file():
         raise PeerUnavailable(f"AMD PACE peer venv {venv} has no bin/python: run "
-                              "`make bench-serving-peers`")  # fmt: skip
+                              "`make bench-dlrm-peers`")  # fmt: skip
     script = Path(__file__).with_name("amd_pace_dlrm_probe.py")
     try:
         done = subprocess.run([str(python), "-I", str(script)], capture_output=True, text=True,
@@ -146,25 +154,116 @@ def probe_amd_pace(venv: Path, timeout: float = 300.0) -> dict[str, Any]:
                               f"{tail}") from None  # fmt: skip
 
 
-def amd_pace_reason(found: dict[str, Any], venv: Path) -> str:
-    """Why the ``amd-pace`` engine does not run, from :func:`probe_amd_pace`'s answer."""
+def amd_pace_reason(found: dict[str, Any], venv: Path) -> str | None:
+    """Why the ``amd-pace`` engine cannot run, from :func:`probe_amd_pace`'s answer (None: it
+    can)."""
     name = f"AMD PACE {found.get('version') or '(amd-pace not installed)'} in {venv}"
     if "import_error" in found:
         return f"{name}: import pace fails: {found['import_error']}"
     missing = found.get("missing", [])
     if missing:
         return (f"{name} (torch {found.get('torch')}) has no DLRMv2 path: missing "
-                f"{', '.join(missing)}")  # fmt: skip
-    return (f"{name} has its DLRMv2 path (pace.graph.optimize_qdq and its int8 ops), but "
-            "running it is not wired in here")  # fmt: skip
+                f"{', '.join(missing)}; `make bench-dlrm-peers` installs amd-pace 1.2.0, "
+                "which has it")  # fmt: skip
+    return None
 
 
-def _amd_pace() -> Callable[..., Any]:
+class AmdPaceDLRM:
+    """AMD PACE's INT8 DLRMv2 in its peer venv (``amd_pace_dlrm_runner.py``, a worker process
+    fed through its stdin): the same weights and calibration batches as pace-int8-static, each
+    new batch handed over once as a file, logits back through a shared float32 buffer. A call
+    is one ``run`` round trip; the worker times the model call itself (``times``), which is
+    what the bench reports (a pipe message each way costs ~1-5 ms on a busy 2-core machine)."""
+
+    def __init__(self, venv: Path, config: Any, state: dict[str, torch.Tensor],
+                 calibration: list[Any], threads: int, max_batch: int,
+                 timeout: float = 1800.0) -> None:  # fmt: skip
+        import select
+        import tempfile
+
+        from pace_core.dlrm import names
+        from pace_core.dlrm.features import fixed_hotness
+
+        self.dir = Path(tempfile.mkdtemp(prefix="pace-bench-dlrm-amd-pace-"))
+        self.buffer = self.dir / "logits.f32"
+        spec = {
+            "state": dict(state),
+            "names": {"tables": names.tables(config), "bottom": names.bottom(config),
+                      "cross": [list(c) for c in names.cross(config)], "top": names.top(config)},
+            "calibration": [(d, *fixed_hotness(s)) for d, s in calibration],
+            "threads": threads, "buffer": str(self.buffer), "max_batch": max_batch,
+        }  # fmt: skip
+        torch.save(spec, self.dir / "spec.pt")
+        del spec
+        self.log = open(self.dir / "worker.log", "w")  # noqa: SIM115 - closed in close()
+        runner = Path(__file__).with_name("amd_pace_dlrm_runner.py")
+        self.proc = subprocess.Popen(
+            [str(venv / "bin" / "python"), "-I", str(runner), str(self.dir / "spec.pt")],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
+            bufsize=1, env={**os.environ, "OMP_NUM_THREADS": str(threads)},
+        )  # fmt: skip
+        self._loaded: torch.Tensor | None = None
+        self.times: list[float] = []  # seconds of each model call, timed in the worker
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        line = self.proc.stdout.readline() if ready else ""
+        if not line.startswith("ready "):
+            reason = self._tail() if line == "" else line.strip()
+            self.close()
+            raise PeerUnavailable(f"AMD PACE DLRMv2 worker in {venv} did not start: {reason}")
+        self.info = json.loads(line.removeprefix("ready "))
+        self.note = f"amd-pace {self.info['version']} int8, torch {self.info['torch']}"
+
+    def _tail(self) -> str:
+        self.log.flush()
+        lines = (self.dir / "worker.log").read_text(errors="replace").strip().splitlines()
+        return (lines or ["no output"])[-1][:300]
+
+    def _ask(self, command: str) -> str:
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+        answer = self.proc.stdout.readline().strip()
+        if answer == "ok" or answer.startswith("ok "):
+            return answer.removeprefix("ok").strip()
+        raise RuntimeError(f"AMD PACE DLRMv2 worker: {answer or 'exited: ' + self._tail()}")
+
+    def __call__(self, dense: torch.Tensor, sparse: Any, indices: list, offsets: list) -> Any:
+        import numpy as np
+
+        if dense is not self._loaded:
+            path = self.dir / "inputs.pt"
+            torch.save((dense, list(indices), list(offsets)), path)
+            self._ask(f"load {path}")
+            self._loaded = dense
+        n, seconds = self._ask("run").split()
+        self.times.append(float(seconds))
+        return torch.from_numpy(np.fromfile(self.buffer, dtype=np.float32, count=int(n)))
+
+    def close(self) -> None:
+        import shutil
+
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.write("quit\n")
+                self.proc.stdin.flush()
+                self.proc.wait(timeout=30)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _amd_pace(args: argparse.Namespace, config: Any, state: dict) -> AmdPaceDLRM:
     venv = amd_pace_venv()
     if not venv.is_dir():
         raise PeerUnavailable(f"AMD PACE peer venv absent ({venv}): run "
-                              "`make bench-serving-peers`")  # fmt: skip
-    raise PeerUnavailable(amd_pace_reason(probe_amd_pace(venv), venv))
+                              "`make bench-dlrm-peers`")  # fmt: skip
+    reason = amd_pace_reason(probe_amd_pace(venv), venv)
+    if reason:
+        raise PeerUnavailable(reason)
+    return AmdPaceDLRM(venv, config, state, _calibration(args, config),
+                       threads=torch.get_num_threads(),
+                       max_batch=max([*args.batches, 2048]))  # fmt: skip
 
 
 def _engines(args: argparse.Namespace, config: Any, state: dict) -> dict[str, Any]:
@@ -193,7 +292,8 @@ def _engines(args: argparse.Namespace, config: Any, state: dict) -> dict[str, An
             elif name == "torchrec-fbgemm":
                 out[name] = _torchrec()
             else:
-                out[name] = _amd_pace()
+                out[name] = _amd_pace(args, config, state)
+                note(args, f"dlrm: amd-pace ops run {out[name].info['ops']}")
         except PeerUnavailable as exc:
             out[name] = exc
     return out
@@ -239,9 +339,36 @@ def _quality(args: argparse.Namespace, engines: dict[str, Any], config: Any, sta
         rows.append(row)
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    from pace_core.dlrm import DLRMConfig, SyntheticClicks
+def _throughput(args: argparse.Namespace, config: Any, live: dict[str, Any],
+                rows: list[dict[str, Any]]) -> None:  # fmt: skip
+    from pace_core.dlrm import SyntheticClicks
     from pace_core.dlrm.features import fixed_hotness
+
+    data = SyntheticClicks(config, seed=args.seed)
+    for b in progress(args.batches, "dlrm", args.quiet):
+        dense, sparse = data.features(b, torch.Generator().manual_seed(args.seed + b))
+        inputs = (dense, sparse, *fixed_hotness(sparse))
+        fns = {name: (lambda f=fn, x=inputs: f(*x)) for name, fn in live.items()}
+        for fn in live.values():
+            if hasattr(fn, "times"):
+                fn.times.clear()
+        with torch.no_grad():
+            times = interleaved(fns, args.repeats, time.perf_counter)
+        med = {k: statistics.median(v) for k, v in times.items()}
+        notes = {}
+        for name, fn in live.items():  # a worker's own timing, without the pipe round trip
+            if getattr(fn, "times", None):
+                wall, med[name] = med[name], statistics.median(fn.times[-args.repeats :])
+                notes[name] = f"{fn.note}; timed in its process (round trip {wall * 1e3:.3g} ms)"
+        eager = med.get("torch-eager")
+        for name, t in med.items():
+            rows.append({"section": "throughput", "engine": name, "batch": b, "ms": t * 1e3,
+                         "samples_s": b / t, "vs_eager": eager / t if eager else None,
+                         "note": notes.get(name, "-")})  # fmt: skip
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from pace_core.dlrm import DLRMConfig
     from pace_core.dlrm.weights import random_state
 
     if args.threads:
@@ -256,21 +383,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if not callable(fn):
             rows.append({"section": "throughput", "engine": name, "note": f"skipped: {fn}"})
     live = {k: v for k, v in engines.items() if callable(v)}
-    data = SyntheticClicks(config, seed=args.seed)
-    for b in progress(args.batches, "dlrm", args.quiet):
-        dense, sparse = data.features(b, torch.Generator().manual_seed(args.seed + b))
-        inputs = (dense, sparse, *fixed_hotness(sparse))
-        fns = {name: (lambda f=fn, x=inputs: f(*x)) for name, fn in live.items()}
-        with torch.no_grad():
-            times = interleaved(fns, args.repeats, time.perf_counter)
-        med = {k: statistics.median(v) for k, v in times.items()}
-        eager = med.get("torch-eager")
-        for name, t in med.items():
-            rows.append({"section": "throughput", "engine": name, "batch": b, "ms": t * 1e3,
-                         "samples_s": b / t, "vs_eager": eager / t if eager else None,
-                         "note": "-"})  # fmt: skip
-    if args.eval_samples:
-        _quality(args, live, config, state, rows)
+    try:
+        _throughput(args, config, live, rows)
+        if args.eval_samples:
+            _quality(args, live, config, state, rows)
+    finally:
+        for fn in live.values():
+            if hasattr(fn, "close"):
+                fn.close()
     return emit("dlrm", rows, COLUMNS, args)
 
 
