@@ -213,3 +213,20 @@ def test_plugins_declare_known_kv_dtypes():
         reg.add_cache("c", PagedCache, layout="paged", kv_dtypes=("fp8",))
     reg.add_cache("c", PagedCache, layout="paged")
     assert reg.caches[0].kv_dtypes == {"auto"}  # a plugin cache stores the model dtype only
+
+
+def test_cli_flags_reach_the_model_options():
+    import argparse
+
+    from pace_core.cli import build_parser
+    from pace_core.server.launch.cli import add_serve_parser, serve_configs
+
+    parser = argparse.ArgumentParser(prog="pace")
+    add_serve_parser(parser.add_subparsers(dest="command", required=True))
+    options = serve_configs(parser.parse_args(["serve", "--kv-cache-dtype", "int8"]))[0]
+    assert options["kv_cache_dtype"] == "int8"
+    assert serve_configs(parser.parse_args(["serve"]))[0]["kv_cache_dtype"] == "auto"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["serve", "--kv-cache-dtype", "fp8"])
+    args = build_parser().parse_args(["generate", "hi", "--kv-cache-dtype", "int8"])
+    assert args.kv_cache_dtype == "int8"
