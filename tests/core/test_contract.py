@@ -24,7 +24,7 @@ SAMPLE_CONTEXT = {
     "window": None, "sinks": False, "cache_layout": "contiguous", "blocks": frozenset(),
     "layer_backends": frozenset({"native"}), "profiling": False, "weight_format": "dense",
     "biases": False, "rank": 512, "rope_dim": 64, "heads": 16, "rows": 1000, "dim": 128,
-    "layers": 3,
+    "layers": 3, "kv_dtype": "auto",
 }  # fmt: skip
 
 
