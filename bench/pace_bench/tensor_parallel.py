@@ -51,8 +51,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _rank(rank: int, size: int, port: int, shm: str, points: list, repeats: int, out) -> None:
     from pace_core.parallel.comm import Comm
     from pace_core.platform import current_topology
-    from pace_core.server.launch.binding import apply_plan
-    from pace_core.server.launch.placement import plan_instances
+    from pace_core.platform.binding import apply_plan
+    from pace_core.platform.placement import plan_instances
 
     apply_plan(plan_instances(current_topology(), size)[rank], f"rank {rank}")
     torch.set_num_threads(1)

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pace_core.errors import ConfigError
-from pace_core.server.launch.placement import InstancePlan
+from pace_core.platform.placement import InstancePlan
 
 ALL_REDUCES = ("shm", "gloo")
 
@@ -59,6 +59,6 @@ class TensorParallelConfig:
         if self.plans is not None:
             return self.plans
         from pace_core.platform import current_topology
-        from pace_core.server.launch.placement import plan_instances
+        from pace_core.platform.placement import plan_instances
 
         return plan_instances(current_topology(), self.size)

@@ -33,7 +33,7 @@ import torch.distributed as dist
 from pace_core.parallel.comm import Comm, RankFailure, joined_key
 from pace_core.parallel.config import TensorParallelConfig
 from pace_core.parallel.shm import create_segment, segment_path
-from pace_core.server.launch.placement import InstancePlan
+from pace_core.platform.placement import InstancePlan
 
 log = logging.getLogger("pace.parallel")
 
@@ -151,7 +151,7 @@ class RankGroup:
 
 
 def _bind(plan: InstancePlan, rank: int) -> None:
-    from pace_core.server.launch.binding import apply_plan
+    from pace_core.platform.binding import apply_plan
 
     apply_plan(plan, f"tensor-parallel rank {rank}")
     torch.set_num_threads(max(1, plan.omp_threads))

@@ -1,4 +1,4 @@
-"""Apply an :class:`~pace_core.server.launch.placement.InstancePlan` to the calling process:
+"""Apply an :class:`~pace_core.platform.placement.InstancePlan` to the calling process:
 pin it to the plan's cores and prefer its NUMA node's memory.
 
 Memory goes through the ``set_mempolicy`` system call (libc's ``syscall``, no libnuma needed)
@@ -18,7 +18,7 @@ import logging
 import os
 import platform
 
-from pace_core.server.launch.placement import InstancePlan
+from pace_core.platform.placement import InstancePlan
 
 log = logging.getLogger("pace.server.binding")
 

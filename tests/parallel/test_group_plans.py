@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from pace_core.errors import ConfigError
-from pace_core.parallel.serving import group_engines, plan_groups
 from pace_core.platform import read_topology
 from pace_core.server.launch.cli import add_serve_parser
+from pace_core.server.launch.tensor_parallel import group_engines, plan_groups
 
 DATA = Path(__file__).resolve().parents[1] / "platform" / "data"
 

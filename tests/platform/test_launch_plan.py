@@ -11,14 +11,14 @@ import pytest
 
 from pace_core.errors import ConfigError
 from pace_core.platform import current_topology, read_topology
-from pace_core.server.launch.binding import prefer_node
-from pace_core.server.launch.cli import add_serve_parser, instance_plans
-from pace_core.server.launch.placement import (
+from pace_core.platform.binding import prefer_node
+from pace_core.platform.placement import (
     InstancePlan,
     parse_instances,
     plan_instances,
     plan_replica,
 )
+from pace_core.server.launch.cli import add_serve_parser, instance_plans
 
 DATA = Path(__file__).resolve().parent / "data"
 
@@ -120,8 +120,8 @@ def test_cli(capsys):
 def test_prefer_node_binds_the_thread_and_its_children():
     code = (
         "import threading\n"
-        "from pace_core.server.launch.binding import apply_plan\n"
-        "from pace_core.server.launch.placement import InstancePlan\n"
+        "from pace_core.platform.binding import apply_plan\n"
+        "from pace_core.platform.placement import InstancePlan\n"
         "apply_plan(InstancePlan((0,), 0, 1), 'x')\n"
         "import os; assert os.sched_getaffinity(0) == {0}\n"
         "out = []\n"

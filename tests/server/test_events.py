@@ -21,10 +21,10 @@ from pace_core.engine.events import (
     Submit,
     Token,
 )
+from pace_core.platform.placement import InstancePlan
 from pace_core.sampling.config import SamplingConfig
 from pace_core.server.launch.instances import Dead, EngineHandle, Ready
 from pace_core.server.launch.multi import ProcessEngine
-from pace_core.server.launch.placement import InstancePlan
 
 SPEC = SeqSpec("r:0", [1, 2, 3], SamplingConfig(max_new_tokens=4, seed=7), arrival=1.5)
 MESSAGES = [

@@ -21,9 +21,9 @@ import pytest
 from support.spec_models import save_llama
 
 from pace_core.engine.config import EngineConfig
-from pace_core.parallel.serving import plan_groups, tensor_parallel_server
 from pace_core.platform import current_topology
 from pace_core.server.api.app import ServerConfig, create_app
+from pace_core.server.launch.tensor_parallel import plan_groups, tensor_parallel_server
 from pace_core.server.launch.testing import ThreadedServer
 
 from .conftest import wait_for

@@ -2,7 +2,7 @@
 
 :meth:`Server.in_process` runs one engine thread on an already loaded
 :class:`~pace_core.engine.llm.LLMModel` (the default); :meth:`Server.multi_instance` launches
-engine processes placed by a launch plan (:mod:`pace_core.server.launch.placement`,
+engine processes placed by a launch plan (:mod:`pace_core.platform.placement`,
 :mod:`pace_core.server.launch.multi`) and loads only the tokenizer. Both take the context
 window and the generation defaults from :mod:`pace_core.models.limits`, the rules the engines
 themselves use.
@@ -26,6 +26,7 @@ from pace_core.models.limits import (
     serving_context_window,
     text_config,
 )
+from pace_core.platform.placement import InstancePlan
 from pace_core.sampling.grammar import GrammarCompiler
 from pace_core.server.api.openai_request import sampling_defaults
 from pace_core.server.frontdoor.context import ServerConfig, TokenText
@@ -33,7 +34,6 @@ from pace_core.server.frontdoor.frontend import Frontend
 from pace_core.server.frontdoor.metrics import Metrics
 from pace_core.server.launch.instances import EngineHandle
 from pace_core.server.launch.local import LocalEngine
-from pace_core.server.launch.placement import InstancePlan
 
 
 class Server:
@@ -120,8 +120,8 @@ class Server:
         or the plans themselves); loads only the tokenizer (the processes start with the
         app, see :meth:`Frontend.start`)."""
         from pace_core.platform import current_topology, read_topology
+        from pace_core.platform.placement import plan_instances
         from pace_core.server.launch.multi import ProcessEngine
-        from pace_core.server.launch.placement import plan_instances
 
         engine_config = engine_config or EngineConfig()
         model_args = resolved_model_args(model_args)

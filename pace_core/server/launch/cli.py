@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from pace_core.server.launch.placement import InstancePlan
+    from pace_core.platform.placement import InstancePlan
 
 DTYPE_CHOICES = ("bfloat16", "bf16", "float32", "fp32")
 _SPEC_EXAMPLE = '{"method": "prompt_lookup", "num_speculative_tokens": 4}'
@@ -56,7 +56,7 @@ def spec_config_arg(value: str) -> dict[str, Any]:
 def instances_arg(value: str) -> int | str:
     """``--instances``: a count, ``auto`` or ``auto-l3`` (argparse error otherwise)."""
     from pace_core.errors import ConfigError
-    from pace_core.server.launch.placement import parse_instances
+    from pace_core.platform.placement import parse_instances
 
     try:
         return parse_instances(value)
@@ -227,7 +227,7 @@ def build_server(args: argparse.Namespace):
     model_args, engine_config, config = serve_configs(args)
     groups = tensor_parallel_groups(args)
     if groups is not None:
-        from pace_core.parallel.serving import tensor_parallel_server
+        from pace_core.server.launch.tensor_parallel import tensor_parallel_server
 
         return tensor_parallel_server(model_args, groups, engine_config, config)
     plans = instance_plans(args)
@@ -245,8 +245,8 @@ def tensor_parallel_groups(args: argparse.Namespace) -> list[tuple[InstancePlan,
     size = getattr(args, "tensor_parallel", 1)
     if size == 1:
         return None
-    from pace_core.parallel.serving import plan_groups
     from pace_core.platform import current_topology
+    from pace_core.server.launch.tensor_parallel import plan_groups
 
     return plan_groups(current_topology(), size, args.instances, args.instance_cores)
 
@@ -256,7 +256,7 @@ def instance_plans(args: argparse.Namespace) -> list[InstancePlan] | None:
     this machine's topology); None: one engine thread in this process (``--instances 1``,
     or ``auto`` on a one-node machine)."""
     from pace_core.platform import current_topology
-    from pace_core.server.launch.placement import plan_instances
+    from pace_core.platform.placement import plan_instances
 
     cores = getattr(args, "instance_cores", None)
     if args.instances == 1 and not cores:

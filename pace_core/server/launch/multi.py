@@ -1,8 +1,8 @@
 """Multi-instance serving: engine processes, each placed by a launch plan, behind one front door.
 
 Each instance is a ``spawn``-ed process placed by its
-:class:`~pace_core.server.launch.placement.InstancePlan`: it pins itself to the plan's cores,
-prefers its NUMA node's memory (:mod:`~pace_core.server.launch.binding`) before loading the
+:class:`~pace_core.platform.placement.InstancePlan`: it pins itself to the plan's cores,
+prefers its NUMA node's memory (:mod:`~pace_core.platform.binding`) before loading the
 model, and runs an :class:`~pace_core.engine.core.EngineCore` with an OpenMP team of the
 plan's size (``OMP_NUM_THREADS`` in its environment, ``torch.set_num_threads``). The front door
 talks to it over two one-way pipes: commands (:class:`~pace_core.engine.events.Submit` /
@@ -31,9 +31,9 @@ from typing import Any
 from pace_core.engine.config import EngineConfig
 from pace_core.engine.core import EngineCore
 from pace_core.engine.events import Cancel, Command, SeqSpec, Stop, Submit
-from pace_core.server.launch.binding import apply_plan
+from pace_core.platform.binding import apply_plan
+from pace_core.platform.placement import InstancePlan
 from pace_core.server.launch.instances import Dead, Deliver, Event, Ready
-from pace_core.server.launch.placement import InstancePlan
 from pace_core.server.launch.threads import on_transient_thread
 
 log = logging.getLogger("pace.server.multi")

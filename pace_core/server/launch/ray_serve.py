@@ -146,12 +146,12 @@ def pin_cores(local_rank: int, threads: int) -> list[int] | None:
     and its OpenMP pool) to cores of its own, and prefer their NUMA node's memory for the
     calling thread (which loads the weights): replica ``local_rank`` on a machine takes the
     ``local_rank``-th group of ``threads`` physical cores
-    (:func:`~pace_core.server.launch.placement.plan_replica`). Skipped (None) when the
+    (:func:`~pace_core.platform.placement.plan_replica`). Skipped (None) when the
     machine has too few cores for that: Ray still bounds the replica's CPU share by
     ``num_cpus``."""
     from pace_core.platform import current_topology
-    from pace_core.server.launch.binding import prefer_node
-    from pace_core.server.launch.placement import plan_replica
+    from pace_core.platform.binding import prefer_node
+    from pace_core.platform.placement import plan_replica
 
     topology = current_topology()
     plan = plan_replica(topology, local_rank, threads)

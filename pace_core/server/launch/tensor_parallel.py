@@ -1,6 +1,6 @@
 """``pace serve --tensor-parallel N``: tensor-parallel groups as the server's engine instances.
 
-The launch plan is the instances' (:func:`~pace_core.server.launch.placement.plan_instances`),
+The launch plan is the instances' (:func:`~pace_core.platform.placement.plan_instances`),
 one plan per *rank*: ``--instances I`` asks for ``I x N`` core groups, ``auto`` for one per
 NUMA node (``auto-l3``: per L3 domain), ``--instance-cores`` lists one per rank; consecutive
 plans form a group (data parallel x tensor parallel). Each group is one
@@ -17,7 +17,7 @@ from typing import Any
 from pace_core.errors import ConfigError
 from pace_core.parallel.config import TensorParallelConfig
 from pace_core.platform import Topology, format_cpus
-from pace_core.server.launch.placement import InstancePlan, plan_instances
+from pace_core.platform.placement import InstancePlan, plan_instances
 
 
 def plan_groups(
