@@ -24,7 +24,7 @@ from typing import Any
 BENCHMARKS = (
     "offline", "decode_vs_peers", "kernels", "attention", "serving", "one_user", "speculative",
     "quality", "loading", "quantized", "structured", "prefix", "embeddings", "compile", "dlrm",
-    "tensor_parallel",
+    "tensor_parallel", "scaling",
 )  # fmt: skip
 RESULTS_ROOT = Path("results")
 

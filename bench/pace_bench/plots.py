@@ -7,7 +7,8 @@ Plots are drawn from the JSON payload alone, so ``pace bench plot <folder>`` red
   ms / tok/s for the model plans), one panel per shape and M;
 - attention: µs per decode step vs context, per cache type;
 - serving: output tok/s, TTFT and inter-token latency vs concurrency, per engine and mode;
-- embeddings: inputs/s vs batch, per engine and input length.
+- embeddings: inputs/s vs batch, per engine and input length;
+- scaling: streaming read GB/s and each model's tok/s vs threads, measured and modelled.
 """
 
 from __future__ import annotations
@@ -287,6 +288,32 @@ def plot_embeddings(payload: Mapping[str, Any], out: Path) -> list[Path]:
     return written
 
 
+def plot_scaling(payload: Mapping[str, Any], out: Path) -> list[Path]:
+    """Read GB/s and each model's tok/s vs threads: measured (dots) and the model (dashes)."""
+    plt, rows = _pyplot(), payload["results"]
+    models = [r for r in rows if r.get("section") == "model"]
+    panels = [("read", None)] + [(m, w) for m in _unique(models, "model")
+                                 for w in _unique(models, "what")]  # fmt: skip
+    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.6), squeeze=False)
+    for ax, (model, what) in zip(axes[0], panels):
+        if what is None:
+            sub = [r for r in rows if r.get("section") == "read"]
+            ys, fit, label = "gbs", "fit_gbs", "streaming read GB/s"
+        else:
+            sub = [r for r in models if r["model"] == model and r["what"] == what]
+            ys, fit, label = "tok_s", "pred", f"{Path(str(model)).name} {what} tok/s"
+        sub = sorted(sub, key=lambda r: r["threads"])
+        xs = [r["threads"] for r in sub]
+        ax.plot(xs, [r[ys] for r in sub], "o-", label="measured")
+        ax.plot(xs, [r[fit] for r in sub], "--", label="model")
+        ax.set_xlabel("threads")
+        ax.set_title(label, fontsize=9)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"scaling ({_title(payload)})", fontsize=10)
+    return [_save(fig, out / "scaling.png")]
+
+
 def _slug(text: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in str(text))
 
@@ -298,6 +325,7 @@ PLOTTERS: dict[str, Callable[[Mapping[str, Any], Path], list[Path]]] = {
     "serving": plot_serving,
     "quantized": plot_quantized,
     "embeddings": plot_embeddings,
+    "scaling": plot_scaling,
 }
 
 

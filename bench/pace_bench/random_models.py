@@ -2,7 +2,8 @@
 weights are not obtainable here: ``random:<name>`` in any ``--models`` list.
 
 The weights are N(0, 0.02) in bf16, written once per name under ``~/.cache/pace/random``;
-fewer layers than the real model (the per-layer cost is what a row compares).
+fewer layers than the real model (the per-layer cost is what a row compares), except the
+full-depth ``llama-3.2-1b`` and ``llama-3.1-8b`` (scaling: bytes per token as the real ones).
 """
 
 from __future__ import annotations
@@ -61,6 +62,21 @@ SHAPES: dict[str, tuple[str, str, dict[str, Any]]] = {
                          "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                          "original_max_position_embeddings": 8192},
         max_position_embeddings=10485760)),
+    # Llama-3.2-1B and Llama-3.1-8B at full depth (pace bench scaling: whole-model bytes)
+    "llama-3.2-1b": ("LlamaConfig", "LlamaForCausalLM", dict(
+        vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=64, tie_word_embeddings=True,
+        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0,
+                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                         "original_max_position_embeddings": 8192},
+        max_position_embeddings=131072)),
+    "llama-3.1-8b": ("LlamaConfig", "LlamaForCausalLM", dict(
+        vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=128, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                         "original_max_position_embeddings": 8192},
+        max_position_embeddings=131072)),
 }  # fmt: skip
 
 
