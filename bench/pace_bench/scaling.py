@@ -16,7 +16,7 @@ Next to each measurement it prints what the model predicts (``pred``, ``of_pred`
                                                       saturating at B GB/s per NUMA node
     decode(t, b) = min(b * BW(t) / bytes_step(b),     bytes_step(b) = weight bytes + b x KV bytes
                        t * F * e / flops_token)
-    prefill(t)   = t * F * e / flops_token(prompt)
+    prefill(t)   = t * F * e / prefill_flops_token(prompt)  (the head once per prompt)
 
 ``c`` and ``B`` are the least-squares fit of ``1/BW = (1/c)(1/t) + 1/B`` to the read rows
 (``B`` infinite when the rows show no saturation; ``--node-gbs`` fixes it), ``F`` is the GEMM
@@ -99,10 +99,16 @@ class Shape:
         return self.layers * self.kv_width * context * kv_bytes_per_value
 
     def flops_per_token(self, context: int) -> float:
-        """Matmul FLOPs of one token attending to ``context`` tokens (QK^T and PV included)."""
-        return 2.0 * (self.body_params + self.head_params) + 4.0 * self.layers * self.q_width * (
-            context
-        )
+        """Matmul FLOPs of one decoded token attending to ``context`` tokens (QK^T and PV
+        included, the LM head too)."""
+        attention = 4.0 * self.layers * self.q_width * context
+        return 2.0 * (self.body_params + self.head_params) + attention
+
+    def prefill_flops_per_token(self, prompt: int) -> float:
+        """Matmul FLOPs per token of a ``prompt``-token prefill: the head runs once, on the
+        last token; a token attends to ``prompt / 2`` others on average."""
+        attention = 4.0 * self.layers * self.q_width * (prompt / 2)
+        return 2.0 * self.body_params + 2.0 * self.head_params / prompt + attention
 
 
 def shape_of(config: Any) -> Shape:
@@ -162,7 +168,7 @@ class Fit:
         return (memory, "bandwidth") if memory <= compute else (compute, "compute")
 
     def prefill(self, shape: Shape, threads: float, prompt: int) -> float:
-        return self.compute(threads) / shape.flops_per_token(prompt // 2)
+        return self.compute(threads) / shape.prefill_flops_per_token(prompt)
 
 
 def fit_bandwidth(points: Sequence[tuple[int, float]], node_gbs: float | None = None):
@@ -180,8 +186,8 @@ def fit_bandwidth(points: Sequence[tuple[int, float]], node_gbs: float | None = 
     mx, my = statistics.fmean(xs), statistics.fmean(ys)
     slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
     intercept = my - slope * mx
-    if slope <= 0:  # more threads read slower: a flat line at the best rate
-        return max(g for _, g in points) / min(t for t, _ in points), max(g for _, g in points)
+    if slope <= 0:  # more threads read no faster: a flat line at the best rate
+        return math.inf, max(g for _, g in points)
     if intercept <= 0:
         slope = sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs)
         return 1.0 / slope, math.inf
@@ -415,7 +421,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 args.batches[0] * args.prompt_len / med[(t, name, f"ttft b{args.batches[0]}")]
             )
     effs = [measured[(n, t0, f"prefill {args.prompt_len}")]
-            * shapes[n].flops_per_token(args.prompt_len // 2) / (core_gflops * 1e9 * t0)
+            * shapes[n].prefill_flops_per_token(args.prompt_len) / (core_gflops * 1e9 * t0)
             for n in args.models]  # fmt: skip
     eff = statistics.fmean(effs) if effs else 0.5  # no model measured: an assumed 50%
     fit = Fit(c, b, core_gflops, eff)

@@ -36,7 +36,8 @@ def test_fit_without_saturation_and_with_a_fixed_ceiling():
     assert 1 / (1 / (2 * c) + 1 / b) == pytest.approx(30.0)
     c, b = fit_bandwidth([(1, 20.0)], node_gbs=300.0)
     assert b == 300.0 and 1 / (1 / c + 1 / b) == pytest.approx(20.0)
-    assert fit_bandwidth([(1, 30.0), (2, 20.0)])[1] == 30.0  # slower with more: flat at best
+    c, b = fit_bandwidth([(1, 30.0), (2, 20.0)])  # slower with more: flat at the best
+    assert Fit(c, b, 1.0, 1.0).bandwidth(1) == Fit(c, b, 1.0, 1.0).bandwidth(64) == 30.0
 
 
 def test_decode_is_bandwidth_bound_until_the_batch_makes_it_compute_bound():
@@ -47,6 +48,8 @@ def test_decode_is_bandwidth_bound_until_the_batch_makes_it_compute_bound():
     tok, bound = fit.decode(shape, "bfloat16", threads=4, batch=1000, context=0)
     assert bound == "compute" and tok == pytest.approx(4 * 50e9 / 2e9)
     assert fit.prefill(shape, 8, 2) == pytest.approx(8 * 50e9 / 2e9)
+    headed = Shape(body_params=10**9, head_params=10**8, layers=2, kv_width=8, q_width=16)
+    assert headed.prefill_flops_per_token(100) == pytest.approx(2e9 + 2e8 / 100 + 4 * 2 * 16 * 50)
     assert shape.weight_bytes("q4_0") == pytest.approx(0.5625e9)
 
 
