@@ -2,10 +2,11 @@
 group (its own, not torch.distributed's global one: several groups may live in one process),
 the all-reduce and gather of the forward pass, and rank 0's step messages.
 
-Every forward is announced by rank 0 before it runs: a fixed-size int64 header, then one
-int64 payload (the step's token ids, the cache step as rank 0's cache planned it and the
-caches rank 0 dropped since the last message), or the hidden states an LM head reads. The
-other ranks replay it on their shard (:mod:`pace_core.parallel.model`).
+Every forward is announced by rank 0 before it runs, in one fixed-size int64 broadcast (a
+header and, inline when it fits, the payload: the step's token ids, the cache step as rank
+0's cache planned it and the caches rank 0 dropped since the last message; a larger payload
+follows in a second broadcast), or the hidden states an LM head reads. The other ranks
+replay it on their shard (:mod:`pace_core.parallel.model`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from pace_core.errors import PaceError
 from pace_core.parallel.shm import ShmExchange
 
 HEADER = 16
+MESSAGE = 1024  # int64s per broadcast message: the header, then a payload that fits inline
+INLINE = MESSAGE - HEADER
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # no timeout an idle server could reach: a rank that dies closes its connections instead
 TIMEOUT = datetime.timedelta(days=365)
@@ -56,6 +59,7 @@ class StepMessage:
     copies: list[tuple[int, int]]
     dead: list[int]
     last_only: bool
+    head: int = 0  # the LM head after the states: 0 none, 1 over the last position, 2 all
 
 
 def joined_key(rank: int) -> str:
@@ -92,7 +96,7 @@ class Comm:
         if rank:
             store.set(joined_key(rank), "1")  # rank 0 waits for these (or a rank's exit)
         self.pg = dist.ProcessGroupGloo(store, rank, size, TIMEOUT)
-        self._header = torch.zeros(HEADER, dtype=torch.long)
+        self._header = torch.zeros(MESSAGE, dtype=torch.long)
 
     @property
     def leader(self) -> bool:
@@ -152,18 +156,21 @@ class Comm:
             torch.tensor([x for pair in msg.copies for x in pair] + msg.dead, dtype=torch.long),
         ]
         payload = torch.cat(flat)
+        n = payload.numel()
         h = self._header
-        h.zero_()
-        h[:11] = torch.tensor([Kind.STEP, msg.cache_id, msg.num_blocks, msg.block_size, b, t,
-                               int(msg.last_only), cols, len(msg.copies), len(msg.dead),
-                               payload.numel()])  # fmt: skip
+        h[:12] = torch.tensor([Kind.STEP, msg.cache_id, msg.num_blocks, msg.block_size, b, t,
+                               int(msg.last_only), cols, len(msg.copies), len(msg.dead), n,
+                               msg.head])  # fmt: skip
+        if n <= INLINE:
+            h[HEADER : HEADER + n] = payload
         self._broadcast(h)
-        self._broadcast(payload)
+        if n > INLINE:
+            self._broadcast(payload)
 
     def send_head(self, hidden: torch.Tensor) -> None:
         self._check()
         h = self._header
-        h.zero_()
+        h[:HEADER] = 0
         h[0], h[1], h[2] = Kind.HEAD, DTYPES.index(hidden.dtype), hidden.dim()
         h[3 : 3 + hidden.dim()] = torch.tensor(hidden.shape)
         self._broadcast(h)
@@ -171,22 +178,28 @@ class Comm:
 
     def send_stop(self) -> None:
         h = self._header
-        h.zero_()
+        h[:HEADER] = 0
         h[0] = Kind.STOP
         self._broadcast(h)
 
     def receive(self) -> tuple[Kind, StepMessage | torch.Tensor | None]:
         """The next message from rank 0 (ranks > 0): a step, the hidden states of a head, or
         the stop."""
-        h = self._broadcast(torch.zeros(HEADER, dtype=torch.long)).tolist()
+        buf = self._broadcast(torch.zeros(MESSAGE, dtype=torch.long))
+        h = buf[:HEADER].tolist()
         kind = Kind(h[0])
         if kind is Kind.STOP:
             return kind, None
         if kind is Kind.HEAD:
             shape = h[3 : 3 + h[2]]
             return kind, self._broadcast(torch.empty(shape, dtype=DTYPES[h[1]]))
-        _, cache_id, num_blocks, block_size, b, t, last_only, cols, n_copies, n_dead, n = h[:11]
-        payload = self._broadcast(torch.empty(n, dtype=torch.long))
+        _, cache_id, num_blocks, block_size, b, t, last_only, cols, n_copies, n_dead, n, head = h[
+            :12
+        ]
+        if n <= INLINE:
+            payload = buf[HEADER : HEADER + n]
+        else:
+            payload = self._broadcast(torch.empty(n, dtype=torch.long))
         ids, rest = payload[: b * t].view(b, t), payload[b * t :]
         meta = rest[: 3 * b].tolist()
         table = rest[3 * b : 3 * b + b * cols].view(b, cols)
@@ -194,7 +207,7 @@ class Comm:
         copies = [(tail[2 * i], tail[2 * i + 1]) for i in range(n_copies)]
         msg = StepMessage(cache_id, num_blocks, block_size, ids, meta[:b], meta[b : 2 * b],
                           meta[2 * b :], table, copies, tail[2 * n_copies :][:n_dead],
-                          bool(last_only))  # fmt: skip
+                          bool(last_only), head)  # fmt: skip
         return kind, msg
 
     def close(self) -> None:

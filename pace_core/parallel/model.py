@@ -31,6 +31,7 @@ from pace_core.parallel.comm import Comm, Kind, StepMessage, concat_vocab
 
 log = logging.getLogger("pace.parallel")
 
+HEAD_LAST, HEAD_ALL = 1, 2  # a forward message's head: the last position's logits, or all
 # (num_blocks, block_size) -> a cache over this rank's KV heads of that geometry
 CacheFactory = Callable[[int, int], BlockCache]
 
@@ -71,27 +72,44 @@ class ShardedDecoderLM(DecoderLM):
     comm: Comm | None = None
     group: Any = None  # rank 0: the other ranks' processes (pace_core.parallel.group)
     caches: CacheIds = field(default_factory=CacheIds)
+    announced: bool = False  # rank 0 inside a forward it announced whole (states and head)
+
+    def forward(
+        self, ids: torch.Tensor, step: StepContext, *, all_logits: bool = False
+    ) -> torch.Tensor:
+        """One message announces the states and the head (the common case: one broadcast)."""
+        if not self.comm.leader:
+            return super().forward(ids, step, all_logits=all_logits)
+        head = HEAD_ALL if all_logits else HEAD_LAST
+        self.comm.send_step(self._message(ids, step, not all_logits, head))
+        self.announced = True
+        try:
+            return super().forward(ids, step, all_logits=all_logits)
+        finally:
+            self.announced = False
 
     def hidden_states(
         self, ids: torch.Tensor, step: StepContext, *, last_only: bool = False
     ) -> torch.Tensor:
-        if self.comm.leader:
-            self.comm.send_step(self._message(ids, step, last_only))
+        if self.comm.leader and not self.announced:
+            self.comm.send_step(self._message(ids, step, last_only, 0))
         return super().hidden_states(ids, step, last_only=last_only)
 
-    def _message(self, ids: torch.Tensor, step: StepContext, last_only: bool) -> StepMessage:
+    def _message(
+        self, ids: torch.Tensor, step: StepContext, last_only: bool, head: int
+    ) -> StepMessage:
         cache, meta = step.cache, step.meta
         cache_id = self.caches.of(cache)
         return StepMessage(
             cache_id, cache.num_blocks, cache.block_size, ids, list(meta.seq_ids),
             list(meta.starts), list(meta.counts), cache.block_buffers().block_table,
-            list(cache.step_copies), self.caches.take_dead(), last_only,
+            list(cache.step_copies), self.caches.take_dead(), last_only, head,
         )  # fmt: skip
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         """fp32 logits of the whole vocabulary (on rank 0; elsewhere this rank's share)."""
         comm = self.comm
-        if comm.leader:
+        if comm.leader and not self.announced:
             comm.send_head(hidden)
         local = self.lm_head(hidden)
         parts = comm.gather(local)
@@ -127,6 +145,10 @@ def follow(model: ShardedDecoderLM, new_cache: CacheFactory) -> None:
         meta = StepMeta(msg.seq_ids, msg.starts, msg.counts, int(msg.ids.shape[1]))
         cache.mirror_step(meta, msg.table, msg.copies)
         try:
-            model.hidden_states(msg.ids, model.make_step(cache, meta), last_only=msg.last_only)
+            step = model.make_step(cache, meta)
+            if msg.head:
+                model.forward(msg.ids, step, all_logits=msg.head == HEAD_ALL)
+            else:
+                model.hidden_states(msg.ids, step, last_only=msg.last_only)
         finally:
             cache.end_mirrored_step()

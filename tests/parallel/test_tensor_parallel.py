@@ -68,9 +68,11 @@ def test_tp2_matches_one_process(family_dir, cache):
             assert topk_rule_ok(logits[len(prompt) - 1 + i], token), (prompt, tokens, i)
 
 
-def test_forks_and_prefix_hits_replay(tmp_path, monkeypatch):
+def test_forks_prefix_hits_and_embeddings_replay(tmp_path, monkeypatch):
     """Beam search forks sequences (copy-on-write block copies) and a repeated prompt adopts
-    cached blocks: both replay exactly on rank 1 (8-token blocks: the prompts fill some)."""
+    cached blocks: both replay exactly on rank 1 (8-token blocks: the prompts fill some);
+    embeddings (states, then the head apart) and prompt logprobs (every position's logits)
+    too."""
     monkeypatch.setenv("PACE_PAGED_BLOCK_TOKENS", "8")
     path = FACTORIES["llama"](tmp_path / "llama")
     beams = SamplingConfig(max_new_tokens=6, num_beams=3, do_sample=False)
@@ -84,6 +86,13 @@ def test_forks_and_prefix_hits_replay(tmp_path, monkeypatch):
         assert _tokens(tp) == want
         assert _tokens(tp) == want  # the second run adopts the first one's blocks
         assert tp._prefix_cache.prefix_hits > 0
+        prompts = [torch.tensor(p) for p in PROMPTS]
+        assert torch.allclose(tp.embed(prompts), ref.embed(prompts), atol=1e-5)
+        scored = SamplingConfig(max_new_tokens=2, do_sample=False, prompt_logprobs=1)
+        got_lp = tp.generate(prompts, scored).sequences[1].prompt_logprobs[1:]
+        want_lp = ref.generate(prompts, scored).sequences[1].prompt_logprobs[1:]
+        assert [t.token_id for t in got_lp] == [t.token_id for t in want_lp]
+        assert all(abs(a.logprob - b.logprob) < 1e-4 for a, b in zip(got_lp, want_lp))
     finally:
         tp.close()
 
