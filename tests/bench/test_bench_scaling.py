@@ -34,6 +34,7 @@ def test_fit_without_saturation_and_with_a_fixed_ceiling():
     c, b = fit_bandwidth([(1, 25.0), (2, 30.0)])  # two points: exact
     assert 1 / (1 / c + 1 / b) == pytest.approx(25.0)
     assert 1 / (1 / (2 * c) + 1 / b) == pytest.approx(30.0)
+    assert fit_bandwidth([(2, 50.0)]) == (pytest.approx(25.0), math.inf)  # one point
     c, b = fit_bandwidth([(1, 20.0)], node_gbs=300.0)
     assert b == 300.0 and 1 / (1 / c + 1 / b) == pytest.approx(20.0)
     c, b = fit_bandwidth([(1, 30.0), (2, 20.0)])  # slower with more: flat at the best
@@ -98,7 +99,8 @@ def test_tiny_run_writes_every_section_and_a_plot(tiny_llama_dir, tmp_path):
     assert {"read", "gemm", "fit", "model", "prediction"} <= sections
     model = [r for r in rows if r["section"] == "model"]
     assert {r["what"] for r in model} == {"decode b1", "decode b2", "prefill 8"}
-    assert all(r["tok_s"] > 0 and r["pred"] > 0 for r in model)
+    assert all(r["tok_s"] > 0 and r["best"] >= r["tok_s"] * 0.999 and r["pred"] > 0
+               for r in model)  # fmt: skip
     eight = [r for r in rows if r["section"] == "prediction" and "8b" in r["model"]]
     assert {(r["format"], r["what"]) for r in eight} >= {("int4", "decode b1"),
                                                        ("bfloat16", "prefill 8")}  # fmt: skip
