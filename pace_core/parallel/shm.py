@@ -28,7 +28,8 @@ import torch
 LINE = 64  # bytes per rank's flag (a cache line: no false sharing)
 DATA_OFFSET = 4096
 DEFAULT_SLOT_BYTES = 16 << 20  # a 512-token x 4096 fp32 prefill chunk (8 MiB) fits twice
-SPINS_BEFORE_CHECK = 4096
+SPINS_BEFORE_CHECK = 4096  # ~5 ms of polling between looks at the group's health
+SPINS_BEFORE_YIELD = 1024  # ~1.5 ms: past it, the waiting rank yields its core now and then
 
 
 def segment_path(tag: str) -> Path:
@@ -88,12 +89,12 @@ class ShmExchange:
         spins = 0
         while flags.min() < seq:
             spins += 1
+            if spins >= SPINS_BEFORE_YIELD and spins % 64 == 0:
+                time.sleep(0)  # a long wait (a rank descheduled, a busy host): let others run
             if spins % SPINS_BEFORE_CHECK == 0:
                 why = self.failed()
                 if why is not None:
                     raise RuntimeError(why)
-                if spins >= 16 * SPINS_BEFORE_CHECK:
-                    time.sleep(0)  # a long wait (the other rank is busy): let others run
         return list(bank.unbind(0))
 
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
