@@ -31,7 +31,8 @@ pinned to its cores, memory preferred on it, as ``pace serve --instances auto`` 
 instance) and ``machine`` rows give nodes x the node's figures at full width, the throughput
 of one instance per node. ``--predict CORES:NODES:GBS`` adds rows for a machine not at hand
 (GB/s achievable per node) from this run's ``c``, ``F`` and ``e``; ``--predict-models`` are
-only predicted (config only, no weights), ``--predict-formats`` prices their weights.
+only predicted (config only, no weights), ``--predict-formats`` prices their weights, and
+``--fit C:F:E`` gives them ``c``, ``F`` and ``e`` from elsewhere (a quiet run).
 
 On a many-core machine, pin OpenMP threads to cores so t threads sit on t adjacent physical
 cores: ``OMP_PROC_BIND=close OMP_PLACES=cores pace bench scaling ...`` (recorded in
@@ -209,6 +210,15 @@ def parse_machine(text: str) -> tuple[int, int, float]:
     return out
 
 
+def parse_fit(text: str) -> tuple[float, float, float]:
+    """``--fit C:F:E`` -> (c GB/s, F GFLOP/s per core, e)."""
+    try:
+        c, f, e = (float(v) for v in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--fit {text!r}: write C:F:E, e.g. 75:217:0.89") from None
+    return c, f, e
+
+
 def default_threads(cores: int) -> list[int]:
     """1, 2, 4, ... below ``cores``, then ``cores``."""
     out, t = [], 1
@@ -288,6 +298,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=[],
         metavar="CORES:NODES:GBS",
         help="also predict these machines",
+    )
+    p.add_argument(
+        "--fit",
+        type=parse_fit,
+        default=None,
+        metavar="C:F:E",
+        help="the prediction rows use these c (GB/s), F (GFLOP/s per core) and e instead of "
+        "this run's (e.g. from a quiet run)",
     )
     p.add_argument(
         "--predict-models",
@@ -456,7 +474,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.predict:
         names = list(dict.fromkeys([*args.models, *args.predict_models]))
         all_shapes = {n: shapes.get(n) or shape_of(config_of(n)) for n in names}
-        rows += prediction_rows(fit, all_shapes, args.predict_formats or [fmt], args.predict,
+        given = Fit(*args.fit[:1], b, *args.fit[1:]) if args.fit else fit
+        if args.fit:
+            rows.append({"section": "fit", "core_gbs": given.core_gbs, "node_gbs": "per machine",
+                         "core_gflops": given.core_gflops, "prefill_eff": given.prefill_eff,
+                         "formula": "given (--fit), for the prediction rows"})  # fmt: skip
+        rows += prediction_rows(given, all_shapes, args.predict_formats or [fmt], args.predict,
                                 args.batches, args.prompt_len, context)  # fmt: skip
     return emit("scaling", rows, COLUMNS, args)
 

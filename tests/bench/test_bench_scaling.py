@@ -90,6 +90,7 @@ def test_tiny_run_writes_every_section_and_a_plot(tiny_llama_dir, tmp_path):
             "--batches", "1", "2", "--prompt-len", "8", "--new-tokens", "4", "--repeats", "1",
             "--read-mib", "8", "--gemm-m", "8", "--predict", "64:1:360",
             "--predict-models", "random:llama-3.1-8b", "--predict-formats", "bfloat16", "int4",
+            "--fit", "75:217:0.89",
             "--out", str(out)]  # fmt: skip
     buf = io.StringIO()
     with redirect_stdout(buf):
@@ -104,5 +105,11 @@ def test_tiny_run_writes_every_section_and_a_plot(tiny_llama_dir, tmp_path):
     eight = [r for r in rows if r["section"] == "prediction" and "8b" in r["model"]]
     assert {(r["format"], r["what"]) for r in eight} >= {("int4", "decode b1"),
                                                        ("bfloat16", "prefill 8")}  # fmt: skip
+    given = [r for r in rows if r["section"] == "fit" and r["node_gbs"] == "per machine"]
+    assert given and given[0]["core_gbs"] == 75.0
+    tok = next(r["pred"] for r in eight if (r["format"], r["what"]) == ("bfloat16", "decode b1"))
+    shape = scaling.shape_of(scaling.config_of("random:llama-3.1-8b"))
+    expected = Fit(75.0, 360.0, 217.0, 0.89).decode(shape, "bfloat16", 64, 1, 8 + 4 // 2)[0]
+    assert tok == pytest.approx(expected)
     assert (out / "scaling.png").read_bytes()[:8] == PNG
     assert "[prediction]" in buf.getvalue()
