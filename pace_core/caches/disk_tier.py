@@ -89,7 +89,7 @@ class DiskBlockStore:
         self._scan()
         self._queue: queue.Queue[tuple[BlockKey, Layers] | None] = queue.Queue()
         self._pending = 0
-        self.written = self.restored = self.skipped = 0
+        self.written = 0  # blocks this store wrote
         self._writer = threading.Thread(target=self._write_loop, name="pace-kv-disk", daemon=True)
         self._writer.start()
         atexit.register(self.flush)  # blocks queued at exit still reach the disk
@@ -127,11 +127,6 @@ class DiskBlockStore:
 
     def _path(self, key: BlockKey) -> Path:
         return self.dir / f"{key.hex()}.safetensors"
-
-    @property
-    def bytes(self) -> int:
-        with self._lock:
-            return sum(self._files.values())
 
     def __contains__(self, key: BlockKey) -> bool:
         """Whether ``key`` is stored or on its way."""
@@ -173,7 +168,6 @@ class DiskBlockStore:
             path.unlink(missing_ok=True)
             return None
         os.utime(path)  # most recently used, for the next start's order
-        self.restored += 1
         return layers
 
     def _drop(self, key: BlockKey) -> None:
@@ -189,7 +183,6 @@ class DiskBlockStore:
             if key in self._files or key in self._writing:
                 return False
             if self._pending + size > MAX_PENDING_BYTES:
-                self.skipped += 1
                 return False
             self._writing.add(key)
             self._pending += size
