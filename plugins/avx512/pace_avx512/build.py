@@ -15,7 +15,7 @@ from pace_core import jit
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = ("bindings.cpp", "stack.cpp", "stack_layers.cpp", "linear.cpp", "qlinear.cpp",
-           "qpanel.cpp", "norm.cpp", "rope.cpp", "attention.cpp", "activation.cpp",
+           "igemm.cpp", "qpanel.cpp", "norm.cpp", "rope.cpp", "attention.cpp", "activation.cpp",
            "stream.cpp", "dlrm.cpp", "dlrm_ops.cpp")  # fmt: skip
 HEADERS = ("attention_pairs.h", "gemm_tiles.h", "kernels.h", "raw_ops.h", "simd.h",
            "stack_layers.h", "tensor_ops.h", "work_ranges.h")  # fmt: skip

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -33,7 +34,7 @@ from pace_core.quant.gguf_blocks import nibbles, q5_values, scale_min_k4, unpack
 GROUP = 32  # k per quantization group of the kernel
 ROWS = 16  # rows per packed block
 FORMATS = ("int8", "int4", "q8_0", "q5_0", "q4_0", "q4_1", "q4_k", "q6_k")
-KINDS = {"int4": 0, "int8": 1, "int8-g16": 2, "int4-sym": 3}  # csrc/qlinear.cpp Kind
+KINDS = {"int4": 0, "int8": 1, "int8-g16": 2, "int4-sym": 3, "w8a8": 4}  # csrc/kernels.h Kind
 _INT8_KINDS = (KINDS["int8"], KINDS["int8-g16"])
 
 CHUNK_ROWS = 1024  # rows converted at a time (bounds the temporaries)
@@ -170,24 +171,54 @@ def _block_bytes(
     return F.pad(out, (0, pad)) if pad else out
 
 
+def _w8a8_block_bytes(w: QuantizedWeight, rows: slice) -> torch.Tensor:
+    """``rows`` of a per-channel W8A8 weight as ``[blocks, 64 + 16 K]`` bytes (csrc/igemm.cpp):
+    each block's 16 fp32 row scales, then its unsigned codes in k-quads."""
+    codes, scales = w.data[rows], w.scales[rows].float()
+    pad = -codes.shape[0] % ROWS
+    codes, scales = F.pad(codes, (0, 0, 0, pad)), F.pad(scales, (0, 0, 0, pad))
+    n, k = codes.shape
+    nb = n // ROWS
+    quads = (codes.to(torch.int16) + 128).to(torch.uint8).view(nb, ROWS, k // 4, 4)
+    lines = quads.permute(0, 2, 1, 3).reshape(nb, -1)  # [nb, quad, row, 4]
+    return torch.cat([scales.float().reshape(nb, ROWS).view(torch.uint8), lines], dim=1)
+
+
+def is_w8a8(w: QuantizedWeight) -> bool:
+    """Whether ``w`` packs as the W8A8 kind: int8 with one scale per row, int8 activations."""
+    return w.format == "int8" and w.activations == "int8" and w.group_size == w.shape[1]
+
+
 def pack(w: QuantizedWeight) -> tuple[torch.Tensor, int]:
     """``(packed uint8 [blocks, block_stride], kind)`` of ``w``, converted in row chunks."""
     n, k = w.shape
     if (why := problem(w.format, k)) is not None:
         raise ValueError(f"pace-avx512 cannot pack this weight: {why}")
+    if is_w8a8(w):
+        return _pack_chunks(w, KINDS["w8a8"], partial(_w8a8_block_bytes, w))
     symmetric = w.format == "q4_0" or (w.format == "int4" and w.mins is None)
     int8 = {"int8": "int8", "q8_0": "int8", "q5_0": "int8", "q6_k": "int8-g16"}
     kind = KINDS[int8.get(w.format, "int4-sym" if symmetric else "int4")]
-    packed = None  # allocated once the first chunk gives the block stride: no second copy
-    for start in range(0, n, CHUNK_ROWS):
-        rows = slice(start, min(n, start + CHUNK_ROWS))
+
+    def chunk(rows: slice) -> torch.Tensor:
         codes, scales, mins = _codes_scales_mins(w, rows)
         pad = -codes.shape[0] % ROWS
         if pad:
             codes = F.pad(codes, (0, 0, 0, pad))
             scales = F.pad(scales, (0, 0, 0, pad))
             mins = None if mins is None else F.pad(mins, (0, 0, 0, pad))
-        blocks = _block_bytes(codes, scales, mins, kind in _INT8_KINDS)
+        return _block_bytes(codes, scales, mins, kind in _INT8_KINDS)
+
+    return _pack_chunks(w, kind, chunk)
+
+
+def _pack_chunks(w: QuantizedWeight, kind: int, chunk) -> tuple[torch.Tensor, int]:
+    """``chunk(rows)`` (the packed blocks of a slice of rows) over ``w`` in row chunks, into
+    one huge-page buffer allocated once the first chunk gives the block stride."""
+    n = w.shape[0]
+    packed = None
+    for start in range(0, n, CHUNK_ROWS):
+        blocks = chunk(slice(start, min(n, start + CHUNK_ROWS)))
         if packed is None:
             packed = build.load_extension().huge_page_empty(-(-n // ROWS), blocks.shape[1])
         packed[start // ROWS : start // ROWS + blocks.shape[0]] = blocks

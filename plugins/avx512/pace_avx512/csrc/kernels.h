@@ -61,8 +61,24 @@ void qpacked_rows(const uint8_t* w, int64_t block_stride, int kind, int64_t K,
                   const int64_t* ids, int64_t n, float* out, int nthreads);
 // Quantized weight kinds (pace_avx512/qpacking.py KINDS): 4-bit with mins, int8 with a scale
 // per 32 k, int8 with a scale per 16 k, 4-bit symmetric ((q - 8) s: the min -8 s is not
-// stored). int8 codes are stored as unsigned q + 128 (the min -128 s is not stored).
-enum Kind : int { KIND_INT4 = 0, KIND_INT8 = 1, KIND_INT8_G16 = 2, KIND_INT4_SYM = 3 };
+// stored), and W8A8 (int8 with one fp32 scale per row, int8 activations: igemm.cpp, its own
+// layout; qlinear_* hand it over). int8 codes are stored as unsigned q + 128 (the min -128 s
+// is not stored).
+enum Kind : int { KIND_INT4 = 0, KIND_INT8 = 1, KIND_INT8_G16 = 2, KIND_INT4_SYM = 3, KIND_W8A8 = 4 };
+// Bytes per block of 16 rows of a KIND_W8A8 weight: fp32 scales [16], then 16 K codes.
+constexpr int64_t w8a8_block_bytes(int64_t K) { return 64 + 16 * K; }
+
+// The W8A8 GEMM (igemm.cpp): y[M, N] = x @ W^T + bias over a KIND_W8A8 weight, activations
+// int8 per row and group of 32 k (dynamic amax / 127, or `act_scales` [K / 32] static).
+void w8a8_linear_bf16(const bf16_t* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* w,
+                      int64_t block_stride, const float* bias, int64_t N, bf16_t* y, int64_t ldy,
+                      int nthreads, const float* act_scales);
+void w8a8_linear_fp32(const float* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* w,
+                      int64_t block_stride, const float* bias, int64_t N, float* y, int64_t ldy,
+                      int nthreads, const float* act_scales);
+// Rows `ids` [n] of a KIND_W8A8 weight, de-quantized to fp32 [n, K].
+void w8a8_rows(const uint8_t* w, int64_t block_stride, int64_t K, const int64_t* ids, int64_t n,
+               float* out, int nthreads);
 constexpr int64_t QGROUP = 32;  // k per quantization group
 constexpr bool is_int8(int kind) { return kind == KIND_INT8 || kind == KIND_INT8_G16; }
 constexpr int64_t qcode_bytes(int kind) { return is_int8(kind) ? 512 : 256; }  // per block, group

@@ -413,6 +413,13 @@ template <typename T>
 void qlinear(const T* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* w,
              int64_t block_stride, int kind, bool int8_act, const float* bias, int64_t N, T* y,
              int64_t ldy, int nthreads, const float* act_scales) {
+  if (kind == KIND_W8A8) {  // int8 activations in every dtype (igemm.cpp)
+    if constexpr (std::is_same_v<T, bf16_t>)
+      w8a8_linear_bf16(x, ldx, M, K, w, block_stride, bias, N, y, ldy, nthreads, act_scales);
+    else
+      w8a8_linear_fp32(x, ldx, M, K, w, block_stride, bias, N, y, ldy, nthreads, act_scales);
+    return;
+  }
   if constexpr (std::is_same_v<T, bf16_t>) {  // prefill on AVX512-BF16: dense bf16 tiles
     if (!int8_act &&
         qlinear_bf16_panel(x, ldx, M, K, w, block_stride, kind, bias, N, y, ldy, nthreads))
@@ -452,6 +459,7 @@ void packed_row(const uint8_t* block, int64_t G, int64_t lane, float* row) {
 
 void qpacked_rows(const uint8_t* w, int64_t block_stride, int kind, int64_t K,
                   const int64_t* ids, int64_t n, float* out, int nthreads) {
+  if (kind == KIND_W8A8) return w8a8_rows(w, block_stride, K, ids, n, out, nthreads);
   const int64_t G = K / QGROUP;
   const auto row = by_kind(kind, [](auto k) { return &packed_row<decltype(k)::value>; });
   const int nt = (int)std::max<int64_t>(1, std::min<int64_t>(nthreads, n / 16));
