@@ -49,8 +49,8 @@ class QuantizedWeight:
     ``activations``: how a matmul kernel takes its activations against this weight. ``""``
     (the default): as the backend chooses (pace-avx512: ``PACE_QUANT_ACTIVATIONS``).
     ``"int8"``: W8A8, every activation row quantized to int8 when the kernel runs, with a
-    dynamic scale per row and group of 32 values (``amax / 127``, round to nearest even), in
-    fp32 models too (DLRMv2's int8 scheme, :mod:`pace_core.dlrm.quantize`).
+    dynamic scale per row and group of :attr:`activation_group` values (``amax / 127``, round
+    to nearest even), in fp32 models too (DLRMv2's int8 scheme, :mod:`pace_core.dlrm.quantize`).
     ``activation_scales``: with ``"int8"``, static (calibrated) scales instead of dynamic
     ones: fp32 ``[K // 32]``, one per 32 input values shared by every row, codes clamped to
     +-127.
@@ -83,6 +83,14 @@ class QuantizedWeight:
                 f"static activation scales need activations 'int8' and shape "
                 f"[{self.shape[1] // 32}] (one per 32 inputs), got {tuple(scales.shape)}"
             )
+
+    @property
+    def activation_group(self) -> int:
+        """Input values per dynamic int8 activation scale of a W8A8 weight: 64 against int8
+        weights with one scale per row and K a multiple of 64 (an integer GEMM then flushes
+        its int32 sums half as often: ~10% faster, pace-avx512's csrc/igemm.cpp), else 32."""
+        per_row = self.format == "int8" and self.group_size == self.shape[1]
+        return 64 if per_row and self.shape[1] % 64 == 0 else 32
 
     @property
     def nbytes(self) -> int:

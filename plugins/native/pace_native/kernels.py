@@ -41,7 +41,7 @@ def matmul(x: torch.Tensor, w: torch.Tensor | QuantizedWeight) -> torch.Tensor:
     if not isinstance(w, QuantizedWeight):
         return F.linear(x, w)
     if w.activations == "int8":
-        x = int8_activations(x, w.activation_scales)
+        x = int8_activations(x, w.activation_scales, w.activation_group)
     n, k = w.shape
     rows = max(16, TILE_BYTES // (4 * k))
     if rows >= n:
@@ -84,16 +84,16 @@ def prepare_linear(weight, bias: torch.Tensor | None = None) -> LinearWeight:
     return LinearWeight(_contiguous(weight), None if bias is None else bias.contiguous())
 
 
-ACT_GROUP = 32  # activation values sharing one dynamic int8 scale (W8A8)
-
-
-def int8_activations(x: torch.Tensor, scales: torch.Tensor | None = None) -> torch.Tensor:
-    """``x`` rounded as a W8A8 kernel sees it: int8 per row and group of 32 values (the whole
-    row when K is not a multiple of 32) with the dynamic scale ``amax / 127`` or, given
-    ``scales [K / 32]``, those static ones (values past them clamp to +-127), round to nearest
-    even, de-quantized (fp32 math, back in ``x.dtype``)."""
+def int8_activations(
+    x: torch.Tensor, scales: torch.Tensor | None = None, group: int = 32
+) -> torch.Tensor:
+    """``x`` rounded as a W8A8 kernel sees it: int8 per row and group of ``group`` values (the
+    weight's ``activation_group``; the whole row when K is not a multiple of it) with the
+    dynamic scale ``amax / 127`` or, given ``scales [K / 32]``, those static ones (values past
+    them clamp to +-127), round to nearest even, de-quantized (fp32 math, back in ``x.dtype``)."""
     k = x.shape[-1]
-    group = ACT_GROUP if k % ACT_GROUP == 0 else k
+    group = 32 if scales is not None else group
+    group = group if k % group == 0 else k
     xf = x.float().reshape(-1, k // group, group)
     if scales is None:
         amax = xf.abs().amax(-1, keepdim=True)

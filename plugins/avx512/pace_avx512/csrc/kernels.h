@@ -69,7 +69,11 @@ enum Kind : int { KIND_INT4 = 0, KIND_INT8 = 1, KIND_INT8_G16 = 2, KIND_INT4_SYM
 constexpr int64_t w8a8_block_bytes(int64_t K) { return 64 + 16 * K; }
 
 // The W8A8 GEMM (igemm.cpp): y[M, N] = x @ W^T + bias over a KIND_W8A8 weight, activations
-// int8 per row and group of 32 k (dynamic amax / 127, or `act_scales` [K / 32] static).
+// int8 per row and group of k: dynamic amax / 127 per w8a8_activation_group(K, false) values,
+// or `act_scales` [K / 32] static.
+constexpr int64_t w8a8_activation_group(int64_t K, bool fixed) {
+  return !fixed && K % 64 == 0 ? 64 : 32;
+}
 void w8a8_linear_bf16(const bf16_t* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* w,
                       int64_t block_stride, const float* bias, int64_t N, bf16_t* y, int64_t ldy,
                       int nthreads, const float* act_scales);
