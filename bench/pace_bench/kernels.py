@@ -24,6 +24,8 @@ two references for ``linear``: ``torch`` (F.linear on the [N, K] weight) and ``m
 - qgemv (not in the default set): decode GEMVs over quantized weights (``int8``, ``int4``,
   ``q8_0``, ``q4_0``), cold, GB/s of the format's bytes and their ``of_dram`` share
   (:mod:`pace_bench.kernels_quant`).
+- qgemm (not in the default set): prefill-size GEMMs (``--gemm-m``) of each backend's
+  ``linear`` on the dense weight and on its W8A8 quantization, GFLOP/s and ``vs_dense``.
 - model (not in the default set): a whole model (``--model``) per backend plan:
   ``{"default": "native"}``, every op of each installed backend on it, and ``auto``; prefill
   time of a ``--model-prompt``-token prompt and decode tok/s over ``--model-tokens`` tokens.
@@ -37,6 +39,7 @@ only): steadier on a shared machine, as time spent descheduled is not counted.
     pace bench kernels --dtypes bfloat16 --threads 2 --sections gemv
     pace bench kernels --shapes 64x128 --cold-mib 1 --repeats 1     # smoke test
     pace bench kernels --sections qgemv --shapes 576x49152 4096x4096 --gemv-m 1 --cold-mib 512
+    pace bench kernels --sections qgemm --dtypes bfloat16 --threads 1 2 --gemm-m 32 128 512
 """
 
 from __future__ import annotations
@@ -69,12 +72,12 @@ from pace_bench.common import (
 )
 from pace_bench.kernels_model import bench_model
 from pace_bench.kernels_moe import bench_moe
-from pace_bench.kernels_quant import bench_qgemv
+from pace_bench.kernels_quant import bench_qgemm, bench_qgemv
 from pace_core.errors import ConfigError
 
 SHAPES = {"576x1536": (576, 1536), "2048x8192": (2048, 8192), "4096x4096": (4096, 4096)}  # K x N
 REFERENCES = ("torch", "mkldnn")
-SECTIONS = ("gemv", "gemm", "ops", "mlp", "model", "moe", "qgemv")
+SECTIONS = ("gemv", "gemm", "ops", "mlp", "model", "moe", "qgemv", "qgemm")
 COLUMNS = [
     "section",
     "dtype",
@@ -88,6 +91,7 @@ COLUMNS = [
     "vs_torch",
     "vs_native",
     "of_dram",
+    "vs_dense",
 ]
 QUICK = {
     "dtypes": ["bfloat16"],
@@ -419,6 +423,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     bench_moe(args, dtype, threads, rows)
                 if "qgemv" in args.sections:
                     bench_qgemv(args, dtype, threads, dram, rows)
+                if "qgemm" in args.sections:
+                    bench_qgemm(args, dtype, threads, rows)
     measured = {r["backend"] for r in rows}
     absent = [b for b in args.backends or () if b not in measured]
     if absent:

@@ -1,6 +1,14 @@
-"""The ``qgemv`` section of ``pace bench kernels``: decode GEMVs over quantized weights.
+"""The ``qgemv`` and ``qgemm`` sections of ``pace bench kernels``: quantized weights.
 
-For every ``--shapes`` K x N and quantized format (pace's ``int8`` and ``int4`` presets, GGUF
+``qgemm``: for every ``--shapes`` K x N and ``--gemm-m`` M, each backend's ``linear`` on the
+dense weight (the model dtype) and on its W8A8 quantization (``quantization="w8a8"``: int8
+weights, int8 activations), round-robin; GFLOP/s (2 M N K per call, integer ops for W8A8) and
+``vs_dense``, the W8A8 rate over the same backend's dense rate: the bar pace-avx512's int8
+GEMM is held to (1.8x bf16 at M >= 32).
+
+``qgemv``:
+
+for every ``--shapes`` K x N and quantized format (pace's ``int8`` and ``int4`` presets, GGUF
 ``q8_0`` and ``q4_0`` written by pace's block writers), every backend whose ``linear`` takes
 that format here multiplies ``--gemv-m`` activation rows by a set of ``--cold-mib`` of such
 matrices in turn (cold: each call reads its weights from DRAM), round-robin with a streaming
@@ -80,3 +88,35 @@ def bench_qgemv(args: Any, dtype: torch.dtype, threads: int, dram: float, rows: 
                 row["of_dram"] = row["value"] / read
         del packed, weights, reference
 
+
+def bench_qgemm(args: Any, dtype: torch.dtype, threads: int, rows: list) -> None:
+    """GFLOP/s per backend of the dense and the W8A8 weight, for each shape and M."""
+    for shape in progress(args.shapes, f"qgemm {dtype_name(dtype)} t={threads}", args.quiet):
+        k, n = parse_shape(shape)
+        dense = usable_kernels("linear", dtype, in_features=k, out_features=n)
+        w8a8 = usable_kernels("linear", dtype, in_features=k, out_features=n,
+                              weight_format="int8")  # fmt: skip
+        backends = [b for b in dense if b in w8a8 and keep_backend(args.backends, b)]
+        if not backends:
+            continue
+        gen = torch.Generator().manual_seed(0)
+        weights = [(torch.randn(n, k, generator=gen) / k**0.5).to(dtype) for _ in range(2)]
+        quantized = [quantize(w, PRESETS["w8a8"]) for w in weights]
+        packed = {}
+        for b in backends:
+            packed[f"{b} dense"] = (dense[b].fn, [dense[b].prepare(w, None) for w in weights])
+            packed[f"{b} w8a8"] = (w8a8[b].fn, [w8a8[b].prepare(q, None) for q in quantized])
+        for m in args.gemm_m:
+            x = torch.randn(m, k, generator=gen).to(dtype)
+            fns = {name: sweep(fn, x, ws) for name, (fn, ws) in packed.items()}
+            times = interleaved(fns, args.repeats, args.clock_fn)
+            before = len(rows)
+            work = 2 * m * n * k * len(weights)
+            add_rows(rows, times, lambda s, w=work: w / s / 1e9, None, section="qgemm",
+                     dtype=dtype_name(dtype), shape=shape, M=m, threads=threads,
+                     unit="GFLOP/s")  # fmt: skip
+            row = {r["backend"]: r for r in rows[before:]}
+            for b in backends:
+                int8, base = row[f"{b} w8a8"], row[f"{b} dense"]
+                int8["vs_dense"] = int8["value"] / base["value"]
+        del packed

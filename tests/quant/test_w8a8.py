@@ -1,11 +1,10 @@
 """``quantization="w8a8"``: per-channel int8 weights and dynamic int8 activations.
 
 The preset marks every quantized matrix W8A8 (``QuantizedWeight.activations == "int8"``), the
-LM head included. The native
-reference rounds the activations of every W8A8 matmul as the kernels do (linear, fused QKV,
-gated MLP), and pace-avx512's W8A8 kernels agree with it at model level in fp32 (KL <= 1e-5
-per position; its fused decoder stack keeps fp32 rows at 15-bit activations, so the test runs
-the layers one op at a time).
+LM head included. The native reference rounds the activations of every W8A8 matmul as the
+kernels do (linear, fused QKV, gated MLP; per row and group of the weight's
+``activation_group``), and pace-avx512's W8A8 kernels agree with it at model level in fp32
+(KL <= 1e-5 per position), one op at a time and in its fused decoder stack alike.
 """
 
 from __future__ import annotations
@@ -45,7 +44,8 @@ def test_native_rounds_the_activations_of_every_w8a8_matmul():
 
     x = torch.randn(3, 64)
     w = quantize(torch.randn(32, 64), coerce_quantization("w8a8"))
-    want = native.int8_activations(x) @ w.dequantize().T
+    assert w.activation_group == 64
+    want = native.int8_activations(x, None, 64) @ w.dequantize().T
     assert torch.equal(native.matmul(x, w), want)
     assert torch.equal(native.linear(x, native.prepare_linear(w)), want)
     gate_up = native.prepare_gated_mlp(w, w, quantize(torch.randn(64, 32), QuantizationConfig(
@@ -62,12 +62,13 @@ def model_logits(path, opconfig: dict, quantization: str) -> torch.Tensor:
 
 @pytest.mark.skipif(not detect_cpu().has("avx512f", "avx512_vnni"), reason="needs AVX512-VNNI")
 @pytest.mark.parametrize("family", ["llama", "qwen2-sliding", "gemma3"])
-def test_avx512_w8a8_kernels_agree_with_native(family, tmp_path):
-    """fp32, per-layer kernels (the fused stack keeps fp32 rows at 15-bit activations)."""
+@pytest.mark.parametrize("stack", ["avx512", "native"])
+def test_avx512_w8a8_kernels_agree_with_native(family, stack, tmp_path):
+    """fp32, the fused decoder stack and the per-layer kernels."""
     pytest.importorskip("pace_avx512")
     path = FACTORIES[family](tmp_path)
     want = model_logits(path, {"default": "native"}, "w8a8")
-    got = model_logits(path, {"default": "avx512", "decoder_stack": "native"}, "w8a8")
+    got = model_logits(path, {"default": "avx512", "decoder_stack": stack}, "w8a8")
     assert (want.exp() * (want - got)).sum(-1).max() <= 1e-5
     dense = model_logits(path, {"default": "native"}, "int8-channel")
     assert not torch.equal(dense, want)  # the activations do round

@@ -191,7 +191,7 @@ def is_w8a8(w: QuantizedWeight) -> bool:
 
 def pack(w: QuantizedWeight) -> tuple[torch.Tensor, int]:
     """``(packed uint8 [blocks, block_stride], kind)`` of ``w``, converted in row chunks."""
-    n, k = w.shape
+    k = w.shape[1]
     if (why := problem(w.format, k)) is not None:
         raise ValueError(f"pace-avx512 cannot pack this weight: {why}")
     if is_w8a8(w):

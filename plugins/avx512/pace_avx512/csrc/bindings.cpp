@@ -492,8 +492,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("n"), py::arg("kind"), py::arg("int8_activations") = false,
         py::arg("all_rows") = false, py::arg("act_scales") = py::none(),
         "y = x @ W^T + bias over a quantized packed W (AVX512-VNNI); bf16 x quantized to int8 "
-        "per 32 when int8_activations, fp32 x too when all_rows (W8A8), else to 15 bits; "
-        "act_scales: static int8 scales per 32 columns instead of dynamic ones");
+        "per 32 when int8_activations, fp32 x too when all_rows, else to 15 bits (the W8A8 "
+        "kind: int8 in every dtype, igemm.cpp); act_scales: static int8 scales per 32 columns "
+        "instead of dynamic ones");
   m.def("huge_page_copy", &huge_page_copy, py::arg("t"), py::arg("shape") = std::vector<int64_t>{},
         "copy a tensor into an arena of transparent huge pages (packed weights)");
   m.def("huge_page_empty", &huge_page_empty, py::arg("rows"), py::arg("row_bytes"),

@@ -21,7 +21,7 @@ inline void qlinear_rows(const bf16_t* x, int64_t ldx, int64_t M, int64_t K, con
   qlinear_bf16(x, ldx, M, K, w, block_stride, kind, int8_act, bias, N, y, ldy, nt);
 }
 // fp32 rows keep 15-bit activations whatever `int8_act` says (an fp32 model asks for fp32
-// precision; pace_avx512/settings.py).
+// precision; pace_avx512/settings.py), except against W8A8 weights (their kind is int8 x int8).
 inline void qlinear_rows(const float* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* w,
                          int64_t block_stride, int kind, bool /*int8_act*/, const float* bias,
                          int64_t N, float* y, int64_t ldy, int nt) {
