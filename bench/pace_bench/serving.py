@@ -7,9 +7,11 @@ request when the previous one finished) and stops it. Reports output tok/s, requ
 throughput, TTFT and inter-token latency p50/p99 and failures per engine, mode and level as
 JSON + a table + a PNG plot (throughput and latencies vs concurrency).
 
-Engines (``--engines``): ``pace`` (in each of ``--modes``), ``vllm`` (vLLM-CPU) and ``amd-pace``
-(AMD PACE's pace-server), the peers from ``make bench-serving-peers`` (skipped with a note when
-not installed; :mod:`pace_bench.serving_peers`). Workloads (``--workload``, fixed seed,
+Engines (``--engines``): ``pace`` (in each of ``--modes``), ``vllm`` (vLLM-CPU), ``vllm-w8a8``
+(vLLM-CPU on a compressed-tensors W8A8 copy of the model holding pace's own ``w8a8`` codes:
+:mod:`pace_bench.compressed_tensors`) and ``amd-pace`` (AMD PACE's pace-server), the peers from
+``make bench-serving-peers`` (skipped with a note when not installed;
+:mod:`pace_bench.serving_peers`). Workloads (``--workload``, fixed seed,
 the same for every engine; ``ignore_eos``/``min_tokens`` so every request produces exactly its
 max_tokens):
 
@@ -44,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from pace_bench.common import emit, model_path, note, progress, usable_cores, warn
+from pace_bench.compressed_tensors import w8a8_copy
 from pace_bench.peers import PeerUnavailable
 from pace_bench.serving_peers import (
     ENGINES,
@@ -359,9 +362,11 @@ def server_spec(engine: str, mode: str, args: argparse.Namespace, model_dir: Pat
     max_running, instances = MODES[mode]
     if mode == "continuous":
         max_running = max(max_running, *args.concurrency)
-    if engine == "vllm":
-        return vllm_spec(model_dir, dtype=args.dtype, threads=args.threads or 1,
-                         max_running=max_running, kv_cache_gb=args.kv_cache_gb)  # fmt: skip
+    if engine in ("vllm", "vllm-w8a8"):
+        weights = w8a8_copy(model_dir) if engine == "vllm-w8a8" else model_dir
+        return vllm_spec(weights, dtype=args.dtype, threads=args.threads or 1,
+                         max_running=max_running, kv_cache_gb=args.kv_cache_gb,
+                         engine=engine)  # fmt: skip
     if engine == "amd-pace":
         return amd_pace_spec(model_dir, dtype=args.dtype, threads=args.threads or 1,
                              max_running=max_running, kv_cache_gb=args.kv_cache_gb)  # fmt: skip

