@@ -37,11 +37,18 @@ TILE_BYTES = 1 << 21  # fp32 bytes of one de-quantized tile of rows (fits L2)
 def matmul(x: torch.Tensor, w: torch.Tensor | QuantizedWeight) -> torch.Tensor:
     """``x @ w.T`` for a float or quantized ``w`` ``[N, K]``; a quantized one is de-quantized
     one tile of rows at a time, so no full-size float copy is ever made. A W8A8 weight
-    (``activations == "int8"``) sees ``x`` rounded as its kernels do (:func:`int8_activations`)."""
+    (``activations == "int8"``) sees ``x`` rounded as its kernels do (:func:`int8_activations`)
+    and, as their integer products, is summed in fp32 and rounded to ``x.dtype`` once."""
     if not isinstance(w, QuantizedWeight):
         return F.linear(x, w)
     if w.activations == "int8":
-        x = int8_activations(x, w.activation_scales, w.activation_group)
+        xq = int8_activations(x.float(), w.activation_scales, w.activation_group)
+        return _tiled_matmul(xq, w).to(x.dtype)
+    return _tiled_matmul(x, w)
+
+
+def _tiled_matmul(x: torch.Tensor, w: QuantizedWeight) -> torch.Tensor:
+    """``x @ w.T`` with ``w`` de-quantized to ``x.dtype`` a tile of rows at a time."""
     n, k = w.shape
     rows = max(16, TILE_BYTES // (4 * k))
     if rows >= n:
