@@ -1,5 +1,6 @@
 """A GGUF file's header, read without materializing its vocabulary: the metadata scalars and
-the tensor directory, with each tensor's bytes as a view of one copy-on-write memory map.
+the tensor directory; each tensor's bytes read on their own (:meth:`GGUFHeader.read`) or as a
+view of one copy-on-write memory map (:meth:`GGUFHeader.data`).
 
 The ``gguf`` package's reader turns every metadata field into numpy objects, the tokenizer's
 arrays of ~50k strings included: ~170 MB and ~4 s for a small model's file. pace takes its
@@ -167,6 +168,20 @@ class GGUFHeader:
         """``tensor``'s bytes as a ``uint8`` view of the map (nothing is read until used)."""
         return torch.frombuffer(self._map, dtype=torch.uint8, count=tensor.nbytes,
                                 offset=tensor.offset)  # fmt: skip
+
+    def read(self, tensor: TensorInfo) -> torch.Tensor:
+        """``tensor``'s bytes read into fresh memory (``uint8``), the map left untouched.
+
+        What a load takes: a kernel that repacks a weight frees it with the weight, so the
+        file's bytes are in memory one tensor at a time. Pages of the map stay resident
+        until :meth:`release_pages`: views of it would hold the whole file next to the
+        repacked copies until the model is built (peak ~2x the file)."""
+        out = torch.empty(tensor.nbytes, dtype=torch.uint8)
+        with open(self.path, "rb") as f:
+            f.seek(tensor.offset)
+            if f.readinto(memoryview(out.numpy())) != tensor.nbytes:
+                raise self._corrupt(f"tensor {tensor.name} ends past the end of the file")
+        return out
 
     def release_pages(self) -> None:
         """Drop the map's resident pages (clean, private: views fault them back when read)."""

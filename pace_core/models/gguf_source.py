@@ -1,5 +1,6 @@
 """GGUF files as a model source: config and tokenizer from the metadata (as transformers reads
-them), tensors kept in their GGUF formats (memory-mapped, never expanded to floats).
+them), tensors kept in their GGUF formats (read one at a time when taken, never expanded to
+floats).
 
 Tensor names are mapped to the Hugging Face names the family builders take; the two
 transformations llama.cpp's converter applies are undone on the stored rows: the Q/K row
@@ -83,11 +84,9 @@ def _header(file: Path) -> GGUFHeader:
 
 
 def release_pages(file: Path) -> None:
-    """Drop the file's pages from this process's resident memory once the model is built.
-
-    Kernels that repacked a tensor never read its pages again; tensors still used as views
-    of the map (pace-native's) fault their pages back in when read. The map is private and
-    never written, so nothing is lost (``MADV_DONTNEED`` on clean pages)."""
+    """Drop the map's pages (the header's: tensors are read apart) from this process's
+    resident memory once the model is built. The map is private and never written, so
+    nothing is lost (``MADV_DONTNEED`` on clean pages)."""
     _header(file).release_pages()
     _cached_header.cache_clear()
 
@@ -187,9 +186,10 @@ _FLOATS = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 
 
 def _tensor(header: GGUFHeader, t: TensorInfo) -> torch.Tensor | QuantizedWeight:
-    """One GGUF tensor: a float tensor, or a :class:`QuantizedWeight` over the file's bytes."""
+    """One GGUF tensor: a float tensor, or a :class:`QuantizedWeight` over the file's bytes
+    (read into memory of its own: freed when a kernel that repacked it drops it)."""
     kind = BY_GGML_TYPE[t.ggml_type]
-    data, shape = header.data(t), t.shape
+    data, shape = header.read(t), t.shape
     if kind.block_elems == 1:  # f32 / f16 / bf16
         return data.view(_FLOATS[kind.name]).reshape(shape)
     if len(shape) != 2:
@@ -202,7 +202,7 @@ def _load(
     t: TensorInfo,
     rows: torch.Tensor | None,
     offset: float,
-    dtype: torch.dtype | None = None,  # the store converts (these tensors are small or mapped)
+    dtype: torch.dtype | None = None,  # the store converts (float tensors here are small)
 ) -> torch.Tensor | QuantizedWeight:
     w = _tensor(header, t)
     if rows is not None:

@@ -37,7 +37,8 @@ FORMATS = ("int8", "int4", "q8_0", "q5_0", "q4_0", "q4_1", "q4_k", "q6_k")
 KINDS = {"int4": 0, "int8": 1, "int8-g16": 2, "int4-sym": 3, "w8a8": 4}  # csrc/kernels.h Kind
 _INT8_KINDS = (KINDS["int8"], KINDS["int8-g16"])
 
-CHUNK_ROWS = 1024  # rows converted at a time (bounds the temporaries)
+CHUNK_ROWS = 1024  # rows converted at a time (bounds the temporaries) at K <= 2048
+CHUNK_ELEMENTS = CHUNK_ROWS * 2048  # fewer rows at a time for wider K: temporaries ~2M values
 
 
 def qlinear_path(rows: int, dtype: torch.dtype, int8_activations: bool) -> str:
@@ -216,9 +217,10 @@ def _pack_chunks(w: QuantizedWeight, kind: int, chunk) -> tuple[torch.Tensor, in
     """``chunk(rows)`` (the packed blocks of a slice of rows) over ``w`` in row chunks, into
     one huge-page buffer allocated once the first chunk gives the block stride."""
     n = w.shape[0]
+    step = max(ROWS, min(CHUNK_ROWS, CHUNK_ELEMENTS // w.shape[1]) // ROWS * ROWS)
     packed = None
-    for start in range(0, n, CHUNK_ROWS):
-        blocks = chunk(slice(start, min(n, start + CHUNK_ROWS)))
+    for start in range(0, n, step):
+        blocks = chunk(slice(start, min(n, start + step)))
         if packed is None:
             packed = build.load_extension().huge_page_empty(-(-n // ROWS), blocks.shape[1])
         packed[start // ROWS : start // ROWS + blocks.shape[0]] = blocks
