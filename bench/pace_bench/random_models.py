@@ -3,7 +3,10 @@ weights are not obtainable here: ``random:<name>`` in any ``--models`` list.
 
 The weights are N(0, 0.02) in bf16, written once per name under ``~/.cache/pace/random``;
 fewer layers than the real model (the per-layer cost is what a row compares), except the
-full-depth ``llama-3.2-1b`` and ``llama-3.1-8b`` (scaling: bytes per token as the real ones).
+full-depth ``llama-3.2-1b``, ``llama-3.2-3b`` and ``llama-3.1-8b`` (scaling and loading: bytes
+as the real ones). The 3B and 8B are written shard by shard (:data:`STREAMED`: never the whole
+model in memory). :func:`random_gguf` makes llama.cpp GGUF files of them (Q8_0, Q4_K_M, ...),
+with a placeholder vocabulary (the checkpoints have no tokenizer).
 """
 
 from __future__ import annotations
@@ -70,6 +73,13 @@ SHAPES: dict[str, tuple[str, str, dict[str, Any]]] = {
                          "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                          "original_max_position_embeddings": 8192},
         max_position_embeddings=131072)),
+    "llama-3.2-3b": ("LlamaConfig", "LlamaForCausalLM", dict(
+        vocab_size=128256, hidden_size=3072, intermediate_size=8192, num_hidden_layers=28,
+        num_attention_heads=24, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True,
+        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0,
+                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                         "original_max_position_embeddings": 8192},
+        max_position_embeddings=131072)),
     "llama-3.1-8b": ("LlamaConfig", "LlamaForCausalLM", dict(
         vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
         num_attention_heads=32, num_key_value_heads=8, head_dim=128, tie_word_embeddings=False,
@@ -78,6 +88,11 @@ SHAPES: dict[str, tuple[str, str, dict[str, Any]]] = {
                          "original_max_position_embeddings": 8192},
         max_position_embeddings=131072)),
 }  # fmt: skip
+
+
+STREAMED = ("llama-3.2-3b", "llama-3.1-8b")
+"""Shapes written a shard at a time with random values of their own (not transformers')."""
+SHARD_BYTES = 2 << 30
 
 
 def is_random_name(name: str) -> bool:
@@ -97,6 +112,9 @@ def random_model(name: str) -> Path:
         return out
     config_cls, model_cls, kwargs = SHAPES[shape]
     config = getattr(transformers, config_cls)(**kwargs, bos_token_id=None, eos_token_id=None)
+    if shape in STREAMED:
+        _write_streamed(config, getattr(transformers, model_cls), out)
+        return out
     torch.manual_seed(0)
     model = getattr(transformers, model_cls)(config).to(torch.bfloat16).eval()
     with torch.no_grad():
@@ -104,4 +122,126 @@ def random_model(name: str) -> Path:
             p.normal_(0.0, 0.02) if p.dim() > 1 else p.fill_(1.0)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
+    return out
+
+
+def _write_streamed(config: Any, model_cls: Any, out: Path) -> None:
+    """The checkpoint of ``model_cls(config)`` in bf16 safetensors shards of
+    :data:`SHARD_BYTES`, each made and written on its own (N(0, 0.02) matrices, norms 1)."""
+    import json
+    import shutil
+
+    import torch
+    from safetensors.torch import save_file
+
+    with torch.device("meta"):
+        model = model_cls(config)
+    shapes = {n: tuple(t.shape) for n, t in model.state_dict().items()}
+    if getattr(config, "tie_word_embeddings", False):
+        shapes.pop("lm_head.weight", None)
+    shards: list[list[str]] = [[]]
+    size = 0
+    for name, shape in shapes.items():
+        nbytes = 2 * int(torch.Size(shape).numel())
+        if shards[-1] and size + nbytes > SHARD_BYTES:
+            shards.append([])
+            size = 0
+        shards[-1].append(name)
+        size += nbytes
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    gen = torch.Generator().manual_seed(0)
+    weight_map = {}
+    for i, names in enumerate(shards):
+        file = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        tensors = {}
+        for name in names:
+            t = torch.empty(shapes[name], dtype=torch.bfloat16)
+            tensors[name] = t.normal_(0.0, 0.02, generator=gen) if t.dim() > 1 else t.fill_(1.0)
+            weight_map[name] = file
+        save_file(tensors, str(tmp / file), metadata={"format": "pt"})
+        del tensors
+    total = sum(2 * int(torch.Size(s).numel()) for s in shapes.values())
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
+    config.torch_dtype = "bfloat16"
+    config.architectures = [model_cls.__name__]
+    config.save_pretrained(str(tmp))
+    tmp.rename(out)
+
+
+_CONVERT = """
+import sys
+here, args = sys.argv[1], sys.argv[2:]
+sys.path[:0] = [here, here + "/gguf-py"]
+sys.argv = ["convert_hf_to_gguf.py", *args]
+import convert_hf_to_gguf
+from conversion import llama
+
+def placeholder_vocab(self):
+    n = self.hparams["vocab_size"]
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{i:02X}>" for i in range(256)]
+    tokens += [f"\u2581t{i}" for i in range(n - len(tokens))]
+    w = self.gguf_writer
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_scores([-float(i) for i in range(n)])
+    w.add_token_types([2, 3, 3] + [6] * 256 + [1] * (n - 259))
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+
+llama.LlamaModel.set_vocab = placeholder_vocab
+convert_hf_to_gguf.main()
+"""
+
+
+def random_gguf(name: str, ftype: str) -> Path:
+    """``random:<shape>`` as a GGUF file of llama.cpp's ``ftype`` (``q8_0``, ``q4_k_m``, ...:
+    :data:`pace_bench.peers.LLAMA_FTYPES`), made once next to the checkpoint: converted to
+    BF16 by llama.cpp's converter (a placeholder vocabulary of the model's size), quantized
+    by llama.cpp's own quantizer, the BF16 file deleted. Needs ``make bench-peers``."""
+    import ctypes
+    import os
+    import subprocess
+    import sys
+
+    from pace_bench import peers
+
+    model_dir = random_model(name)
+    out = model_dir / f"{model_dir.name}.{ftype}.gguf"
+    if out.is_file():
+        return out
+    if ftype not in peers.LLAMA_FTYPES:
+        raise ValueError(
+            f"unknown llama.cpp ftype {ftype!r}; known: {', '.join(peers.LLAMA_FTYPES)}"
+        )
+    script, llama_cpp = peers.find_converter(), peers.find_llama_cpp()
+    if script is None or llama_cpp is None:
+        raise peers.PeerUnavailable("llama.cpp's converter or llama-cpp-python is missing: run "
+                                    "`make bench-peers`")  # fmt: skip
+    bf16 = model_dir / f"{model_dir.name}.bf16.gguf.tmp"
+    cmd = [sys.executable, "-c", _CONVERT, str(script.parent), str(model_dir), "--outfile",
+           str(bf16), "--outtype", "bf16"]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "NO_LOCAL_GGUF"}
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    if done.returncode:
+        bf16.unlink(missing_ok=True)
+        raise RuntimeError(f"GGUF conversion of {model_dir} failed: {done.stderr[-2000:]}")
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = peers.LLAMA_FTYPES[ftype]
+    params.nthread = os.cpu_count() or 1
+    tmp = out.with_suffix(".tmp")
+    try:
+        with peers._c_stdout_silenced(True):
+            code = llama_cpp.llama_model_quantize(str(bf16).encode(), str(tmp).encode(),
+                                                  ctypes.byref(params))  # fmt: skip
+    finally:
+        bf16.unlink(missing_ok=True)
+    if code != 0:
+        tmp.unlink(missing_ok=True)
+        raise RuntimeError(f"llama.cpp could not quantize {model_dir} to {ftype} (code {code})")
+    tmp.replace(out)
     return out
