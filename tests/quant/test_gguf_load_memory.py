@@ -1,0 +1,135 @@
+"""GGUF loading at the memory floor, checked on tiny files (fast; the whole-model RSS bars at
+real sizes are ``pace bench loading``'s, and tests/quant/test_loading_memory.py's, slow):
+
+- the loader reads each tensor into memory of its own: the file's map never holds tensor
+  pages, so the file is not resident next to the packed copies while the model builds;
+- a tied table packed for the LM head is the only copy the model keeps (no GGUF blocks and
+  no de-quantized float table next to it);
+- pace-avx512 converts a bounded number of values at a time whatever the row length.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from support.tiny_gguf import TINY, write_gguf
+
+from pace_core import LLMModel
+from pace_core.models import gguf_source
+from pace_core.models.gguf_header import GGUFHeader
+from pace_core.quant import QuantizedWeight
+
+pytest.importorskip("gguf")
+
+TYPES = {"token_embd": "q6_k", "": "q4_k"}  # tied (qwen2): the head is the q6_k table
+
+
+@pytest.fixture(scope="module")
+def tied_gguf(tmp_path_factory) -> Path:
+    hf = TINY["qwen2"](tmp_path_factory.mktemp("qwen2-hf"))
+    return write_gguf(hf, tmp_path_factory.mktemp("qwen2-gguf") / "tied.gguf", TYPES)
+
+
+def mapped_rss(path: Path) -> int:
+    """Resident bytes of this process's mappings of ``path`` (/proc/self/smaps)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            fields = line.split()
+            if "-" in fields[0] and len(fields) >= 5:  # a mapping's header line
+                inside = fields[-1] == str(path)
+            elif inside and fields[0] == "Rss:":
+                total += int(fields[1]) * 1024
+    return total
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs /proc/self/smaps")
+def test_building_a_model_faults_in_no_tensor_pages(tied_gguf, monkeypatch):
+    monkeypatch.setattr(gguf_source, "release_pages", lambda file: None)  # look before it
+    gguf_source._cached_header.cache_clear()
+    header = gguf_source._header(tied_gguf)
+    data_start = min(t.offset for t in header.tensors)
+    size = tied_gguf.stat().st_size
+    assert size > 8 * (data_start + (64 << 10))  # the tensors dominate the file
+    llm = LLMModel(tied_gguf, dtype=torch.bfloat16, load_tokenizer=False, quiet=True)
+    assert llm.model is not None
+    # the header's pages (and the kernel's fault-around), never the tensors'
+    assert mapped_rss(tied_gguf.resolve()) <= data_start + (64 << 10)
+    gguf_source._cached_header.cache_clear()
+
+
+def test_read_is_the_tensor_in_memory_of_its_own(tied_gguf):
+    header = GGUFHeader(tied_gguf)
+    for t in header.tensors[:4]:
+        mine = header.read(t)
+        assert torch.equal(mine, header.data(t))
+        view = header.data(t)
+        start, end = view.data_ptr(), view.data_ptr() + t.nbytes
+        assert not start <= mine.data_ptr() < end
+
+
+def _reachable(root, max_depth: int = 12):
+    """Every object reachable from ``root`` (as ``pace_core.quant.memory.weight_bytes`` walks)."""
+    seen: dict[int, object] = {}
+
+    def visit(obj, depth):
+        if depth > max_depth or id(obj) in seen:
+            return
+        seen[id(obj)] = obj
+        if isinstance(obj, torch.Tensor | str | bytes | int | float | bool | type) or obj is None:
+            return
+        if isinstance(obj, dict):
+            children = list(obj.values())
+        elif isinstance(obj, list | tuple | set | frozenset):
+            children = list(obj)
+        else:
+            children = list(getattr(obj, "__dict__", {}).values())
+            for cls in type(obj).__mro__:
+                children += [getattr(obj, n) for n in getattr(cls, "__slots__", ()) if
+                             hasattr(obj, n)]  # fmt: skip
+        for child in children:
+            visit(child, depth + 1)
+
+    visit(root, 0)
+    return list(seen.values())
+
+
+def test_a_packed_tied_table_is_the_only_copy(tied_gguf):
+    pytest.importorskip("pace_avx512")
+    llm = LLMModel(tied_gguf, dtype=torch.bfloat16, load_tokenizer=False, quiet=True)
+    if llm.model.plan.backends().get("linear") != {"avx512"}:
+        pytest.skip("pace-avx512 does not run the linears here")
+    vocab = llm.config.vocab_size
+    head = llm.model.lm_head.weight
+    assert llm.model.embed.weight is head  # the lookup reads rows of the packed head
+    objects = _reachable(llm.model)
+    tables = [o for o in objects if isinstance(o, QuantizedWeight) and o.shape[0] == vocab]
+    floats = [o for o in objects if isinstance(o, torch.Tensor) and o.dim() == 2
+              and o.shape[0] == vocab]  # fmt: skip
+    assert tables == [] and floats == []
+
+
+def test_packing_converts_bounded_chunks_at_any_row_length(monkeypatch):
+    qpacking = pytest.importorskip("pace_avx512.qpacking")
+    n, k = 256, 8192
+    gen = torch.Generator().manual_seed(0)
+    blocks = torch.randint(0, 256, (n, k // 256, 210), dtype=torch.uint8, generator=gen)
+    blocks[..., 208:210] = torch.tensor([0x00, 0x3C], dtype=torch.uint8)  # d = 1.0 (fp16)
+    w = QuantizedWeight("q6_k", (n, k), torch.bfloat16, blocks.reshape(n, -1))
+    sizes = []
+    convert = qpacking._codes_scales_mins
+
+    def counted(weight, rows):
+        sizes.append(len(range(*rows.indices(weight.shape[0]))) * weight.shape[1])
+        return convert(weight, rows)
+
+    monkeypatch.setattr(qpacking, "_codes_scales_mins", counted)
+    monkeypatch.setattr(qpacking, "CHUNK_ELEMENTS", 64 * k)
+    packed, _ = qpacking.pack(w)
+    assert max(sizes) <= 64 * k and len(sizes) == n // 64
+    monkeypatch.setattr(qpacking, "CHUNK_ELEMENTS", n * k)  # one chunk: the same bytes
+    whole, _ = qpacking.pack(w)
+    assert torch.equal(packed, whole)
