@@ -18,6 +18,14 @@ from pace_core.paths import cache_root
 
 PREFIX = "random:"
 
+
+def llama3_rope(factor: float) -> dict:
+    """Llama 3's rope scaling (theta 500k, original context 8192) with ``factor``."""
+    return {"rope_type": "llama3", "rope_theta": 500000.0, "factor": factor,
+            "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192}  # fmt: skip
+
+
 # name -> (transformers config class, model class, config kwargs)
 SHAPES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "qwen3-0.6b-4l": ("Qwen3Config", "Qwen3ForCausalLM", dict(
@@ -61,31 +69,23 @@ SHAPES: dict[str, tuple[str, str, dict[str, Any]]] = {
         num_hidden_layers=1, num_attention_heads=40, num_key_value_heads=8, head_dim=128,
         num_local_experts=16, num_experts_per_tok=1, interleave_moe_layer_step=1,
         attention_chunk_size=8192, use_qk_norm=True, tie_word_embeddings=True,
-        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 16.0,
-                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                         "original_max_position_embeddings": 8192},
+        rope_parameters=llama3_rope(16.0),
         max_position_embeddings=10485760)),
     # Llama-3.2-1B and Llama-3.1-8B at full depth (pace bench scaling: whole-model bytes)
     "llama-3.2-1b": ("LlamaConfig", "LlamaForCausalLM", dict(
         vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
         num_attention_heads=32, num_key_value_heads=8, head_dim=64, tie_word_embeddings=True,
-        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0,
-                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                         "original_max_position_embeddings": 8192},
+        rope_parameters=llama3_rope(32.0),
         max_position_embeddings=131072)),
     "llama-3.2-3b": ("LlamaConfig", "LlamaForCausalLM", dict(
         vocab_size=128256, hidden_size=3072, intermediate_size=8192, num_hidden_layers=28,
         num_attention_heads=24, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True,
-        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0,
-                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                         "original_max_position_embeddings": 8192},
+        rope_parameters=llama3_rope(32.0),
         max_position_embeddings=131072)),
     "llama-3.1-8b": ("LlamaConfig", "LlamaForCausalLM", dict(
         vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
         num_attention_heads=32, num_key_value_heads=8, head_dim=128, tie_word_embeddings=False,
-        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
-                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                         "original_max_position_embeddings": 8192},
+        rope_parameters=llama3_rope(8.0),
         max_position_embeddings=131072)),
 }  # fmt: skip
 

@@ -7,25 +7,17 @@ from typing import Any
 import torch
 
 
-def weight_bytes(root: Any, *, max_depth: int = 12) -> int:
-    """Bytes of the distinct tensor storages reachable from ``root`` (a built model).
-
-    Walks dataclass fields, ``__slots__``, ``__dict__``, lists, tuples and dicts; a storage
-    shared by two roles (a tied head, a view) counts once. Kernels' own packed copies count
-    too, as they are held by the bound weights.
-    """
-    seen_objects: set[int] = set()
-    storages: dict[int, int] = {}
+def reachable(root: Any, *, max_depth: int = 12) -> list[Any]:
+    """Every object reachable from ``root`` through dataclass fields, ``__slots__``,
+    ``__dict__``, lists, tuples, sets and dict values (tensors and scalars are leaves)."""
+    seen: dict[int, Any] = {}
 
     def visit(obj: Any, depth: int) -> None:
-        if depth > max_depth or id(obj) in seen_objects:
+        if depth > max_depth or id(obj) in seen:
             return
-        seen_objects.add(id(obj))
-        if isinstance(obj, torch.Tensor):
-            storage = obj.untyped_storage()
-            storages[storage.data_ptr()] = storage.nbytes()
-            return
-        if isinstance(obj, str | bytes | int | float | bool | type | torch.dtype) or obj is None:
+        seen[id(obj)] = obj
+        leaf = str | bytes | int | float | bool | type | torch.dtype | torch.Tensor
+        if isinstance(obj, leaf) or obj is None:
             return
         if isinstance(obj, dict):
             children = list(obj.values())
@@ -41,4 +33,19 @@ def weight_bytes(root: Any, *, max_depth: int = 12) -> int:
             visit(child, depth + 1)
 
     visit(root, 0)
+    return list(seen.values())
+
+
+def weight_bytes(root: Any, *, max_depth: int = 12) -> int:
+    """Bytes of the distinct tensor storages reachable from ``root`` (a built model).
+
+    Walks dataclass fields, ``__slots__``, ``__dict__``, lists, tuples and dicts; a storage
+    shared by two roles (a tied head, a view) counts once. Kernels' own packed copies count
+    too, as they are held by the bound weights.
+    """
+    storages: dict[int, int] = {}
+    for obj in reachable(root, max_depth=max_depth):
+        if isinstance(obj, torch.Tensor):
+            storage = obj.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
     return sum(storages.values())

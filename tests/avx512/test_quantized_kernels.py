@@ -18,8 +18,6 @@ Runs on any AVX-512 CPU with VNNI (the panel cases are skipped without AVX512-BF
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 
@@ -31,6 +29,7 @@ pytest.importorskip("pace_avx512", reason="pip install --no-deps -e plugins/avx5
 pytest.importorskip("gguf", reason="the GGUF block writers need the gguf package")
 
 from pace_avx512 import qpacking, settings
+from support.kernel_threads import every_thread
 from support.tiny_gguf import quantize as gguf_quantize
 
 from pace_core import LLMModel, SamplingConfig
@@ -104,19 +103,6 @@ def test_qlinear_matches_its_model(ext, kind, dtype, mode):
         assert got.dtype == dtype and got.shape == (m, n)
         tol = 1e-5 if dtype == torch.float32 else 2**-8  # one bf16 rounding at the end
         torch.testing.assert_close(got.float(), want, rtol=tol, atol=tol * want.abs().max())
-
-
-@contextlib.contextmanager
-def every_thread(ext, threads: int):
-    """``threads`` threads, every one taking part however small the matrix; restored after."""
-    before = torch.get_num_threads(), ext.min_work_per_thread()
-    torch.set_num_threads(threads)
-    ext.set_min_work_per_thread(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before[0])
-        ext.set_min_work_per_thread(before[1])
 
 
 @pytest.mark.parametrize("kind", [*PACE, *GGUF])

@@ -11,8 +11,6 @@ Hypothesis draws the shapes (every tile height 1-4, column tails, both group siz
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -26,6 +24,7 @@ pytest.importorskip("pace_avx512", reason="pip install --no-deps -e plugins/avx5
 
 from pace_avx512 import qpacking
 from pace_native.kernels import int8_activations
+from support.kernel_threads import every_thread
 
 from pace_core.quant import QuantizationConfig, QuantizedWeight, coerce_quantization, quantize
 
@@ -48,19 +47,6 @@ def reference(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None) ->
 def check(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> None:
     tol = 1e-5 if dtype == torch.float32 else 2**-8  # one bf16 rounding at the end
     torch.testing.assert_close(got.float(), want, rtol=tol, atol=tol * want.abs().max())
-
-
-@contextlib.contextmanager
-def threads_taking_part(ext, threads: int):
-    """``threads`` threads, every one taking part however small the matrix; restored after."""
-    before = torch.get_num_threads(), ext.min_work_per_thread()
-    torch.set_num_threads(threads)
-    ext.set_min_work_per_thread(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before[0])
-        ext.set_min_work_per_thread(before[1])
 
 
 def test_per_channel_w8a8_packs_as_its_own_kind():
@@ -101,7 +87,7 @@ def test_w8a8_gemm_matches_its_model(ext, m, n, groups, dtype, threads, bias):
     packed = qpacking.prepare_linear(w, b)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(dtype)
     x[0, :32] = 0.0  # an all-zero activation group
-    with threads_taking_part(ext, threads):
+    with every_thread(ext, threads):
         got = ext.qlinear(x, packed.weight, packed.bias, n, packed.kind, True)
     assert got.dtype == dtype and got.shape == (m, n)
     check(got, reference(x, w, b), dtype)
@@ -130,7 +116,7 @@ def test_rows_alone_or_batched_are_the_same(ext, threads):
     n, k = 100, 512
     packed = qpacking.prepare_linear(w8a8_weight(n, k))
     x = torch.randn(23, k, generator=torch.Generator().manual_seed(11)).bfloat16()
-    with threads_taking_part(ext, threads):
+    with every_thread(ext, threads):
         batched = ext.qlinear(x, packed.weight, packed.bias, n, packed.kind, True)
         alone = torch.cat([ext.qlinear(x[i : i + 1], packed.weight, packed.bias, n, packed.kind,
                                        True) for i in range(23)])  # fmt: skip

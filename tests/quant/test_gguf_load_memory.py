@@ -21,6 +21,7 @@ from pace_core import LLMModel
 from pace_core.models import gguf_source
 from pace_core.models.gguf_header import GGUFHeader
 from pace_core.quant import QuantizedWeight
+from pace_core.quant.memory import reachable
 
 pytest.importorskip("gguf")
 
@@ -71,32 +72,6 @@ def test_read_is_the_tensor_in_memory_of_its_own(tied_gguf):
         assert not start <= mine.data_ptr() < end
 
 
-def _reachable(root, max_depth: int = 12):
-    """Every object reachable from ``root`` (as ``pace_core.quant.memory.weight_bytes`` walks)."""
-    seen: dict[int, object] = {}
-
-    def visit(obj, depth):
-        if depth > max_depth or id(obj) in seen:
-            return
-        seen[id(obj)] = obj
-        if isinstance(obj, torch.Tensor | str | bytes | int | float | bool | type) or obj is None:
-            return
-        if isinstance(obj, dict):
-            children = list(obj.values())
-        elif isinstance(obj, list | tuple | set | frozenset):
-            children = list(obj)
-        else:
-            children = list(getattr(obj, "__dict__", {}).values())
-            for cls in type(obj).__mro__:
-                children += [getattr(obj, n) for n in getattr(cls, "__slots__", ()) if
-                             hasattr(obj, n)]  # fmt: skip
-        for child in children:
-            visit(child, depth + 1)
-
-    visit(root, 0)
-    return list(seen.values())
-
-
 def test_a_packed_tied_table_is_the_only_copy(tied_gguf):
     pytest.importorskip("pace_avx512")
     llm = LLMModel(tied_gguf, dtype=torch.bfloat16, load_tokenizer=False, quiet=True)
@@ -105,7 +80,7 @@ def test_a_packed_tied_table_is_the_only_copy(tied_gguf):
     vocab = llm.config.vocab_size
     head = llm.model.lm_head.weight
     assert llm.model.embed.weight is head  # the lookup reads rows of the packed head
-    objects = _reachable(llm.model)
+    objects = reachable(llm.model)
     tables = [o for o in objects if isinstance(o, QuantizedWeight) and o.shape[0] == vocab]
     floats = [o for o in objects if isinstance(o, torch.Tensor) and o.dim() == 2
               and o.shape[0] == vocab]  # fmt: skip
