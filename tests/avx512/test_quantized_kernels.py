@@ -329,3 +329,15 @@ def test_fused_stack_still_runs_dense_fp32_layers(tiny_llama_dir, clean_env):
     assert fused.op_plan.backends()["decoder_stack"] == {"avx512"}, str(fused.op_plan)
     ids = torch.randint(3, 120, (2, 24), generator=torch.Generator().manual_seed(4))
     torch.testing.assert_close(fused.logits(ids), per_layer.logits(ids), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["int8-g32", "int4-mins-g32", "q4_k", "q6_k"])
+@pytest.mark.parametrize("rows", [(32, 48, 16), (20, 12)])
+def test_stacked_parts_pack_as_their_concatenation(kind, rows):
+    """QKV and gate/up pack their parts straight into one buffer: the same bytes as packing
+    the stacked weight (parts of rows that are not a multiple of 16 are stacked first)."""
+    k = 256
+    parts = [weight(kind, n, k) for n in rows]
+    stacked, stacked_kind = qpacking.pack(QuantizedWeight.cat(parts))
+    packed, packed_kind = qpacking.pack(parts)
+    assert packed_kind == stacked_kind and torch.equal(packed, stacked)

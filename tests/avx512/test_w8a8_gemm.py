@@ -121,3 +121,10 @@ def test_rows_alone_or_batched_are_the_same(ext, threads):
         alone = torch.cat([ext.qlinear(x[i : i + 1], packed.weight, packed.bias, n, packed.kind,
                                        True) for i in range(23)])  # fmt: skip
     assert torch.equal(batched, alone)
+
+
+def test_stacked_w8a8_parts_pack_as_their_concatenation():
+    parts = [w8a8_weight(n, 128, seed=n) for n in (32, 16, 48)]
+    stacked, _ = qpacking.pack(QuantizedWeight.cat(parts))
+    packed, kind = qpacking.pack(parts)
+    assert kind == qpacking.KINDS["w8a8"] and torch.equal(packed, stacked)

@@ -190,58 +190,76 @@ def is_w8a8(w: QuantizedWeight) -> bool:
     return w.format == "int8" and w.activations == "int8" and w.group_size == w.shape[1]
 
 
-def pack(w: QuantizedWeight) -> tuple[torch.Tensor, int]:
-    """``(packed uint8 [blocks, block_stride], kind)`` of ``w``, converted in row chunks."""
-    k = w.shape[1]
-    if (why := problem(w.format, k)) is not None:
+def pack(w: QuantizedWeight | Sequence[QuantizedWeight]) -> tuple[torch.Tensor, int]:
+    """``(packed uint8 [blocks, block_stride], kind)`` of ``w``, converted in row chunks. A
+    sequence of weights in one format packs as their stack along rows, each written straight
+    into its blocks of the one buffer (no stacked copy of the codes: the 28 MB of a 3B model's
+    last gate/up at the load's peak), unless a part before the last has rows that are not a
+    multiple of 16 (then they are stacked first)."""
+    parts = [w] if isinstance(w, QuantizedWeight) else list(w)
+    if any(part.shape[0] % ROWS for part in parts[:-1]):
+        parts = [QuantizedWeight.cat(parts)]
+    first = parts[0]
+    if (why := problem(first.format, first.shape[1])) is not None:
         raise ValueError(f"pace-avx512 cannot pack this weight: {why}")
-    if is_w8a8(w):
-        return _pack_chunks(w, KINDS["w8a8"], partial(_w8a8_block_bytes, w))
-    symmetric = w.format == "q4_0" or (w.format == "int4" and w.mins is None)
+    if is_w8a8(first):
+        return _pack_chunks(parts, _w8a8_block_bytes), KINDS["w8a8"]
+    symmetric = first.format == "q4_0" or (first.format == "int4" and first.mins is None)
     int8 = {"int8": "int8", "q8_0": "int8", "q5_0": "int8", "q6_k": "int8-g16"}
-    kind = KINDS[int8.get(w.format, "int4-sym" if symmetric else "int4")]
-
-    def chunk(rows: slice) -> torch.Tensor:
-        codes, scales, mins = _codes_scales_mins(w, rows)
-        pad = -codes.shape[0] % ROWS
-        if pad:
-            codes = F.pad(codes, (0, 0, 0, pad))
-            scales = F.pad(scales, (0, 0, 0, pad))
-            mins = None if mins is None else F.pad(mins, (0, 0, 0, pad))
-        return _block_bytes(codes, scales, mins, kind in _INT8_KINDS)
-
-    return _pack_chunks(w, kind, chunk)
+    kind = KINDS[int8.get(first.format, "int4-sym" if symmetric else "int4")]
+    return _pack_chunks(parts, partial(_grouped_block_bytes, int8=kind in _INT8_KINDS)), kind
 
 
-def _pack_chunks(w: QuantizedWeight, kind: int, chunk) -> tuple[torch.Tensor, int]:
-    """``chunk(rows)`` (the packed blocks of a slice of rows) over ``w`` in row chunks, into
-    one huge-page buffer allocated once the first chunk gives the block stride."""
-    n = w.shape[0]
-    step = max(ROWS, min(CHUNK_ROWS, CHUNK_ELEMENTS // w.shape[1]) // ROWS * ROWS)
-    packed = None
-    for start in range(0, n, step):
-        blocks = chunk(slice(start, min(n, start + step)))
-        if packed is None:
-            packed = build.load_extension().huge_page_empty(-(-n // ROWS), blocks.shape[1])
-        packed[start // ROWS : start // ROWS + blocks.shape[0]] = blocks
-    return packed, kind
+def _grouped_block_bytes(w: QuantizedWeight, rows: slice, int8: bool) -> torch.Tensor:
+    """``rows`` of ``w`` as the grouped kinds' blocks (rows padded to a multiple of 16)."""
+    codes, scales, mins = _codes_scales_mins(w, rows)
+    pad = -codes.shape[0] % ROWS
+    if pad:
+        codes = F.pad(codes, (0, 0, 0, pad))
+        scales = F.pad(scales, (0, 0, 0, pad))
+        mins = None if mins is None else F.pad(mins, (0, 0, 0, pad))
+    return _block_bytes(codes, scales, mins, int8)
+
+
+def _pack_chunks(parts: Sequence[QuantizedWeight], blocks_of) -> torch.Tensor:
+    """``blocks_of(part, rows)`` (the packed blocks of a slice of a part's rows) over every
+    part in row chunks, into one huge-page buffer allocated once the first chunk gives the
+    block stride."""
+    total = sum(-(-part.shape[0] // ROWS) for part in parts)
+    k = parts[0].shape[1]
+    step = max(ROWS, min(CHUNK_ROWS, CHUNK_ELEMENTS // k) // ROWS * ROWS)
+    packed, at = None, 0
+    for part in parts:
+        n = part.shape[0]
+        for start in range(0, n, step):
+            blocks = blocks_of(part, slice(start, min(n, start + step)))
+            if packed is None:
+                packed = build.load_extension().huge_page_empty(total, blocks.shape[1])
+            packed[at : at + blocks.shape[0]] = blocks
+            at += blocks.shape[0]
+    return packed
 
 
 def prepare_linear(
-    w: QuantizedWeight, bias: torch.Tensor | None = None, int8_activations: bool | None = None
+    w: QuantizedWeight | Sequence[QuantizedWeight],
+    bias: torch.Tensor | None = None,
+    int8_activations: bool | None = None,
 ) -> QPackedLinear:
-    """``w`` packed; its bf16 activations int8 or 15-bit as given, by default as
-    ``PACE_QUANT_ACTIVATIONS`` says now (:mod:`pace_avx512.settings`). A W8A8 weight
-    (``w.activations == "int8"``) takes int8 activations in every dtype."""
-    w8a8 = w.activations == "int8"
+    """``w`` (or weights of one format stacked along rows, :func:`pack`) packed; its bf16
+    activations int8 or 15-bit as given, by default as ``PACE_QUANT_ACTIVATIONS`` says now
+    (:mod:`pace_avx512.settings`). A W8A8 weight (``activations == "int8"``) takes int8
+    activations in every dtype."""
+    parts = [w] if isinstance(w, QuantizedWeight) else list(w)
+    first = parts[0]
+    w8a8 = first.activations == "int8"
     if int8_activations is None:
         int8_activations = settings.int8_activations()
-    packed, kind = pack(w)
-    n, k = w.shape
+    packed, kind = pack(parts)
+    n, k = sum(part.shape[0] for part in parts), first.shape[1]
     b = None if bias is None else bias.reshape(-1).float().contiguous()
-    fixed = w.activation_scales
+    fixed = first.activation_scales
     fixed = None if fixed is None else fixed.float().contiguous()
-    return QPackedLinear(packed, b, kind, int(n), int(k), w.dtype, int8_activations or w8a8,
+    return QPackedLinear(packed, b, kind, int(n), int(k), first.dtype, int8_activations or w8a8,
                          w8a8, fixed)  # fmt: skip
 
 
@@ -269,14 +287,14 @@ def prepare_qkv(
         packed = tuple(prepare_linear(w, b) for w, b in zip(weights, parts, strict=True))
         return QPackedQKV(packed, sizes)  # type: ignore[arg-type]
     bias = torch.cat([b.reshape(-1) for b in biases]) if biases is not None else None
-    return QPackedQKV(prepare_linear(QuantizedWeight.cat(weights), bias), sizes)  # type: ignore[arg-type]
+    return QPackedQKV(prepare_linear(weights, bias), sizes)  # type: ignore[arg-type]
 
 
 def prepare_gated_mlp(
     gate: QuantizedWeight, up: QuantizedWeight, down: QuantizedWeight, activation: str
 ) -> QPackedGatedMLP:
     if _same_format([gate, up]):
-        gate_up: QPackedLinear | tuple = prepare_linear(QuantizedWeight.cat([gate, up]))
+        gate_up: QPackedLinear | tuple = prepare_linear([gate, up])
     else:
         gate_up = (prepare_linear(gate), prepare_linear(up))
     code = build.load_extension().ACTIVATIONS.index(activation)
