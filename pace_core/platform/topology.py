@@ -16,17 +16,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = [
-    "Core",
-    "L3Domain",
-    "NumaNode",
-    "Topology",
-    "current_topology",
-    "format_cpus",
-    "parse_cpulist",
-    "read_topology",
-]
-
 
 @dataclass(frozen=True)
 class Core:

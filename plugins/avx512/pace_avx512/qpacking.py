@@ -1,13 +1,15 @@
 """Quantized weights (``pace_core.quant.QuantizedWeight``) in the layout of ``csrc/qlinear.cpp``.
 
-Every accepted format becomes one of four kernel kinds (:data:`KINDS`) with groups of 32
+Every grouped format becomes one of four kernel kinds (:data:`KINDS`) with groups of 32
 along K: 8-bit codes with an fp16 scale per row and group (``int8`` of any group size, GGUF
 ``q8_0``, and ``q5_0`` as codes ``q - 16``) or per 16 k (GGUF ``q6_k``: its 6-bit codes
 minus 32); 4-bit codes with an fp16 scale and min per row and group (``int4`` with mins,
 ``q4_1``, ``q4_k``), or with a scale only (symmetric ``int4``, ``q4_0``: the kernel uses the
 min ``-8 s``). Scales of a coarser group repeat per 32. ``q4_k`` and ``q6_k`` are not
 bit-exact: their integer sub-block scales times the fp16 super-block scale are rounded to
-fp16 (relative <= 2^-11).
+fp16 (relative <= 2^-11). A fifth kind, ``w8a8`` (:func:`is_w8a8`: int8 with one scale per
+row and int8 activations), has a layout of its own for the integer GEMM (``csrc/igemm.cpp``):
+per block of 16 rows their fp32 scales, then the unsigned codes in k-quads.
 
 Per block of 16 rows, one contiguous span read front to back, padded to 64 bytes: runs of
 groups (2 when a group's tables take 32 bytes: int8 with a scale per 32, symmetric 4-bit; else
