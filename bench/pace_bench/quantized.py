@@ -8,18 +8,26 @@ together (llama.cpp: its batched decoding, every sequence in one context):
 - ``q8_0``, ``q4_0``, ``q4_k_m``: the BF16 GGUF quantized by llama.cpp's own quantizer, run by
   both engines (pace reads the file as it is);
 - ``original``: the GGUF the model ships as (SmolLM2 Q4_1 + Q8_0, Gemma-3 Q4_K_M), both engines;
-- ``int8``, ``int4``: pace's quantize-on-load of the checkpoint.
+- ``int8``, ``int4``, ``w8a8``: pace's quantize-on-load of the checkpoint.
+
+Two llama.cpp engines: ``llama.cpp`` (llama-cpp-python, ``make bench-peers``; batches too) and
+``llama-bench``, the newest llama.cpp's own benchmark program (``make bench-llama-cpp``; batches
+of one, timed by its clock, one run per turn). ``random:llama-3.2-1b`` and the other full-depth
+random shapes run their GGUFs of :func:`pace_bench.random_models.random_gguf` (no BF16 GGUF).
 
 ``--activations exact int8`` also runs each quantized format as engine ``pace-a8``: the same
 file loaded under ``PACE_QUANT_ACTIVATIONS=int8`` (pace-avx512's int8 activations, llama.cpp's
 precision; ``pace`` is the default, ``exact``).
 
-Ratios: ``decode_vs_llama`` / ``prefill_vs_llama`` (pace over llama.cpp on the same file) and
-``decode_vs_bf16`` / ``prefill_vs_bf16`` (over pace bf16 in the same run). The summary states
-the targets of the quantized-kernels issue as met or not.
+Ratios: ``decode_vs_llama`` / ``prefill_vs_llama`` (pace over llama-cpp-python on the same
+file), ``decode_vs_newest`` / ``prefill_vs_newest`` (over llama-bench) and ``decode_vs_bf16`` /
+``prefill_vs_bf16`` (over pace bf16 in the same run). The summary states each target as met or
+not.
 
     pace bench quantized --models smollm2 gemma3-270m --threads 1 2 --prompt-lens 128 512 \
         --batches 1 8
+    pace bench quantized --models random:llama-3.2-1b --formats bf16 q8_0 q4_k_m \
+        --engines pace llama-bench --threads 2 --batches 1
 """
 
 from __future__ import annotations
@@ -41,20 +49,26 @@ from pace_bench.common import (
     vocab_size,
     with_targets,
 )
+from pace_bench.llama_cpp_tools import LlamaBenchRunner
 from pace_bench.offline import LlamaCppRunner, measure_point, pace_runner
 
-FORMATS = ("bf16", "q8_0", "q4_0", "q4_k_m", "original", "int8", "int4")
+FORMATS = ("bf16", "q8_0", "q4_0", "q4_k_m", "original", "int8", "int4", "w8a8")
 LLAMA_MADE = ("q8_0", "q4_0", "q4_k_m")  # quantized by llama.cpp from the BF16 GGUF
-PACE_ONLY = ("int8", "int4")  # quantize-on-load presets
+PACE_ONLY = ("int8", "int4", "w8a8")  # quantize-on-load presets
+ENGINES = ("pace", "llama.cpp", "llama-bench")
 TARGETS = (  # (ratio column, formats, minimum)
     ("decode_vs_llama", ("q8_0", "q4_0", "q4_k_m"), 1.2),
+    ("decode_vs_newest", ("q8_0", "q4_k_m"), 1.4),
     ("decode_vs_bf16", ("int4",), 1.8),
-    ("prefill_vs_bf16", ("q8_0", "q4_0", "q4_k_m", "original", "int8", "int4"), 1.0),
+    ("prefill_vs_bf16", ("q8_0", "q4_k_m"), 1.7),
+    ("prefill_vs_bf16", ("q4_0", "original", "int8", "int4", "w8a8"), 1.0),
     ("prefill_vs_llama", ("q8_0", "q4_0", "q4_k_m", "original"), 1.5),
+    ("prefill_vs_newest", ("q8_0", "q4_k_m"), 2.5),
 )
 COLUMNS = [
     "model", "format", "engine", "threads", "prompt_len", "batch", "prefill_tok_s", "decode_tok_s",
-    "decode_vs_llama", "prefill_vs_llama", "decode_vs_bf16", "prefill_vs_bf16", "weights_mb",
+    "decode_vs_llama", "prefill_vs_llama", "decode_vs_newest", "prefill_vs_newest",
+    "decode_vs_bf16", "prefill_vs_bf16", "weights_mb",
 ]  # fmt: skip
 QUICK = {"models": ["smollm2"], "threads": [1], "prompt_lens": [128], "batches": [1],
          "new_tokens": 16, "repeats": 2, "formats": ["bf16", "q8_0", "int4"]}  # fmt: skip
@@ -63,8 +77,7 @@ QUICK = {"models": ["smollm2"], "threads": [1], "prompt_lens": [128], "batches":
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--models", nargs="+", default=["smollm2", "gemma3-270m"])
     p.add_argument("--formats", nargs="+", default=list(FORMATS), choices=FORMATS)
-    p.add_argument("--engines", nargs="+", default=["pace", "llama.cpp"],
-                   choices=["pace", "llama.cpp"])  # fmt: skip
+    p.add_argument("--engines", nargs="+", default=["pace", "llama.cpp"], choices=ENGINES)
     p.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     p.add_argument("--prompt-lens", nargs="+", type=int, default=[128, 512])
     p.add_argument("--batches", nargs="+", type=int, default=[1, 8],
@@ -78,8 +91,14 @@ def _files(name: str, fmt: str) -> tuple[Path, Path | None]:
     """(what pace loads, the GGUF llama.cpp runs or None) for one format."""
     from pace_bench import peers
     from pace_bench.quality import gguf_file
+    from pace_bench.random_models import is_random_name, random_gguf
 
     path = model_path(name)
+    if is_random_name(name) and fmt in ("bf16", *PACE_ONLY):
+        return path, None
+    if is_random_name(name):
+        gguf = random_gguf(name, fmt)
+        return gguf, gguf
     if fmt == "original":
         gguf = gguf_file(name)
         return gguf, gguf
@@ -119,6 +138,11 @@ def load_engines(name: str, args: argparse.Namespace) -> tuple[dict[str, Any], d
                 sizes[label] = weight_bytes(model.model) / 1e6
         if "llama.cpp" in args.engines and gguf is not None and peers.find_llama_cpp():
             engines[f"llama.cpp {fmt}"] = LlamaCppRunner(gguf, n_ctx)
+        if "llama-bench" in args.engines and gguf is not None:
+            try:
+                engines[f"llama-bench {fmt}"] = LlamaBenchRunner(gguf)
+            except peers.PeerUnavailable as exc:
+                note(args, f"quantized: llama-bench skipped: {exc}")
     if "llama.cpp" in args.engines and not peers.find_llama_cpp():
         note(args, "quantized: llama.cpp skipped: llama-cpp-python is not installed "
              "(make bench-peers)")  # fmt: skip
@@ -132,8 +156,8 @@ def with_ratios(measured: dict[str, dict[str, float]]) -> None:
         engine, fmt = label.split(" ", 1)
         if engine not in activations.ENGINES.values():
             continue
-        llama = measured.get(f"llama.cpp {fmt}")
-        for ref, suffix in ((llama, "llama"), (bf16, "bf16")):
+        llama, newest = measured.get(f"llama.cpp {fmt}"), measured.get(f"llama-bench {fmt}")
+        for ref, suffix in ((llama, "llama"), (newest, "newest"), (bf16, "bf16")):
             if ref is not None:
                 r[f"decode_vs_{suffix}"] = r["decode_tok_s"] / ref["decode_tok_s"]
                 r[f"prefill_vs_{suffix}"] = r["prefill_tok_s"] / ref["prefill_tok_s"]
@@ -163,7 +187,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for threads, prompt_len, batch in progress(points, f"quantized {name}", args.quiet):
             torch.set_num_threads(threads)
             ids = random_prompts(vocab, batch, prompt_len, gen)
-            measured = measure_point(engines, ids, args)
+            here = {k: v for k, v in engines.items() if batch == 1 or "llama-bench" not in k}
+            measured = measure_point(here, ids, args)
             with_ratios(measured)
             for label, r in measured.items():
                 engine, fmt = label.split(" ", 1)

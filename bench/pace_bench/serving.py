@@ -9,9 +9,13 @@ JSON + a table + a PNG plot (throughput and latencies vs concurrency).
 
 Engines (``--engines``): ``pace`` (in each of ``--modes``), ``vllm`` (vLLM-CPU), ``vllm-w8a8``
 (vLLM-CPU on a compressed-tensors W8A8 copy of the model holding pace's own ``w8a8`` codes:
-:mod:`pace_bench.compressed_tensors`) and ``amd-pace`` (AMD PACE's pace-server), the peers from
-``make bench-serving-peers`` (skipped with a note when not installed;
-:mod:`pace_bench.serving_peers`). Workloads (``--workload``, fixed seed,
+:mod:`pace_bench.compressed_tensors`), ``amd-pace`` (AMD PACE's pace-server), the peers from
+``make bench-serving-peers``, and ``llama-server`` (the newest llama.cpp, ``make
+bench-llama-cpp``; ``-np`` slots = the top concurrency level), each skipped with a note when not
+installed (:mod:`pace_bench.serving_peers`). ``--gguf q4_k_m`` (or another llama.cpp type) makes
+every engine serve the model's GGUF of that type, made by llama.cpp's converter and quantizer
+(how ``random:llama-3.2-1b`` and the other full-depth shapes are served); without it
+llama-server serves the model's BF16 GGUF. Workloads (``--workload``, fixed seed,
 the same for every engine; ``ignore_eos``/``min_tokens`` so every request produces exactly its
 max_tokens):
 
@@ -25,6 +29,8 @@ max_tokens):
     pace bench serving                                   # pace: both modes, all levels
     pace bench serving --quick                           # concurrency 1, 4, 16 only
     pace bench serving --engines pace vllm amd-pace --rounds 3     # pace vs its peers
+    pace bench serving --engines pace llama-server --model random:llama-3.2-1b --gguf q4_k_m \
+        --concurrency 8 32
 
 Every level is bounded in requests (``--requests-per-level``; default max(4, c) for mixed,
 max(8, 2c) for fixed) and in time (``--level-timeout``); a server start by ``--start-timeout``.
@@ -47,13 +53,14 @@ from typing import Any
 
 from pace_bench.common import emit, model_path, note, progress, usable_cores, warn
 from pace_bench.compressed_tensors import w8a8_copy
-from pace_bench.peers import PeerUnavailable
+from pace_bench.peers import LLAMA_FTYPES, PeerUnavailable
 from pace_bench.serving_peers import (
     ENGINES,
     EngineServer,
     ServerSpec,
     amd_pace_spec,
     find_peer,
+    llama_server_spec,
     pace_spec,
     vllm_spec,
 )
@@ -122,12 +129,18 @@ def make_fixed_workload(
     return out
 
 
-def token_counter(model_dir: Path) -> Callable[[str], int] | None:
-    """Prompt length in tokens as the servers see it (the model's tokenizer), or None."""
+def token_counter(weights: Path) -> Callable[[str], int] | None:
+    """Prompt length in tokens as the servers see it (the model's tokenizer, or a GGUF file's),
+    or None."""
     try:
         from transformers import AutoTokenizer
 
-        tok = AutoTokenizer.from_pretrained(str(model_dir))
+        if weights.suffix == ".gguf":
+            from pace_core.models.gguf_source import load_tokenizer
+
+            tok = load_tokenizer(weights)
+        else:
+            tok = AutoTokenizer.from_pretrained(str(weights))
     except Exception:  # no tokenizer: prompts of one word per token, about
         return None
     return lambda text: len(tok(text)["input_ids"])
@@ -283,6 +296,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workload", choices=WORKLOADS, default=None,
                    help="default: mixed for pace alone, fixed with a peer")  # fmt: skip
     p.add_argument("--prompt-tokens", type=int, default=150, help="fixed workload's prompts")
+    p.add_argument("--gguf", default=None, choices=sorted(LLAMA_FTYPES),
+                   help="every engine serves the model's GGUF of this llama.cpp type")  # fmt: skip
     p.add_argument("--new-tokens", type=int, default=64, help="fixed workload's outputs")
     p.add_argument("--concurrency", type=int, nargs="+", default=None,
                    help="default: 1 4 16 32 (mixed), 1 8 32 64 (fixed)")  # fmt: skip
@@ -331,7 +346,8 @@ def contenders(args: argparse.Namespace) -> tuple[list[tuple[str, str]], dict[st
         if engine == "pace":
             out += [("pace", mode) for mode in args.modes]
         elif find_peer(engine) is None:
-            skipped[engine] = "not installed (make bench-serving-peers)"
+            target = "bench-llama-cpp" if engine == "llama-server" else "bench-serving-peers"
+            skipped[engine] = f"not installed (make {target})"
             note(args, f"serving: {engine} skipped: {skipped[engine]}")
         else:
             out.append((engine, "continuous"))
@@ -344,12 +360,12 @@ def requests_for(args: argparse.Namespace, concurrency: int) -> int:
     return max(4, concurrency) if args.workload == "mixed" else max(8, 2 * concurrency)
 
 
-def workloads(args: argparse.Namespace, model_dir: Path) -> dict[int, Workload]:
+def workloads(args: argparse.Namespace, weights: Path) -> dict[int, Workload]:
     """Level -> its requests, the same for every engine and round; key 0 is the warm-up."""
     if args.workload == "mixed":
         made = {c: make_workload(requests_for(args, c), args.seed + c) for c in args.concurrency}
         return {0: make_workload(4, 99), **made}
-    count = token_counter(model_dir)
+    count = token_counter(weights)
 
     def fixed(n: int, seed: int) -> Workload:
         return make_fixed_workload(n, seed, args.prompt_tokens, args.new_tokens, count)
@@ -358,10 +374,33 @@ def workloads(args: argparse.Namespace, model_dir: Path) -> dict[int, Workload]:
     return {0: fixed(4, 99), **made}
 
 
+def served_weights(args: argparse.Namespace, model_dir: Path) -> Path:
+    """What pace (and every peer that reads it) serves: the model directory, or its GGUF of
+    ``--gguf``'s type."""
+    from pace_bench import peers
+    from pace_bench.random_models import is_random_name, random_gguf
+
+    if args.gguf is None:
+        return model_dir
+    if is_random_name(args.model):
+        return random_gguf(args.model, args.gguf)
+    return peers.quantized_gguf(model_dir, args.gguf)
+
+
 def server_spec(engine: str, mode: str, args: argparse.Namespace, model_dir: Path) -> ServerSpec:
     max_running, instances = MODES[mode]
     if mode == "continuous":
         max_running = max(max_running, *args.concurrency)
+    weights = served_weights(args, model_dir)
+    if engine == "llama-server":
+        from pace_bench import peers
+
+        gguf = weights if args.gguf else peers.gguf_for(model_dir, "bf16")
+        ctx = 2 * (args.prompt_tokens + args.new_tokens) + 64  # prompts are counted in tokens
+        return llama_server_spec(gguf, threads=args.threads or 1,
+                                 slots=max(args.concurrency), ctx_per_slot=ctx)  # fmt: skip
+    if args.gguf and engine != "pace":
+        raise PeerUnavailable(f"{engine} does not serve GGUF files (--gguf {args.gguf})")
     if engine in ("vllm", "vllm-w8a8"):
         weights = w8a8_copy(model_dir) if engine == "vllm-w8a8" else model_dir
         return vllm_spec(weights, dtype=args.dtype, threads=args.threads or 1,
@@ -374,7 +413,7 @@ def server_spec(engine: str, mode: str, args: argparse.Namespace, model_dir: Pat
     threads = args.threads
     if mode == "ray-2-replicas":
         extra, threads = [*extra, "--ray", "--replicas", "2"], 1
-    return pace_spec(model_dir, dtype=args.dtype, threads=threads,
+    return pace_spec(weights, dtype=args.dtype, threads=threads,
                      max_running=max_running, instances=instances,
                      max_prefill_tokens=args.max_prefill_tokens,
                      max_cache_tokens=args.max_cache_tokens, extra=extra)  # fmt: skip
@@ -407,7 +446,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     args = resolve_defaults(args)
     model_dir = model_path(args.model)
-    levels = workloads(args, model_dir)
+    levels = workloads(args, served_weights(args, model_dir))
     plan, skipped = contenders(args)
     raw, errors, starts = [], [], {}
     total = args.rounds * len(plan) * len(args.concurrency)

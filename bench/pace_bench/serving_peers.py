@@ -1,9 +1,11 @@
-"""Serving peers for ``pace bench serving --engines``: vLLM-CPU and AMD PACE next to pace serve.
+"""Serving peers for ``pace bench serving --engines``: vLLM-CPU, AMD PACE and llama-server next
+to pace serve.
 
-``make bench-serving-peers`` installs each peer in its own venv under
-``$PACE_CACHE_DIR/peers`` (``vllm-venv``, ``amd-pace-venv``); :func:`find_peer` finds its server
-program there. :func:`server_for` builds the server of one engine (``pace``, ``vllm`` or
-``amd-pace``) bound to 127.0.0.1 on a free port, on the same model directory and threads, with
+``make bench-serving-peers`` installs vLLM-CPU and AMD PACE each in its own venv under
+``$PACE_CACHE_DIR/peers`` (``vllm-venv``, ``amd-pace-venv``); ``make bench-llama-cpp`` builds
+the newest ``llama-server`` (:mod:`pace_bench.llama_cpp_tools`); :func:`find_peer` finds each
+server program. The ``*_spec`` functions build the server of one engine bound to 127.0.0.1 on a
+free port, on the same weights and threads, with
 the request fields that make it produce exactly ``max_tokens`` tokens; :class:`EngineServer`
 starts it, waits for it to answer a completion (bounded) and stops it.
 
@@ -30,7 +32,7 @@ from typing import Any
 
 from pace_bench.peers import PeerUnavailable
 
-ENGINES = ("pace", "vllm", "vllm-w8a8", "amd-pace")
+ENGINES = ("pace", "vllm", "vllm-w8a8", "amd-pace", "llama-server")
 # Engines that are another engine's peer on other weights: vLLM-CPU serving the W8A8 copy of
 # the model (bench/pace_bench/compressed_tensors.py).
 VARIANT_OF = {"vllm-w8a8": "vllm"}
@@ -51,7 +53,11 @@ def peer_venv(engine: str) -> Path:
 
 
 def find_peer(engine: str) -> Path | None:
-    """The server program of a peer's venv, or None when it is not installed."""
+    """The server program of a peer, or None when it is not installed."""
+    if engine == "llama-server":
+        from pace_bench.llama_cpp_tools import find_tool
+
+        return find_tool("llama-server")
     program = peer_venv(engine) / "bin" / PEERS[VARIANT_OF.get(engine, engine)][1]
     return program if program.is_file() else None
 
@@ -194,6 +200,22 @@ def _range(cores: str) -> str:
     if len(ids) > 1 and ids == list(range(ids[0], ids[-1] + 1)):
         return f"{ids[0]}-{ids[-1]}"
     return cores
+
+
+def llama_server_spec(gguf: Path, *, threads: int, slots: int, ctx_per_slot: int) -> ServerSpec:
+    """The newest ``llama-server`` on a GGUF file: ``slots`` parallel sequences (``-np``, its
+    continuous batching) of ``ctx_per_slot`` tokens each, ``threads`` for decode and batches
+    alike. It has no ``min_tokens``: ``ignore_eos`` alone makes outputs exactly
+    ``max_tokens`` long."""
+    from pace_bench.llama_cpp_tools import require_tool
+
+    port = free_port()
+    cmd = [
+        str(require_tool("llama-server")), "-m", str(gguf), "--host", "127.0.0.1",
+        "--port", str(port), "-t", str(threads), "-tb", str(threads), "-np", str(slots),
+        "-c", str(slots * ctx_per_slot), "-a", "bench", "--no-webui",
+    ]  # fmt: skip
+    return ServerSpec("llama-server", cmd, port, "bench", min_tokens=False)
 
 
 def amd_pace_cache(dtype: str) -> str:
