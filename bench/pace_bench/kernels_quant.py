@@ -9,8 +9,9 @@ GEMM is held to (1.8x bf16 at M >= 32).
 ``qgemv``:
 
 for every ``--shapes`` K x N and quantized format (pace's ``int8`` and ``int4`` presets, GGUF
-``q8_0`` and ``q4_0`` written by pace's block writers), every backend whose ``linear`` takes
-that format here multiplies ``--gemv-m`` activation rows by a set of ``--cold-mib`` of such
+``q8_0``, ``q4_0``, ``q4_k`` and ``q6_k`` written by pace's block writers; a K that is not a
+whole number of the format's blocks is skipped with a note), every backend whose ``linear``
+takes that format here multiplies ``--gemv-m`` activation rows by a set of ``--cold-mib`` of such
 matrices in turn (cold: each call reads its weights from DRAM), round-robin with a streaming
 read of as many bytes (``avx512.stream_read`` over the huge pages the packed weights live in,
 where pace-avx512 is usable: the reference is timed in the same rounds, so a noisy host moves
@@ -32,6 +33,7 @@ from pace_bench.common import (
     dtype_name,
     interleaved,
     keep_backend,
+    note,
     parse_shape,
     progress,
     read_buffer,
@@ -40,9 +42,9 @@ from pace_bench.common import (
     usable_kernels,
 )
 from pace_core.quant import PRESETS, QuantizedWeight, quantize
-from pace_core.quant.gguf_blocks import quantize_q4_0, quantize_q8_0
+from pace_core.quant.gguf_blocks import block_type, quantize_k, quantize_q4_0, quantize_q8_0
 
-FORMATS = ("int8", "int4", "q8_0", "q4_0")
+FORMATS = ("int8", "int4", "q8_0", "q4_0", "q4_k", "q6_k")
 REFERENCE = "avx512.stream_read"
 
 
@@ -50,8 +52,9 @@ def quantized(fmt: str, w: torch.Tensor) -> QuantizedWeight:
     """``w`` [N, K] in format ``fmt`` (one of :data:`FORMATS`: pace presets, GGUF blocks)."""
     if fmt in PRESETS:
         return quantize(w, PRESETS[fmt])
-    writer = {"q8_0": quantize_q8_0, "q4_0": quantize_q4_0}[fmt]
-    return QuantizedWeight(fmt, tuple(w.shape), w.dtype, writer(w.float()))
+    writers = {"q8_0": quantize_q8_0, "q4_0": quantize_q4_0}
+    raw = writers[fmt](w.float()) if fmt in writers else quantize_k(w.float(), fmt)
+    return QuantizedWeight(fmt, tuple(w.shape), w.dtype, raw)
 
 
 def bench_qgemv(args: Any, dtype: torch.dtype, threads: int, dram: float, rows: list) -> None:
@@ -60,6 +63,9 @@ def bench_qgemv(args: Any, dtype: torch.dtype, threads: int, dram: float, rows: 
     cases = [(shape, fmt) for shape in args.shapes for fmt in FORMATS]
     for shape, fmt in progress(cases, f"qgemv {dtype_name(dtype)} t={threads}", args.quiet):
         k, n = parse_shape(shape)
+        if fmt not in PRESETS and k % block_type(fmt).block_elems:
+            note(args, f"qgemv: {shape} {fmt} skipped: K is not a whole number of {fmt} blocks")
+            continue
         specs = usable_kernels("linear", dtype, in_features=k, out_features=n, weight_format=fmt)
         specs = {b: s for b, s in specs.items() if keep_backend(args.backends, b)}
         if not specs:

@@ -92,14 +92,17 @@ def test_qgemv_rows_per_format_and_backend_that_takes_it(tmp_path):
     streaming read timed in the same rounds (or of the dram-read rows without pace-avx512)."""
     from pace_bench.kernels_quant import FORMATS, REFERENCE
 
-    argv = [*TINY_KERNELS[:-3], "--sections", "qgemv", "--out", str(tmp_path), "--no-plots"]
+    k = 256  # a k-quant super-block
+    argv = [*TINY_KERNELS[:-3], "--sections", "qgemv", "--shapes", f"{k}x{N}", f"{K}x{N}",
+            "--out", str(tmp_path), "--no-plots"]  # fmt: skip
     assert main([*argv, "--quiet"]) == 0
     rows = json.loads((tmp_path / "kernels.json").read_text())["results"]
     dram = max(r["value"] for r in rows if r["section"] == "dram-read")
     qgemv = [r for r in rows if r["section"] == "qgemv"]
+    assert not [r for r in qgemv if r["shape"].startswith(f"{K}x") and "_k" in r["shape"]]
     for fmt in FORMATS:
-        got = {r["backend"]: r for r in qgemv if r["shape"].endswith(fmt)}
-        ctx = OpContext("linear", torch.float32, {"in_features": K, "out_features": N,
+        got = {r["backend"]: r for r in qgemv if r["shape"] == f"{k}x{N} {fmt}"}
+        ctx = OpContext("linear", torch.float32, {"in_features": k, "out_features": N,
                                                   "weight_format": fmt})  # fmt: skip
         specs = plugins.get_host().ops.where(op="linear")
         usable = {s.backend for s in specs if s.check(ctx, detect_cpu().features) is None}

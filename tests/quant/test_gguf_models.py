@@ -13,13 +13,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from support.tiny_gguf import K_QUANTS, TINY, quantize, write_gguf
+from support.tiny_gguf import TINY, quantize, write_gguf
 from transformers import AutoModelForCausalLM
 
 from pace_core import LLMModel, SamplingConfig
 from pace_core.errors import ModelLoadError
 from pace_core.quant import QuantizedWeight
-from pace_core.quant.gguf_blocks import block_type
+from pace_core.quant.gguf_blocks import K_QUANT_WRITERS, block_type
 
 gguf = pytest.importorskip("gguf")
 
@@ -89,7 +89,7 @@ def models(request, hf_dirs, tmp_path_factory):
 
 
 # -- the helper writes what llama.cpp would --------------------------------------------------
-@pytest.mark.parametrize("kind", list(K_QUANTS))
+@pytest.mark.parametrize("kind", list(K_QUANT_WRITERS))
 def test_k_quant_blocks_approximate_the_weights(kind):
     w = torch.randn(6, 512, generator=torch.Generator().manual_seed(0))
     w = w * torch.logspace(-2, 1, 6).unsqueeze(1)

@@ -11,9 +11,9 @@ needs one for the vocabulary size, which ``<arch>.vocab_size`` gives.
 
 Quantizers: ``q8_0``/``q4_0`` from pace (bit-identical to gguf's), ``f16`` by numpy, and every
 other type gguf implements (``q4_1``, ``q5_0``, ``q5_1``, ``bf16``, ``mxfp4``, ...) by
-``gguf.quants.quantize``. gguf has no quantizers for the k-quants, so :func:`quantize_k` builds
-valid ``q2_k``..``q6_k`` blocks with a simple (not llama.cpp's optimal) choice of scales: the
-de-quantized values approximate the weights within about one quantization step.
+``gguf.quants.quantize``. gguf has no quantizers for the k-quants: pace's
+``gguf_blocks.quantize_k`` builds valid ``q2_k``..``q6_k`` blocks with a simple (not llama.cpp's
+optimal) choice of scales, de-quantized values within about one quantization step.
 
 :data:`TINY` holds one factory per architecture: ``factory(tmp_dir) -> model dir`` with every
 row length a multiple of 256 (the k-quant super-block).
@@ -31,7 +31,7 @@ import torch
 import transformers as tf
 from safetensors.torch import load_file
 
-from pace_core.quant.gguf_blocks import QK_K, quantize_q4_0, quantize_q8_0
+from pace_core.quant.gguf_blocks import K_QUANT_WRITERS, quantize_k, quantize_q4_0, quantize_q8_0
 from support.tiny import NO_SPECIAL, save
 
 Q = gguf.GGMLQuantizationType
@@ -78,117 +78,6 @@ TINY: dict[str, Callable[[Path], Path]] = {
 }
 
 
-# -- k-quant blocks -------------------------------------------------------------------------
-def _f16(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``x`` rounded to float16 (as float32) and its bytes ``[..., 2]``."""
-    h = x.to(torch.float16)
-    return h.float(), h.view(torch.uint8)
-
-
-def _inv(x: torch.Tensor) -> torch.Tensor:
-    return torch.where(x == 0, torch.zeros_like(x), 1.0 / x)
-
-
-def _pack(q: torch.Tensor, bits: int, group: int) -> torch.Tensor:
-    """Pack codes ``[N, E]`` (each < 2**bits) ggml-style: byte ``j`` of each run of ``group``
-    bytes holds, from its low bits up, elements ``j``, ``j + group``, ... of its
-    ``8 // bits * group`` elements."""
-    n = q.shape[0]
-    per = 8 // bits
-    shifts = (torch.arange(per, dtype=torch.int32) * bits).view(1, 1, per, 1)
-    fields = q.to(torch.int32).view(n, -1, per, group) << shifts
-    return fields.sum(dim=2).to(torch.uint8).reshape(n, -1)
-
-
-def _affine(x: torch.Tensor, sub: int, qmax: int, cmax: int):
-    """``q2_k``/``q4_k``/``q5_k``: per sub-block ``d * sc * q - dmin * m``, codes
-    ``q <= qmax``, ``sc, m <= cmax``."""
-    n = x.shape[0]
-    xs = x.view(n, -1, sub)
-    lo, hi = xs.amin(-1).clamp(max=0), xs.amax(-1).clamp(min=0)
-    scale, mins = (hi - lo) / qmax, -lo
-    d, d_raw = _f16(scale.amax(-1, keepdim=True) / cmax)
-    dmin, dmin_raw = _f16(mins.amax(-1, keepdim=True) / cmax)
-    sc = torch.round(scale * _inv(d)).clamp(0, cmax)
-    m = torch.round(mins * _inv(dmin)).clamp(0, cmax)
-    step, off = (d * sc).unsqueeze(-1), (dmin * m).unsqueeze(-1)
-    q = torch.round((xs + off) * _inv(step)).clamp(0, qmax)
-    u8 = torch.uint8
-    return d_raw, dmin_raw, sc.to(u8), m.to(u8), q.to(u8).reshape(n, QK_K)
-
-
-def _symmetric(x: torch.Tensor, sub: int, qneg: int, cmax: int):
-    """``q3_k``/``q6_k``: per sub-block ``d * sc * q``, ``-qneg <= q < qneg``,
-    ``-cmax - 1 <= sc <= cmax``; each sub-block's largest magnitude maps to ``-qneg``."""
-    n = x.shape[0]
-    xs = x.view(n, -1, sub)
-    ext = torch.gather(xs, -1, xs.abs().argmax(-1, keepdim=True)).squeeze(-1)
-    scale = ext / -qneg
-    d, d_raw = _f16(scale.abs().amax(-1, keepdim=True) / cmax)
-    sc = torch.round(scale * _inv(d)).clamp(-cmax - 1, cmax)
-    q = torch.round(xs * _inv((d * sc).unsqueeze(-1))).clamp(-qneg, qneg - 1)
-    return d_raw, sc.to(torch.int32), q.to(torch.int32).reshape(n, QK_K)
-
-
-def _scales_k4(sc: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-    """Eight 6-bit scales and mins -> the 12 scale bytes of q4_k/q5_k."""
-    lo_d = sc[:, :4] | ((sc[:, 4:] >> 4) << 6)
-    lo_m = m[:, :4] | ((m[:, 4:] >> 4) << 6)
-    md = (sc[:, 4:] & 0x0F) | ((m[:, 4:] & 0x0F) << 4)
-    return torch.cat([lo_d, lo_m, md], dim=-1)
-
-
-def _q2_k(x: torch.Tensor) -> torch.Tensor:
-    d, dmin, sc, m, q = _affine(x, 16, 3, 15)
-    return torch.cat([sc | (m << 4), _pack(q, 2, 32), d, dmin], dim=-1)
-
-
-def _q3_k(x: torch.Tensor) -> torch.Tensor:
-    d, sc, q = _symmetric(x, 16, 4, 31)
-    u = q + 4  # 0..7: two low bits, and a high bit that is set for q >= 0
-    c = sc + 32  # 0..63
-    lo = (c[:, :8] & 0x0F) | ((c[:, 8:] & 0x0F) << 4)
-    hi = _pack((c >> 4) & 3, 2, 4)
-    scales = torch.cat([lo.to(torch.uint8), hi], dim=-1)
-    return torch.cat([_pack(u >> 2, 1, 32), _pack(u & 3, 2, 32), scales, d], dim=-1)
-
-
-def _q4_k(x: torch.Tensor) -> torch.Tensor:
-    d, dmin, sc, m, q = _affine(x, 32, 15, 63)
-    return torch.cat([d, dmin, _scales_k4(sc, m), _pack(q, 4, 32)], dim=-1)
-
-
-def _q5_k(x: torch.Tensor) -> torch.Tensor:
-    d, dmin, sc, m, q = _affine(x, 32, 31, 63)
-    qh, qs = _pack(q >> 4, 1, 32), _pack(q & 0x0F, 4, 32)
-    return torch.cat([d, dmin, _scales_k4(sc, m), qh, qs], dim=-1)
-
-
-def _q6_k(x: torch.Tensor) -> torch.Tensor:
-    d, sc, q = _symmetric(x, 16, 32, 127)
-    u = q + 32  # 0..63
-    scales = sc.to(torch.int8).view(torch.uint8)
-    return torch.cat([_pack(u & 0x0F, 4, 64), _pack(u >> 4, 2, 32), scales, d], dim=-1)
-
-
-K_QUANTS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "q2_k": _q2_k,
-    "q3_k": _q3_k,
-    "q4_k": _q4_k,
-    "q5_k": _q5_k,
-    "q6_k": _q6_k,
-}
-
-
-def quantize_k(w: torch.Tensor, kind: str) -> torch.Tensor:
-    """Float ``[N, K]`` (``K % 256 == 0``) -> raw ``uint8 [N, K // 256 * block_bytes]``."""
-    n, k = w.shape
-    if k % QK_K:
-        raise ValueError(f"{kind}: row of {k} elements is not a multiple of {QK_K}")
-    blocks = K_QUANTS[kind](w.detach().float().reshape(-1, QK_K))
-    return blocks.reshape(n, -1)
-
-
 def quantize(w: torch.Tensor, kind: str) -> tuple[np.ndarray, Q]:
     """A float matrix as the raw data of GGUF type ``kind`` (a name: ``"q4_k"``, ``"f16"``)."""
     qtype = Q[kind.upper()]
@@ -199,7 +88,7 @@ def quantize(w: torch.Tensor, kind: str) -> tuple[np.ndarray, Q]:
     if kind in ("q8_0", "q4_0"):
         fn = quantize_q8_0 if kind == "q8_0" else quantize_q4_0
         return fn(w).numpy(), qtype
-    if kind in K_QUANTS:
+    if kind in K_QUANT_WRITERS:
         return quantize_k(w, kind).numpy(), qtype
     return gguf.quants.quantize(w.float().numpy(), qtype), qtype
 
