@@ -141,8 +141,9 @@ def pace_llm(name: str, model: torch.nn.Module, args: argparse.Namespace) -> Any
     path = cache_root() / "random" / f"compile-{name}-{layers}l-{args.dtype}"
     if not (path / "config.json").exists():
         model.save_pretrained(path)
+    # prefix caching off: the timed prompts repeat
     return LLMModel(path, dtype=model.dtype, load_tokenizer=False, opconfig=args.opconfig,
-                    quiet=True)  # fmt: skip
+                    quiet=True, prefix_caching=False)  # fmt: skip
 
 
 def llm_greedy(llm: Any, ids: torch.Tensor, new_tokens: int) -> tuple[float, float]:

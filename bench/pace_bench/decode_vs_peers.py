@@ -69,7 +69,7 @@ def load_engines(name: str, args: argparse.Namespace) -> dict[str, Any]:
     for engine, plan in PLANS.items():
         if engine in args.engines:
             model = LLMModel(path, dtype=torch.bfloat16, opconfig=plan, quiet=True,
-                             load_tokenizer=False)
+                             load_tokenizer=False, prefix_caching=False)  # repeated prompts
             engines[engine] = lambda ids, n, m=model: pace_runner(m, ids, n)
     if "transformers" in args.engines:
         from transformers import AutoModelForCausalLM

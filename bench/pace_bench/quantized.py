@@ -131,8 +131,10 @@ def load_engines(name: str, args: argparse.Namespace) -> tuple[dict[str, Any], d
             for mode in activations.for_model(modes, quantized=fmt != "bf16",
                                               dtype=torch.bfloat16):  # fmt: skip
                 with activations.loaded_under(mode):
+                    # prefix caching off: every repeat runs the same prompt
                     model = LLMModel(source, dtype=torch.bfloat16, quantization=quant,
-                                     quiet=True, load_tokenizer=False)  # fmt: skip
+                                     quiet=True, load_tokenizer=False,
+                                     prefix_caching=False)  # fmt: skip
                 label = f"{activations.ENGINES[mode]} {fmt}"
                 engines[label] = lambda ids, n, m=model: pace_runner(m, ids, n)
                 sizes[label] = weight_bytes(model.model) / 1e6
