@@ -11,6 +11,11 @@ into windows, per model:
   same GGUF against the same reference, and against pace on that file (the KLD between the two
   engines).
 
+``--llama-quantized q8_0`` (or ``q4_k_m``, ``bf16``, ...) scores llama.cpp on its own
+quantization of the same weights (the model's BF16 GGUF through llama.cpp's quantizer) against
+the same dense reference as the presets: the peer row next to ``w8a8`` / ``int8`` (its ``bf16``
+row is the floor of the two engines' bf16 arithmetic differing).
+
 ``--kv-cache-dtype int8`` measures pace's int8 KV cache (dense weights) against the same model
 with its KV in the model dtype (variant ``kv int8``).
 
@@ -34,6 +39,7 @@ import torch
 
 from pace_bench import activations
 from pace_bench.common import emit, model_path, note, progress
+from pace_bench.peers import LLAMA_FTYPES
 from pace_core.quality import SOURCE, Scorer, compare, text_ids, windows
 
 COLUMNS = ["model", "variant", "engine", "reference", "tokens", "kld_mean", "kld_p99", "top1",
@@ -101,6 +107,27 @@ def _llama_cpp_scorer(file: Path, window: int, threads: int) -> Scorer:
     return score
 
 
+def llama_quantized_rows(
+    args: argparse.Namespace, name: str, path: Path, reference: Any, chunks: Any, ref_label: str
+) -> list[dict[str, Any]]:
+    """llama.cpp on each ``--llama-quantized`` GGUF of the model, scored against ``reference``."""
+    from pace_bench import peers
+
+    rows = []
+    for ftype in args.llama_quantized:
+        try:
+            file = peers.gguf_for(path, ftype) if ftype == "bf16" else peers.quantized_gguf(
+                path, ftype)  # fmt: skip
+            scorer = _llama_cpp_scorer(file, args.window, torch.get_num_threads())
+        except (peers.PeerUnavailable, ImportError) as exc:
+            note(args, f"quality: llama.cpp {ftype} skipped: {exc}")
+            continue
+        rows.append(_row(name, f"llama.cpp {ftype}", "llama.cpp", ref_label,
+                         compare(reference, scorer, chunks),
+                         weight_mb=round(file.stat().st_size / 1e6, 1)))  # fmt: skip
+    return rows
+
+
 def bench_model(args: argparse.Namespace, name: str) -> list[dict[str, Any]]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -126,6 +153,7 @@ def bench_model(args: argparse.Namespace, name: str) -> list[dict[str, Any]]:
                              weight_mb=round(weight_bytes(test.model) / 1e6, 1),
                              load_s=round(load, 1)))  # fmt: skip
             del test
+    rows += llama_quantized_rows(args, name, path, ref.logits, chunks, f"{label} (dense)")
     for kv in args.kv_cache_dtype:
         test, load = pace_runner(path, dtype, kv_cache_dtype=kv)
         rows.append(_row(name, f"kv {kv}", label, f"{label} (KV {args.dtype})",
@@ -178,6 +206,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="KV storage dtypes to measure against the model-dtype KV")  # fmt: skip
     p.add_argument("--gguf", action="store_true", help="also the model's original GGUF file")
     p.add_argument("--llama-cpp", action="store_true", help="also llama.cpp on that GGUF file")
+    p.add_argument("--llama-quantized", nargs="*", default=[],
+                   choices=["bf16", *LLAMA_FTYPES],
+                   help="llama.cpp on its own quantization of the same weights, scored against "
+                   "the dense reference")  # fmt: skip
     p.add_argument("--window", type=int, default=512, help="tokens per scored window")
     p.add_argument("--max-tokens", type=int, default=4096, help="tokens of the text used")
     p.add_argument("--bos", action="store_true", help="start every window with BOS")

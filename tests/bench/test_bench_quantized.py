@@ -76,3 +76,38 @@ def test_only_quantized_bf16_models_run_in_both_modes():
     assert activations.for_model(both, quantized=True, dtype=torch.bfloat16) == both
     assert activations.for_model(both, quantized=True, dtype=torch.float32) == ["exact"]
     assert activations.for_model(both, quantized=False, dtype=torch.bfloat16) == ["exact"]
+
+
+def test_llama_quantized_rows_score_llama_cpp_against_the_dense_reference(
+    monkeypatch, tmp_path, capsys
+):
+    """``pace bench quality --llama-quantized``: each llama.cpp quantization of the weights is
+    scored against the reference the presets use; a missing peer is a note, not a row."""
+    import argparse
+
+    import torch
+    from pace_bench import peers, quality
+
+    table = torch.randn(40, 40, generator=torch.Generator().manual_seed(0))
+    chunks = [torch.randint(0, 40, (1, 32), generator=torch.Generator().manual_seed(1))]
+    made = {}
+
+    def quantized_gguf(path, ftype):
+        if ftype == "q4_0":
+            raise peers.PeerUnavailable("llama-cpp-python is not installed: run `make bench-peers`")
+        made[ftype] = tmp_path / f"m.{ftype}.gguf"
+        made[ftype].write_bytes(b"x" * 2_000_000)
+        return made[ftype]
+
+    monkeypatch.setattr(peers, "quantized_gguf", quantized_gguf)
+    monkeypatch.setattr(quality, "_llama_cpp_scorer", lambda file, window, threads: (
+        lambda ids: table[ids] + (0.5 if file == made["q8_0"] else 0.0)))  # fmt: skip
+    args = argparse.Namespace(llama_quantized=["q8_0", "q4_0"], window=32, quiet=False)
+    rows = quality.llama_quantized_rows(args, "m", tmp_path, lambda ids: table[ids], chunks,
+                                        "pace bfloat16 (dense)")  # fmt: skip
+    assert [r["variant"] for r in rows] == ["llama.cpp q8_0"]
+    row = rows[0]
+    assert row["engine"] == "llama.cpp" and row["reference"] == "pace bfloat16 (dense)"
+    assert row["kld_mean"] == pytest.approx(0.0, abs=1e-6)  # a constant shift: same softmax
+    assert row["top1"] == 1.0 and row["weight_mb"] == 2.0
+    assert "llama.cpp q4_0 skipped" in capsys.readouterr().err
