@@ -341,3 +341,149 @@ def test_stacked_parts_pack_as_their_concatenation(kind, rows):
     stacked, stacked_kind = qpacking.pack(QuantizedWeight.cat(parts))
     packed, packed_kind = qpacking.pack(parts)
     assert packed_kind == stacked_kind and torch.equal(packed, stacked)
+
+
+# -- GGUF q6_k: kind "q6" (6-bit codes: the 4-bit nibble lines + 2 lines of high bits) -------
+# ``int8-g16`` holds the same weight as 8-bit codes (the layout q6 replaced: 9 bits per weight)
+# and the kernels compute bit for bit the same numbers from either, on every path.
+
+
+def q6_codes(n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random q6_k-like codes int8 [n, k] in -32..31 (the extremes in row 0) and fp16 scales
+    [n, k / 16] (a zero row 1), rows a multiple of 16."""
+    gen = torch.Generator().manual_seed(seed)
+    codes = torch.randint(-32, 32, (n, k), generator=gen).to(torch.int8)
+    codes[0, ::2], codes[0, 1::2] = -32, 31
+    scales = (torch.rand(n, k // 16, generator=gen) * 0.02 + 1e-3).half()
+    scales[1] = 0.0
+    return codes, scales
+
+
+def q6_pair(codes: torch.Tensor, scales: torch.Tensor, n: int, k: int, int8: bool):
+    """The same weight packed as kind q6 and as int8-g16 (any number of groups of 32)."""
+    return [
+        qpacking.QPackedLinear(
+            qpacking._block_bytes(codes, scales, None, qpacking.KINDS[kind]), None,
+            qpacking.KINDS[kind], n, k, torch.float32, int8,
+        )
+        for kind in ("q6", "int8-g16")
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("k", [256, 4096])
+def test_q6_k_packs_at_7_bits_per_weight(k):
+    """scales [2][16] + 4 nibble lines + 2 high lines: 448 bytes per block of 16 rows and
+    32 k (7 bits per weight, the file has 6.5625); int8-g16 took 576 (9 bits)."""
+    q = weight("q6_k", 40, k)
+    packed, kind = qpacking.pack(q)
+    assert kind == qpacking.KINDS["q6"]
+    assert packed.shape[1] * 8 / (16 * k) <= 7.1
+    wide, wide_kind = qpacking.pack(q, kind="int8-g16")
+    assert wide_kind == qpacking.KINDS["int8-g16"] and wide.shape[1] * 8 / (16 * k) == 9
+    with pytest.raises(ValueError, match="cannot pack q4_k as kind int8-g16"):
+        qpacking.pack(weight("q4_k", 16, 256), kind="int8-g16")
+
+
+@pytest.mark.parametrize("k", [256, 544])  # 8 groups; 17 (an odd number)
+def test_q6_packed_rows_are_the_codes_times_scales(k):
+    n = 48
+    codes, scales = q6_codes(n, k, k)
+    q6, wide = q6_pair(codes, scales, n, k, False)
+    ids = torch.tensor([0, 1, 2, 15, 16, 31, 47])
+    got = q6.rows(ids)
+    want = codes[ids].float() * scales[ids].float().repeat_interleave(16, dim=1)
+    assert torch.equal(got, want) and torch.equal(got, wide.rows(ids))
+
+
+Q6_MODES = {  # (int8 activations, qpanel_rows)
+    "split": (False, 0),
+    "int8": (True, 0),
+    "panel-from-16": (False, 16),
+}
+
+
+@pytest.mark.parametrize("mode", list(Q6_MODES))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("k", [544, 2048])  # an odd number of groups of 32 (17), 64
+@pytest.mark.parametrize("threads", [1, 2])
+def test_q6_kind_computes_as_int8_g16(ext, mode, dtype, k, threads):
+    """Kind q6 against int8-g16 on the same weight, bit for bit, and against the exact model:
+    the decode GEMV (M = 1), the tiles (M = 2..13, every height and tail), the bf16 panel
+    (M >= 16, AVX512-BF16 builds), split or int8 activations, fp32 and bf16, 1 and 2
+    threads, a tail block of 4 rows."""
+    int8, panel_from = Q6_MODES[mode]
+    if dtype == torch.float32 and int8:
+        pytest.skip("fp32 rows keep the split (test_fp32_rows_never_take_int8_activations)")
+    n = 100
+    codes, scales = q6_codes(112, k, k + threads)
+    q6, wide = q6_pair(codes, scales, n, k, int8)
+    w = q6.rows(torch.arange(n))
+    bias = torch.linspace(-1, 1, n)
+    before = ext.qpanel_rows()
+    ext.set_qpanel_rows(panel_from)
+    try:
+        for m in (*range(1, 14), 16, 19):
+            x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(dtype)
+            x[0, :32] = 0.0  # an all-zero activation group
+            with every_thread(ext, threads):
+                got = ext.qlinear(x, q6.weight, bias, n, q6.kind, int8)
+                same = ext.qlinear(x, wide.weight, bias, n, wide.kind, int8)
+            assert torch.equal(got, same), m
+            want = reference(x, w, qpacking.qlinear_path(m, dtype, int8)) + bias
+            tol = 1e-5 if dtype == torch.float32 else 2**-8
+            torch.testing.assert_close(got.float(), want, rtol=tol, atol=tol * want.abs().max())
+    finally:
+        ext.set_qpanel_rows(before)
+
+
+@pytest.mark.parametrize("int8", [False, True])
+def test_q6_k_weight_computes_as_int8_g16(ext, int8):
+    """A real q6_k weight (rows from its super-blocks) packed both ways: the same outputs."""
+    n, k = 100, 512
+    q = weight("q6_k", n, k)
+    q6 = qpacking.prepare_linear(q, int8_activations=int8)
+    wide = qpacking.prepare_linear(q, int8_activations=int8, kind="int8-g16")
+    assert (q6.kind, wide.kind) == (qpacking.KINDS["q6"], qpacking.KINDS["int8-g16"])
+    assert torch.equal(q6.rows(torch.arange(n)), wide.rows(torch.arange(n)))
+    for m in (1, 3, 16):
+        x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).bfloat16()
+        got = ext.qlinear(x, q6.weight, q6.bias, n, q6.kind, int8)
+        assert torch.equal(got, ext.qlinear(x, wide.weight, wide.bias, n, wide.kind, int8))
+
+
+def test_q4_k_m_mix_of_q4_k_and_q6_k_runs_fused(tmp_path, clean_env, quant_activations,
+                                                monkeypatch):  # fmt: skip
+    """Q4_K_M keeps some V and down projections in q6_k next to q4_k Q/K and gate/up: the QKV
+    packs per format (kinds int4 and q6), the fused stack runs it near native (the k-quants'
+    sub-block scales rounded to fp16 at packing: ~5e-3 on this model, q4_k alone too) and
+    bit for bit as with the q6_k matrices packed as int8-g16."""
+    from support.tiny_gguf import TINY, write_gguf
+
+    hf = TINY["llama"](tmp_path / "hf")
+    out = write_gguf(hf, tmp_path / "q4_k_m.gguf",
+                     {"attn_v": "q6_k", "ffn_down": "q6_k", "": "q4_k"})  # fmt: skip
+    dtype = MODEL_DTYPE[quant_activations]
+    fused = LLMModel(out, dtype=dtype, load_tokenizer=False)
+    native = LLMModel(out, dtype=dtype, load_tokenizer=False, opconfig={"default": "native"})
+    assert fused.op_plan.backends()["decoder_stack"] == {"avx512"}, str(fused.op_plan)
+    kinds = {w.kind for w in packed_linears(fused)}
+    assert {qpacking.KINDS["q6"], qpacking.KINDS["int4"]} <= kinds, kinds
+    ids = torch.randint(3, 120, (1, 20), generator=torch.Generator().manual_seed(3))
+    a, b = fused.logits(ids).float(), native.logits(ids).float()
+    assert float((a - b).norm() / b.norm()) < max(0.02, LOGIT_BOUNDS[quant_activations][0])
+
+    pack = qpacking.pack
+
+    def wide(w, kind=None):
+        first = w if isinstance(w, QuantizedWeight) else w[0]
+        return pack(w, "int8-g16" if first.format == "q6_k" else kind)
+
+    monkeypatch.setattr(qpacking, "pack", wide)
+    fused_wide = LLMModel(out, dtype=dtype, load_tokenizer=False)
+    kinds = {w.kind for w in packed_linears(fused_wide)}
+    assert qpacking.KINDS["int8-g16"] in kinds and qpacking.KINDS["q6"] not in kinds, kinds
+    assert torch.equal(fused.logits(ids), fused_wide.logits(ids))
+    cfg = SamplingConfig(max_new_tokens=6, ignore_eos=True)
+    assert fused.generate(ids, cfg).generated_token_ids == fused_wide.generate(
+        ids, cfg
+    ).generated_token_ids

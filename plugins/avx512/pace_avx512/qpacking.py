@@ -1,9 +1,11 @@
 """Quantized weights (``pace_core.quant.QuantizedWeight``) in the layout of ``csrc/qlinear.cpp``.
 
-Every grouped format becomes one of four kernel kinds (:data:`KINDS`) with groups of 32
+Every grouped format becomes one of five kernel kinds (:data:`KINDS`) with groups of 32
 along K: 8-bit codes with an fp16 scale per row and group (``int8`` of any group size, GGUF
-``q8_0``, and ``q5_0`` as codes ``q - 16``) or per 16 k (GGUF ``q6_k``: its 6-bit codes
-minus 32); 4-bit codes with an fp16 scale and min per row and group (``int4`` with mins,
+``q8_0``, and ``q5_0`` as codes ``q - 16``); 6-bit codes with an fp16 scale per row and 16 k
+(``q6``: GGUF ``q6_k``, its codes ``q`` in -32..31 stored as ``u = q + 32``, 7 bits per weight
+with the scales; ``int8-g16`` holds the same weight as 8-bit codes, 9 bits per weight);
+4-bit codes with an fp16 scale and min per row and group (``int4`` with mins,
 ``q4_1``, ``q4_k``), or with a scale only (symmetric ``int4``, ``q4_0``: the kernel uses the
 min ``-8 s``). Scales of a coarser group repeat per 32. ``q4_k`` and ``q6_k`` are not
 bit-exact: their integer sub-block scales times the fp16 super-block scale are rounded to
@@ -17,7 +19,10 @@ groups (2 when a group's tables take 32 bytes: int8 with a scale per 32, symmetr
 (``[2][16]`` for q6_k), then (4-bit with mins) fp16 mins ``[16]``. Codes are unsigned bytes
 in k-quads (the ``vpdpbusd`` operand): byte ``4j + e`` of a quad = row j, k = 4 quad + e.
 8-bit codes are stored as ``q + 128``, a group as 8 quads of 64 bytes; 4-bit codes as 4 lines
-of 64 bytes, line v holding quad 2v in the low nibbles and 2v + 1 in the high ones.
+of 64 bytes, line v holding quad 2v in the low nibbles and 2v + 1 in the high ones; 6-bit codes
+``u`` as the 4-bit lines of ``u & 15``, then 2 high lines of 64 bytes: bits ``2 (q % 4)`` and
+``2 (q % 4) + 1`` of byte ``4j + e`` of high line ``q / 4`` are ``u >> 4`` of that byte of quad
+q (448 bytes per block and group: scales ``[2][16]``, 4 nibble lines, 2 high lines).
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from pace_core.quant.gguf_blocks import nibbles, q5_values, scale_min_k4, unpack
 GROUP = 32  # k per quantization group of the kernel
 ROWS = 16  # rows per packed block
 FORMATS = ("int8", "int4", "q8_0", "q5_0", "q4_0", "q4_1", "q4_k", "q6_k")
-KINDS = {"int4": 0, "int8": 1, "int8-g16": 2, "int4-sym": 3, "w8a8": 4}  # csrc/kernels.h Kind
+KINDS = {"int4": 0, "int8": 1, "int8-g16": 2, "int4-sym": 3, "w8a8": 4, "q6": 5}  # kernels.h Kind
 _INT8_KINDS = (KINDS["int8"], KINDS["int8-g16"])
 
 CHUNK_ROWS = 1024  # rows converted at a time (bounds the temporaries) at K <= 2048
@@ -142,19 +147,29 @@ def _f16(blocks: torch.Tensor, offset: int) -> torch.Tensor:
 
 
 def _block_bytes(
-    codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None, int8: bool
+    codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None, kind: int
 ) -> torch.Tensor:
-    """One chunk (rows a multiple of 16) as ``[blocks, block_stride]`` bytes."""
+    """One chunk (rows a multiple of 16) of ``kind`` as ``[blocks, block_stride]`` bytes."""
     n, k = codes.shape
     nb, g = n // ROWS, k // GROUP
-    if int8:  # unsigned q + 128
-        codes = (codes.to(torch.int16) + 128).to(torch.uint8)
+    int8, q6 = kind in _INT8_KINDS, kind == KINDS["q6"]
+    if int8 or q6:  # unsigned q + 128 / q + 32
+        codes = (codes.to(torch.int16) + (128 if int8 else 32)).to(torch.uint8)
     quads = codes.view(nb, ROWS, g, 8, 4).permute(0, 2, 3, 1, 4)  # [nb, G, quad, row, 4]
     if int8:
         lines = quads.contiguous()
-    else:  # line v: quad 2v | quad 2v + 1 << 4
-        halves = quads.reshape(nb, g, 4, 2, 64)
+    else:  # line v: quad 2v | quad 2v + 1 << 4 (q6: the low 4 bits, then its high lines)
+        halves = (quads & 0x0F).reshape(nb, g, 4, 2, 64)
         lines = halves[:, :, :, 0] | (halves[:, :, :, 1] << 4)
+        if q6:  # high line h: quad 4h + i's u >> 4 at bits 2i, 2i + 1
+            high = (quads >> 4).reshape(nb, g, 2, 4, 64)
+            high = (
+                high[:, :, :, 0]
+                | high[:, :, :, 1] << 2
+                | high[:, :, :, 2] << 4
+                | (high[:, :, :, 3] << 6)
+            )
+            lines = torch.cat([lines, high], dim=2)
     groups = lines.reshape(nb, g, -1)  # [nb, G, code bytes]
     tables = torch.cat([  # [nb, G, table bytes]: per group scales [SUB][16], then mins [16]
         table.view(nb, ROWS, g, -1).permute(0, 2, 3, 1).contiguous().view(torch.uint8)
@@ -192,12 +207,17 @@ def is_w8a8(w: QuantizedWeight) -> bool:
     return w.format == "int8" and w.activations == "int8" and w.group_size == w.shape[1]
 
 
-def pack(w: QuantizedWeight | Sequence[QuantizedWeight]) -> tuple[torch.Tensor, int]:
+def pack(
+    w: QuantizedWeight | Sequence[QuantizedWeight], kind: str | None = None
+) -> tuple[torch.Tensor, int]:
     """``(packed uint8 [blocks, block_stride], kind)`` of ``w``, converted in row chunks. A
     sequence of weights in one format packs as their stack along rows, each written straight
     into its blocks of the one buffer (no stacked copy of the codes: the 28 MB of a 3B model's
     last gate/up at the load's peak), unless a part before the last has rows that are not a
-    multiple of 16 (then they are stacked first)."""
+    multiple of 16 (then they are stacked first). ``kind`` (a :data:`KINDS` name) overrides
+    the format's kind where another holds the same weight: ``"int8-g16"`` for ``q6_k`` (8-bit
+    codes, 9 bits per weight: the layout before ``q6``, which computes bit for bit the same;
+    for comparisons)."""
     parts = [w] if isinstance(w, QuantizedWeight) else list(w)
     if any(part.shape[0] % ROWS for part in parts[:-1]):
         parts = [QuantizedWeight.cat(parts)]
@@ -207,12 +227,15 @@ def pack(w: QuantizedWeight | Sequence[QuantizedWeight]) -> tuple[torch.Tensor, 
     if is_w8a8(first):
         return _pack_chunks(parts, _w8a8_block_bytes), KINDS["w8a8"]
     symmetric = first.format == "q4_0" or (first.format == "int4" and first.mins is None)
-    int8 = {"int8": "int8", "q8_0": "int8", "q5_0": "int8", "q6_k": "int8-g16"}
-    kind = KINDS[int8.get(first.format, "int4-sym" if symmetric else "int4")]
-    return _pack_chunks(parts, partial(_grouped_block_bytes, int8=kind in _INT8_KINDS)), kind
+    byte_kinds = {"int8": "int8", "q8_0": "int8", "q5_0": "int8", "q6_k": "q6"}
+    own = byte_kinds.get(first.format, "int4-sym" if symmetric else "int4")
+    if kind is not None and kind != own and (first.format, kind) != ("q6_k", "int8-g16"):
+        raise ValueError(f"pace-avx512 cannot pack {first.format} as kind {kind}")
+    code = KINDS[kind or own]
+    return _pack_chunks(parts, partial(_grouped_block_bytes, kind=code)), code
 
 
-def _grouped_block_bytes(w: QuantizedWeight, rows: slice, int8: bool) -> torch.Tensor:
+def _grouped_block_bytes(w: QuantizedWeight, rows: slice, kind: int) -> torch.Tensor:
     """``rows`` of ``w`` as the grouped kinds' blocks (rows padded to a multiple of 16)."""
     codes, scales, mins = _codes_scales_mins(w, rows)
     pad = -codes.shape[0] % ROWS
@@ -220,7 +243,7 @@ def _grouped_block_bytes(w: QuantizedWeight, rows: slice, int8: bool) -> torch.T
         codes = F.pad(codes, (0, 0, 0, pad))
         scales = F.pad(scales, (0, 0, 0, pad))
         mins = None if mins is None else F.pad(mins, (0, 0, 0, pad))
-    return _block_bytes(codes, scales, mins, int8)
+    return _block_bytes(codes, scales, mins, kind)
 
 
 def _pack_chunks(parts: Sequence[QuantizedWeight], blocks_of) -> torch.Tensor:
@@ -246,22 +269,23 @@ def prepare_linear(
     w: QuantizedWeight | Sequence[QuantizedWeight],
     bias: torch.Tensor | None = None,
     int8_activations: bool | None = None,
+    kind: str | None = None,
 ) -> QPackedLinear:
     """``w`` (or weights of one format stacked along rows, :func:`pack`) packed; its bf16
     activations int8 or 15-bit as given, by default as ``PACE_QUANT_ACTIVATIONS`` says now
     (:mod:`pace_avx512.settings`). A W8A8 weight (``activations == "int8"``) takes int8
-    activations in every dtype."""
+    activations in every dtype. ``kind``: as :func:`pack`'s."""
     parts = [w] if isinstance(w, QuantizedWeight) else list(w)
     first = parts[0]
     w8a8 = first.activations == "int8"
     if int8_activations is None:
         int8_activations = settings.int8_activations()
-    packed, kind = pack(parts)
+    packed, code = pack(parts, kind)
     n, k = sum(part.shape[0] for part in parts), first.shape[1]
     b = None if bias is None else bias.reshape(-1).float().contiguous()
     fixed = first.activation_scales
     fixed = None if fixed is None else fixed.float().contiguous()
-    return QPackedLinear(packed, b, kind, int(n), int(k), first.dtype, int8_activations or w8a8,
+    return QPackedLinear(packed, b, code, int(n), int(k), first.dtype, int8_activations or w8a8,
                          w8a8, fixed)  # fmt: skip
 
 

@@ -41,7 +41,7 @@ void gated_fp32(const float* x, int64_t ldx, int64_t M, int64_t K, const float* 
 
 // y[M, N] = x[M, K] @ W^T + bias over a quantized weight packed as qlinear.cpp describes
 // (kind 0: 4-bit codes with mins; 1: int8, a scale per 32 k; 2: int8, a scale per 16 k;
-// 3: 4-bit symmetric),
+// 3: 4-bit symmetric; 5: 6-bit, a scale per 16 k),
 // K a multiple of 32. Needs AVX512-VNNI. bf16 rows take int8 activations when `int8_act`
 // (pace_avx512/settings.py), else 15 bits; fp32 rows always 15 bits. `act_scales` (int8
 // activations only): static scales [K / 32] (calibrated), else dynamic per row and 32.
@@ -64,7 +64,11 @@ void qpacked_rows(const uint8_t* w, int64_t block_stride, int kind, int64_t K,
 // stored), and W8A8 (int8 with one fp32 scale per row, int8 activations: igemm.cpp, its own
 // layout; qlinear_* hand it over). int8 codes are stored as unsigned q + 128 (the min -128 s
 // is not stored).
-enum Kind : int { KIND_INT4 = 0, KIND_INT8 = 1, KIND_INT8_G16 = 2, KIND_INT4_SYM = 3, KIND_W8A8 = 4 };
+// KIND_Q6 (GGUF q6_k): 6-bit codes u = q + 32 (w = (u - 32) s, a scale per 16 k) as the
+// 4-bit kinds' nibble lines (the low 4 bits) plus 2 lines of their high 2 bits (q6_quad).
+enum Kind : int {
+  KIND_INT4 = 0, KIND_INT8 = 1, KIND_INT8_G16 = 2, KIND_INT4_SYM = 3, KIND_W8A8 = 4, KIND_Q6 = 5
+};
 // Bytes per block of 16 rows of a KIND_W8A8 weight: fp32 scales [16], then 16 K codes.
 constexpr int64_t w8a8_block_bytes(int64_t K) { return 64 + 16 * K; }
 
@@ -85,8 +89,45 @@ void w8a8_rows(const uint8_t* w, int64_t block_stride, int64_t K, const int64_t*
                float* out, int nthreads);
 constexpr int64_t QGROUP = 32;  // k per quantization group
 constexpr bool is_int8(int kind) { return kind == KIND_INT8 || kind == KIND_INT8_G16; }
-constexpr int64_t qcode_bytes(int kind) { return is_int8(kind) ? 512 : 256; }  // per block, group
-constexpr int qscales_per_group(int kind) { return kind == KIND_INT8_G16 ? 2 : 1; }
+// Code bytes per block and group: 8 quads of 64 (int8), 4 nibble lines (4-bit), or 4 nibble
+// lines then 2 lines of high bits (KIND_Q6).
+constexpr int64_t qcode_bytes(int kind) {
+  return is_int8(kind) ? 512 : kind == KIND_Q6 ? 384 : 256;
+}
+constexpr int qscales_per_group(int kind) {
+  return kind == KIND_INT8_G16 || kind == KIND_Q6 ? 2 : 1;
+}
+// The offset that makes a kind's unsigned codes signed (w = (u - offset) s): its min is
+// -offset s, not stored.
+constexpr int qcode_offset(int kind) { return is_int8(kind) ? 128 : kind == KIND_Q6 ? 32 : 8; }
+
+// KIND_Q6 codes of a group: nibble lines 0-3 (line v: quad 2v in the low nibbles, 2v + 1 in
+// the high ones, as the 4-bit kinds), then high lines 0-1 at bytes 256 and 320: the high 2
+// bits of quad q are bits 2 (q % 4), 2 (q % 4) + 1 of the same byte (4j + e: row j, k = 4q + e)
+// of high line q / 4. So the k of each scale (16: quads 4s..4s + 3) are nibble lines 2s, 2s + 1
+// and high line s. q6_quad(q, nibble line q / 2, high line q / 4): quad q's codes u (0..63),
+// one per byte: a shift (odd quads) for the nibble, a shift and an AND for the high bits (then
+// at bits 4-5, 16 times their value), one ternary-logic merge.
+__attribute__((always_inline)) inline __m512i q6_quad(int q, __m512i nib, __m512i high) {
+  const int i = q % 4;  // bits 2i, 2i + 1 of the high line, to bits 4, 5
+  __m512i h = i == 0 ? _mm512_slli_epi16(high, 4) : i == 1 ? _mm512_slli_epi16(high, 2)
+            : i == 2 ? high : _mm512_srli_epi16(high, 2);
+  h = _mm512_and_si512(h, _mm512_set1_epi8(0x30));
+  const __m512i n = q % 2 ? _mm512_srli_epi16(nib, 4) : nib;
+  // (n & 0x0F) | h: ternary logic over (a = n, b = h, c = 0x0F): (a & c) | b
+  return _mm512_ternarylogic_epi32(n, h, _mm512_set1_epi8(0x0F), 0xEC);
+}
+// Kinds with one byte code per weight in the kernels (int8 as stored, KIND_Q6 once merged).
+constexpr bool is_byte_coded(int kind) { return is_int8(kind) || kind == KIND_Q6; }
+// Quad q (0..7) of a group's codes (`codes`: qgroup_codes) of a byte-coded kind, unsigned.
+template <int KIND>
+__attribute__((always_inline)) inline __m512i quad_codes(const uint8_t* codes, int q) {
+  if constexpr (KIND == KIND_Q6)
+    return q6_quad(q, _mm512_loadu_si512(codes + 64 * (q / 2)),
+                   _mm512_loadu_si512(codes + 256 + 64 * (q / 4)));
+  else
+    return _mm512_loadu_si512(codes + 64 * q);
+}
 
 // f(std::integral_constant<int, KIND>{}) for the kind's compile-time value: the one runtime
 // dispatch of the quantized kernels (templates take decltype(k)::value).
@@ -96,6 +137,7 @@ inline decltype(auto) by_kind(int kind, F&& f) {
     case KIND_INT8: return f(std::integral_constant<int, KIND_INT8>{});
     case KIND_INT8_G16: return f(std::integral_constant<int, KIND_INT8_G16>{});
     case KIND_INT4_SYM: return f(std::integral_constant<int, KIND_INT4_SYM>{});
+    case KIND_Q6: return f(std::integral_constant<int, KIND_Q6>{});
     default: return f(std::integral_constant<int, KIND_INT4>{});
   }
 }

@@ -20,7 +20,9 @@
 // (SUB = 2 for scales per 16 k: GGUF q6_k), then (4-bit with mins) fp16 mins [16]. In a
 // group, byte 4j + e of a k-quad = row j, k = 4 quad + e:
 //   8-bit: 8 quads of 64 bytes, quad q at byte 64 q;
-//   4-bit: 4 lines of 64 bytes, line v = quad 2v in the low nibbles and 2v + 1 in the high ones.
+//   4-bit: 4 lines of 64 bytes, line v = quad 2v in the low nibbles and 2v + 1 in the high ones;
+//   6-bit (KIND_Q6, GGUF q6_k as u = q + 32): the 4-bit lines of the low 4 bits, then 2 lines
+//   of the high 2 bits (kernels.h q6_quad), merged per quad into one byte code u as 8-bit.
 // Threads take contiguous ranges of row blocks, each one sequential stream that the hardware
 // prefetchers follow (software prefetch on top of it lost a third of the bandwidth on Zen 4).
 // A single activation row (decode) reads its thread's range as 4 runs side by side (`qrow`;
@@ -58,6 +60,7 @@ struct QuantizedRows {
   std::vector<int8_t> codes;  // [M][K] (SPLIT: [2][M][K])
   std::vector<float> scales;  // [M][G]
   std::vector<float> sums;    // [M][2G]: scale * sum of the codes of each 16 (as seen)
+  std::vector<int32_t> code_sums;  // [M][2G]: the sums of the codes of each 16 (KIND_Q6)
 };
 
 // One per thread, shared by every kind and mode (it grows to the largest call's rows).
@@ -79,6 +82,7 @@ void quantize_rows(const T* x, int64_t ldx, int64_t M, int64_t K, QuantizedRows&
   q.codes.resize((SPLIT ? 2 : 1) * M * K);
   q.scales.resize(M * G);
   q.sums.resize(M * G * 2);
+  q.code_sums.resize(M * G * 2);
   const int nt = (int)std::max<int64_t>(1, std::min<int64_t>(nthreads, M * K / 8192));
 #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
   for (int64_t m = 0; m < M; ++m) {
@@ -113,8 +117,10 @@ void quantize_rows(const T* x, int64_t ldx, int64_t M, int64_t K, QuantizedRows&
         _mm_storeu_si128((__m128i*)(dst + 16), _mm512_cvtsepi32_epi8(qb));
       }
       q.scales[m * G + g] = scale;
-      q.sums[(m * G + g) * 2] = scale * (float)_mm512_reduce_add_epi32(qa);
-      q.sums[(m * G + g) * 2 + 1] = scale * (float)_mm512_reduce_add_epi32(qb);
+      const int32_t sa = _mm512_reduce_add_epi32(qa), sb = _mm512_reduce_add_epi32(qb);
+      q.code_sums[(m * G + g) * 2] = sa, q.code_sums[(m * G + g) * 2 + 1] = sb;
+      q.sums[(m * G + g) * 2] = scale * (float)sa;
+      q.sums[(m * G + g) * 2 + 1] = scale * (float)sb;
     }
   }
 }
@@ -135,15 +141,20 @@ struct QArgs {
 //   its own, so a line costs two ANDs; the flush weighs the low-nibble sums by 16 and the
 //   scale by 1 / 16 (|16 (128 hi + lo) sums| < 16 * 2^15 * 15 * 32 < 2^31);
 // - accumulators are fresh each group (or sub-group of 16 k): consecutive groups are
-//   independent chains for the out-of-order core.
+//   independent chains for the out-of-order core;
+// - KIND_Q6 (u = q + 32) adds 96 times the activation codes' sum to each integer sum, which
+//   makes it the sum over q + 128, flushed with the min -128 s: the int8-g16 kind's exact
+//   numbers (its packing of the same weight computes bit for bit the same).
 template <int KIND, int NB>
 inline void qrow(const QArgs& a, const int64_t (&bs)[NB], __m512 (&total)[NB]) {
-  constexpr bool INT8 = is_int8(KIND);
+  constexpr bool BYTES = is_byte_coded(KIND);
+  constexpr int SHIFT = 128 - qcode_offset(KIND);  // KIND_Q6: to the codes q + 128
   constexpr int SUB = qscales_per_group(KIND);
   const int32_t* hi = (const int32_t*)a.x->codes.data();
   const int32_t* lo = (const int32_t*)(a.x->codes.data() + a.M * a.K);
   const float* xs = a.x->scales.data();
   const float* sums = a.x->sums.data();
+  const int32_t* code_sums = a.x->code_sums.data();
   const __m512i low = _mm512_set1_epi8(0x0F), high = _mm512_set1_epi8((char)0xF0);
   const uint8_t* block[NB];
   PACE_UNROLL for (int j = 0; j < NB; ++j) {
@@ -158,22 +169,24 @@ inline void qrow(const QArgs& a, const int64_t (&bs)[NB], __m512 (&total)[NB]) {
       codes[j] = qgroup_codes<KIND>(block[j], a.G, g);
       tables[j] = qgroup_tables<KIND>(block[j], g);
     }
-    if constexpr (INT8) {  // quad q at byte 64 q; w = (u - 128) s
+    if constexpr (BYTES) {  // quad q's codes (quad_codes); w = (u - OFFSET) s
       PACE_UNROLL for (int sub = 0; sub < SUB; ++sub) {
         __m512i acc[NB][2];  // [block][activation plane]
         PACE_UNROLL for (int j = 0; j < NB; ++j) acc[j][0] = acc[j][1] = _mm512_setzero_si512();
         PACE_UNROLL for (int q = sub * 8 / SUB; q < (sub + 1) * 8 / SUB; ++q) {
           const __m512i xh = _mm512_set1_epi32(hi[g * 8 + q]), xl = _mm512_set1_epi32(lo[g * 8 + q]);
           PACE_UNROLL for (int j = 0; j < NB; ++j) {
-            const __m512i w = _mm512_loadu_si512(codes[j] + 64 * q);
+            const __m512i w = quad_codes<KIND>(codes[j], q);
             acc[j][0] = _mm512_dpbusd_epi32(acc[j][0], w, xh);
             acc[j][1] = _mm512_dpbusd_epi32(acc[j][1], w, xl);
           }
         }
         const __m512 sx = _mm512_set1_ps(xs[g]);
         const __m512 xsum = _mm512_set1_ps(-128.0f * (SUB == 2 ? sums[2 * g + sub] : sums[2 * g] + sums[2 * g + 1]));
+        const __m512i shift = _mm512_set1_epi32(SHIFT * code_sums[2 * g + sub]);
         PACE_UNROLL for (int j = 0; j < NB; ++j) {
-          const __m512i sum = _mm512_add_epi32(_mm512_slli_epi32(acc[j][0], 7), acc[j][1]);
+          __m512i sum = _mm512_add_epi32(_mm512_slli_epi32(acc[j][0], 7), acc[j][1]);
+          if constexpr (SHIFT) sum = _mm512_add_epi32(sum, shift);
           const __m512 s = fp16x16(tables[j] + 16 * sub);
           total[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(s, sx), total[j]);
           total[j] = _mm512_fmadd_ps(s, xsum, total[j]);
@@ -215,7 +228,7 @@ inline void qrow(const QArgs& a, const int64_t (&bs)[NB], __m512 (&total)[NB]) {
 // total[MT] (16 rows of block `b`) for activation rows [m0, m0 + MT).
 template <int KIND, bool SPLIT, int MT>
 inline void qtile(const QArgs& a, int64_t b, int64_t m0, __m512 (&total)[MT]) {
-  constexpr bool INT8 = is_int8(KIND);
+  constexpr bool BYTES = is_byte_coded(KIND);
   constexpr int SUB = qscales_per_group(KIND);
   // Independent accumulator chains per activation row: with few rows a single chain of
   // dot products waits on its own latency (~5 cycles) every instruction.
@@ -250,7 +263,8 @@ inline void qtile(const QArgs& a, int64_t b, int64_t m0, __m512 (&total)[MT]) {
     };
     // total[m] += (sum of the chains of m) * the 16 rows' scale `s` * row m's activation
     // scale; the chains restart at 0
-    auto flush = [&](const __m512 s) {
+    // (KIND_Q6: plus 96 times the activation codes' sum over the 16 k of `sub`, as qrow)
+    auto flush = [&](const __m512 s, int sub) {
       PACE_UNROLL for (int m = 0; m < MT; ++m) {
         __m512i sum = acc[0][m];
         PACE_UNROLL for (int c = 1; c < CH; ++c) sum = _mm512_add_epi32(sum, acc[c][m]);
@@ -260,6 +274,10 @@ inline void qtile(const QArgs& a, int64_t b, int64_t m0, __m512 (&total)[MT]) {
             sum = _mm512_add_epi32(sum, low_acc[c][m]);
             low_acc[c][m] = _mm512_setzero_si512();
           }
+        }
+        if constexpr (KIND == KIND_Q6) {
+          const int32_t codes = a.x->code_sums[((m0 + m) * a.G + g) * 2 + sub];
+          sum = _mm512_add_epi32(sum, _mm512_set1_epi32((128 - qcode_offset(KIND)) * codes));
         }
         const __m512 sx = _mm512_mul_ps(s, _mm512_set1_ps(a.x->scales[(m0 + m) * a.G + g]));
         total[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), sx, total[m]);
@@ -273,9 +291,9 @@ inline void qtile(const QArgs& a, int64_t b, int64_t m0, __m512 (&total)[MT]) {
         total[m] = _mm512_fmadd_ps(mn, _mm512_set1_ps(span == 2 ? sums[0] + sums[1] : sums[0]), total[m]);
       }
     };
-    if constexpr (INT8) {  // quad q at byte 64 q; w = (u - 128) s
+    if constexpr (BYTES) {  // quad q's codes (quad_codes); w = (u - offset) s
       PACE_UNROLL for (int sub = 0; sub < SUB; ++sub) {
-        auto quad = [&](int64_t q, auto chain) { dot4(_mm512_loadu_si512(cg + 64 * q), q, chain); };
+        auto quad = [&](int q, auto chain) { dot4(quad_codes<KIND>(cg, q), q, chain); };
         PACE_UNROLL for (int q = sub * 8 / SUB; q < (sub + 1) * 8 / SUB; q += 4) {
           quad(q, C0{});
           quad(q + 1, C1{});
@@ -283,7 +301,7 @@ inline void qtile(const QArgs& a, int64_t b, int64_t m0, __m512 (&total)[MT]) {
           quad(q + 3, C3{});
         }
         const __m512 s = fp16x16(tables + 16 * sub);
-        flush(s);
+        flush(s, sub);
         add_min(_mm512_mul_ps(s, _mm512_set1_ps(-128.0f)), sub, SUB == 1 ? 2 : 1);
       }
     } else {
@@ -297,7 +315,7 @@ inline void qtile(const QArgs& a, int64_t b, int64_t m0, __m512 (&total)[MT]) {
       line(2, C0{}, C1{});
       line(3, C2{}, C3{});
       const __m512 s = fp16x16(tables);
-      flush(s);
+      flush(s, 0);
       add_min(KIND == KIND_INT4_SYM ? _mm512_mul_ps(s, _mm512_set1_ps(-8.0f)) : fp16x16(tables + 16),
               0, 2);
     }
@@ -445,6 +463,10 @@ void packed_row(const uint8_t* block, int64_t G, int64_t lane, float* row) {
       float v;
       if constexpr (is_int8(KIND)) {  // u = q + 128
         v = (float)((int)cg[64 * quad + e] - 128) * s;
+      } else if constexpr (KIND == KIND_Q6) {  // u = nibble | high 2 bits << 4 (kernels.h)
+        const uint8_t byte = cg[64 * (quad / 2) + e], high = cg[256 + 64 * (quad / 4) + e];
+        const int u = (quad % 2 ? byte >> 4 : byte & 0x0F) | ((high >> (2 * (quad % 4))) & 3) << 4;
+        v = (float)(u - 32) * s;
       } else {  // line quad / 2: even quads in the low nibbles
         const uint8_t byte = cg[64 * (quad / 2) + e];
         v = (float)(quad % 2 ? byte >> 4 : byte & 0x0F) * s;

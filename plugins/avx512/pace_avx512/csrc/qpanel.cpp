@@ -52,11 +52,12 @@ void dequantize_block(const uint8_t* block, int64_t G, bf16_t* dense) {
     const uint8_t* codes = qgroup_codes<KIND>(block, G, g);
     const uint16_t* tables = qgroup_tables<KIND>(block, g);  // scales [SUB][16], mins [16]
     bf16_t* pairs = dense + g * (QGROUP / 2) * PAIR_STRIDE;  // this group's 16 k-pairs
-    if constexpr (is_int8(KIND)) {  // quad q: k = 4 q + e in byte e of each row's lane
+    if constexpr (is_byte_coded(KIND)) {  // quad q: k = 4 q + e in byte e of each row's lane
       PACE_UNROLL for (int q = 0; q < 8; ++q) {
         const __m512 s = fp16x16(tables + (q * SUB / 8) * 16);
-        const __m512 m = _mm512_mul_ps(s, _mm512_set1_ps(-128.0f));  // u = q + 128
-        const __m512i line = _mm512_loadu_si512(codes + 64 * q);
+        // u = q + 128 (int8), q + 32 (KIND_Q6)
+        const __m512 m = _mm512_mul_ps(s, _mm512_set1_ps(-(float)qcode_offset(KIND)));
+        const __m512i line = quad_codes<KIND>(codes, q);
         __m512 w[4];
         PACE_UNROLL for (int e = 0; e < 4; ++e) w[e] = _mm512_fmadd_ps(code(line, 8 * e, 0xFF), s, m);
         put_pair(pairs + (2 * q) * PAIR_STRIDE, w[0], w[1]);
