@@ -115,8 +115,9 @@ def test_packing_converts_bounded_chunks_at_any_row_length(monkeypatch):
 def test_full_depth_1b_gguf_loads_within_the_bars(ftype):
     """Issue #43's bars on a full-depth Llama-3.2-1B shape made by llama.cpp (its converter and
     quantizer: ``make bench-peers``), in a fresh process. Q4_K_M's resident bound is against
-    what the model keeps: pace-avx512 packs its q6_k tensors as 8-bit codes (9 bits a weight
-    where the file has 6.56), so the packed model is 1.21x the file."""
+    what the model keeps: pace-avx512 packs its q4_k tensors at 5 bits a weight (the file: 4.5)
+    and its q6_k ones at 7 (6.56), so the packed model is 1.09x the file (1.21x when q6_k took
+    8-bit codes, 9 bits a weight)."""
     from pace_bench import peers
     from pace_bench.loading import GB, after_ok, measure, peak_ok
     from pace_bench.random_models import random_gguf
@@ -131,4 +132,5 @@ def test_full_depth_1b_gguf_loads_within_the_bars(ftype):
         assert m["weights"] <= 1.01 * size, m  # packed as the file stores it
         assert after_ok(m["rss"], size), m
     else:
+        assert m["weights"] <= 1.1 * size, m
         assert m["rss"] <= 1.1 * m["weights"] + 0.4 * GB, m

@@ -2,7 +2,8 @@
 // K with a scale (and a min) per row and group.
 //
 // Every weight code is an unsigned byte u with w = u * s + m: 4-bit codes (0..15) with their
-// min (q4_0 / symmetric int4: m = -8 s), 8-bit codes stored as q + 128 (m = -128 s). The
+// min (q4_0 / symmetric int4: m = -8 s), 8-bit codes stored as q + 128 (m = -128 s), 6-bit
+// codes (KIND_Q6) as q + 32 (m = -32 s, taken as -128 s over u + 96: see qrow). The
 // activation rows are quantized once per call per group of 32 (round to nearest even) with the
 // sum of their codes per 16, so that
 //   sum w x = s xs sum u xq + m xs sum xq,
@@ -169,7 +170,7 @@ inline void qrow(const QArgs& a, const int64_t (&bs)[NB], __m512 (&total)[NB]) {
       codes[j] = qgroup_codes<KIND>(block[j], a.G, g);
       tables[j] = qgroup_tables<KIND>(block[j], g);
     }
-    if constexpr (BYTES) {  // quad q's codes (quad_codes); w = (u - OFFSET) s
+    if constexpr (BYTES) {  // quad q's codes (quad_codes); w = (u + SHIFT - 128) s
       PACE_UNROLL for (int sub = 0; sub < SUB; ++sub) {
         __m512i acc[NB][2];  // [block][activation plane]
         PACE_UNROLL for (int j = 0; j < NB; ++j) acc[j][0] = acc[j][1] = _mm512_setzero_si512();
@@ -291,7 +292,7 @@ inline void qtile(const QArgs& a, int64_t b, int64_t m0, __m512 (&total)[MT]) {
         total[m] = _mm512_fmadd_ps(mn, _mm512_set1_ps(span == 2 ? sums[0] + sums[1] : sums[0]), total[m]);
       }
     };
-    if constexpr (BYTES) {  // quad q's codes (quad_codes); w = (u - offset) s
+    if constexpr (BYTES) {  // quad q's codes (quad_codes); w = (u - 128) s (KIND_Q6: u + 96)
       PACE_UNROLL for (int sub = 0; sub < SUB; ++sub) {
         auto quad = [&](int q, auto chain) { dot4(quad_codes<KIND>(cg, q), q, chain); };
         PACE_UNROLL for (int q = sub * 8 / SUB; q < (sub + 1) * 8 / SUB; q += 4) {
