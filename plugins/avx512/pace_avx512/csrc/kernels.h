@@ -106,20 +106,16 @@ constexpr int qcode_offset(int kind) { return is_int8(kind) ? 128 : kind == KIND
 // bits of quad q are bits 2 (q % 4), 2 (q % 4) + 1 of the same byte (4j + e: row j, k = 4q + e)
 // of high line q / 4. So the k of each scale (16: quads 4s..4s + 3) are nibble lines 2s, 2s + 1
 // and high line s. q6_quad(q, nibble line q / 2, high line q / 4): quad q's codes u (0..63),
-// one per byte, in 2-3 ops: the high line masked to the pairs of bits 0-1 and 4-5 (quads
-// 4s, 4s + 2) or 2-3 and 6-7 (4s + 1, 4s + 3; each mask shared by two quads) and shifted
-// (16-bit lanes) so the quad's pair lands at bits 4-5 with zeros at 6-7 (what spills into the
-// other byte lands at its bits 0-3); the nibble line as it is (even quads) or shifted down by 4
-// (odd); one ternary-logic select: bits 0-3 from the nibbles, 4-7 from the high bits.
+// one per byte: a shift (odd quads) for the nibble, a shift and an AND for the high bits (then
+// at bits 4-5, 16 times their value), one ternary-logic merge.
 __attribute__((always_inline)) inline __m512i q6_quad(int q, __m512i nib, __m512i high) {
-  const __m512i even = _mm512_and_si512(high, _mm512_set1_epi8(0x33));
-  const __m512i odd = _mm512_and_si512(high, _mm512_set1_epi8((char)0xCC));
   const int i = q % 4;  // bits 2i, 2i + 1 of the high line, to bits 4, 5
-  const __m512i h = i == 0 ? _mm512_slli_epi16(even, 4) : i == 1 ? _mm512_slli_epi16(odd, 2)
-                  : i == 2 ? even : _mm512_srli_epi16(odd, 2);
+  __m512i h = i == 0 ? _mm512_slli_epi16(high, 4) : i == 1 ? _mm512_slli_epi16(high, 2)
+            : i == 2 ? high : _mm512_srli_epi16(high, 2);
+  h = _mm512_and_si512(h, _mm512_set1_epi8(0x30));
   const __m512i n = q % 2 ? _mm512_srli_epi16(nib, 4) : nib;
-  // c ? a : b over (a = n, b = h, c = 0x0F)
-  return _mm512_ternarylogic_epi32(n, h, _mm512_set1_epi8(0x0F), 0xE4);
+  // (n & 0x0F) | h: ternary logic over (a = n, b = h, c = 0x0F): (a & c) | b
+  return _mm512_ternarylogic_epi32(n, h, _mm512_set1_epi8(0x0F), 0xEC);
 }
 // Kinds with one byte code per weight in the kernels (int8 as stored, KIND_Q6 once merged).
 constexpr bool is_byte_coded(int kind) { return is_int8(kind) || kind == KIND_Q6; }
