@@ -27,7 +27,9 @@
 // Threads take contiguous ranges of row blocks, each one sequential stream that the hardware
 // prefetchers follow (software prefetch on top of it lost a third of the bandwidth on Zen 4).
 // A single activation row (decode) reads its thread's range as 4 runs side by side (`qrow`;
-// 1, 2 or 4 measured alike once the layout was in order); the tiles of other calls have 4
+// 1, 2 or 4 measured alike once the layout was in order), KIND_Q6 as 2 (its codes take ~3 more
+// ops per quad: 4096 x 14336 on one Zen 4 core, of a streaming read in the file's bytes, 1 run
+// 0.65-0.68, 2 runs 0.88-0.94, 4 runs 0.80-0.90); the tiles of other calls have 4
 // rows, the leftover 1-3 rows keep 4 or 2 accumulator chains per group.
 #include <omp.h>
 
@@ -383,7 +385,7 @@ void qdrive(const QArgs& a, const Store& st, int64_t M, int64_t blocks, int nthr
     const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
     const int64_t begin = blocks * t / nt, end = blocks * (t + 1) / nt;
     if (SPLIT && M == 1) {  // the decode GEMV
-      qrow_blocks<KIND, 4>(a, st, begin, end);
+      qrow_blocks<KIND, KIND == KIND_Q6 ? 2 : 4>(a, st, begin, end);
     } else {  // rows in chunks whose activation codes stay in L2 across the thread's blocks
       const int64_t chunk = std::max<int64_t>(MT, ROW_CHUNK_BYTES / ((SPLIT ? 2 : 1) * a.K) / MT * MT);
       for (int64_t r0 = 0; r0 < M; r0 += chunk) {
