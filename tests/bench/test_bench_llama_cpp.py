@@ -89,3 +89,30 @@ def test_status_lists_every_program(tools, capsys):
     out = capsys.readouterr().out
     assert str(tools / "llama-server") in out
     assert "llama-bench" in out and "not built (run `make bench-llama-cpp`)" in out
+
+
+def _serving_args(argv):
+    p = argparse.ArgumentParser()
+    serving.add_arguments(p)
+    return serving.resolve_defaults(p.parse_args(argv))
+
+
+def test_gguf_serving_gives_every_engine_the_same_file(tools, tmp_path, monkeypatch):
+    """``--gguf q4_k_m``: pace and llama-server serve the model's llama.cpp-made GGUF; an
+    engine that reads no GGUF is refused with the reason."""
+    from pace_bench import peers
+
+    made = tmp_path / "m.q4_k_m.gguf"
+    monkeypatch.setattr(peers, "quantized_gguf", lambda model_dir, ftype: made)
+    _install(tools, "llama-server")
+    args = _serving_args(["--engines", "pace", "llama-server", "--gguf", "q4_k_m",
+                          "--threads", "2", "--concurrency", "8", "32"])  # fmt: skip
+    pace = serving.server_spec("pace", "continuous", args, tmp_path)
+    assert pace.cmd[pace.cmd.index("serve") + 1] == str(made)
+    llama = serving.server_spec("llama-server", "continuous", args, tmp_path)
+    assert llama.cmd[llama.cmd.index("-m") + 1] == str(made)
+    assert llama.cmd[llama.cmd.index("-np") + 1] == "32"  # the top concurrency
+    with pytest.raises(serving.PeerUnavailable, match="does not serve GGUF"):
+        serving.server_spec("vllm", "continuous", args, tmp_path)
+    plain = _serving_args(["--engines", "pace"])
+    assert serving.served_weights(plain, tmp_path) == tmp_path
