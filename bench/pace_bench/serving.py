@@ -15,7 +15,7 @@ bench-llama-cpp``; ``-np`` slots = the top concurrency level), each skipped with
 installed (:mod:`pace_bench.serving_peers`). ``--gguf q4_k_m`` (or another llama.cpp type) makes
 every engine serve the model's GGUF of that type, made by llama.cpp's converter and quantizer
 (how ``random:llama-3.2-1b`` and the other full-depth shapes are served); without it
-llama-server serves the model's BF16 GGUF. Workloads (``--workload``, fixed seed,
+llama-server serves the model's GGUF of ``--dtype``. Workloads (``--workload``, fixed seed,
 the same for every engine; ``ignore_eos``/``min_tokens`` so every request produces exactly its
 max_tokens):
 
@@ -394,8 +394,12 @@ def server_spec(engine: str, mode: str, args: argparse.Namespace, model_dir: Pat
     weights = served_weights(args, model_dir)
     if engine == "llama-server":
         from pace_bench import peers
+        from pace_bench.offline import GGUF_TYPES
 
-        gguf = weights if args.gguf else peers.gguf_for(model_dir, "bf16")
+        if not args.gguf and args.dtype not in GGUF_TYPES:
+            raise PeerUnavailable(f"llama-server has no GGUF of --dtype {args.dtype}: use "
+                                  f"{' or '.join(GGUF_TYPES)}, or --gguf")  # fmt: skip
+        gguf = weights if args.gguf else peers.gguf_for(model_dir, GGUF_TYPES[args.dtype])
         ctx = 2 * (args.prompt_tokens + args.new_tokens) + 64  # prompts are counted in tokens
         return llama_server_spec(gguf, threads=args.threads or 1,
                                  slots=max(args.concurrency), ctx_per_slot=ctx)  # fmt: skip

@@ -12,7 +12,6 @@ import pytest
 import torch
 from pace_bench import llama_cpp_tools, serving, serving_peers
 from pace_bench.offline import measure_point
-from pace_bench.quantized import summary, with_ratios
 
 # A llama-bench that reports 1 ms per prompt token and 10 ms per generated one (its -pg test
 # reports the prompt and the generated tokens as one time), in its JSON output.
@@ -84,28 +83,36 @@ def test_llama_server_gets_its_slots_threads_and_context(tools, tmp_path):
     assert spec.exact_length(16) == {"ignore_eos": True}  # it takes no min_tokens
 
 
-def test_ratios_against_the_newest_llama_cpp_and_their_targets():
-    measured = {
-        "pace bf16": {"prefill_tok_s": 100.0, "decode_tok_s": 10.0},
-        "pace q4_k_m": {"prefill_tok_s": 180.0, "decode_tok_s": 30.0},
-        "llama-bench q4_k_m": {"prefill_tok_s": 60.0, "decode_tok_s": 25.0},
-    }
-    with_ratios(measured)
-    pace = measured["pace q4_k_m"]
-    assert pace["prefill_vs_newest"] == pytest.approx(3.0)
-    assert pace["decode_vs_newest"] == pytest.approx(1.2)
-    assert "decode_vs_llama" not in pace  # no llama-cpp-python row in this run
-    rows = [{"engine": k.split(" ")[0], "format": k.split(" ")[1], **r}
-            for k, r in measured.items()]  # fmt: skip
-    met = {r["target"]: r["met"] for r in summary(rows)}
-    assert met["pace q4_k_m prefill_vs_newest >= 2.5"] is True
-    assert met["pace q4_k_m decode_vs_newest >= 1.4"] is False
-    assert met["pace q4_k_m prefill_vs_bf16 >= 1.7"] is True
-
-
 def test_status_lists_every_program(tools, capsys):
     _install(tools, "llama-server")
     assert llama_cpp_tools.main(["status"]) == 0
     out = capsys.readouterr().out
     assert str(tools / "llama-server") in out
     assert "llama-bench" in out and "not built (run `make bench-llama-cpp`)" in out
+
+
+def _serving_args(argv):
+    p = argparse.ArgumentParser()
+    serving.add_arguments(p)
+    return serving.resolve_defaults(p.parse_args(argv))
+
+
+def test_gguf_serving_gives_every_engine_the_same_file(tools, tmp_path, monkeypatch):
+    """``--gguf q4_k_m``: pace and llama-server serve the model's llama.cpp-made GGUF; an
+    engine that reads no GGUF is refused with the reason."""
+    from pace_bench import peers
+
+    made = tmp_path / "m.q4_k_m.gguf"
+    monkeypatch.setattr(peers, "quantized_gguf", lambda model_dir, ftype: made)
+    _install(tools, "llama-server")
+    args = _serving_args(["--engines", "pace", "llama-server", "--gguf", "q4_k_m",
+                          "--threads", "2", "--concurrency", "8", "32"])  # fmt: skip
+    pace = serving.server_spec("pace", "continuous", args, tmp_path)
+    assert pace.cmd[pace.cmd.index("serve") + 1] == str(made)
+    llama = serving.server_spec("llama-server", "continuous", args, tmp_path)
+    assert llama.cmd[llama.cmd.index("-m") + 1] == str(made)
+    assert llama.cmd[llama.cmd.index("-np") + 1] == "32"  # the top concurrency
+    with pytest.raises(serving.PeerUnavailable, match="does not serve GGUF"):
+        serving.server_spec("vllm", "continuous", args, tmp_path)
+    plain = _serving_args(["--engines", "pace"])
+    assert serving.served_weights(plain, tmp_path) == tmp_path

@@ -10,6 +10,15 @@ import pytest
 from pace_bench.quantized import summary, with_ratios
 
 
+def targets_met(measured: dict) -> dict:
+    """``with_ratios`` on ``measured`` (``"<engine> <format>"`` -> rates) in place, then each
+    summary target -> met."""
+    with_ratios(measured)
+    rows = [{"engine": label.split(" ")[0], "format": label.split(" ")[1], **r}
+            for label, r in measured.items()]  # fmt: skip
+    return {r["target"]: r["met"] for r in summary(rows)}
+
+
 def test_ratios_and_targets_cover_both_pace_engines():
     measured = {
         "pace bf16": {"prefill_tok_s": 1000.0, "decode_tok_s": 100.0},
@@ -17,14 +26,11 @@ def test_ratios_and_targets_cover_both_pace_engines():
         "pace-a8 q4_0": {"prefill_tok_s": 1250.0, "decode_tok_s": 260.0},
         "llama.cpp q4_0": {"prefill_tok_s": 500.0, "decode_tok_s": 130.0},
     }
-    with_ratios(measured)
+    met = targets_met(measured)
     assert measured["pace q4_0"]["prefill_vs_bf16"] == pytest.approx(0.95)
     assert measured["pace-a8 q4_0"]["prefill_vs_bf16"] == pytest.approx(1.25)
     assert measured["pace-a8 q4_0"]["decode_vs_llama"] == pytest.approx(2.0)
     assert "decode_vs_bf16" not in measured["llama.cpp q4_0"]
-    rows = [{"engine": label.split(" ")[0], "format": label.split(" ")[1], **r}
-            for label, r in measured.items()]  # fmt: skip
-    met = {r["target"]: r["met"] for r in summary(rows)}
     assert met["pace q4_0 prefill_vs_bf16 >= 1.0"] is False
     assert met["pace-a8 q4_0 prefill_vs_bf16 >= 1.0"] is True
     assert met["pace-a8 q4_0 decode_vs_llama >= 1.2"] is True
@@ -111,3 +117,19 @@ def test_llama_quantized_rows_score_llama_cpp_against_the_dense_reference(
     assert row["kld_mean"] == pytest.approx(0.0, abs=1e-6)  # a constant shift: same softmax
     assert row["top1"] == 1.0 and row["weight_mb"] == 2.0
     assert "llama.cpp q4_0 skipped" in capsys.readouterr().err
+
+
+def test_ratios_against_the_newest_llama_cpp_and_their_targets():
+    measured = {
+        "pace bf16": {"prefill_tok_s": 100.0, "decode_tok_s": 10.0},
+        "pace q4_k_m": {"prefill_tok_s": 180.0, "decode_tok_s": 30.0},
+        "llama-bench q4_k_m": {"prefill_tok_s": 60.0, "decode_tok_s": 25.0},
+    }
+    met = targets_met(measured)
+    pace = measured["pace q4_k_m"]
+    assert pace["prefill_vs_newest"] == pytest.approx(3.0)
+    assert pace["decode_vs_newest"] == pytest.approx(1.2)
+    assert "decode_vs_llama" not in pace  # no llama-cpp-python row in this run
+    assert met["pace q4_k_m prefill_vs_newest >= 2.5"] is True
+    assert met["pace q4_k_m decode_vs_newest >= 1.4"] is False
+    assert met["pace q4_k_m prefill_vs_bf16 >= 1.7"] is True
