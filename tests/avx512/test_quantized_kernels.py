@@ -303,19 +303,28 @@ def test_fused_stack_runs_quantized_layers(tiny_llama_dir, preset, quant_activat
     ).generated_token_ids
 
 
+FUSED_IDS = torch.randint(3, 120, (1, 20), generator=torch.Generator().manual_seed(3))
+
+
+def fused_against_native(gguf, dtype) -> tuple[LLMModel, float]:
+    """``gguf`` loaded fused (its decoder stack on avx512, asserted) and on native kernels: the
+    fused model and the relative norm of the two models' logits' difference on
+    :data:`FUSED_IDS`."""
+    fused = LLMModel(gguf, dtype=dtype, load_tokenizer=False)
+    native = LLMModel(gguf, dtype=dtype, load_tokenizer=False, opconfig={"default": "native"})
+    assert fused.op_plan.backends()["decoder_stack"] == {"avx512"}, str(fused.op_plan)
+    a, b = fused.logits(FUSED_IDS).float(), native.logits(FUSED_IDS).float()
+    return fused, float((a - b).norm() / b.norm())
+
+
 def test_mixed_format_ops_fuse_too(tmp_path, tiny_llama_dir, clean_env, quant_activations):
     """A GGUF whose QKV and gate/up mix formats (as Q4_K_M does) runs in the fused stack."""
     from support.tiny_gguf import write_gguf
 
     out = write_gguf(tiny_llama_dir, tmp_path / "mixed.gguf",
                      {"attn_v": "q8_0", "ffn_up": "q8_0", "": "q4_0"})  # fmt: skip
-    dtype = MODEL_DTYPE[quant_activations]
-    fused = LLMModel(out, dtype=dtype, load_tokenizer=False)
-    native = LLMModel(out, dtype=dtype, load_tokenizer=False, opconfig={"default": "native"})
-    assert fused.op_plan.backends()["decoder_stack"] == {"avx512"}, str(fused.op_plan)
-    ids = torch.randint(3, 120, (1, 20), generator=torch.Generator().manual_seed(3))
-    a, b = fused.logits(ids).float(), native.logits(ids).float()
-    assert float((a - b).norm() / b.norm()) < LOGIT_BOUNDS[quant_activations][0]
+    _, error = fused_against_native(out, MODEL_DTYPE[quant_activations])
+    assert error < LOGIT_BOUNDS[quant_activations][0]
 
 
 def test_fused_stack_still_runs_dense_fp32_layers(tiny_llama_dir, clean_env):
@@ -463,14 +472,11 @@ def test_q4_k_m_mix_of_q4_k_and_q6_k_runs_fused(tmp_path, clean_env, quant_activ
     out = write_gguf(hf, tmp_path / "q4_k_m.gguf",
                      {"attn_v": "q6_k", "ffn_down": "q6_k", "": "q4_k"})  # fmt: skip
     dtype = MODEL_DTYPE[quant_activations]
-    fused = LLMModel(out, dtype=dtype, load_tokenizer=False)
-    native = LLMModel(out, dtype=dtype, load_tokenizer=False, opconfig={"default": "native"})
-    assert fused.op_plan.backends()["decoder_stack"] == {"avx512"}, str(fused.op_plan)
+    fused, error = fused_against_native(out, dtype)
     kinds = {w.kind for w in packed_linears(fused)}
     assert {qpacking.KINDS["q6"], qpacking.KINDS["int4"]} <= kinds, kinds
-    ids = torch.randint(3, 120, (1, 20), generator=torch.Generator().manual_seed(3))
-    a, b = fused.logits(ids).float(), native.logits(ids).float()
-    assert float((a - b).norm() / b.norm()) < max(0.02, LOGIT_BOUNDS[quant_activations][0])
+    assert error < max(0.02, LOGIT_BOUNDS[quant_activations][0])
+    ids = FUSED_IDS
 
     pack = qpacking.pack
 
