@@ -115,7 +115,10 @@ class LlamaBenchRunner:
     """``make(ids, new_tokens) -> fn`` for :func:`pace_bench.offline.measure_point`: with one
     new token a prefill of the prompt's length (``-p P -n 0``), else the prompt then
     ``new_tokens - 1`` decoded tokens in one context (``-pg P,N-1``), as pace's runs are timed.
-    llama-bench makes its own random prompt of that length; batches of one only."""
+    llama-bench makes its own random prompt of that length; batches of one only
+    (:attr:`max_batch`)."""
+
+    max_batch = 1
 
     def __init__(self, gguf: Path) -> None:
         require_tool("llama-bench")
@@ -125,7 +128,7 @@ class LlamaBenchRunner:
         import torch
 
         batch, prompt = ids.shape
-        if batch != 1:
+        if batch > self.max_batch:
             raise ValueError("llama-bench decodes one sequence: batches of one only")
         test = ["-p", str(prompt), "-n", "0"] if new_tokens <= 1 else [
             "-p", "0", "-n", "0", "-pg", f"{prompt},{new_tokens - 1}"]  # fmt: skip

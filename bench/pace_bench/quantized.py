@@ -189,7 +189,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for threads, prompt_len, batch in progress(points, f"quantized {name}", args.quiet):
             torch.set_num_threads(threads)
             ids = random_prompts(vocab, batch, prompt_len, gen)
-            here = {k: v for k, v in engines.items() if batch == 1 or "llama-bench" not in k}
+            here = {k: v for k, v in engines.items() if getattr(v, "max_batch", batch) >= batch}
             measured = measure_point(here, ids, args)
             with_ratios(measured)
             for label, r in measured.items():
