@@ -154,11 +154,25 @@ def quantized_gguf(model_dir: str | Path, ftype: str, *, quiet: bool = True) -> 
     out = source.with_name(source.name.replace(".bf16.gguf", f".{ftype}.gguf"))
     if out.is_file() and out.stat().st_mtime >= source.stat().st_mtime:
         return out
+    llama_quantize(source, out, ftype, quiet=quiet)
+    return out
+
+
+def llama_quantize(
+    source: Path, out: Path, ftype: str, *, requantize: bool = False, quiet: bool = True
+) -> None:
+    """``out`` = the GGUF ``source`` quantized to ``ftype`` (:data:`LLAMA_FTYPES`) by
+    llama.cpp's own quantizer through llama-cpp-python (``requantize``: from an already
+    quantized file, ``llama-quantize --allow-requantize``)."""
     import ctypes
 
+    llama_cpp = find_llama_cpp()
+    if llama_cpp is None:
+        raise PeerUnavailable("llama-cpp-python is not installed: run `make bench-peers`")
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = LLAMA_FTYPES[ftype]
     params.nthread = os.cpu_count() or 1
+    params.allow_requantize = requantize
     tmp = out.with_suffix(".tmp")
     with _c_stdout_silenced(quiet):  # the quantizer prints a line per tensor from C
         code = llama_cpp.llama_model_quantize(str(source).encode(), str(tmp).encode(),
@@ -167,7 +181,6 @@ def quantized_gguf(model_dir: str | Path, ftype: str, *, quiet: bool = True) -> 
         tmp.unlink(missing_ok=True)
         raise PeerUnavailable(f"llama.cpp could not quantize {source} to {ftype} (code {code})")
     tmp.replace(out)
-    return out
 
 
 @contextlib.contextmanager

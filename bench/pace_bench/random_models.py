@@ -198,12 +198,18 @@ convert_hf_to_gguf.main()
 """
 
 
+VIA_Q8_0 = ("llama-3.1-8b",)
+"""Shapes converted to Q8_0 (not BF16) before llama.cpp's quantizer re-quantizes them: a 16 GB
+BF16 GGUF next to the 16 GB checkpoint does not fit a 28 GB disk; the Q8_0 file (8.5 GB) is
+kept as the shape's ``q8_0`` GGUF."""
+
+
 def random_gguf(name: str, ftype: str) -> Path:
     """``random:<shape>`` as a GGUF file of llama.cpp's ``ftype`` (``q8_0``, ``q4_k_m``, ...:
     :data:`pace_bench.peers.LLAMA_FTYPES`), made once next to the checkpoint: converted to
-    BF16 by llama.cpp's converter (a placeholder vocabulary of the model's size), quantized
-    by llama.cpp's own quantizer, the BF16 file deleted. Needs ``make bench-peers``."""
-    import ctypes
+    BF16 (Q8_0 for :data:`VIA_Q8_0`) by llama.cpp's converter (a placeholder vocabulary of the
+    model's size), quantized by llama.cpp's own quantizer, a BF16 intermediate deleted. Needs
+    ``make bench-peers``."""
     import os
     import subprocess
     import sys
@@ -222,26 +228,23 @@ def random_gguf(name: str, ftype: str) -> Path:
     if script is None or llama_cpp is None:
         raise peers.PeerUnavailable("llama.cpp's converter or llama-cpp-python is missing: run "
                                     "`make bench-peers`")  # fmt: skip
-    bf16 = model_dir / f"{model_dir.name}.bf16.gguf.tmp"
-    cmd = [sys.executable, "-c", _CONVERT, str(script.parent), str(model_dir), "--outfile",
-           str(bf16), "--outtype", "bf16"]  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if k != "NO_LOCAL_GGUF"}
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
-    if done.returncode:
-        bf16.unlink(missing_ok=True)
-        raise RuntimeError(f"GGUF conversion of {model_dir} failed: {done.stderr[-2000:]}")
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = peers.LLAMA_FTYPES[ftype]
-    params.nthread = os.cpu_count() or 1
-    tmp = out.with_suffix(".tmp")
+    via = "q8_0" if model_dir.name in VIA_Q8_0 else "bf16"
+    source = model_dir / f"{model_dir.name}.{via}.gguf"
+    if not source.is_file():
+        tmp = source.with_suffix(".tmp")
+        cmd = [sys.executable, "-c", _CONVERT, str(script.parent), str(model_dir), "--outfile",
+               str(tmp), "--outtype", via]  # fmt: skip
+        env = {k: v for k, v in os.environ.items() if k != "NO_LOCAL_GGUF"}
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+        if done.returncode:
+            tmp.unlink(missing_ok=True)
+            raise RuntimeError(f"GGUF conversion of {model_dir} failed: {done.stderr[-2000:]}")
+        tmp.replace(source)
+    if source == out:
+        return out
     try:
-        with peers._c_stdout_silenced(True):
-            code = llama_cpp.llama_model_quantize(str(bf16).encode(), str(tmp).encode(),
-                                                  ctypes.byref(params))  # fmt: skip
+        peers.llama_quantize(source, out, ftype, requantize=via != "bf16")
     finally:
-        bf16.unlink(missing_ok=True)
-    if code != 0:
-        tmp.unlink(missing_ok=True)
-        raise RuntimeError(f"llama.cpp could not quantize {model_dir} to {ftype} (code {code})")
-    tmp.replace(out)
+        if via == "bf16":
+            source.unlink(missing_ok=True)
     return out

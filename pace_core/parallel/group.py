@@ -75,7 +75,7 @@ class RankGroup:
             self.procs.append(self._spawn(args))
         self._finalizer = weakref.finalize(self, _stop, list(self.procs))
         if config.bind:
-            _bind(self.plans[0], 0)
+            bind_rank(self.plans[0], 0)
         try:
             self._wait_joined(store)
             self.comm = Comm(0, config.size, store=store, shm=shm)
@@ -150,7 +150,8 @@ class RankGroup:
         self.comm.close()
 
 
-def _bind(plan: InstancePlan, rank: int) -> None:
+def bind_rank(plan: InstancePlan, rank: int) -> None:
+    """Pin this process (a rank) as its instance plan says, with its thread count."""
     from pace_core.platform.binding import apply_plan
 
     apply_plan(plan, f"tensor-parallel rank {rank}")

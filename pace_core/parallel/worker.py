@@ -40,14 +40,14 @@ def main() -> int:
     from pace_core.models.loader import load_config
     from pace_core.opconfig import OperatorConfig
     from pace_core.parallel.comm import Comm
-    from pace_core.parallel.group import _bind
+    from pace_core.parallel.group import bind_rank
     from pace_core.parallel.load import build_shard
     from pace_core.parallel.model import follow
     from pace_core.plugins import get_host
     from pace_core.profiling import OpProfiler
 
     if args.bind:
-        _bind(args.plan, args.rank)
+        bind_rank(args.plan, args.rank)
     else:
         torch.set_num_threads(max(1, args.plan.omp_threads))
     comm = Comm(args.rank, args.size, port=args.port, shm=args.shm)
