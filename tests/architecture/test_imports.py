@@ -137,3 +137,44 @@ def test_the_runtime_never_imports_the_benchmarks():
         if any(n.startswith("pace_bench") for n in imported(node))
     ]
     assert importers == []
+
+
+def _private_uses(tree: ast.AST) -> list[str]:
+    """``from pace_x.y import _name`` and ``mod._name`` on a module imported from a pace
+    package: a private name used outside the module that defines it."""
+    modules: set[str] = set()  # local names bound to pace modules
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("pace_"):
+            for alias in node.names:
+                if alias.name.startswith("_") and not alias.name.startswith("__"):
+                    found.append(f"{node.module}.{alias.name}")
+                modules.add(alias.asname or alias.name)
+        elif isinstance(node, ast.Import):
+            modules.update(a.asname or a.name.split(".")[0] for a in node.names
+                           if a.name.startswith("pace_"))  # fmt: skip
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                and node.value.id in modules and node.attr.startswith("_")
+                and not node.attr.startswith("__")):  # fmt: skip
+            found.append(f"{node.value.id}.{node.attr}")
+    return found
+
+
+def test_no_private_name_crosses_a_module():
+    """A helper another module needs is part of its module's interface: public, with a
+    docstring. Runtime, plugins and benchmarks alike (tests may reach inside)."""
+    repo = ROOT.parent
+    roots = [ROOT, repo / "bench" / "pace_bench", *sorted((repo / "plugins").glob("*/pace_*"))]
+    crossing = {
+        str(path.relative_to(repo)): uses
+        for root in roots
+        for path in sorted(root.rglob("*.py"))
+        if (uses := _private_uses(ast.parse(path.read_text())))
+    }
+    assert crossing == {}
+
+
+def test_the_private_name_check_sees_both_forms():
+    tree = ast.parse("from pace_core.x import _a, b\nfrom pace_bench import peers\npeers._c()\n")
+    assert _private_uses(tree) == ["pace_core.x._a", "peers._c"]
