@@ -9,7 +9,8 @@ and multiplies the activations as they are. The reference does the same in float
 codes: the two agree to fp32 rounding (``rtol 1e-5``; a bf16 output adds one bf16 rounding), so any
 layout, nibble-order, offset or tail bug shows.
 Separately, the packed weight's rows de-quantize to exactly what
-``QuantizedWeight.dequantize`` gives (``q4_k``/``q6_k`` within their fp16 scale rounding), and
+``QuantizedWeight.dequantize`` gives (``q6_k`` within its fp16 scale rounding; ``q4_k`` exactly,
+its kind ``q4k`` keeping the file's tables), and
 end to end a tiny quantized model on avx512 agrees with the native plan within the
 activation-quantization error.
 
@@ -17,6 +18,9 @@ Runs on any AVX-512 CPU with VNNI (the panel cases are skipped without AVX512-BF
 """
 
 from __future__ import annotations
+
+import contextlib
+from functools import partial
 
 import pytest
 import torch
@@ -193,7 +197,7 @@ def test_packed_rows_are_the_weight(kind, k):
     ids = torch.tensor([0, 1, 15, 16, 36])
     want = q.dequantize(ids, torch.float32)
     got = packed.rows(ids)
-    if kind in ("q4_k", "q6_k"):  # integer sub-block scales x fp16 super scale, to fp16
+    if kind == "q6_k":  # integer sub-block scales x fp16 super scale, to fp16
         torch.testing.assert_close(got, want, rtol=2**-10, atol=2**-10 * want.abs().max())
     else:
         assert torch.equal(got, want)
@@ -287,6 +291,7 @@ def test_fused_stack_runs_quantized_layers(tiny_llama_dir, preset, quant_activat
     per-layer calls of the same kernels (prefill M = 24, then decode M = 1), in either
     activation mode (int8: a bf16 model, bit for bit; a stack that ignored the weights' int8
     flag would be ~8% off)."""
+
     def load(stack):
         return LLMModel(tiny_llama_dir, dtype=MODEL_DTYPE[quant_activations],
                         quantization=preset, opconfig={"decoder_stack": stack},
@@ -298,9 +303,10 @@ def test_fused_stack_runs_quantized_layers(tiny_llama_dir, preset, quant_activat
     ids = torch.randint(3, 120, (2, 24), generator=torch.Generator().manual_seed(2))
     torch.testing.assert_close(fused.logits(ids), per_layer.logits(ids), rtol=0, atol=1e-5)
     cfg = SamplingConfig(max_new_tokens=10, ignore_eos=True)
-    assert fused.generate(ids, cfg).generated_token_ids == per_layer.generate(
-        ids, cfg
-    ).generated_token_ids
+    assert (
+        fused.generate(ids, cfg).generated_token_ids
+        == per_layer.generate(ids, cfg).generated_token_ids
+    )
 
 
 FUSED_IDS = torch.randint(3, 120, (1, 20), generator=torch.Generator().manual_seed(3))
@@ -330,6 +336,7 @@ def test_mixed_format_ops_fuse_too(tmp_path, tiny_llama_dir, clean_env, quant_ac
 def test_fused_stack_still_runs_dense_fp32_layers(tiny_llama_dir, clean_env):
     """Dense and quantized layers share the stack's code paths (the MLP kind is read from the
     packed weights): fp32 dense runs here on any AVX-512 CPU (no AVX512-BF16 needed)."""
+
     def load(stack):
         return LLMModel(tiny_llama_dir, dtype=torch.float32, opconfig={"decoder_stack": stack},
                         load_tokenizer=False)  # fmt: skip
@@ -372,7 +379,7 @@ def q6_pair(codes: torch.Tensor, scales: torch.Tensor, n: int, k: int, int8: boo
     """The same weight packed as kind q6 and as int8-g16 (any number of groups of 32)."""
     return [
         qpacking.QPackedLinear(
-            qpacking._block_bytes(codes, scales, None, qpacking.KINDS[kind]), None,
+            qpacking._block_bytes(codes, [scales], qpacking.KINDS[kind]), None,
             qpacking.KINDS[kind], n, k, torch.float32, int8,
         )
         for kind in ("q6", "int8-g16")
@@ -404,14 +411,25 @@ def test_q6_packed_rows_are_the_codes_times_scales(k):
     assert torch.equal(got, want) and torch.equal(got, wide.rows(ids))
 
 
-Q6_MODES = {  # (int8 activations, qpanel_rows)
+KIND_MODES = {  # (int8 activations, qpanel_rows)
     "split": (False, 0),
     "int8": (True, 0),
     "panel-from-16": (False, 16),
 }
 
 
-@pytest.mark.parametrize("mode", list(Q6_MODES))
+@contextlib.contextmanager
+def panel_rows(ext, rows: int):
+    """The bf16 panel path from ``rows`` rows (0: never), restored after."""
+    before = ext.qpanel_rows()
+    ext.set_qpanel_rows(rows)
+    try:
+        yield
+    finally:
+        ext.set_qpanel_rows(before)
+
+
+@pytest.mark.parametrize("mode", list(KIND_MODES))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("k", [544, 2048])  # an odd number of groups of 32 (17), 64
 @pytest.mark.parametrize("threads", [1, 2])
@@ -420,7 +438,7 @@ def test_q6_kind_computes_as_int8_g16(ext, mode, dtype, k, threads):
     the decode GEMV (M = 1), the tiles (M = 2..13, every height and tail), the bf16 panel
     (M >= 16, AVX512-BF16 builds), split or int8 activations, fp32 and bf16, 1 and 2
     threads, a tail block of 4 rows."""
-    int8, panel_from = Q6_MODES[mode]
+    int8, panel_from = KIND_MODES[mode]
     if dtype == torch.float32 and int8:
         pytest.skip("fp32 rows keep the split (test_fp32_rows_never_take_int8_activations)")
     n = 100
@@ -428,9 +446,7 @@ def test_q6_kind_computes_as_int8_g16(ext, mode, dtype, k, threads):
     q6, wide = q6_pair(codes, scales, n, k, int8)
     w = q6.rows(torch.arange(n))
     bias = torch.linspace(-1, 1, n)
-    before = ext.qpanel_rows()
-    ext.set_qpanel_rows(panel_from)
-    try:
+    with panel_rows(ext, panel_from):
         for m in (*range(1, 14), 16, 19):
             x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(dtype)
             x[0, :32] = 0.0  # an all-zero activation group
@@ -441,8 +457,6 @@ def test_q6_kind_computes_as_int8_g16(ext, mode, dtype, k, threads):
             want = reference(x, w, qpacking.qlinear_path(m, dtype, int8)) + bias
             tol = 1e-5 if dtype == torch.float32 else 2**-8
             torch.testing.assert_close(got.float(), want, rtol=tol, atol=tol * want.abs().max())
-    finally:
-        ext.set_qpanel_rows(before)
 
 
 @pytest.mark.parametrize("int8", [False, True])
@@ -463,9 +477,9 @@ def test_q6_k_weight_computes_as_int8_g16(ext, int8):
 def test_q4_k_m_mix_of_q4_k_and_q6_k_runs_fused(tmp_path, clean_env, quant_activations,
                                                 monkeypatch):  # fmt: skip
     """Q4_K_M keeps some V and down projections in q6_k next to q4_k Q/K and gate/up: the QKV
-    packs per format (kinds int4 and q6), the fused stack runs it near native (the k-quants'
-    sub-block scales rounded to fp16 at packing: ~5e-3 on this model, q4_k alone too) and
-    bit for bit as with the q6_k matrices packed as int8-g16."""
+    packs per format (kinds q4k and q6), the fused stack runs it near native (q6_k's sub-block
+    scales rounded to fp16 at packing; q4k keeps q4_k's tables exact) and bit for bit as with
+    the q6_k matrices packed as int8-g16."""
     from support.tiny_gguf import TINY, write_gguf
 
     hf = TINY["llama"](tmp_path / "hf")
@@ -474,7 +488,7 @@ def test_q4_k_m_mix_of_q4_k_and_q6_k_runs_fused(tmp_path, clean_env, quant_activ
     dtype = MODEL_DTYPE[quant_activations]
     fused, error = fused_against_native(out, dtype)
     kinds = {w.kind for w in packed_linears(fused)}
-    assert {qpacking.KINDS["q6"], qpacking.KINDS["int4"]} <= kinds, kinds
+    assert kinds == {qpacking.KINDS["q6"], qpacking.KINDS["q4k"]}, kinds
     assert error < max(0.02, LOGIT_BOUNDS[quant_activations][0])
     ids = FUSED_IDS
 
@@ -490,6 +504,110 @@ def test_q4_k_m_mix_of_q4_k_and_q6_k_runs_fused(tmp_path, clean_env, quant_activ
     assert qpacking.KINDS["int8-g16"] in kinds and qpacking.KINDS["q6"] not in kinds, kinds
     assert torch.equal(fused.logits(ids), fused_wide.logits(ids))
     cfg = SamplingConfig(max_new_tokens=6, ignore_eos=True)
-    assert fused.generate(ids, cfg).generated_token_ids == fused_wide.generate(
-        ids, cfg
-    ).generated_token_ids
+    assert (
+        fused.generate(ids, cfg).generated_token_ids
+        == fused_wide.generate(ids, cfg).generated_token_ids
+    )
+
+
+# -- GGUF q4_k: kind "q4k" (the file's d, dmin and 6-bit sub-block tables: 4.625 bits) -------
+# ``int4`` holds the same weight with the sub-block scales d sc and mins -dmin m rounded to fp16
+# per group of 32 (5 bits per weight: the layout q4k replaced); q4k computes them in fp32 as
+# GGUF does, so its rows are pace_core's de-quantization exactly.
+
+
+def q4_k_blocks(n: int, k: int, seed: int) -> QuantizedWeight:
+    """Random q4_k super-blocks: any 6-bit sub-block scale and min, any code, d and dmin in
+    1e-4..1.1e-3 (row 1 all zero: d = dmin = 0)."""
+    gen = torch.Generator().manual_seed(seed)
+    blocks = torch.randint(0, 256, (n, k // 256, 144), dtype=torch.uint8, generator=gen)
+    d, dmin = (torch.rand(2, n, k // 256, generator=gen) * 1e-3 + 1e-4).half()
+    blocks[..., 0:2] = d.unsqueeze(-1).view(torch.uint8)
+    blocks[..., 2:4] = dmin.unsqueeze(-1).view(torch.uint8)
+    blocks[1, :, :4] = 0
+    return QuantizedWeight("q4_k", (n, k), torch.float32, blocks.reshape(n, -1))
+
+
+@pytest.mark.parametrize("k", [256, 2048])
+def test_q4_k_packs_at_4_625_bits_per_weight(k):
+    """Per block of 16 rows and super-block of 256 k: fp16 d and dmin [16], the sub-block
+    scales and mins as bytes [8][16] each, 8 groups of 4 nibble lines: 320 + 2048 = 2368 bytes,
+    4.625 bits per weight (the file: 4.5), whole 64-byte lines (no padding but the rows': 40
+    rows take 3 blocks). int4 took 320 bytes per 32 k (5 bits)."""
+    q = weight("q4_k", 40, k)
+    packed, kind = qpacking.pack(q)
+    assert kind == qpacking.KINDS["q4k"] and packed.shape == (3, k // 256 * 2368)
+    assert packed.shape[1] * 8 / (16 * k) == 4.625
+    wide, wide_kind = qpacking.pack(q, kind="int4")
+    assert wide_kind == qpacking.KINDS["int4"] and wide.shape[1] * 8 / (16 * k) == 5
+    with pytest.raises(ValueError, match="cannot pack q6_k as kind int4"):
+        qpacking.pack(weight("q6_k", 16, 256), kind="int4")
+
+
+@pytest.mark.parametrize("k", [256, 1280])  # 1 and 5 super-blocks
+def test_q4k_packed_rows_are_ggufs_values(k):
+    """The packed rows (``qpacked_rows``: a tied embedding's lookup) are pace_core's
+    de-quantization bit for bit, d sc u - dmin m in fp32, on every sub-block scale and min."""
+    q = q4_k_blocks(37, k, k)
+    packed = qpacking.prepare_linear(q)
+    assert packed.kind == qpacking.KINDS["q4k"]
+    ids = torch.tensor([0, 1, 2, 15, 16, 31, 36])
+    assert torch.equal(packed.rows(ids), q.dequantize(ids, torch.float32))
+
+
+@pytest.mark.parametrize("mode", list(KIND_MODES))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("k", [256, 1280])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_q4k_kind_matches_its_model(ext, mode, dtype, k, threads):
+    """Kind q4k against the exact model of the native de-quantized weight: the decode GEMV
+    (M = 1), the tiles (M = 2..15, every height and tail), the bf16 panel (M >= 16, AVX512-BF16
+    builds), split or int8 activations, fp32 and bf16, 1 and 2 threads, a tail block of 4
+    rows, 1 and 5 super-blocks."""
+    int8, panel_from = KIND_MODES[mode]
+    if dtype == torch.float32 and int8:
+        pytest.skip("fp32 rows keep the split (test_fp32_rows_never_take_int8_activations)")
+    n = 100
+    q = q4_k_blocks(n, k, k + threads)
+    bias = torch.linspace(-1, 1, n)
+    packed = qpacking.prepare_linear(q, bias=bias, int8_activations=int8)
+    w = q.dequantize(torch.arange(n), torch.float32)
+    with panel_rows(ext, panel_from), every_thread(ext, threads):
+        for m in range(1, 20):
+            x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(dtype)
+            x[0, :32] = 0.0  # an all-zero activation group
+            got = ext.qlinear(x, packed.weight, bias, n, packed.kind, int8)
+            want = reference(x, w, qpacking.qlinear_path(m, dtype, int8)) + bias
+            tol = 1e-5 if dtype == torch.float32 else 2**-8
+            torch.testing.assert_close(got.float(), want, rtol=tol, atol=tol * want.abs().max())
+
+
+@pytest.mark.parametrize("int8", [False, True])
+@pytest.mark.parametrize("source", ["quantized", "random-blocks"])
+def test_q4k_is_int4_within_its_fp16_tables(ext, int8, source):
+    """q4_k packed as int4 against q4k: close, not bit-equal. int4 rounds each group's scale
+    d sc and min -dmin m to fp16 (nearest: within 2^-11 relative, all normal here), so each
+    of its weights is within 2^-11 (s u + |m|) of q4k's, and each output within that bound
+    times |x| summed (plus the fp32 sums' rounding, 1e-5 of the largest): the same codes and
+    activations (quantized alike), only the tables differ."""
+    n, k = 100, 512
+    q = weight("q4_k", n, k) if source == "quantized" else q4_k_blocks(n, k, 5)
+    own = qpacking.prepare_linear(q, int8_activations=int8)
+    wide = qpacking.prepare_linear(q, int8_activations=int8, kind="int4")
+    codes, (d, dmin, sc, mn) = qpacking._codes_tables(q, slice(None), qpacking.KINDS["q4k"])
+    per_group = partial(torch.repeat_interleave, repeats=8, dim=1)
+    scale = (per_group(d.float()) * sc.float()).repeat_interleave(32, dim=1)
+    low = (per_group(dmin.float()) * mn.float()).repeat_interleave(32, dim=1)
+    bound = 2**-11 * (scale * codes.float() + low)
+    ids = torch.arange(n)
+    a, b = own.rows(ids), wide.rows(ids)
+    assert not torch.equal(a, b)
+    assert bool(((a - b).abs() <= bound + 2**-22 * a.abs()).all())
+    for m in (1, 3, 16):
+        x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).bfloat16()
+        got = ext.qlinear(x, own.weight, own.bias, n, own.kind, int8)
+        other = ext.qlinear(x, wide.weight, wide.bias, n, wide.kind, int8)
+        slack = x.float().abs() @ bound.T + 1e-5 * got.float().abs().max()
+        assert bool(
+            ((got.float() - other.float()).abs() <= slack + 2**-8 * got.float().abs()).all()
+        )
