@@ -43,8 +43,8 @@ void gated_fp32(const float* x, int64_t ldx, int64_t M, int64_t K, const float* 
 // (kind 0: 4-bit codes with mins; 1: int8, a scale per 32 k; 2: int8, a scale per 16 k;
 // 3: 4-bit symmetric; 5: 6-bit, a scale per 16 k; 6: GGUF q4_k's 4-bit codes and tables),
 // K a multiple of 32 (256 for kind 6). Needs AVX512-VNNI. bf16 rows take int8 activations when
-// `int8_act` (pace_avx512/settings.py), else 15 bits; fp32 rows always 15 bits. `act_scales` (int8
-// activations only): static scales [K / 32] (calibrated), else dynamic per row and 32.
+// `int8_act` (pace_avx512/settings.py), else 15 bits; fp32 rows always 15 bits. `act_scales`
+// (int8 activations only): static scales [K / 32] (calibrated), else dynamic per row and 32.
 void qlinear_bf16(const bf16_t* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* w,
                   int64_t block_stride, int kind, bool int8_act, const float* bias, int64_t N,
                   bf16_t* y, int64_t ldy, int nthreads, const float* act_scales = nullptr);
@@ -65,7 +65,7 @@ void qpacked_rows(const uint8_t* w, int64_t block_stride, int kind, int64_t K,
 // layout; qlinear_* hand it over). int8 codes are stored as unsigned q + 128 (the min -128 s
 // is not stored).
 // KIND_Q6 (GGUF q6_k): 6-bit codes u = q + 32 (w = (u - 32) s, a scale per 16 k) as the
-// 4-bit kinds' nibble lines (the low 4 bits) plus 2 lines of their high 2 bits (q6_quad).
+// 4-bit kinds' nibble lines (the low 4 bits) plus 2 lines of their high 2 bits (qblock.h q6_quad).
 // KIND_Q4K (GGUF q4_k, K a multiple of 256): 4-bit codes as the nibble lines; one run per
 // super-block (8 groups) whose tables are fp16 d [16] and dmin [16], then uint8 sub-block
 // scales sc [8][16] and mins m [8][16] (6-bit): w = d sc u - dmin m (qblock.h QScales).

@@ -77,6 +77,8 @@ struct QArgs {
 //   scale by 1 / 16 (|16 (128 hi + lo) sums| < 16 * 2^15 * 15 * 32 < 2^31);
 // - accumulators are fresh each group (or sub-group of 16 k): consecutive groups are
 //   independent chains for the out-of-order core;
+// - KIND_Q4K's scale and min per group and block are d sc and -dmin m (QScales: two byte
+//   loads widened, converted and multiplied; d and dmin converted once per run of 8 groups);
 // - KIND_Q6 (u = q + 32) adds 96 times the activation codes' sum to each integer sum, which
 //   makes it the sum over q + 128, flushed with the min -128 s: the int8-g16 kind's exact
 //   numbers (its packing of the same weight computes bit for bit the same).
@@ -402,13 +404,14 @@ void packed_row(const uint8_t* block, int64_t G, int64_t lane, float* row) {
     }
     for (int64_t k = 0; k < QGROUP; ++k) {
       const int64_t quad = k / 4, e = k % 4;
+      const uint16_t scale = tables[(k * SUB / QGROUP) * 16 + lane];  // byte-coded kinds
       float v;
       if constexpr (is_int8(KIND)) {  // u = q + 128
-        v = (float)((int)cg[64 * quad + e] - 128) * _cvtsh_ss(tables[(k * SUB / QGROUP) * 16 + lane]);
+        v = (float)((int)cg[64 * quad + e] - 128) * _cvtsh_ss(scale);
       } else if constexpr (KIND == KIND_Q6) {  // u = nibble | high 2 bits << 4 (qblock.h)
         const uint8_t byte = cg[64 * (quad / 2) + e], high = cg[256 + 64 * (quad / 4) + e];
         const int u = (quad % 2 ? byte >> 4 : byte & 0x0F) | ((high >> (2 * (quad % 4))) & 3) << 4;
-        v = (float)(u - 32) * _cvtsh_ss(tables[(k * SUB / QGROUP) * 16 + lane]);
+        v = (float)(u - 32) * _cvtsh_ss(scale);
       } else {  // line quad / 2: even quads in the low nibbles; u s + m as GGUF (no FMA)
         const uint8_t byte = cg[64 * (quad / 2) + e];
         v = (float)(quad % 2 ? byte >> 4 : byte & 0x0F) * s4[lane];
