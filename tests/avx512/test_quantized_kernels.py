@@ -9,7 +9,8 @@ and multiplies the activations as they are. The reference does the same in float
 codes: the two agree to fp32 rounding (``rtol 1e-5``; a bf16 output adds one bf16 rounding), so any
 layout, nibble-order, offset or tail bug shows.
 Separately, the packed weight's rows de-quantize to exactly what
-``QuantizedWeight.dequantize`` gives (``q4_k``/``q6_k`` within their fp16 scale rounding), and
+``QuantizedWeight.dequantize`` gives (``q6_k`` within its fp16 scale rounding; ``q4_k`` exactly,
+its kind ``q4k`` keeping the file's tables), and
 end to end a tiny quantized model on avx512 agrees with the native plan within the
 activation-quantization error.
 
@@ -30,43 +31,12 @@ pytest.importorskip("gguf", reason="the GGUF block writers need the gguf package
 
 from pace_avx512 import qpacking, settings
 from support.kernel_threads import every_thread
-from support.tiny_gguf import quantize as gguf_quantize
+from support.quant_kernels import PACE, reference, weight
 
 from pace_core import LLMModel, SamplingConfig
-from pace_core.quant import QuantizationConfig, QuantizedWeight, quantize
+from pace_core.quant import QuantizedWeight, quantize
 
-PACE = {
-    "int8-g32": QuantizationConfig(bits=8, group_size=32),
-    "int8-channel": QuantizationConfig(bits=8, group_size=0),
-    "int8-g64": QuantizationConfig(bits=8, group_size=64),
-    "int4-mins-g32": QuantizationConfig(bits=4, group_size=32, symmetric=False),
-    "int4-sym-g128": QuantizationConfig(bits=4, group_size=128, symmetric=True),
-}
 GGUF = ("q8_0", "q5_0", "q4_0", "q4_1", "q4_k", "q6_k")
-
-
-def weight(kind: str, n: int, k: int) -> QuantizedWeight:
-    w = torch.randn(n, k, generator=torch.Generator().manual_seed(n + k))
-    w[1] = 0.0  # an all-zero row (zero scales)
-    if kind in PACE:
-        return quantize(w, PACE[kind])
-    data, _ = gguf_quantize(w, kind)
-    return QuantizedWeight(kind, (n, k), torch.float32, torch.from_numpy(data).reshape(n, -1))
-
-
-def reference(x: torch.Tensor, w: torch.Tensor, path: str) -> torch.Tensor:
-    """``x @ w.T`` as ``path`` (``qpacking.qlinear_path``) computes it, summed in float64: x
-    quantized per group of 32 as the VNNI kernel does (fp32 steps), or, on the bf16 panel, the
-    weights rounded to bf16 and x as it is."""
-    if path == "bf16-panel":
-        return (x.double() @ w.bfloat16().double().T).float()
-    levels = 127.0 if path == "int8" else 16383.0
-    m, k = x.shape
-    g = x.float().view(m, k // 32, 32)
-    amax = g.abs().amax(-1, keepdim=True)
-    inv = torch.where(amax > 0, torch.tensor(levels) / amax, torch.zeros_like(amax))
-    xq = torch.round(g * inv) * (amax / levels)  # the codes times the fp32 scale
-    return (xq.view(m, k).double() @ w.double().T).float()
 
 
 MODES = {  # (the weight's int8_activations, qpanel_rows)
@@ -193,7 +163,7 @@ def test_packed_rows_are_the_weight(kind, k):
     ids = torch.tensor([0, 1, 15, 16, 36])
     want = q.dequantize(ids, torch.float32)
     got = packed.rows(ids)
-    if kind in ("q4_k", "q6_k"):  # integer sub-block scales x fp16 super scale, to fp16
+    if kind == "q6_k":  # integer sub-block scales x fp16 super scale, to fp16
         torch.testing.assert_close(got, want, rtol=2**-10, atol=2**-10 * want.abs().max())
     else:
         assert torch.equal(got, want)
@@ -287,6 +257,7 @@ def test_fused_stack_runs_quantized_layers(tiny_llama_dir, preset, quant_activat
     per-layer calls of the same kernels (prefill M = 24, then decode M = 1), in either
     activation mode (int8: a bf16 model, bit for bit; a stack that ignored the weights' int8
     flag would be ~8% off)."""
+
     def load(stack):
         return LLMModel(tiny_llama_dir, dtype=MODEL_DTYPE[quant_activations],
                         quantization=preset, opconfig={"decoder_stack": stack},
@@ -298,9 +269,10 @@ def test_fused_stack_runs_quantized_layers(tiny_llama_dir, preset, quant_activat
     ids = torch.randint(3, 120, (2, 24), generator=torch.Generator().manual_seed(2))
     torch.testing.assert_close(fused.logits(ids), per_layer.logits(ids), rtol=0, atol=1e-5)
     cfg = SamplingConfig(max_new_tokens=10, ignore_eos=True)
-    assert fused.generate(ids, cfg).generated_token_ids == per_layer.generate(
-        ids, cfg
-    ).generated_token_ids
+    assert (
+        fused.generate(ids, cfg).generated_token_ids
+        == per_layer.generate(ids, cfg).generated_token_ids
+    )
 
 
 FUSED_IDS = torch.randint(3, 120, (1, 20), generator=torch.Generator().manual_seed(3))
@@ -330,6 +302,7 @@ def test_mixed_format_ops_fuse_too(tmp_path, tiny_llama_dir, clean_env, quant_ac
 def test_fused_stack_still_runs_dense_fp32_layers(tiny_llama_dir, clean_env):
     """Dense and quantized layers share the stack's code paths (the MLP kind is read from the
     packed weights): fp32 dense runs here on any AVX-512 CPU (no AVX512-BF16 needed)."""
+
     def load(stack):
         return LLMModel(tiny_llama_dir, dtype=torch.float32, opconfig={"decoder_stack": stack},
                         load_tokenizer=False)  # fmt: skip
@@ -352,120 +325,12 @@ def test_stacked_parts_pack_as_their_concatenation(kind, rows):
     assert packed_kind == stacked_kind and torch.equal(packed, stacked)
 
 
-# -- GGUF q6_k: kind "q6" (6-bit codes: the 4-bit nibble lines + 2 lines of high bits) -------
-# ``int8-g16`` holds the same weight as 8-bit codes (the layout q6 replaced: 9 bits per weight)
-# and the kernels compute bit for bit the same numbers from either, on every path.
-
-
-def q6_codes(n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random q6_k-like codes int8 [n, k] in -32..31 (the extremes in row 0) and fp16 scales
-    [n, k / 16] (a zero row 1), rows a multiple of 16."""
-    gen = torch.Generator().manual_seed(seed)
-    codes = torch.randint(-32, 32, (n, k), generator=gen).to(torch.int8)
-    codes[0, ::2], codes[0, 1::2] = -32, 31
-    scales = (torch.rand(n, k // 16, generator=gen) * 0.02 + 1e-3).half()
-    scales[1] = 0.0
-    return codes, scales
-
-
-def q6_pair(codes: torch.Tensor, scales: torch.Tensor, n: int, k: int, int8: bool):
-    """The same weight packed as kind q6 and as int8-g16 (any number of groups of 32)."""
-    return [
-        qpacking.QPackedLinear(
-            qpacking._block_bytes(codes, scales, None, qpacking.KINDS[kind]), None,
-            qpacking.KINDS[kind], n, k, torch.float32, int8,
-        )
-        for kind in ("q6", "int8-g16")
-    ]  # fmt: skip
-
-
-@pytest.mark.parametrize("k", [256, 4096])
-def test_q6_k_packs_at_7_bits_per_weight(k):
-    """scales [2][16] + 4 nibble lines + 2 high lines: 448 bytes per block of 16 rows and
-    32 k (7 bits per weight, the file has 6.5625); int8-g16 took 576 (9 bits)."""
-    q = weight("q6_k", 40, k)
-    packed, kind = qpacking.pack(q)
-    assert kind == qpacking.KINDS["q6"]
-    assert packed.shape[1] * 8 / (16 * k) <= 7.1
-    wide, wide_kind = qpacking.pack(q, kind="int8-g16")
-    assert wide_kind == qpacking.KINDS["int8-g16"] and wide.shape[1] * 8 / (16 * k) == 9
-    with pytest.raises(ValueError, match="cannot pack q4_k as kind int8-g16"):
-        qpacking.pack(weight("q4_k", 16, 256), kind="int8-g16")
-
-
-@pytest.mark.parametrize("k", [256, 544])  # 8 groups; 17 (an odd number)
-def test_q6_packed_rows_are_the_codes_times_scales(k):
-    n = 48
-    codes, scales = q6_codes(n, k, k)
-    q6, wide = q6_pair(codes, scales, n, k, False)
-    ids = torch.tensor([0, 1, 2, 15, 16, 31, 47])
-    got = q6.rows(ids)
-    want = codes[ids].float() * scales[ids].float().repeat_interleave(16, dim=1)
-    assert torch.equal(got, want) and torch.equal(got, wide.rows(ids))
-
-
-Q6_MODES = {  # (int8 activations, qpanel_rows)
-    "split": (False, 0),
-    "int8": (True, 0),
-    "panel-from-16": (False, 16),
-}
-
-
-@pytest.mark.parametrize("mode", list(Q6_MODES))
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("k", [544, 2048])  # an odd number of groups of 32 (17), 64
-@pytest.mark.parametrize("threads", [1, 2])
-def test_q6_kind_computes_as_int8_g16(ext, mode, dtype, k, threads):
-    """Kind q6 against int8-g16 on the same weight, bit for bit, and against the exact model:
-    the decode GEMV (M = 1), the tiles (M = 2..13, every height and tail), the bf16 panel
-    (M >= 16, AVX512-BF16 builds), split or int8 activations, fp32 and bf16, 1 and 2
-    threads, a tail block of 4 rows."""
-    int8, panel_from = Q6_MODES[mode]
-    if dtype == torch.float32 and int8:
-        pytest.skip("fp32 rows keep the split (test_fp32_rows_never_take_int8_activations)")
-    n = 100
-    codes, scales = q6_codes(112, k, k + threads)
-    q6, wide = q6_pair(codes, scales, n, k, int8)
-    w = q6.rows(torch.arange(n))
-    bias = torch.linspace(-1, 1, n)
-    before = ext.qpanel_rows()
-    ext.set_qpanel_rows(panel_from)
-    try:
-        for m in (*range(1, 14), 16, 19):
-            x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(dtype)
-            x[0, :32] = 0.0  # an all-zero activation group
-            with every_thread(ext, threads):
-                got = ext.qlinear(x, q6.weight, bias, n, q6.kind, int8)
-                same = ext.qlinear(x, wide.weight, bias, n, wide.kind, int8)
-            assert torch.equal(got, same), m
-            want = reference(x, w, qpacking.qlinear_path(m, dtype, int8)) + bias
-            tol = 1e-5 if dtype == torch.float32 else 2**-8
-            torch.testing.assert_close(got.float(), want, rtol=tol, atol=tol * want.abs().max())
-    finally:
-        ext.set_qpanel_rows(before)
-
-
-@pytest.mark.parametrize("int8", [False, True])
-def test_q6_k_weight_computes_as_int8_g16(ext, int8):
-    """A real q6_k weight (rows from its super-blocks) packed both ways: the same outputs."""
-    n, k = 100, 512
-    q = weight("q6_k", n, k)
-    q6 = qpacking.prepare_linear(q, int8_activations=int8)
-    wide = qpacking.prepare_linear(q, int8_activations=int8, kind="int8-g16")
-    assert (q6.kind, wide.kind) == (qpacking.KINDS["q6"], qpacking.KINDS["int8-g16"])
-    assert torch.equal(q6.rows(torch.arange(n)), wide.rows(torch.arange(n)))
-    for m in (1, 3, 16):
-        x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).bfloat16()
-        got = ext.qlinear(x, q6.weight, q6.bias, n, q6.kind, int8)
-        assert torch.equal(got, ext.qlinear(x, wide.weight, wide.bias, n, wide.kind, int8))
-
-
 def test_q4_k_m_mix_of_q4_k_and_q6_k_runs_fused(tmp_path, clean_env, quant_activations,
                                                 monkeypatch):  # fmt: skip
     """Q4_K_M keeps some V and down projections in q6_k next to q4_k Q/K and gate/up: the QKV
-    packs per format (kinds int4 and q6), the fused stack runs it near native (the k-quants'
-    sub-block scales rounded to fp16 at packing: ~5e-3 on this model, q4_k alone too) and
-    bit for bit as with the q6_k matrices packed as int8-g16."""
+    packs per format (kinds q4k and q6), the fused stack runs it near native (q6_k's sub-block
+    scales rounded to fp16 at packing; q4k keeps q4_k's tables exact) and bit for bit as with
+    the q6_k matrices packed as int8-g16."""
     from support.tiny_gguf import TINY, write_gguf
 
     hf = TINY["llama"](tmp_path / "hf")
@@ -474,7 +339,7 @@ def test_q4_k_m_mix_of_q4_k_and_q6_k_runs_fused(tmp_path, clean_env, quant_activ
     dtype = MODEL_DTYPE[quant_activations]
     fused, error = fused_against_native(out, dtype)
     kinds = {w.kind for w in packed_linears(fused)}
-    assert {qpacking.KINDS["q6"], qpacking.KINDS["int4"]} <= kinds, kinds
+    assert kinds == {qpacking.KINDS["q6"], qpacking.KINDS["q4k"]}, kinds
     assert error < max(0.02, LOGIT_BOUNDS[quant_activations][0])
     ids = FUSED_IDS
 
@@ -490,6 +355,7 @@ def test_q4_k_m_mix_of_q4_k_and_q6_k_runs_fused(tmp_path, clean_env, quant_activ
     assert qpacking.KINDS["int8-g16"] in kinds and qpacking.KINDS["q6"] not in kinds, kinds
     assert torch.equal(fused.logits(ids), fused_wide.logits(ids))
     cfg = SamplingConfig(max_new_tokens=6, ignore_eos=True)
-    assert fused.generate(ids, cfg).generated_token_ids == fused_wide.generate(
-        ids, cfg
-    ).generated_token_ids
+    assert (
+        fused.generate(ids, cfg).generated_token_ids
+        == fused_wide.generate(ids, cfg).generated_token_ids
+    )

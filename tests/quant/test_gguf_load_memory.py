@@ -95,13 +95,13 @@ def test_packing_converts_bounded_chunks_at_any_row_length(monkeypatch):
     blocks[..., 208:210] = torch.tensor([0x00, 0x3C], dtype=torch.uint8)  # d = 1.0 (fp16)
     w = QuantizedWeight("q6_k", (n, k), torch.bfloat16, blocks.reshape(n, -1))
     sizes = []
-    convert = qpacking._codes_scales_mins
+    convert = qpacking._codes_tables
 
-    def counted(weight, rows):
+    def counted(weight, rows, kind):
         sizes.append(len(range(*rows.indices(weight.shape[0]))) * weight.shape[1])
-        return convert(weight, rows)
+        return convert(weight, rows, kind)
 
-    monkeypatch.setattr(qpacking, "_codes_scales_mins", counted)
+    monkeypatch.setattr(qpacking, "_codes_tables", counted)
     monkeypatch.setattr(qpacking, "CHUNK_ELEMENTS", 64 * k)
     packed, _ = qpacking.pack(w)
     assert max(sizes) <= 64 * k and len(sizes) == n // 64
@@ -114,12 +114,14 @@ def test_packing_converts_bounded_chunks_at_any_row_length(monkeypatch):
 @pytest.mark.parametrize("ftype", ["q8_0", "q4_k_m"])
 def test_full_depth_1b_gguf_loads_within_the_bars(ftype):
     """Issue #43's bars on a full-depth Llama-3.2-1B shape made by llama.cpp (its converter and
-    quantizer: ``make bench-peers``), in a fresh process. Q4_K_M's resident bound is against
-    what the model keeps: pace-avx512 packs its q4_k tensors at 5 bits a weight (the file: 4.5)
-    and its q6_k ones at 7 (6.56), so the packed model is 1.09x the file (1.21x when q6_k took
-    8-bit codes, 9 bits a weight)."""
+    quantizer: ``make bench-peers``), in a fresh process. pace-avx512 packs Q4_K_M's q4_k
+    tensors at 4.625 bits a weight (the file: 4.5; 830M weights, 480 against 467 MB) and its
+    q6_k ones at 7 (6.56; 405M, 355 against 332 MB), so the packed model is 835 MB, 1.04x the
+    803 MB file, and it meets the file's resident bar too (1.25 GB against 1.28 measured; with
+    q4_k at 5 bits, 874 MB, 1.09x, it missed it by ~10 MB and was held to 1.1x what it keeps +
+    0.4 GB; 1.21x when q6_k also took 8-bit codes, 9 bits a weight)."""
     from pace_bench import peers
-    from pace_bench.loading import GB, after_ok, measure, peak_ok
+    from pace_bench.loading import after_ok, measure, peak_ok
     from pace_bench.random_models import random_gguf
 
     if peers.find_converter() is None or peers.find_llama_cpp() is None:
@@ -128,9 +130,6 @@ def test_full_depth_1b_gguf_loads_within_the_bars(ftype):
     m = measure(str(file), None, "bfloat16")
     size = file.stat().st_size
     assert peak_ok(m["weights_peak"], size), m
-    if ftype == "q8_0":
-        assert m["weights"] <= 1.01 * size, m  # packed as the file stores it
-        assert after_ok(m["rss"], size), m
-    else:
-        assert m["weights"] <= 1.1 * size, m
-        assert m["rss"] <= 1.1 * m["weights"] + 0.4 * GB, m
+    assert after_ok(m["rss"], size), m
+    # q8_0 packed as the file stores it; q4_k_m at 1.04x (above)
+    assert m["weights"] <= (1.01 if ftype == "q8_0" else 1.05) * size, m

@@ -1,22 +1,28 @@
 """Quantized weights (``pace_core.quant.QuantizedWeight``) in the layout of ``csrc/qlinear.cpp``.
 
-Every grouped format becomes one of five kernel kinds (:data:`KINDS`) with groups of 32
+Every grouped format becomes one of the kernel kinds (:data:`KINDS`) with groups of 32
 along K: 8-bit codes with an fp16 scale per row and group (``int8`` of any group size, GGUF
 ``q8_0``, and ``q5_0`` as codes ``q - 16``); 6-bit codes with an fp16 scale per row and 16 k
 (``q6``: GGUF ``q6_k``, its codes ``q`` in -32..31 stored as ``u = q + 32``, 7 bits per weight
 with the scales; ``int8-g16`` holds the same weight as 8-bit codes, 9 bits per weight);
-4-bit codes with an fp16 scale and min per row and group (``int4`` with mins,
-``q4_1``, ``q4_k``), or with a scale only (symmetric ``int4``, ``q4_0``: the kernel uses the
-min ``-8 s``). Scales of a coarser group repeat per 32. ``q4_k`` and ``q6_k`` are not
-bit-exact: their integer sub-block scales times the fp16 super-block scale are rounded to
-fp16 (relative <= 2^-11). A fifth kind, ``w8a8`` (:func:`is_w8a8`: int8 with one scale per
-row and int8 activations), has a layout of its own for the integer GEMM (``csrc/igemm.cpp``):
-per block of 16 rows their fp32 scales, then the unsigned codes in k-quads.
+4-bit codes with an fp16 scale and min per row and group (``int4`` with mins, ``q4_1``), or
+with a scale only (symmetric ``int4``, ``q4_0``: the kernel uses the min ``-8 s``); GGUF
+``q4_k`` as 4-bit codes with the file's own tables (``q4k``: per super-block of 256 k fp16
+``d`` and ``dmin``, per 32 the 6-bit scale ``sc`` and min ``m`` as bytes; the kernels take
+``d sc`` and ``-dmin m`` in fp32, GGUF's own de-quantization: 4.625 bits per weight, the file
+4.5; ``int4`` holds the same weight with those products rounded to fp16, 5 bits per weight).
+Scales of a coarser group repeat per 32. ``q6_k`` is not bit-exact: its integer sub-block
+scales times the fp16 super-block scale are rounded to fp16 (relative <= 2^-11). ``w8a8``
+(:func:`is_w8a8`: int8 with one scale per row and int8 activations) has a layout of its own
+for the integer GEMM (``csrc/igemm.cpp``): per block of 16 rows their fp32 scales, then the
+unsigned codes in k-quads.
 
 Per block of 16 rows, one contiguous span read front to back, padded to 64 bytes: runs of
-groups (2 when a group's tables take 32 bytes: int8 with a scale per 32, symmetric 4-bit; else
-1), each run its groups' tables, then their codes; a group's tables are fp16 scales ``[16]``
-(``[2][16]`` for q6_k), then (4-bit with mins) fp16 mins ``[16]``. Codes are unsigned bytes
+groups (2 when a group's tables take 32 bytes: int8 with a scale per 32, symmetric 4-bit; 8,
+a super-block, for ``q4k``; else 1), each run its groups' tables, then their codes; a group's
+tables are fp16 scales ``[16]`` (``[2][16]`` for q6_k), then (4-bit with mins) fp16 mins
+``[16]``; a ``q4k`` run's are fp16 ``d [16]``, ``dmin [16]``, then bytes ``sc [8][16]``,
+``m [8][16]`` (320 bytes; with 8 groups' codes 2368 per 16 rows x 256 k). Codes are unsigned bytes
 in k-quads (the ``vpdpbusd`` operand): byte ``4j + e`` of a quad = row j, k = 4 quad + e.
 8-bit codes are stored as ``q + 128``, a group as 8 quads of 64 bytes; 4-bit codes as 4 lines
 of 64 bytes, line v holding quad 2v in the low nibbles and 2v + 1 in the high ones; 6-bit codes
@@ -41,7 +47,11 @@ from pace_core.quant.gguf_blocks import nibbles, q5_values, scale_min_k4, unpack
 GROUP = 32  # k per quantization group of the kernel
 ROWS = 16  # rows per packed block
 FORMATS = ("int8", "int4", "q8_0", "q5_0", "q4_0", "q4_1", "q4_k", "q6_k")
-KINDS = {"int4": 0, "int8": 1, "int8-g16": 2, "int4-sym": 3, "w8a8": 4, "q6": 5}  # kernels.h Kind
+# kernels.h Kind
+KINDS = {"int4": 0, "int8": 1, "int8-g16": 2, "int4-sym": 3, "w8a8": 4, "q6": 5, "q4k": 6}
+# Kinds ``pack(w, kind=...)`` may hold a format in instead of its own, for comparisons.
+_OVERRIDES = {("q6_k", "int8-g16"), ("q4_k", "int4")}
+SUPER = 256  # k per GGUF k-quant super-block: one run of kind q4k
 _INT8_KINDS = (KINDS["int8"], KINDS["int8-g16"])
 
 CHUNK_ROWS = 1024  # rows converted at a time (bounds the temporaries) at K <= 2048
@@ -95,8 +105,10 @@ def problem(format_: str, k: int) -> str | None:
     return None
 
 
-def _codes_scales_mins(w: QuantizedWeight, rows: slice):
-    """``(codes [n, K] (int8, or uint8 0..15), scales [n, G] fp16, mins [n, G] fp16 | None)``."""
+def _codes_tables(w: QuantizedWeight, rows: slice, kind: int):
+    """``(codes [n, K] (int8, or uint8 0..15), tables)``: for kind q4k fp16 d and dmin ``[n,
+    K / 256]`` and uint8 sub-block scales and mins ``[n, K / 32]``; else fp16 scales ``[n, G]``
+    (``[n, 2G]`` for q6_k) and, 4-bit with mins, fp16 mins ``[n, G]``."""
     n = len(range(*rows.indices(w.shape[0])))
     k = w.shape[1]
     data = w.data[rows]
@@ -105,11 +117,11 @@ def _codes_scales_mins(w: QuantizedWeight, rows: slice):
         repeat = (k // w.scales.shape[1]) // GROUP
         scales = w.scales[rows].repeat_interleave(repeat, dim=1)
         if fmt == "int8":
-            return data, scales, None
+            return data, [scales]
         codes = torch.stack([data & 0x0F, data >> 4], dim=-1).reshape(n, k)
         if w.mins is None:  # symmetric: (q - 8) s, the kernel's min -8 s
-            return codes, scales, None
-        return codes, scales, w.mins[rows].repeat_interleave(repeat, dim=1)
+            return codes, [scales]
+        return codes, [scales, w.mins[rows].repeat_interleave(repeat, dim=1)]
     if fmt == "q6_k":
         b = data.reshape(-1, 210)
         ql = nibbles(b[:, :128], 64)
@@ -117,28 +129,31 @@ def _codes_scales_mins(w: QuantizedWeight, rows: slice):
         codes = ((ql | (qh << 4)).to(torch.int16) - 32).to(torch.int8).reshape(n, k)
         sc = b[:, 192:208].contiguous().view(torch.int8).float()
         d = b[:, 208:210].contiguous().view(torch.float16).float()
-        return codes, (d * sc).reshape(n, k // 16).half(), None
+        return codes, [(d * sc).reshape(n, k // 16).half()]
     if fmt == "q4_k":
-        b = data.reshape(n, k // 256, 144)
-        d, dmin = _f16(b, 0), _f16(b, 2)
+        b = data.reshape(n, k // SUPER, 144)
         sc, mn = scale_min_k4(b[..., 4:16].reshape(-1, 12))
-        scales = (d.unsqueeze(-1) * sc.view(n, -1, 8).float()).reshape(n, -1).half()
-        mins = (-dmin.unsqueeze(-1) * mn.view(n, -1, 8).float()).reshape(n, -1).half()
         qs = b[..., 16:].reshape(n, k // 64, 1, 32)
         codes = torch.cat([qs & 0x0F, qs >> 4], dim=2).reshape(n, k)
-        return codes, scales, mins
+        if kind == KINDS["q4k"]:  # the file's tables as they are
+            d, dmin = (b[..., at : at + 2].contiguous().view(torch.float16) for at in (0, 2))
+            return codes, [d.reshape(n, -1), dmin.reshape(n, -1), sc.view(n, -1), mn.view(n, -1)]
+        d, dmin = _f16(b, 0), _f16(b, 2)  # kind int4: fp16 products
+        scales = (d.unsqueeze(-1) * sc.view(n, -1, 8).float()).reshape(n, -1).half()
+        mins = (-dmin.unsqueeze(-1) * mn.view(n, -1, 8).float()).reshape(n, -1).half()
+        return codes, [scales, mins]
     size = {"q8_0": 34, "q5_0": 22, "q4_0": 18, "q4_1": 20}[fmt]
     b = data.reshape(n, k // GROUP, size)
     scales = _f16(b, 0).half()
     if fmt == "q5_0":  # (q - 16) * d with q of 5 bits: int8 codes
         q = q5_values(b.reshape(-1, size), 2).to(torch.int16) - 16
-        return q.to(torch.int8).reshape(n, k), scales, None
+        return q.to(torch.int8).reshape(n, k), [scales]
     if fmt == "q8_0":
-        return b[..., 2:].contiguous().view(torch.int8).reshape(n, k), scales, None
+        return b[..., 2:].contiguous().view(torch.int8).reshape(n, k), [scales]
     start = 2 if fmt == "q4_0" else 4
     qs = b[..., start:].unsqueeze(2)  # [n, G, 1, 16]: low nibbles k 0..15, high 16..31
     codes = torch.cat([qs & 0x0F, qs >> 4], dim=2).reshape(n, k)
-    return codes, scales, None if fmt == "q4_0" else _f16(b, 2).half()
+    return codes, [scales] if fmt == "q4_0" else [scales, _f16(b, 2).half()]
 
 
 def _f16(blocks: torch.Tensor, offset: int) -> torch.Tensor:
@@ -146,12 +161,13 @@ def _f16(blocks: torch.Tensor, offset: int) -> torch.Tensor:
     return blocks[..., offset : offset + 2].contiguous().view(torch.float16).squeeze(-1).float()
 
 
-def _block_bytes(
-    codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None, kind: int
-) -> torch.Tensor:
-    """One chunk (rows a multiple of 16) of ``kind`` as ``[blocks, block_stride]`` bytes."""
+def _block_bytes(codes: torch.Tensor, tables: Sequence[torch.Tensor], kind: int) -> torch.Tensor:
+    """One chunk (rows a multiple of 16) of ``kind`` as ``[blocks, block_stride]`` bytes, its
+    ``tables`` (:func:`_codes_tables`) in order, each ``[16]`` rows per group (kind q4k: per
+    super-block, then ``[8][16]``) as that group's or super-block's."""
     n, k = codes.shape
     nb, g = n // ROWS, k // GROUP
+    units = k // (SUPER if kind == KINDS["q4k"] else GROUP)  # what the tables are per
     int8, q6 = kind in _INT8_KINDS, kind == KINDS["q6"]
     if int8 or q6:  # unsigned q + 128 / q + 32
         codes = (codes.to(torch.int16) + (128 if int8 else 32)).to(torch.uint8)
@@ -170,19 +186,19 @@ def _block_bytes(
                 | (high[:, :, :, 3] << 6)
             )
             lines = torch.cat([lines, high], dim=2)
-    groups = lines.reshape(nb, g, -1)  # [nb, G, code bytes]
-    tables = torch.cat([  # [nb, G, table bytes]: per group scales [SUB][16], then mins [16]
-        table.view(nb, ROWS, g, -1).permute(0, 2, 3, 1).contiguous().view(torch.uint8)
-        .reshape(nb, g, -1)
-        for table in (scales, mins) if table is not None
+    groups = lines.reshape(nb, units, -1)  # [nb, units, code bytes]
+    tables = torch.cat([  # [nb, units, table bytes]: e.g. scales [SUB][16], then mins [16]
+        table.view(nb, ROWS, units, -1).permute(0, 2, 3, 1).contiguous().view(torch.uint8)
+        .reshape(nb, units, -1)
+        for table in tables
     ], dim=2)  # fmt: skip
-    run = 2 if tables.shape[2] == 32 else 1  # groups per run (csrc/kernels.h qrun_groups)
-    whole = g // run * run
-    parts = [torch.cat([  # runs of `run` groups: their tables, then their codes
+    run = 2 if tables.shape[2] == 32 else 1  # units per run (csrc/kernels.h qrun_groups)
+    whole = units // run * run
+    parts = [torch.cat([  # runs of `run` units: their tables, then their codes
         tables[:, :whole].reshape(nb, whole // run, -1),
         groups[:, :whole].reshape(nb, whole // run, -1),
     ], dim=2).reshape(nb, -1)] if whole else []  # fmt: skip
-    if whole < g:  # an odd last group: a run of its own
+    if whole < units:  # an odd last group: a run of its own
         parts += [tables[:, whole:].reshape(nb, -1), groups[:, whole:].reshape(nb, -1)]
     out = torch.cat(parts, dim=1)
     pad = -out.shape[1] % 64
@@ -215,9 +231,10 @@ def pack(
     into its blocks of the one buffer (no stacked copy of the codes: the 28 MB of a 3B model's
     last gate/up at the load's peak), unless a part before the last has rows that are not a
     multiple of 16 (then they are stacked first). ``kind`` (a :data:`KINDS` name) overrides
-    the format's kind where another holds the same weight: ``"int8-g16"`` for ``q6_k`` (8-bit
-    codes, 9 bits per weight: the layout before ``q6``, which computes bit for bit the same;
-    for comparisons)."""
+    the format's kind where another holds the same weight, for comparisons: ``"int8-g16"`` for
+    ``q6_k`` (8-bit codes, 9 bits per weight: the layout before ``q6``, which computes bit for
+    bit the same) and ``"int4"`` for ``q4_k`` (its sub-block scales and mins times d / dmin
+    rounded to fp16 per group: 5 bits per weight, the layout before ``q4k``)."""
     parts = [w] if isinstance(w, QuantizedWeight) else list(w)
     if any(part.shape[0] % ROWS for part in parts[:-1]):
         parts = [QuantizedWeight.cat(parts)]
@@ -227,9 +244,9 @@ def pack(
     if is_w8a8(first):
         return _pack_chunks(parts, _w8a8_block_bytes), KINDS["w8a8"]
     symmetric = first.format == "q4_0" or (first.format == "int4" and first.mins is None)
-    byte_kinds = {"int8": "int8", "q8_0": "int8", "q5_0": "int8", "q6_k": "q6"}
-    own = byte_kinds.get(first.format, "int4-sym" if symmetric else "int4")
-    if kind is not None and kind != own and (first.format, kind) != ("q6_k", "int8-g16"):
+    own_kinds = {"int8": "int8", "q8_0": "int8", "q5_0": "int8", "q6_k": "q6", "q4_k": "q4k"}
+    own = own_kinds.get(first.format, "int4-sym" if symmetric else "int4")
+    if kind is not None and kind != own and (first.format, kind) not in _OVERRIDES:
         raise ValueError(f"pace-avx512 cannot pack {first.format} as kind {kind}")
     code = KINDS[kind or own]
     return _pack_chunks(parts, partial(_grouped_block_bytes, kind=code)), code
@@ -237,13 +254,12 @@ def pack(
 
 def _grouped_block_bytes(w: QuantizedWeight, rows: slice, kind: int) -> torch.Tensor:
     """``rows`` of ``w`` as the grouped kinds' blocks (rows padded to a multiple of 16)."""
-    codes, scales, mins = _codes_scales_mins(w, rows)
+    codes, tables = _codes_tables(w, rows, kind)
     pad = -codes.shape[0] % ROWS
     if pad:
         codes = F.pad(codes, (0, 0, 0, pad))
-        scales = F.pad(scales, (0, 0, 0, pad))
-        mins = None if mins is None else F.pad(mins, (0, 0, 0, pad))
-    return _block_bytes(codes, scales, mins, kind)
+        tables = [F.pad(table, (0, 0, 0, pad)) for table in tables]
+    return _block_bytes(codes, tables, kind)
 
 
 def _pack_chunks(parts: Sequence[QuantizedWeight], blocks_of) -> torch.Tensor:

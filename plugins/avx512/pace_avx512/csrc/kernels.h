@@ -41,10 +41,10 @@ void gated_fp32(const float* x, int64_t ldx, int64_t M, int64_t K, const float* 
 
 // y[M, N] = x[M, K] @ W^T + bias over a quantized weight packed as qlinear.cpp describes
 // (kind 0: 4-bit codes with mins; 1: int8, a scale per 32 k; 2: int8, a scale per 16 k;
-// 3: 4-bit symmetric; 5: 6-bit, a scale per 16 k),
-// K a multiple of 32. Needs AVX512-VNNI. bf16 rows take int8 activations when `int8_act`
-// (pace_avx512/settings.py), else 15 bits; fp32 rows always 15 bits. `act_scales` (int8
-// activations only): static scales [K / 32] (calibrated), else dynamic per row and 32.
+// 3: 4-bit symmetric; 5: 6-bit, a scale per 16 k; 6: GGUF q4_k's 4-bit codes and tables),
+// K a multiple of 32 (256 for kind 6). Needs AVX512-VNNI. bf16 rows take int8 activations when
+// `int8_act` (pace_avx512/settings.py), else 15 bits; fp32 rows always 15 bits. `act_scales`
+// (int8 activations only): static scales [K / 32] (calibrated), else dynamic per row and 32.
 void qlinear_bf16(const bf16_t* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* w,
                   int64_t block_stride, int kind, bool int8_act, const float* bias, int64_t N,
                   bf16_t* y, int64_t ldy, int nthreads, const float* act_scales = nullptr);
@@ -56,7 +56,7 @@ void qlinear_fp32(const float* x, int64_t ldx, int64_t M, int64_t K, const uint8
 
 // Rows `ids` [n] of the de-quantized [N, K] matrix a quantized packed weight holds, as fp32
 // [n, K] (a tied embedding's lookup): the values the kernels multiply by (pace_core's
-// de-quantizer's, but for q4_k/q6_k scales rounded to fp16 at packing).
+// de-quantizer's, but for q6_k's scales and kind 0's q4_k ones rounded to fp16 at packing).
 void qpacked_rows(const uint8_t* w, int64_t block_stride, int kind, int64_t K,
                   const int64_t* ids, int64_t n, float* out, int nthreads);
 // Quantized weight kinds (pace_avx512/qpacking.py KINDS): 4-bit with mins, int8 with a scale
@@ -65,9 +65,13 @@ void qpacked_rows(const uint8_t* w, int64_t block_stride, int kind, int64_t K,
 // layout; qlinear_* hand it over). int8 codes are stored as unsigned q + 128 (the min -128 s
 // is not stored).
 // KIND_Q6 (GGUF q6_k): 6-bit codes u = q + 32 (w = (u - 32) s, a scale per 16 k) as the
-// 4-bit kinds' nibble lines (the low 4 bits) plus 2 lines of their high 2 bits (q6_quad).
+// 4-bit kinds' nibble lines (the low 4 bits) plus 2 lines of their high 2 bits (qblock.h q6_quad).
+// KIND_Q4K (GGUF q4_k, K a multiple of 256): 4-bit codes as the nibble lines; one run per
+// super-block (8 groups) whose tables are fp16 d [16] and dmin [16], then uint8 sub-block
+// scales sc [8][16] and mins m [8][16] (6-bit): w = d sc u - dmin m (qblock.h QScales).
 enum Kind : int {
-  KIND_INT4 = 0, KIND_INT8 = 1, KIND_INT8_G16 = 2, KIND_INT4_SYM = 3, KIND_W8A8 = 4, KIND_Q6 = 5
+  KIND_INT4 = 0, KIND_INT8 = 1, KIND_INT8_G16 = 2, KIND_INT4_SYM = 3, KIND_W8A8 = 4, KIND_Q6 = 5,
+  KIND_Q4K = 6
 };
 // Bytes per block of 16 rows of a KIND_W8A8 weight: fp32 scales [16], then 16 K codes.
 constexpr int64_t w8a8_block_bytes(int64_t K) { return 64 + 16 * K; }
@@ -101,34 +105,6 @@ constexpr int qscales_per_group(int kind) {
 // -offset s, not stored.
 constexpr int qcode_offset(int kind) { return is_int8(kind) ? 128 : kind == KIND_Q6 ? 32 : 8; }
 
-// KIND_Q6 codes of a group: nibble lines 0-3 (line v: quad 2v in the low nibbles, 2v + 1 in
-// the high ones, as the 4-bit kinds), then high lines 0-1 at bytes 256 and 320: the high 2
-// bits of quad q are bits 2 (q % 4), 2 (q % 4) + 1 of the same byte (4j + e: row j, k = 4q + e)
-// of high line q / 4. So the k of each scale (16: quads 4s..4s + 3) are nibble lines 2s, 2s + 1
-// and high line s. q6_quad(q, nibble line q / 2, high line q / 4): quad q's codes u (0..63),
-// one per byte: a shift (odd quads) for the nibble, a shift and an AND for the high bits (then
-// at bits 4-5, 16 times their value), one ternary-logic merge.
-__attribute__((always_inline)) inline __m512i q6_quad(int q, __m512i nib, __m512i high) {
-  const int i = q % 4;  // bits 2i, 2i + 1 of the high line, to bits 4, 5
-  __m512i h = i == 0 ? _mm512_slli_epi16(high, 4) : i == 1 ? _mm512_slli_epi16(high, 2)
-            : i == 2 ? high : _mm512_srli_epi16(high, 2);
-  h = _mm512_and_si512(h, _mm512_set1_epi8(0x30));
-  const __m512i n = q % 2 ? _mm512_srli_epi16(nib, 4) : nib;
-  // (n & 0x0F) | h: ternary logic over (a = n, b = h, c = 0x0F): (a & c) | b
-  return _mm512_ternarylogic_epi32(n, h, _mm512_set1_epi8(0x0F), 0xEC);
-}
-// Kinds with one byte code per weight in the kernels (int8 as stored, KIND_Q6 once merged).
-constexpr bool is_byte_coded(int kind) { return is_int8(kind) || kind == KIND_Q6; }
-// Quad q (0..7) of a group's codes (`codes`: qgroup_codes) of a byte-coded kind, unsigned.
-template <int KIND>
-__attribute__((always_inline)) inline __m512i quad_codes(const uint8_t* codes, int q) {
-  if constexpr (KIND == KIND_Q6)
-    return q6_quad(q, _mm512_loadu_si512(codes + 64 * (q / 2)),
-                   _mm512_loadu_si512(codes + 256 + 64 * (q / 4)));
-  else
-    return _mm512_loadu_si512(codes + 64 * q);
-}
-
 // f(std::integral_constant<int, KIND>{}) for the kind's compile-time value: the one runtime
 // dispatch of the quantized kernels (templates take decltype(k)::value).
 template <typename F>
@@ -138,13 +114,15 @@ inline decltype(auto) by_kind(int kind, F&& f) {
     case KIND_INT8_G16: return f(std::integral_constant<int, KIND_INT8_G16>{});
     case KIND_INT4_SYM: return f(std::integral_constant<int, KIND_INT4_SYM>{});
     case KIND_Q6: return f(std::integral_constant<int, KIND_Q6>{});
+    case KIND_Q4K: return f(std::integral_constant<int, KIND_Q4K>{});
     default: return f(std::integral_constant<int, KIND_INT4>{});
   }
 }
 
-// A group's tables per row block: fp16 scales [SUB][16], then (KIND_INT4) fp16 mins [16].
+// A group's tables per row block: fp16 scales [SUB][16], then (KIND_INT4) fp16 mins [16];
+// KIND_Q4K: its share of its run's (d, dmin [16] fp16 and sc, m [8][16] bytes: 320 / 8).
 constexpr int64_t qtable_bytes(int kind) {
-  return 32 * qscales_per_group(kind) + (kind == KIND_INT4 ? 32 : 0);
+  return kind == KIND_Q4K ? 40 : 32 * qscales_per_group(kind) + (kind == KIND_INT4 ? 32 : 0);
 }
 // Bytes per row block and group of 32 k of a quantized kind: codes and tables.
 constexpr int64_t qgroup_bytes(int kind) { return qcode_bytes(kind) + qtable_bytes(kind); }
@@ -153,14 +131,19 @@ constexpr int64_t qgroup_bytes(int kind) { return qcode_bytes(kind) + qtable_byt
 // the codes and a separate table region side by side held the decode GEMV at ~22 of 31 GB/s
 // on one core). Runs of 2 groups when a group's tables take 32 bytes, so a run's tables are
 // one 64-byte line (kernels touch it as they enter the run) and its codes whole lines after
-// it; an odd last group is a run of its own (padded at the end of the block).
-constexpr int64_t qrun_groups(int kind) { return qtable_bytes(kind) == 32 ? 2 : 1; }
+// it; an odd last group is a run of its own (padded at the end of the block). KIND_Q4K: a
+// run per GGUF super-block (8 groups: 320 bytes of tables, 5 lines, then 2048 of codes).
+constexpr int64_t qrun_groups(int kind) {
+  return kind == KIND_Q4K ? 8 : qtable_bytes(kind) == 32 ? 2 : 1;
+}
 
-// Where group g (of G) of a packed row block starts: its tables, and its codes.
+// Where group g (of G) of a packed row block starts: its tables (KIND_Q4K: its run's, which
+// QScales reads), and its codes.
 template <int KIND>
 inline const uint16_t* qgroup_tables(const uint8_t* block, int64_t g) {
   constexpr int64_t P = qrun_groups(KIND), RUN = P * qgroup_bytes(KIND);
-  return (const uint16_t*)(block + g / P * RUN + g % P * qtable_bytes(KIND));
+  const int64_t own = KIND == KIND_Q4K ? 0 : g % P * qtable_bytes(KIND);
+  return (const uint16_t*)(block + g / P * RUN + own);
 }
 template <int KIND>
 inline const uint8_t* qgroup_codes(const uint8_t* block, int64_t G, int64_t g) {
@@ -168,10 +151,15 @@ inline const uint8_t* qgroup_codes(const uint8_t* block, int64_t G, int64_t g) {
   const int64_t first = g / P * P, in_run = G - first < P ? G - first : P;
   return block + g / P * RUN + in_run * qtable_bytes(KIND) + (g - first) * qcode_bytes(KIND);
 }
-// A group that starts a run: touch the run's table line before its codes (front to back).
+// A group that starts a run: touch the run's table lines (one; KIND_Q4K's 5) before its
+// codes (front to back).
 template <int KIND>
 inline void qtouch_run(const uint8_t* block, int64_t g) {
-  if (g % qrun_groups(KIND) == 0) _mm_prefetch((const char*)qgroup_tables<KIND>(block, g), _MM_HINT_T0);
+  constexpr int64_t BYTES = qrun_groups(KIND) * qtable_bytes(KIND);
+  if (g % qrun_groups(KIND) == 0) {
+    const char* tables = (const char*)qgroup_tables<KIND>(block, g);
+    for (int64_t i = 0; i < BYTES; i += 64) _mm_prefetch(tables + i, _MM_HINT_T0);
+  }
 }
 
 // The bf16 panel path of qlinear_bf16 (qpanel.cpp, AVX512-BF16 builds): each thread

@@ -2,10 +2,10 @@
 // K with a scale (and a min) per row and group.
 //
 // Every weight code is an unsigned byte u with w = u * s + m: 4-bit codes (0..15) with their
-// min (q4_0 / symmetric int4: m = -8 s), 8-bit codes stored as q + 128 (m = -128 s), 6-bit
-// codes (KIND_Q6) as q + 32 (m = -32 s, taken as -128 s over u + 96: see qrow). The
-// activation rows are quantized once per call per group of 32 (round to nearest even) with the
-// sum of their codes per 16, so that
+// min (q4_0 / symmetric int4: m = -8 s; GGUF q4_k: s = d sc, m = -dmin m6 in fp32), 8-bit
+// codes stored as q + 128 (m = -128 s), 6-bit codes (KIND_Q6) as q + 32 (m = -32 s, taken as
+// -128 s over u + 96: see qrow). The activation rows are quantized once per call per group of
+// 32 (round to nearest even) with the sum of their codes per 16 (qrows.h), so that
 //   sum w x = s xs sum u xq + m xs sum xq,
 // the first sum exact in int32 by vpdpbusd (16 rows x a k-quad of unsigned weight bytes times
 // the activation quad broadcast, per instruction; 4-bit nibbles need only a mask or a shift).
@@ -18,12 +18,14 @@
 // Packed layout (pace_avx512/qpacking.py), per block of 16 rows, one contiguous span of
 // `block_stride` bytes read front to back: runs of 1 or 2 groups (kernels.h qrun_groups),
 // each its groups' tables, then their codes; a group's tables are fp16 scales [SUB][16]
-// (SUB = 2 for scales per 16 k: GGUF q6_k), then (4-bit with mins) fp16 mins [16]. In a
+// (SUB = 2 for scales per 16 k: GGUF q6_k), then (4-bit with mins) fp16 mins [16]; KIND_Q4K
+// (GGUF q4_k): runs of 8 groups (a super-block), tables fp16 d, dmin [16], then its 6-bit
+// sub-block scales and mins as bytes [8][16] each (qblock.h QScales). In a
 // group, byte 4j + e of a k-quad = row j, k = 4 quad + e:
 //   8-bit: 8 quads of 64 bytes, quad q at byte 64 q;
 //   4-bit: 4 lines of 64 bytes, line v = quad 2v in the low nibbles and 2v + 1 in the high ones;
 //   6-bit (KIND_Q6, GGUF q6_k as u = q + 32): the 4-bit lines of the low 4 bits, then 2 lines
-//   of the high 2 bits (kernels.h q6_quad), merged per quad into one byte code u as 8-bit.
+//   of the high 2 bits (qblock.h q6_quad), merged per quad into one byte code u as 8-bit.
 // Threads take contiguous ranges of row blocks, each one sequential stream that the hardware
 // prefetchers follow (software prefetch on top of it lost a third of the bandwidth on Zen 4).
 // A single activation row (decode) reads its thread's range as 4 runs side by side (`qrow`;
@@ -39,6 +41,8 @@
 #include <vector>
 
 #include "kernels.h"
+#include "qblock.h"
+#include "qrows.h"
 #include "simd.h"
 
 #pragma GCC push_options
@@ -55,78 +59,6 @@ using C0 = std::integral_constant<int, 0>;
 using C1 = std::integral_constant<int, 1>;
 using C2 = std::integral_constant<int, 2>;
 using C3 = std::integral_constant<int, 3>;
-
-// Activation rows quantized per group of 32. SPLIT (the default): 15-bit codes c = 128 hi + lo
-// as two int8 planes, hi in [-128, 127] at codes[0, M K), lo in [0, 127] at codes[M K, 2 M K):
-// two vpdpbusd per quad give int16-class precision. Else int8 codes (scale amax / 127).
-struct QuantizedRows {
-  std::vector<int8_t> codes;  // [M][K] (SPLIT: [2][M][K])
-  std::vector<float> scales;  // [M][G]
-  std::vector<float> sums;    // [M][2G]: scale * sum of the codes of each 16 (as seen)
-  std::vector<int32_t> code_sums;  // [M][2G]: the sums of the codes of each 16 (KIND_Q6)
-};
-
-// One per thread, shared by every kind and mode (it grows to the largest call's rows).
-QuantizedRows& scratch_rows() {
-  thread_local QuantizedRows rows;
-  return rows;
-}
-
-// Rows split over up to `nthreads` threads (a prefill's rows are ~10% of its matmul's time
-// on one thread).
-// `fixed` (int8 only): static scales, one per group of 32 columns shared by every row
-// (calibrated activation scales); codes are clamped to +-127. Null: a dynamic scale per row
-// and group (amax / LEVELS).
-template <bool SPLIT, typename T>
-void quantize_rows(const T* x, int64_t ldx, int64_t M, int64_t K, QuantizedRows& q, int nthreads,
-                   const float* fixed = nullptr) {
-  constexpr float LEVELS = SPLIT ? 16383.0f : 127.0f;
-  const int64_t G = K / QGROUP;
-  q.codes.resize((SPLIT ? 2 : 1) * M * K);
-  q.scales.resize(M * G);
-  q.sums.resize(M * G * 2);
-  q.code_sums.resize(M * G * 2);
-  const int nt = (int)std::max<int64_t>(1, std::min<int64_t>(nthreads, M * K / 8192));
-#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
-  for (int64_t m = 0; m < M; ++m) {
-    for (int64_t g = 0; g < G; ++g) {
-      const T* src = x + m * ldx + g * QGROUP;
-      const __m512 a = load(src, 0xFFFF), b = load(src + 16, 0xFFFF);
-      float inv, scale;
-      if (!SPLIT && fixed) {
-        scale = fixed[g];
-        inv = scale > 0 ? 1.0f / scale : 0.0f;
-      } else {
-        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
-        inv = amax > 0 ? LEVELS / amax : 0.0f, scale = amax / LEVELS;
-      }
-      if (!std::isfinite(inv)) inv = 0.0f, scale = 0.0f;  // a group of denormals: all codes 0
-      __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, _mm512_set1_ps(inv)));
-      __m512i qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, _mm512_set1_ps(inv)));
-      if (!SPLIT && fixed) {  // values past the calibrated range saturate
-        const __m512i hi = _mm512_set1_epi32(127), lo = _mm512_set1_epi32(-127);
-        qa = _mm512_max_epi32(_mm512_min_epi32(qa, hi), lo);
-        qb = _mm512_max_epi32(_mm512_min_epi32(qb, hi), lo);
-      }
-      int8_t* dst = q.codes.data() + m * K + g * QGROUP;
-      if constexpr (SPLIT) {
-        const __m512i seven = _mm512_set1_epi32(127);
-        _mm_storeu_si128((__m128i*)dst, _mm512_cvtsepi32_epi8(_mm512_srai_epi32(qa, 7)));
-        _mm_storeu_si128((__m128i*)(dst + 16), _mm512_cvtsepi32_epi8(_mm512_srai_epi32(qb, 7)));
-        _mm_storeu_si128((__m128i*)(dst + M * K), _mm512_cvtsepi32_epi8(_mm512_and_si512(qa, seven)));
-        _mm_storeu_si128((__m128i*)(dst + M * K + 16), _mm512_cvtsepi32_epi8(_mm512_and_si512(qb, seven)));
-      } else {
-        _mm_storeu_si128((__m128i*)dst, _mm512_cvtsepi32_epi8(qa));
-        _mm_storeu_si128((__m128i*)(dst + 16), _mm512_cvtsepi32_epi8(qb));
-      }
-      q.scales[m * G + g] = scale;
-      const int32_t sa = _mm512_reduce_add_epi32(qa), sb = _mm512_reduce_add_epi32(qb);
-      q.code_sums[(m * G + g) * 2] = sa, q.code_sums[(m * G + g) * 2 + 1] = sb;
-      q.sums[(m * G + g) * 2] = scale * (float)sa;
-      q.sums[(m * G + g) * 2 + 1] = scale * (float)sb;
-    }
-  }
-}
 
 struct QArgs {
   const uint8_t* w;
@@ -145,6 +77,8 @@ struct QArgs {
 //   scale by 1 / 16 (|16 (128 hi + lo) sums| < 16 * 2^15 * 15 * 32 < 2^31);
 // - accumulators are fresh each group (or sub-group of 16 k): consecutive groups are
 //   independent chains for the out-of-order core;
+// - KIND_Q4K's scale and min per group and block are d sc and -dmin m (QScales: two byte
+//   loads widened, converted and multiplied; d and dmin converted once per run of 8 groups);
 // - KIND_Q6 (u = q + 32) adds 96 times the activation codes' sum to each integer sum, which
 //   makes it the sum over q + 128, flushed with the min -128 s: the int8-g16 kind's exact
 //   numbers (its packing of the same weight computes bit for bit the same).
@@ -160,13 +94,14 @@ inline void qrow(const QArgs& a, const int64_t (&bs)[NB], __m512 (&total)[NB]) {
   const int32_t* code_sums = a.x->code_sums.data();
   const __m512i low = _mm512_set1_epi8(0x0F), high = _mm512_set1_epi8((char)0xF0);
   const uint8_t* block[NB];
+  QScales<KIND> scales[NB];  // 4-bit kinds
   PACE_UNROLL for (int j = 0; j < NB; ++j) {
     block[j] = a.w + bs[j] * a.block_stride;
     total[j] = _mm512_setzero_ps();
   }
   for (int64_t g = 0; g < a.G; ++g) {
     const uint8_t* codes[NB];
-    const uint16_t* tables[NB];  // fp16 scales [SUB][16], then mins [16]
+    const uint16_t* tables[NB];  // fp16 scales [SUB][16], then mins [16] (KIND_Q4K: QScales)
     PACE_UNROLL for (int j = 0; j < NB; ++j) {
       qtouch_run<KIND>(block[j], g);
       codes[j] = qgroup_codes<KIND>(block[j], a.G, g);
@@ -219,10 +154,10 @@ inline void qrow(const QArgs& a, const int64_t (&bs)[NB], __m512 (&total)[NB]) {
         const __m512i h = _mm512_add_epi32(_mm512_slli_epi32(acc[j][0][0], 4), acc[j][1][0]);
         const __m512i l = _mm512_add_epi32(_mm512_slli_epi32(acc[j][0][1], 4), acc[j][1][1]);
         const __m512i sum = _mm512_add_epi32(_mm512_slli_epi32(h, 7), l);
-        const __m512 s = fp16x16(tables[j]);
-        total[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(s, sx), total[j]);
-        const __m512 mn = KIND == KIND_INT4_SYM ? _mm512_mul_ps(s, _mm512_set1_ps(-8.0f)) : fp16x16(tables[j] + 16);
-        total[j] = _mm512_fmadd_ps(mn, xsum, total[j]);
+        scales[j].group(tables[j], g);
+        const __m512 s = _mm512_mul_ps(scales[j].scale, sx);
+        total[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), s, total[j]);
+        total[j] = _mm512_fmadd_ps(scales[j].min, xsum, total[j]);
       }
     }
   }
@@ -245,6 +180,7 @@ inline void qtile(const QArgs& a, int64_t b, int64_t m0, __m512 (&total)[MT]) {
     xl[m] = SPLIT ? (const int32_t*)(a.x->codes.data() + (a.M + m0 + m) * a.K) : nullptr;
   }
   const __m512i low = _mm512_set1_epi8(0x0F);
+  QScales<KIND> scales;  // 4-bit kinds
   for (int64_t g = 0; g < a.G; ++g) {
     __m512i acc[CH][MT], low_acc[SPLIT ? CH : 1][MT];
     qtouch_run<KIND>(block, g);
@@ -317,10 +253,9 @@ inline void qtile(const QArgs& a, int64_t b, int64_t m0, __m512 (&total)[MT]) {
       line(1, C2{}, C3{});
       line(2, C0{}, C1{});
       line(3, C2{}, C3{});
-      const __m512 s = fp16x16(tables);
-      flush(s, 0);
-      add_min(KIND == KIND_INT4_SYM ? _mm512_mul_ps(s, _mm512_set1_ps(-8.0f)) : fp16x16(tables + 16),
-              0, 2);
+      scales.group(tables, g);
+      flush(scales.scale, 0);
+      add_min(scales.min, 0, 2);
     }
   }
 }
@@ -457,23 +392,30 @@ void qlinear(const T* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* w,
 template <int KIND>
 void packed_row(const uint8_t* block, int64_t G, int64_t lane, float* row) {
   constexpr int SUB = qscales_per_group(KIND);
+  QScales<KIND> scales;  // 4-bit kinds
+  alignas(64) float s4[16], m4[16];
   for (int64_t g = 0; g < G; ++g) {
     const uint8_t* cg = qgroup_codes<KIND>(block, G, g) + 4 * lane;
     const uint16_t* tables = qgroup_tables<KIND>(block, g);  // scales [SUB][16], mins [16]
+    if constexpr (!is_byte_coded(KIND)) {
+      scales.group(tables, g);
+      _mm512_store_ps(s4, scales.scale);
+      _mm512_store_ps(m4, scales.min);
+    }
     for (int64_t k = 0; k < QGROUP; ++k) {
       const int64_t quad = k / 4, e = k % 4;
-      const float s = _cvtsh_ss(tables[(k * SUB / QGROUP) * 16 + lane]);
+      const uint16_t scale = tables[(k * SUB / QGROUP) * 16 + lane];  // byte-coded kinds
       float v;
       if constexpr (is_int8(KIND)) {  // u = q + 128
-        v = (float)((int)cg[64 * quad + e] - 128) * s;
-      } else if constexpr (KIND == KIND_Q6) {  // u = nibble | high 2 bits << 4 (kernels.h)
+        v = (float)((int)cg[64 * quad + e] - 128) * _cvtsh_ss(scale);
+      } else if constexpr (KIND == KIND_Q6) {  // u = nibble | high 2 bits << 4 (qblock.h)
         const uint8_t byte = cg[64 * (quad / 2) + e], high = cg[256 + 64 * (quad / 4) + e];
         const int u = (quad % 2 ? byte >> 4 : byte & 0x0F) | ((high >> (2 * (quad % 4))) & 3) << 4;
-        v = (float)(u - 32) * s;
-      } else {  // line quad / 2: even quads in the low nibbles
+        v = (float)(u - 32) * _cvtsh_ss(scale);
+      } else {  // line quad / 2: even quads in the low nibbles; u s + m as GGUF (no FMA)
         const uint8_t byte = cg[64 * (quad / 2) + e];
-        v = (float)(quad % 2 ? byte >> 4 : byte & 0x0F) * s;
-        v = KIND == KIND_INT4_SYM ? v - 8.0f * s : v + _cvtsh_ss(tables[16 + lane]);
+        v = (float)(quad % 2 ? byte >> 4 : byte & 0x0F) * s4[lane];
+        v = v + m4[lane];
       }
       row[g * QGROUP + k] = v;
     }

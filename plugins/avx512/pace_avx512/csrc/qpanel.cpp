@@ -20,6 +20,7 @@
 
 #include "gemm_tiles.h"
 #include "kernels.h"
+#include "qblock.h"
 #include "simd.h"
 
 namespace pace_avx512 {
@@ -48,6 +49,7 @@ inline __m512 code(__m512i line, int bits, int mask) {
 template <int KIND>
 void dequantize_block(const uint8_t* block, int64_t G, bf16_t* dense) {
   constexpr int SUB = qscales_per_group(KIND);
+  QScales<KIND> scales;  // 4-bit kinds
   for (int64_t g = 0; g < G; ++g) {
     const uint8_t* codes = qgroup_codes<KIND>(block, G, g);
     const uint16_t* tables = qgroup_tables<KIND>(block, g);  // scales [SUB][16], mins [16]
@@ -64,9 +66,8 @@ void dequantize_block(const uint8_t* block, int64_t G, bf16_t* dense) {
         put_pair(pairs + (2 * q + 1) * PAIR_STRIDE, w[2], w[3]);
       }
     } else {  // line v: quad 2 v in the low nibbles, 2 v + 1 in the high ones
-      const __m512 s = fp16x16(tables);
-      const __m512 m = KIND == KIND_INT4_SYM ? _mm512_mul_ps(s, _mm512_set1_ps(-8.0f))
-                                             : fp16x16(tables + 16);
+      scales.group(tables, g);
+      const __m512 s = scales.scale, m = scales.min;
       PACE_UNROLL for (int v = 0; v < 4; ++v) {
         const __m512i line = _mm512_loadu_si512(codes + 64 * v);
         PACE_UNROLL for (int h = 0; h < 2; ++h) {

@@ -1,0 +1,89 @@
+// The activation rows of the quantized VNNI kernels (qlinear.cpp), quantized once per call
+// per group of 32 with the sums of their codes per 16.
+#pragma once
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "kernels.h"
+#include "simd.h"
+
+namespace pace_avx512 {
+
+// Activation rows quantized per group of 32. SPLIT (the default): 15-bit codes c = 128 hi + lo
+// as two int8 planes, hi in [-128, 127] at codes[0, M K), lo in [0, 127] at codes[M K, 2 M K):
+// two vpdpbusd per quad give int16-class precision. Else int8 codes (scale amax / 127).
+struct QuantizedRows {
+  std::vector<int8_t> codes;  // [M][K] (SPLIT: [2][M][K])
+  std::vector<float> scales;  // [M][G]
+  std::vector<float> sums;    // [M][2G]: scale * sum of the codes of each 16 (as seen)
+  std::vector<int32_t> code_sums;  // [M][2G]: the sums of the codes of each 16 (KIND_Q6)
+};
+
+// One per thread, shared by every kind and mode (it grows to the largest call's rows).
+inline QuantizedRows& scratch_rows() {
+  thread_local QuantizedRows rows;
+  return rows;
+}
+
+// Rows split over up to `nthreads` threads (a prefill's rows are ~10% of its matmul's time
+// on one thread).
+// `fixed` (int8 only): static scales, one per group of 32 columns shared by every row
+// (calibrated activation scales); codes are clamped to +-127. Null: a dynamic scale per row
+// and group (amax / LEVELS).
+template <bool SPLIT, typename T>
+inline void quantize_rows(const T* x, int64_t ldx, int64_t M, int64_t K, QuantizedRows& q,
+                          int nthreads, const float* fixed = nullptr) {
+  constexpr float LEVELS = SPLIT ? 16383.0f : 127.0f;
+  const int64_t G = K / QGROUP;
+  q.codes.resize((SPLIT ? 2 : 1) * M * K);
+  q.scales.resize(M * G);
+  q.sums.resize(M * G * 2);
+  q.code_sums.resize(M * G * 2);
+  const int nt = (int)std::max<int64_t>(1, std::min<int64_t>(nthreads, M * K / 8192));
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t g = 0; g < G; ++g) {
+      const T* src = x + m * ldx + g * QGROUP;
+      const __m512 a = load(src, 0xFFFF), b = load(src + 16, 0xFFFF);
+      float inv, scale;
+      if (!SPLIT && fixed) {
+        scale = fixed[g];
+        inv = scale > 0 ? 1.0f / scale : 0.0f;
+      } else {
+        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+        inv = amax > 0 ? LEVELS / amax : 0.0f, scale = amax / LEVELS;
+      }
+      if (!std::isfinite(inv)) inv = 0.0f, scale = 0.0f;  // a group of denormals: all codes 0
+      __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, _mm512_set1_ps(inv)));
+      __m512i qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, _mm512_set1_ps(inv)));
+      if (!SPLIT && fixed) {  // values past the calibrated range saturate
+        const __m512i hi = _mm512_set1_epi32(127), lo = _mm512_set1_epi32(-127);
+        qa = _mm512_max_epi32(_mm512_min_epi32(qa, hi), lo);
+        qb = _mm512_max_epi32(_mm512_min_epi32(qb, hi), lo);
+      }
+      int8_t* dst = q.codes.data() + m * K + g * QGROUP;
+      if constexpr (SPLIT) {
+        const __m512i seven = _mm512_set1_epi32(127);
+        _mm_storeu_si128((__m128i*)dst, _mm512_cvtsepi32_epi8(_mm512_srai_epi32(qa, 7)));
+        _mm_storeu_si128((__m128i*)(dst + 16), _mm512_cvtsepi32_epi8(_mm512_srai_epi32(qb, 7)));
+        _mm_storeu_si128((__m128i*)(dst + M * K), _mm512_cvtsepi32_epi8(_mm512_and_si512(qa, seven)));
+        _mm_storeu_si128((__m128i*)(dst + M * K + 16), _mm512_cvtsepi32_epi8(_mm512_and_si512(qb, seven)));
+      } else {
+        _mm_storeu_si128((__m128i*)dst, _mm512_cvtsepi32_epi8(qa));
+        _mm_storeu_si128((__m128i*)(dst + 16), _mm512_cvtsepi32_epi8(qb));
+      }
+      q.scales[m * G + g] = scale;
+      const int32_t sa = _mm512_reduce_add_epi32(qa), sb = _mm512_reduce_add_epi32(qb);
+      q.code_sums[(m * G + g) * 2] = sa, q.code_sums[(m * G + g) * 2 + 1] = sb;
+      q.sums[(m * G + g) * 2] = scale * (float)sa;
+      q.sums[(m * G + g) * 2 + 1] = scale * (float)sb;
+    }
+  }
+}
+
+}  // namespace pace_avx512
