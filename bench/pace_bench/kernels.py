@@ -25,7 +25,8 @@ two references for ``linear``: ``torch`` (F.linear on the [N, K] weight) and ``m
   ``q8_0``, ``q4_0``), cold, GB/s of the format's bytes and their ``of_dram`` share
   (:mod:`pace_bench.kernels_quant`).
 - qgemm (not in the default set): prefill-size GEMMs (``--gemm-m``) of each backend's
-  ``linear`` on the dense weight and on its W8A8 quantization, GFLOP/s and ``vs_dense``.
+  ``linear`` on the dense weight and on its quantizations (``--qgemm-formats``: W8A8 by
+  default, GGUF formats too), GFLOP/s and ``vs_dense``.
 - model (not in the default set): a whole model (``--model``) per backend plan:
   ``{"default": "native"}``, every op of each installed backend on it, and ``auto``; prefill
   time of a ``--model-prompt``-token prompt and decode tok/s over ``--model-tokens`` tokens.
@@ -40,6 +41,8 @@ only): steadier on a shared machine, as time spent descheduled is not counted.
     pace bench kernels --shapes 64x128 --cold-mib 1 --repeats 1     # smoke test
     pace bench kernels --sections qgemv --shapes 576x49152 4096x4096 --gemv-m 1 --cold-mib 512
     pace bench kernels --sections qgemm --dtypes bfloat16 --threads 1 2 --gemm-m 32 128 512
+    PACE_QUANT_ACTIVATIONS=int8 pace bench kernels --sections qgemm --dtypes bfloat16 \
+        --threads 1 --backends avx512 --qgemm-formats q8_0 q4_k q6_k q4_0
 """
 
 from __future__ import annotations
@@ -72,7 +75,7 @@ from pace_bench.common import (
 )
 from pace_bench.kernels_model import bench_model
 from pace_bench.kernels_moe import bench_moe
-from pace_bench.kernels_quant import bench_qgemm, bench_qgemv
+from pace_bench.kernels_quant import QGEMM_FORMATS, bench_qgemm, bench_qgemv
 from pace_core.errors import ConfigError
 
 SHAPES = {"576x1536": (576, 1536), "2048x8192": (2048, 8192), "4096x4096": (4096, 4096)}  # K x N
@@ -143,6 +146,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sections", nargs="+", default=list(SECTIONS[:3]), choices=SECTIONS)
     p.add_argument("--gemv-m", nargs="+", type=int, default=[1, 8])
     p.add_argument("--gemm-m", nargs="+", type=int, default=[128, 512])
+    p.add_argument(
+        "--qgemm-formats",
+        nargs="+",
+        default=["w8a8"],
+        choices=QGEMM_FORMATS,
+        help="quantizations the qgemm section times against the dense weight",
+    )
     p.add_argument("--cold-mib", type=int, default=96, help="weight set size per GEMV shape")
     p.add_argument("--model", default="smollm2", help="zoo name or path (--sections model)")
     p.add_argument("--model-prompt", type=int, default=128, help="prompt tokens (model)")
@@ -425,7 +435,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     bench_qgemv(args, dtype, threads, dram, rows)
                 if "qgemm" in args.sections:
                     bench_qgemm(args, dtype, threads, rows)
-    measured = {r["backend"] for r in rows}
+    measured = {r["backend"].split(" ")[0] for r in rows}  # qgemm: "<backend> <format>"
     absent = [b for b in args.backends or () if b not in measured]
     if absent:
         warn(

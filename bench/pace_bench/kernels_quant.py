@@ -1,10 +1,13 @@
 """The ``qgemv`` and ``qgemm`` sections of ``pace bench kernels``: quantized weights.
 
 ``qgemm``: for every ``--shapes`` K x N and ``--gemm-m`` M, each backend's ``linear`` on the
-dense weight (the model dtype) and on its W8A8 quantization (``quantization="w8a8"``: int8
-weights, int8 activations), round-robin; GFLOP/s (2 M N K per call, integer ops for W8A8) and
-``vs_dense``, the W8A8 rate over the same backend's dense rate: the bar pace-avx512's int8
-GEMM is held to (1.8x bf16 at M >= 32).
+dense weight (the model dtype) and on each ``--qgemm-formats`` quantization of it, round-robin:
+``w8a8`` (the default: int8 weights, int8 activations), or any of the ``qgemv`` formats (pace
+presets, GGUF blocks; pace-avx512 takes bf16 activations of those as
+``PACE_QUANT_ACTIVATIONS`` says when the weights are packed, so set it to ``int8`` for its
+int8-activation tiles); GFLOP/s (2 M N K per call, integer ops where quantized) and
+``vs_dense``, each quantized rate over the same backend's dense rate: the bar pace-avx512's
+W8A8 GEMM is held to (1.8x bf16 at M >= 32).
 
 ``qgemv``:
 
@@ -45,6 +48,7 @@ from pace_core.quant import PRESETS, QuantizedWeight, quantize
 from pace_core.quant.gguf_blocks import block_type, quantize_k, quantize_q4_0, quantize_q8_0
 
 FORMATS = ("int8", "int4", "q8_0", "q4_0", "q4_k", "q6_k")
+QGEMM_FORMATS = ("w8a8", *FORMATS)
 REFERENCE = "avx512.stream_read"
 
 
@@ -96,22 +100,33 @@ def bench_qgemv(args: Any, dtype: torch.dtype, threads: int, dram: float, rows: 
 
 
 def bench_qgemm(args: Any, dtype: torch.dtype, threads: int, rows: list) -> None:
-    """GFLOP/s per backend of the dense and the W8A8 weight, for each shape and M."""
+    """GFLOP/s per backend of the dense weight and its ``--qgemm-formats`` quantizations, for
+    each shape and M."""
     for shape in progress(args.shapes, f"qgemm {dtype_name(dtype)} t={threads}", args.quiet):
         k, n = parse_shape(shape)
         dense = usable_kernels("linear", dtype, in_features=k, out_features=n)
-        w8a8 = usable_kernels("linear", dtype, in_features=k, out_features=n,
-                              weight_format="int8")  # fmt: skip
-        backends = [b for b in dense if b in w8a8 and keep_backend(args.backends, b)]
-        if not backends:
-            continue
         gen = torch.Generator().manual_seed(0)
         weights = [(torch.randn(n, k, generator=gen) / k**0.5).to(dtype) for _ in range(2)]
-        quantized = [quantize(w, PRESETS["w8a8"]) for w in weights]
-        packed = {}
-        for b in backends:
-            packed[f"{b} dense"] = (dense[b].fn, [dense[b].prepare(w, None) for w in weights])
-            packed[f"{b} w8a8"] = (w8a8[b].fn, [w8a8[b].prepare(q, None) for q in quantized])
+        packed, pairs = {}, []  # name -> (fn, packed weights); (quantized name, dense name)
+        for fmt in args.qgemm_formats:
+            if fmt not in PRESETS and fmt != "w8a8" and k % block_type(fmt).block_elems:
+                note(args, f"qgemm: {shape} {fmt} skipped: K is not a whole number of blocks")
+                continue
+            specs = usable_kernels("linear", dtype, in_features=k, out_features=n,
+                                   weight_format="int8" if fmt == "w8a8" else fmt)  # fmt: skip
+            backends = [b for b in dense if b in specs and keep_backend(args.backends, b)]
+            if fmt == "w8a8":
+                quants = [quantize(w, PRESETS["w8a8"]) for w in weights]
+            else:
+                quants = [quantized(fmt, w) for w in weights]
+            for b in backends:
+                if f"{b} dense" not in packed:
+                    ws = [dense[b].prepare(w, None) for w in weights]
+                    packed[f"{b} dense"] = (dense[b].fn, ws)
+                packed[f"{b} {fmt}"] = (specs[b].fn, [specs[b].prepare(q, None) for q in quants])
+                pairs.append((f"{b} {fmt}", f"{b} dense"))
+        if not pairs:
+            continue
         for m in args.gemm_m:
             x = torch.randn(m, k, generator=gen).to(dtype)
             fns = {name: sweep(fn, x, ws) for name, (fn, ws) in packed.items()}
@@ -122,7 +137,6 @@ def bench_qgemm(args: Any, dtype: torch.dtype, threads: int, rows: list) -> None
                      dtype=dtype_name(dtype), shape=shape, M=m, threads=threads,
                      unit="GFLOP/s")  # fmt: skip
             row = {r["backend"]: r for r in rows[before:]}
-            for b in backends:
-                int8, base = row[f"{b} w8a8"], row[f"{b} dense"]
-                int8["vs_dense"] = int8["value"] / base["value"]
+            for quant, base in pairs:
+                row[quant]["vs_dense"] = row[quant]["value"] / row[base]["value"]
         del packed

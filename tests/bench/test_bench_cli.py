@@ -114,6 +114,26 @@ def test_qgemv_rows_per_format_and_backend_that_takes_it(tmp_path):
             assert row["of_dram"] == pytest.approx(row["value"] / reference)
 
 
+def test_qgemm_rows_per_format_against_the_dense_weight(tmp_path):
+    """``--qgemm-formats``: each backend's dense weight and every listed format its linear
+    takes, each with ``vs_dense`` over that backend's dense rate; a K that is not a whole
+    number of the format's blocks is skipped."""
+    k = 256  # a k-quant super-block
+    argv = [*TINY_KERNELS[:-3], "--sections", "qgemm", "--shapes", f"{k}x{N}", f"{K}x{N}",
+            "--qgemm-formats", "w8a8", "q8_0", "q4_k", "--out", str(tmp_path)]  # fmt: skip
+    assert main([*argv, "--no-plots", "--quiet"]) == 0
+    rows = json.loads((tmp_path / "kernels.json").read_text())["results"]
+    for shape, formats in ((f"{k}x{N}", {"w8a8", "q8_0", "q4_k"}), (f"{K}x{N}", {"w8a8", "q8_0"})):
+        got = {r["backend"]: r for r in rows if r["section"] == "qgemm" and r["shape"] == shape}
+        assert {name.split(" ")[1] for name in got} == {"dense", *formats}, shape
+        for name, row in got.items():
+            backend, fmt = name.split(" ")
+            assert row["unit"] == "GFLOP/s" and row["value"] > 0
+            if fmt != "dense":
+                dense = got[f"{backend} dense"]["value"]
+                assert row["vs_dense"] == pytest.approx(row["value"] / dense)
+
+
 def test_plot_redraws_from_json(kernels_run, tmp_path):
     out, _ = kernels_run
     assert main(["bench", "plot", str(out), "--out", str(tmp_path), "--quiet"]) == 0
