@@ -122,12 +122,13 @@ def test_rows_in_chunks(ext, int8, threads):
     torch.testing.assert_close(got.float(), want, rtol=tol, atol=tol * want.abs().max())
 
 
-@pytest.mark.parametrize("kind", ["int4-mins-g32", "int8-g32", "q4_0", "q6_k"])
+@pytest.mark.parametrize("kind", ["int4-mins-g32", "int8-g32", "q4_0", "q4_k", "q6_k"])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_int8_rows_are_the_same_alone_or_batched(ext, kind, threads):
     """With int8 activations a row's output does not depend on the rows it is computed with
     (decode, batched decode, speculative verification and prefill agree bit for bit): every
-    row is quantized on its own and every tile height sums in the same order."""
+    row is quantized on its own, every tile height sums in the same order, and the decode
+    GEMV's (one row) power-of-two rescalings leave its bits a tile's."""
     n, k = 100, 512
     packed = qpacking.prepare_linear(weight(kind, n, k), int8_activations=True)
     x = torch.randn(24, k, generator=torch.Generator().manual_seed(11)).bfloat16()

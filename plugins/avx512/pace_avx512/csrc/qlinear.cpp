@@ -28,12 +28,13 @@
 //   of the high 2 bits (qblock.h q6_quad), merged per quad into one byte code u as 8-bit.
 // Threads take contiguous ranges of row blocks, each one sequential stream that the hardware
 // prefetchers follow (software prefetch on top of it lost a third of the bandwidth on Zen 4).
-// A single activation row (decode) reads its thread's range as 4 runs side by side (`qrow`;
-// 1, 2 or 4 measured alike once the layout was in order), KIND_Q6 as 2 (its codes take ~3 more
-// ops per quad: 4096 x 14336 on one Zen 4 core, of a streaming read in the file's bytes, 1 run
-// 0.65-0.68, 2 runs 0.88-0.94, 4 runs 0.80-0.90); the tiles of other calls have 4
-// rows, the leftover 1-3 rows keep 4 or 2 accumulator chains per group. 4 rows x 2-3 blocks
-// (int8 activations) measured -9%..+12% by kind: the per-group flush bounds them (CHANGELOG).
+// A single activation row (decode; split or int8) reads its thread's range as 4 runs side by
+// side (`qrow`; 1, 2 or 4 measured alike once the layout was in order), KIND_Q6 as 2 (its
+// codes take ~3 more ops per quad: 4096 x 14336 on one Zen 4 core, of a streaming read in the
+// file's bytes, 1 run 0.65-0.68, 2 runs 0.88-0.94, 4 runs 0.80-0.90); the tiles of other calls
+// have 4 rows, the leftover 1-3 rows keep 4 or 2 accumulator chains per group. 4 rows x 2-3
+// blocks (int8 activations) measured -9%..+12% by kind: the per-group flush bounds them
+// (CHANGELOG).
 #include <omp.h>
 
 #include <algorithm>
@@ -70,12 +71,14 @@ struct QArgs {
   int64_t M;  // activation rows
 };
 
-// The decode GEMV: the single activation row (split) against the blocks bs[0..NB), total[j]
-// for block bs[j]. Its speed is set by memory and by the per-group work no other row shares:
+// The decode GEMV: the single activation row (15-bit split, or int8: one plane) against the
+// blocks bs[0..NB), total[j] for block bs[j]. Its speed is set by memory and by the per-group
+// work no other row shares:
 // - the NB blocks advance group by group, each activation quad broadcast once for all NB;
 // - 4-bit: a high nibble is used in place (`& 0xF0`, 16 times its code) with accumulators of
 //   its own, so a line costs two ANDs; the flush weighs the low-nibble sums by 16 and the
-//   scale by 1 / 16 (|16 (128 hi + lo) sums| < 16 * 2^15 * 15 * 32 < 2^31);
+//   scale by 1 / 16 (|16 (128 hi + lo) sums| < 16 * 2^15 * 15 * 32 < 2^31): powers of two,
+//   so an int8 row's results are bit for bit a tile's (`qtile`) for the same row;
 // - accumulators are fresh each group (or sub-group of 16 k): consecutive groups are
 //   independent chains for the out-of-order core;
 // - KIND_Q4K's scale and min per group and block are d sc and -dmin m (QScales: two byte
@@ -83,7 +86,7 @@ struct QArgs {
 // - KIND_Q6 (u = q + 32) adds 96 times the activation codes' sum to each integer sum, which
 //   makes it the sum over q + 128, flushed with the min -128 s: the int8-g16 kind's exact
 //   numbers (its packing of the same weight computes bit for bit the same).
-template <int KIND, int NB>
+template <int KIND, bool SPLIT, int NB>
 inline void qrow(const QArgs& a, const int64_t (&bs)[NB], __m512 (&total)[NB]) {
   constexpr bool BYTES = is_byte_coded(KIND);
   constexpr int SHIFT = 128 - qcode_offset(KIND);  // KIND_Q6: to the codes q + 128
@@ -113,18 +116,19 @@ inline void qrow(const QArgs& a, const int64_t (&bs)[NB], __m512 (&total)[NB]) {
         __m512i acc[NB][2];  // [block][activation plane]
         PACE_UNROLL for (int j = 0; j < NB; ++j) acc[j][0] = acc[j][1] = _mm512_setzero_si512();
         PACE_UNROLL for (int q = sub * 8 / SUB; q < (sub + 1) * 8 / SUB; ++q) {
-          const __m512i xh = _mm512_set1_epi32(hi[g * 8 + q]), xl = _mm512_set1_epi32(lo[g * 8 + q]);
+          const __m512i xh = _mm512_set1_epi32(hi[g * 8 + q]);
+          const __m512i xl = SPLIT ? _mm512_set1_epi32(lo[g * 8 + q]) : xh;
           PACE_UNROLL for (int j = 0; j < NB; ++j) {
             const __m512i w = quad_codes<KIND>(codes[j], q);
             acc[j][0] = _mm512_dpbusd_epi32(acc[j][0], w, xh);
-            acc[j][1] = _mm512_dpbusd_epi32(acc[j][1], w, xl);
+            if constexpr (SPLIT) acc[j][1] = _mm512_dpbusd_epi32(acc[j][1], w, xl);
           }
         }
         const __m512 sx = _mm512_set1_ps(xs[g]);
         const __m512 xsum = _mm512_set1_ps(-128.0f * (SUB == 2 ? sums[2 * g + sub] : sums[2 * g] + sums[2 * g + 1]));
         const __m512i shift = _mm512_set1_epi32(SHIFT * code_sums[2 * g + sub]);
         PACE_UNROLL for (int j = 0; j < NB; ++j) {
-          __m512i sum = _mm512_add_epi32(_mm512_slli_epi32(acc[j][0], 7), acc[j][1]);
+          __m512i sum = SPLIT ? _mm512_add_epi32(_mm512_slli_epi32(acc[j][0], 7), acc[j][1]) : acc[j][0];
           if constexpr (SHIFT) sum = _mm512_add_epi32(sum, shift);
           const __m512 s = fp16x16(tables[j] + 16 * sub);
           total[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(s, sx), total[j]);
@@ -137,15 +141,18 @@ inline void qrow(const QArgs& a, const int64_t (&bs)[NB], __m512 (&total)[NB]) {
         acc[j][0][0] = acc[j][0][1] = acc[j][1][0] = acc[j][1][1] = _mm512_setzero_si512();
       PACE_UNROLL for (int v = 0; v < 4; ++v) {
         const int64_t q = g * 8 + 2 * v;
-        const __m512i xh0 = _mm512_set1_epi32(hi[q]), xl0 = _mm512_set1_epi32(lo[q]);
-        const __m512i xh1 = _mm512_set1_epi32(hi[q + 1]), xl1 = _mm512_set1_epi32(lo[q + 1]);
+        const __m512i xh0 = _mm512_set1_epi32(hi[q]), xh1 = _mm512_set1_epi32(hi[q + 1]);
+        const __m512i xl0 = SPLIT ? _mm512_set1_epi32(lo[q]) : xh0;
+        const __m512i xl1 = SPLIT ? _mm512_set1_epi32(lo[q + 1]) : xh1;
         PACE_UNROLL for (int j = 0; j < NB; ++j) {
           const __m512i raw = _mm512_loadu_si512(codes[j] + 64 * v);
           const __m512i even = _mm512_and_si512(raw, low), odd = _mm512_and_si512(raw, high);
           acc[j][0][0] = _mm512_dpbusd_epi32(acc[j][0][0], even, xh0);
-          acc[j][0][1] = _mm512_dpbusd_epi32(acc[j][0][1], even, xl0);
           acc[j][1][0] = _mm512_dpbusd_epi32(acc[j][1][0], odd, xh1);
-          acc[j][1][1] = _mm512_dpbusd_epi32(acc[j][1][1], odd, xl1);
+          if constexpr (SPLIT) {
+            acc[j][0][1] = _mm512_dpbusd_epi32(acc[j][0][1], even, xl0);
+            acc[j][1][1] = _mm512_dpbusd_epi32(acc[j][1][1], odd, xl1);
+          }
         }
       }
       const __m512 sx = _mm512_set1_ps(xs[g] / 16.0f);
@@ -153,8 +160,11 @@ inline void qrow(const QArgs& a, const int64_t (&bs)[NB], __m512 (&total)[NB]) {
       PACE_UNROLL for (int j = 0; j < NB; ++j) {
         // 16 (128 hi + lo) over the 32 k = 128 (16 E_hi + O_hi) + (16 E_lo + O_lo)
         const __m512i h = _mm512_add_epi32(_mm512_slli_epi32(acc[j][0][0], 4), acc[j][1][0]);
-        const __m512i l = _mm512_add_epi32(_mm512_slli_epi32(acc[j][0][1], 4), acc[j][1][1]);
-        const __m512i sum = _mm512_add_epi32(_mm512_slli_epi32(h, 7), l);
+        __m512i sum = h;
+        if constexpr (SPLIT) {
+          const __m512i l = _mm512_add_epi32(_mm512_slli_epi32(acc[j][0][1], 4), acc[j][1][1]);
+          sum = _mm512_add_epi32(_mm512_slli_epi32(h, 7), l);
+        }
         scales[j].group(tables[j], g);
         const __m512 s = _mm512_mul_ps(scales[j].scale, sx);
         total[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), s, total[j]);
@@ -291,22 +301,22 @@ inline void rows_tail(const QArgs& a, const Store& st, int64_t b, int64_t m0, in
   }
 }
 
-// One activation row (split): the thread's blocks [b, end) as NB contiguous runs read side
-// by side (NB streams), then the few left over one at a time.
-template <int KIND, int NB, typename Store>
+// One activation row: the thread's blocks [b, end) as NB contiguous runs read side by side
+// (NB streams), then the few left over one at a time.
+template <int KIND, bool SPLIT, int NB, typename Store>
 inline void qrow_blocks(const QArgs& a, const Store& st, int64_t b, int64_t end) {
   const int64_t run = (end - b) / NB;
   for (int64_t i = 0; i < run; ++i) {
     int64_t bs[NB];
     PACE_UNROLL for (int j = 0; j < NB; ++j) bs[j] = b + j * run + i;
     __m512 total[NB];
-    qrow<KIND, NB>(a, bs, total);
+    qrow<KIND, SPLIT, NB>(a, bs, total);
     PACE_UNROLL for (int j = 0; j < NB; ++j) {
       __m512 one[1] = {total[j]};
       st.template operator()<1>(one, bs[j], 0);
     }
   }
-  if constexpr (NB > 1) qrow_blocks<KIND, 1>(a, st, b + NB * run, end);
+  if constexpr (NB > 1) qrow_blocks<KIND, SPLIT, 1>(a, st, b + NB * run, end);
 }
 
 // Activation code bytes a thread's tiles keep in L2 while they walk its row blocks: with all
@@ -320,8 +330,8 @@ void qdrive(const QArgs& a, const Store& st, int64_t M, int64_t blocks, int nthr
   {
     const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
     const int64_t begin = blocks * t / nt, end = blocks * (t + 1) / nt;
-    if (SPLIT && M == 1) {  // the decode GEMV
-      qrow_blocks<KIND, KIND == KIND_Q6 ? 2 : 4>(a, st, begin, end);
+    if (M == 1) {  // the decode GEMV
+      qrow_blocks<KIND, SPLIT, KIND == KIND_Q6 ? 2 : 4>(a, st, begin, end);
     } else {  // rows in chunks whose activation codes stay in L2 across the thread's blocks
       const int64_t chunk = std::max<int64_t>(MT, ROW_CHUNK_BYTES / ((SPLIT ? 2 : 1) * a.K) / MT * MT);
       for (int64_t r0 = 0; r0 < M; r0 += chunk) {
