@@ -1,6 +1,7 @@
 """Loading at the memory floor (slow: fresh processes loading real models): the tensors the
-model keeps are the weights in their format, and RSS stays within the issue's bounds (peak
-<= 1.3 x weights + 0.6 GB, after load <= 1.1 x weights + 0.6 GB). SmolLM2 holds them for the
+model keeps are the weights in their format, and RSS stays within the small models' bounds
+(peak <= 1.3 x weights + 0.6 GB, after load <= 1.1 x weights + 0.6 GB; the real-size GGUF
+bars against the file are test_gguf_load_memory's). SmolLM2 holds them for the
 whole process; Gemma 3's weight load holds them, its tokenizer alone (a 262k-token vocabulary,
 parsed by transformers) adds ~0.5 GB of transient memory, reported by ``pace bench loading``."""
 
