@@ -17,11 +17,12 @@ stream's time between tokens steady: its p99 over all pairs <= 1.5x its median.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import itertools
+import json
 import os
 import statistics
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +34,13 @@ from pace_bench.common import (
     usable_cores,
     with_targets,
 )
-from pace_bench.serving import make_fixed_workload, one_request
+from pace_bench.serving import make_fixed_workload
 from pace_bench.serving_peers import EngineServer, pace_spec
+from pace_bench.sse_client import stream_events
 
 COLUMNS = ["model", "threads", "pairs", "offline_ms_per_token", "served_ms_per_token",
            "ratio_median", "ratio_min", "ratio_max", "served_itl_p50_ms", "served_itl_p99_ms",
-           "itl_p99_over_p50", "offline_p99_over_p50"]  # fmt: skip
+           "itl_p99_over_p50", "offline_p99_over_p50", "client_cpu_ms_per_token"]  # fmt: skip
 QUICK = {"pairs": 3, "new_tokens": 16, "prompt_tokens": 32}
 TARGET = 0.97
 ITL_SPREAD_TARGET = 1.5  # served ITL p99 / p50, at most
@@ -61,19 +63,25 @@ def per_token(gaps: list[float]) -> float:
     return sum(gaps) / len(gaps)
 
 
-def served_gaps(url: str, prompt: str, new_tokens: int) -> list[float]:
+def served_gaps(url: str, prompt: str, new_tokens: int) -> tuple[list[float], float]:
     """The gaps between the tokens of one streamed greedy completion (the serving benchmark's
-    request, with ``ignore_eos`` as offline)."""
-    import httpx
-
-    async def one() -> dict[str, Any]:
-        async with httpx.AsyncClient(timeout=600) as client:
-            return await one_request(client, url, prompt, new_tokens)
-
-    result = asyncio.run(one())
-    if not result["ok"]:
-        raise RuntimeError(f"the server failed a request: {result['status']} {result['error']}")
-    return result["itl"]
+    request, with ``ignore_eos`` as offline) and the CPU seconds the client spent on it. The
+    client is :mod:`~pace_bench.sse_client`'s lean reader: it shares the server's cores."""
+    body = {
+        "model": "bench", "prompt": prompt, "max_tokens": new_tokens, "temperature": 0,
+        "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
+    }  # fmt: skip
+    stamps: list[float] = []
+    cpu = time.thread_time()
+    for payload in stream_events(url, "/v1/completions", body):
+        if payload == "[DONE]":
+            continue
+        chunk = json.loads(payload)
+        if "error" in chunk:
+            raise RuntimeError(f"the server failed a request: {chunk['error']}")
+        if any(c.get("text") for c in chunk.get("choices") or ()):
+            stamps.append(time.perf_counter())
+    return [b - a for a, b in itertools.pairwise(stamps)], time.thread_time() - cpu
 
 
 def offline_gaps(llm: Any, ids: list[int], new_tokens: int) -> list[float]:
@@ -87,11 +95,20 @@ def offline_gaps(llm: Any, ids: list[int], new_tokens: int) -> list[float]:
     return [b - a for a, b in itertools.pairwise(stamps)]
 
 
-def measure(
-    model_dir: Path, args: argparse.Namespace
-) -> tuple[list[tuple[float, float]], list[float], list[float]]:
-    """``args.pairs`` (offline, served) pairs of seconds per token on one model, and every
-    gap between two tokens, served and offline (the offline spread shows the host's own)."""
+@dataclass
+class Measured:
+    """One model's pairs of seconds per token (offline, served), every gap between two
+    tokens on each side (the offline spread shows the host's own) and the client's CPU
+    seconds per served token."""
+
+    pairs: list[tuple[float, float]] = field(default_factory=list)
+    served_gaps: list[float] = field(default_factory=list)
+    offline_gaps: list[float] = field(default_factory=list)
+    client_cpu: list[float] = field(default_factory=list)  # per served token, each request
+
+
+def measure(model_dir: Path, args: argparse.Namespace) -> Measured:
+    """``args.pairs`` offline and served streams on one model, in turns (see the module doc)."""
     import torch
 
     from pace_core import LLMModel
@@ -106,41 +123,41 @@ def measure(
                                                  args.new_tokens, count)]  # fmt: skip
     spec = pace_spec(model_dir, dtype=args.dtype, threads=args.threads, max_running=4)
     server = EngineServer(spec)
-    pairs, served_all, offline_all = [], [], []
+    got = Measured()
     try:
         server.wait_ready(args.start_timeout)
 
         def offline(prompt: str) -> float:
             gaps = offline_gaps(llm, llm.tokenizer(prompt)["input_ids"], args.new_tokens)
-            offline_all.extend(gaps)
+            got.offline_gaps.extend(gaps)
             return per_token(gaps)
 
         def served(prompt: str) -> float:
-            gaps = served_gaps(server.url, prompt, args.new_tokens)
-            served_all.extend(gaps)
+            gaps, cpu = served_gaps(server.url, prompt, args.new_tokens)
+            got.served_gaps.extend(gaps)
+            got.client_cpu.append(cpu / (len(gaps) + 1))
             return per_token(gaps)
 
-        offline(prompts[-1])  # both sides warm
-        served(prompts[-2])
-        served_all.clear()
-        offline_all.clear()
+        offline_gaps(llm, llm.tokenizer(prompts[-1])["input_ids"], args.new_tokens)  # warm
+        served_gaps(server.url, prompts[-2], args.new_tokens)
         for i in progress(range(args.pairs), model_dir.name, args.quiet):
             a, b = prompts[2 * i], prompts[2 * i + 1]
             if i % 2:
                 s, o = served(a), offline(b)
             else:
                 o, s = offline(a), served(b)
-            pairs.append((o, s))
+            got.pairs.append((o, s))
     finally:
         server.stop()
-    return pairs, served_all, offline_all
+    return got
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     args.threads = args.threads or usable_cores() or os.cpu_count() or 1
     rows, medians, spreads = [], [], []
     for name in args.models:
-        pairs, gaps, offline = measure(model_path(name), args)
+        got = measure(model_path(name), args)
+        pairs, gaps, offline = got.pairs, got.served_gaps, got.offline_gaps
         ratios = [o / s for o, s in pairs]
         p50, p99 = statistics.median(gaps), statistics.quantiles(gaps, n=100)[98]
         offline_spread = statistics.quantiles(offline, n=100)[98] / statistics.median(offline)
@@ -153,6 +170,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "served_itl_p50_ms": round(1e3 * p50, 2), "served_itl_p99_ms": round(1e3 * p99, 2),
             "itl_p99_over_p50": round(p99 / p50, 2),
             "offline_p99_over_p50": round(offline_spread, 2),
+            "client_cpu_ms_per_token": round(1e3 * statistics.median(got.client_cpu), 3),
             "pairs_ms": [[round(1e3 * o, 2), round(1e3 * s, 2)] for o, s in pairs],
         })  # fmt: skip
         medians.append(statistics.median(ratios))

@@ -169,6 +169,7 @@ def test_one_user_pairs_offline_and_served_decode(smollm2_dir, tmp_path):
     assert decode["worst"] == pytest.approx(statistics.median(ratios), abs=5e-3)
     assert row["served_itl_p50_ms"] <= row["served_itl_p99_ms"]
     assert spread["worst"] == pytest.approx(1 / row["itl_p99_over_p50"], abs=0.02)
+    assert row["client_cpu_ms_per_token"] > 0
 
 
 def test_one_user_needs_two_tokens_to_time_a_decode():

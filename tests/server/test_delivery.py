@@ -10,6 +10,7 @@ import pytest
 
 from pace_core.engine.events import Token
 from pace_core.server.api import delivery
+from pace_core.server.api.openai_response import sse
 from pace_core.server.frontdoor.frontend import Submission
 
 
@@ -33,8 +34,8 @@ def _finish(sub: Submission, key: str, text: str, reason: str | None) -> None:
     sub.queue.put_nowait(Token(key, 1, text, reason))
 
 
-async def _collect(server, sub: Submission, request=None, watch=False) -> list[str]:
-    return [ev.text async for ev in delivery._events(server, sub, request, watch)]
+async def _collect(server, sub: Submission, receive=None) -> list[str]:
+    return [ev.text async for ev in delivery._events(server, sub, receive)]
 
 
 def test_events_arrive_in_order_and_a_late_deadline_loses_none():
@@ -59,7 +60,7 @@ def test_the_deadline_ends_an_unfinished_request_and_cancels_it():
         _finish(sub, "a", "0", None)
         got: list[str] = []
         with pytest.raises(delivery._Timeout):
-            async for ev in delivery._events(server, sub, None, False):
+            async for ev in delivery._events(server, sub, None):
                 got.append(ev.text)
         return got, server.cancelled
 
@@ -68,15 +69,66 @@ def test_the_deadline_ends_an_unfinished_request_and_cancels_it():
 
 
 def test_a_disconnect_ends_a_watched_request_and_cancels_it():
-    class Request:
-        async def receive(self):
-            await asyncio.sleep(0.02)
-            return {"type": "http.disconnect"}
+    async def receive():
+        await asyncio.sleep(0.02)
+        return {"type": "http.disconnect"}
 
     async def go():
         server, sub = _server(None), _submission("a", "b")
         _finish(sub, "a", "0", "stop")
-        return await _collect(server, sub, Request(), True), server.cancelled
+        return await _collect(server, sub, receive), server.cancelled
 
     texts, cancelled = asyncio.run(go())
     assert texts == ["0"] and len(cancelled) == 1
+
+
+class _TextFormat:
+    """The stream pieces of a response format, reduced to the token text."""
+
+    include_usage = False
+
+    def __init__(self, sub: Submission) -> None:
+        self.submitted = SimpleNamespace(sub=sub, keys=sub.keys)
+
+    def opening(self) -> bytes:
+        return b""
+
+    def chunk(self, i: int, ev: Token) -> dict:
+        return {"text": ev.text}
+
+    def finish_chunk(self, i: int, reason: str) -> dict:
+        return {"finish": reason}
+
+
+def test_a_stream_writes_what_each_wake_up_brought_in_one_send():
+    async def go():
+        server, sub = _server(None), _submission("a")
+        for i in range(3):  # three tokens arrive together (a speculative step)
+            _finish(sub, "a", str(i), None)
+        sent: list[dict] = []
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        async def receive() -> dict:
+            await asyncio.Event().wait()  # the client stays
+            return {}
+
+        response = delivery.EventStreamResponse(server, _TextFormat(sub))
+        answer = asyncio.ensure_future(response({"type": "http"}, receive, send))
+        await asyncio.sleep(0.02)
+        _finish(sub, "a", "3", "length")
+        await answer
+        return sent
+
+    sent = asyncio.run(go())
+    assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 200
+    assert dict(sent[0]["headers"])[b"content-type"].startswith(b"text/event-stream")
+    bodies = [m["body"] for m in sent[1:]]
+    assert bodies == [
+        sse({"text": "0"}) + sse({"text": "1"}) + sse({"text": "2"}),
+        sse({"text": "3"}) + sse({"finish": "length"}),
+        b"data: [DONE]\n\n",
+        b"",
+    ]
+    assert [m["more_body"] for m in sent[1:]] == [True, True, True, False]

@@ -1,11 +1,12 @@
 """A submission's events -> the HTTP answer, whole or streamed.
 
 :func:`respond` waits on the
-:class:`~pace_core.server.frontdoor.frontend.Submission`'s queue (with the
-server's request timeout; a non-stream request also watches for the client going away) and
-answers through a :mod:`~pace_core.server.api.openai_response` format: a JSON body, or an SSE
-stream in which a late error becomes a ``data: {"error": ...}`` payload. Leaving early
-(disconnect, timeout, error) cancels the request's unfinished sequences.
+:class:`~pace_core.server.frontdoor.frontend.Submission`'s queue (with the server's request
+timeout, watching for the client going away) and answers through a
+:mod:`~pace_core.server.api.openai_response` format: a JSON body, or an SSE stream
+(:class:`EventStreamResponse`) in which a late error becomes a ``data: {"error": ...}``
+payload. Leaving early (disconnect, timeout, error) cancels the request's unfinished
+sequences.
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import StreamingResponse
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
 from pace_core.engine.events import Embedding, ErrorKind, SeqError, Token
 from pace_core.server.api.openai_response import Choice, ResponseFormat, sse
@@ -37,29 +39,25 @@ _GONE = object()  # put on it when the client disconnected (non-stream requests 
 async def respond(server: ServingContext, request: Request, fmt: ResponseFormat) -> Any:
     """The answer to a submitted request: a streaming response or the whole body."""
     if fmt.stream:
-        return StreamingResponse(
-            _stream_body(server, fmt),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-        )
+        return EventStreamResponse(server, fmt)
     return fmt.body(await _collect(server, fmt, request))
 
 
-async def _wait_disconnect(request: Request) -> None:
+async def _wait_disconnect(receive: Receive) -> None:
     while True:
-        message = await request.receive()
+        message = await receive()
         if message["type"] == "http.disconnect":
             return
 
 
 async def _events(
-    server: ServingContext, sub: Submission, request: Request | None, watch_disconnect: bool
+    server: ServingContext, sub: Submission, receive: Receive | None
 ) -> AsyncIterator[Token | SeqError]:
     """The submission's events until all its sequences finished; cancels on exit.
 
     Each event costs one plain queue wait: the request's deadline (a timer) and the client
-    going away (a watcher task, ``watch_disconnect``) put sentinels on the same queue, so no
-    task or timer is made per event."""
+    going away (a watcher task on ``receive``, when given) put sentinels on the same queue,
+    so no task or timer is made per event."""
     put = sub.queue.put_nowait
     timeout = server.config.request_timeout
     timer = None
@@ -67,8 +65,8 @@ async def _events(
         left = max(0.0, sub.created + timeout - time.monotonic())
         timer = asyncio.get_running_loop().call_later(left, put, _TIMED_OUT)
     disconnect = None
-    if watch_disconnect:
-        disconnect = asyncio.ensure_future(_wait_disconnect(request))
+    if receive is not None:
+        disconnect = asyncio.ensure_future(_wait_disconnect(receive))
         disconnect.add_done_callback(lambda task: task.cancelled() or put(_GONE))
     try:
         while not (sub.done and sub.queue.empty()):
@@ -120,7 +118,7 @@ async def _answered(
     """A non-streamed submission's events; an engine error or the timeout raises its
     APIError."""
     try:
-        async with contextlib.aclosing(_events(server, sub, request, True)) as events:
+        async with contextlib.aclosing(_events(server, sub, request.receive)) as events:
             async for ev in events:
                 if isinstance(ev, SeqError):
                     raise _engine_error(server, sub, ev)
@@ -144,36 +142,79 @@ async def embeddings(
     return {ev.key: ev async for ev in _answered(server, sub, request)}
 
 
-async def _stream_body(server: ServingContext, fmt: ResponseFormat) -> AsyncIterator[bytes]:
-    """The SSE body; errors become a ``data: {"error": ...}`` payload."""
+_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+class EventStreamResponse(Response):
+    """A streamed answer: the format's SSE chunks written to the connection as the
+    submission's events arrive.
+
+    One ``send`` per wake-up carries every event that arrived with it (the tokens of a
+    speculative step, a finish chunk) and nothing runs per token but the queue wait, the
+    chunk and the write: no task per response body (Starlette's ``StreamingResponse``
+    keeps one beside the body to hear a disconnect; here the events' own watcher does).
+    """
+
+    media_type = "text/event-stream"
+
+    def __init__(self, server: ServingContext, fmt: ResponseFormat) -> None:
+        self.server = server
+        self.fmt = fmt
+        self.status_code = 200
+        self.background = None
+        self.init_headers(_SSE_HEADERS)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        await _write_stream(self.server, self.fmt, receive, send)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _write_stream(
+    server: ServingContext, fmt: ResponseFormat, receive: Receive, send: Send
+) -> None:
+    """The SSE body: a chunk per token, a finish chunk per choice, ``usage`` when asked for
+    and ``[DONE]``; an engine error or the timeout becomes a ``data: {"error": ...}``
+    payload."""
     sub, keys = fmt.submitted.sub, fmt.submitted.keys
+    pieces: list[bytes] = []
+
+    def write() -> Awaitable[None]:
+        body = b"".join(pieces)
+        pieces.clear()
+        return send({"type": "http.response.body", "body": body, "more_body": True})
+
     opening = fmt.opening()
     if opening:
-        yield opening
+        pieces.append(opening)
+        await write()
     index = {k: i for i, k in enumerate(keys)}
     completion_tokens = 0
     try:
-        async with contextlib.aclosing(_events(server, sub, None, False)) as events:
+        async with contextlib.aclosing(_events(server, sub, receive)) as events:
             async for ev in events:
                 if isinstance(ev, SeqError):
                     err = _engine_error(server, sub, ev)
                     server.metrics.errors.labels(err.instance, err.type).inc()
-                    yield sse(err.body())
+                    pieces.append(sse(err.body()))
                     break
                 completion_tokens += 1
                 i = index[ev.key]
                 chunk = fmt.chunk(i, ev)
                 if chunk is not None:
-                    yield sse(chunk)
+                    pieces.append(sse(chunk))
                 if ev.finish_reason is not None:
                     finish = fmt.finish_chunk(i, ev.finish_reason)
                     if finish is not None:
-                        yield sse(finish)
+                        pieces.append(sse(finish))
+                if pieces and sub.queue.empty():  # what this wake-up brought, in one write
+                    await write()
             else:
                 if fmt.include_usage:
-                    yield sse(fmt.usage_chunk(completion_tokens))
+                    pieces.append(sse(fmt.usage_chunk(completion_tokens)))
     except _Timeout:
         err = _timeout_error(server)
         server.metrics.errors.labels("frontend", err.type).inc()
-        yield sse(err.body())
-    yield b"data: [DONE]\n\n"
+        pieces.append(sse(err.body()))
+    pieces.append(b"data: [DONE]\n\n")
+    await write()

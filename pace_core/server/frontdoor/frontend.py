@@ -276,10 +276,10 @@ class Frontend:
                 state.sub.queue.put_nowait(ev)
             elif isinstance(ev, Stats):
                 self.stats[index] = ev
-                m.running.labels(name).set(ev.running)
-                m.waiting.labels(name).set(ev.waiting)
-                m.kv_usage.labels(name).set(ev.kv_used)
-                m.kv_booked.labels(name).set(ev.kv_booked)
+                series.running.set(ev.running)
+                series.waiting.set(ev.waiting)
+                series.kv_usage.set(ev.kv_used)
+                series.kv_booked.set(ev.kv_booked)
             elif isinstance(ev, Dead):
                 self._fail_instance(index, ev.reason)
             elif isinstance(ev, Ready):

@@ -16,13 +16,17 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 @dataclass(frozen=True)
 class TokenSeries:
-    """One instance's series touched for every generated token, bound once (a ``labels()``
-    lookup per token costs more than the update)."""
+    """One instance's series touched for every generated token or engine step, bound once (a
+    ``labels()`` lookup costs more than the update)."""
 
     generation_tokens: Counter
     ttft: Histogram
     itl: Histogram
     e2e: Histogram
+    running: Gauge
+    waiting: Gauge
+    kv_usage: Gauge
+    kv_booked: Gauge
 
 
 class Metrics:
@@ -165,6 +169,10 @@ class Metrics:
             self.ttft.labels(name),
             self.itl.labels(name),
             self.e2e.labels(name),
+            self.running.labels(name),
+            self.waiting.labels(name),
+            self.kv_usage.labels(name),
+            self.kv_booked.labels(name),
         )
 
     def record_spec_step(self, name: str, proposed: int, accepted: int) -> None:
