@@ -395,9 +395,11 @@ inline void qblocks(const QArgs& a, const Store& st, int64_t b, int64_t end, int
   if constexpr (NB > 1) qblocks<KIND, SPLIT, MT, 1>(a, st, b, end, r0, r1);
 }
 
-// Row blocks side by side in a tile of 4 int8 activation rows, per kind as measured (1 core,
-// 2048 x 8192 and 8192 x 2048, M 32-512: CHANGELOG); 15-bit activations take one.
-constexpr int tile_blocks(int kind) { return has_mins(kind) ? 1 : 3; }
+// Row blocks side by side in a tile of 4 int8 activation rows, per kind as measured (1 Zen 4
+// core, 2048 x 8192 and 8192 x 2048, M 32-512, GFLOP/s at 1 / 2 / 3 blocks): folded q8_0
+// 233-304 / 278-334 / 262-324, q4_0 246-307 / 294-326 / 292-323, q6_k 169-211 / 206-237 /
+// 207-232; q4_k (mins, not folded) 216-274 / 201-257 / 210-251. 15-bit activations take one.
+constexpr int tile_blocks(int kind) { return has_mins(kind) ? 1 : 2; }
 
 template <int KIND, bool SPLIT, typename Store>
 void qdrive(const QArgs& a, const Store& st, int64_t M, int64_t blocks, int nthreads) {
