@@ -169,6 +169,28 @@ def test_int8_activations_fold_bit_for_bit(ext, kind, threads):
             assert torch.equal(got, want.to(dtype)), (m, dtype, blocks)
 
 
+@pytest.mark.parametrize("kind", [*PACE, *GGUF])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_wide_int8_tiles_are_the_one_block_tiles(ext, kind, threads):
+    """With int8 activations, tiles of 2 or 3 row blocks side by side give the bits of one
+    block at a time, kinds with mins too: every row count 4-19 (whole tiles of 4 and 1-3 rows
+    over), and 7, 8 or 12 blocks (the last one short at N = 100 and 180), which leave 0, 1 or
+    2 blocks over a thread's wide tiles at 1 and 2 threads."""
+    k = {"q4_k": 512, "q6_k": 512, "int8-g64": 192, "int4-sym-g128": 384}.get(kind, 160)
+    x = torch.randn(19, k, generator=torch.Generator().manual_seed(13)).bfloat16()
+    x[0, :32] = 0.0  # an all-zero activation group
+    for n in (100, 128, 180):
+        packed = qpacking.prepare_linear(weight(kind, n, k), bias=torch.linspace(-1, 1, n),
+                                         int8_activations=True)  # fmt: skip
+        args = (packed.weight, packed.bias, n, packed.kind, True)
+        for m in range(4, 20):
+            with every_thread(ext, threads), tile_blocks(ext, 1):
+                want = ext.qlinear(x[:m], *args)
+            for blocks in (2, 3):
+                with every_thread(ext, threads), tile_blocks(ext, blocks):
+                    assert torch.equal(ext.qlinear(x[:m], *args), want), (n, m, blocks)
+
+
 def test_fp32_rows_never_take_int8_activations(ext):
     """An fp32 model keeps the 15-bit split at any row count, on a weight packed for int8."""
     assert qpacking.qlinear_path(64, torch.float32, True) == "split"

@@ -133,7 +133,7 @@ inline void qrow(const QArgs& a, const int64_t (&bs)[NB], __m512 (&total)[NB]) {
       codes[j] = qgroup_codes<KIND>(block[j], a.G, g);
       tables[j] = qgroup_tables<KIND>(block[j], g);
     }
-    if constexpr (BYTES) {  // quad q's codes (quad_codes); w = (u + SHIFT - 128) s
+    if constexpr (BYTES) {  // quad q's codes u (quad_codes), summed as u + SHIFT
       PACE_UNROLL for (int sub = 0; sub < SUB; ++sub) {
         __m512i acc[NB][2];  // [block][activation plane]
         PACE_UNROLL for (int j = 0; j < NB; ++j) acc[j][0] = acc[j][1] = _mm512_setzero_si512();
@@ -281,7 +281,7 @@ inline void qtile(const QArgs& a, int64_t b, int64_t m0, __m512 (&total)[NB][MT]
           total[j][m] = _mm512_fmadd_ps(mn, xsum, total[j][m]);
         }
     };
-    if constexpr (BYTES) {  // quad q's codes (quad_codes); w = (u - 128) s (KIND_Q6: u + 96)
+    if constexpr (BYTES) {  // quad q's codes u (quad_codes), summed as u + SHIFT
       PACE_UNROLL for (int sub = 0; sub < SUB; ++sub) {
         auto quad = [&](int q, auto chain) {
           __m512i w[NB];
