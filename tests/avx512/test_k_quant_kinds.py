@@ -5,7 +5,8 @@
 path. ``q4_k`` packs as kind ``q4k`` (the file's fp16 d, dmin and 6-bit sub-block tables, 4.625
 bits per weight): its rows are pace_core's de-quantization exactly, and ``int4`` (the sub-block
 products rounded to fp16, 5 bits) is within that rounding. The model is
-``support.quant_kernels.reference`` (test_quantized_kernels.py's). Runs on any AVX-512 CPU with
+``support.quant_kernels.reference`` (test_quantized_kernels.py's); on int8 activations q6 is
+bit for bit ``support.quant_kernels.folded``. Runs on any AVX-512 CPU with
 VNNI (the panel cases are skipped without AVX512-BF16).
 """
 
@@ -25,7 +26,7 @@ pytest.importorskip("gguf", reason="the GGUF block writers need the gguf package
 
 from pace_avx512 import qpacking
 from support.kernel_threads import every_thread
-from support.quant_kernels import panel_rows, reference, weight
+from support.quant_kernels import folded, panel_rows, reference, weight
 
 from pace_core.quant import QuantizedWeight
 
@@ -93,10 +94,10 @@ def test_q6_packed_rows_are_the_codes_times_scales(k):
 @pytest.mark.parametrize("k", [544, 2048])  # an odd number of groups of 32 (17), 64
 @pytest.mark.parametrize("threads", [1, 2])
 def test_q6_kind_computes_as_int8_g16(ext, mode, dtype, k, threads):
-    """Kind q6 against int8-g16 on the same weight, bit for bit, and against the exact model:
-    the decode GEMV (M = 1), the tiles (M = 2..13, every height and tail), the bf16 panel
-    (M >= 16, AVX512-BF16 builds), split or int8 activations, fp32 and bf16, 1 and 2
-    threads, a tail block of 4 rows."""
+    """Kind q6 against int8-g16 on the same weight, bit for bit, and against the exact model
+    (int8 activations: the folded arithmetic, bit for bit): the decode GEMV (M = 1), the
+    tiles (M = 2..13, every height and tail), the bf16 panel (M >= 16, AVX512-BF16 builds),
+    split or int8 activations, fp32 and bf16, 1 and 2 threads, a tail block of 4 rows."""
     int8, panel_from = KIND_MODES[mode]
     if dtype == torch.float32 and int8:
         pytest.skip("fp32 rows keep the split (test_fp32_rows_never_take_int8_activations)")
@@ -113,6 +114,9 @@ def test_q6_kind_computes_as_int8_g16(ext, mode, dtype, k, threads):
                 got = ext.qlinear(x, q6.weight, bias, n, q6.kind, int8)
                 same = ext.qlinear(x, wide.weight, bias, n, wide.kind, int8)
             assert torch.equal(got, same), m
+            if int8:
+                exact = folded(x, codes[:n], scales[:n].float()) + bias
+                assert torch.equal(got, exact.to(dtype)), m
             want = reference(x, w, qpacking.qlinear_path(m, dtype, int8)) + bias
             tol = 1e-5 if dtype == torch.float32 else 2**-8
             torch.testing.assert_close(got.float(), want, rtol=tol, atol=tol * want.abs().max())

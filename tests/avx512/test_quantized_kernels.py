@@ -7,7 +7,9 @@ weight codes and scales per group in fp32. The bf16 panel path (csrc/qpanel.cpp:
 AVX512-BF16 builds, calls of ``qpanel_rows`` rows or more) rounds the de-quantized weights to bf16
 and multiplies the activations as they are. The reference does the same in float64 from the same
 codes: the two agree to fp32 rounding (``rtol 1e-5``; a bf16 output adds one bf16 rounding), so any
-layout, nibble-order, offset or tail bug shows.
+layout, nibble-order, offset or tail bug shows. On int8 activations the kinds without mins fold
+their offset into the integer sum, and ``support.quant_kernels.folded`` states that arithmetic
+bit for bit (every row count and tile width).
 Separately, the packed weight's rows de-quantize to exactly what
 ``QuantizedWeight.dequantize`` gives (``q6_k`` within its fp16 scale rounding; ``q4_k`` exactly,
 its kind ``q4k`` keeping the file's tables), and
@@ -18,6 +20,8 @@ Runs on any AVX-512 CPU with VNNI (the panel cases are skipped without AVX512-BF
 """
 
 from __future__ import annotations
+
+import itertools
 
 import pytest
 import torch
@@ -31,12 +35,14 @@ pytest.importorskip("gguf", reason="the GGUF block writers need the gguf package
 
 from pace_avx512 import qpacking, settings
 from support.kernel_threads import every_thread
-from support.quant_kernels import PACE, reference, weight
+from support.quant_kernels import PACE, folded, reference, signed_codes, tile_blocks, weight
 
 from pace_core import LLMModel, SamplingConfig
 from pace_core.quant import QuantizedWeight, quantize
 
 GGUF = ("q8_0", "q5_0", "q4_0", "q4_1", "q4_k", "q6_k")
+# The kinds without mins (w = q s): their int8-activation kernels fold the offset.
+FOLDED = ("int8-g32", "int8-channel", "int8-g64", "int4-sym-g128", "q8_0", "q5_0", "q4_0", "q6_k")
 
 
 MODES = {  # (the weight's int8_activations, qpanel_rows)
@@ -137,6 +143,52 @@ def test_int8_rows_are_the_same_alone_or_batched(ext, kind, threads):
         for m in (1, 2, 3, 5, 8):
             alone = ext.qlinear(x[:m], packed.weight, packed.bias, n, packed.kind, True)
             assert torch.equal(alone, batched[:m]), m
+
+
+@pytest.mark.parametrize("kind", FOLDED)
+@pytest.mark.parametrize("threads", [1, 2])
+def test_int8_activations_fold_bit_for_bit(ext, kind, threads):
+    """With int8 activations a kind without mins sums the signed codes exactly and adds each
+    scale span's sum times ``s xs`` with one FMA (``folded``): bit for bit at one row (the
+    decode GEMV), every tile height and tail, and tiles of 1, 2 or 3 row blocks side by side
+    (0: the kind's own), over 7 blocks (the last one short) at 1 and 2 threads; fp32 rows
+    (``all_rows``) show every bit of the sums, bf16 ones add the output rounding."""
+    n, k = 100, 512
+    q = weight(kind, n, k)
+    bias = torch.linspace(-1, 1, n)
+    packed = qpacking.prepare_linear(q, bias=bias, int8_activations=True)
+    codes, scales = signed_codes(q, packed.kind)
+    for m in (1, 2, 3, 4, 5, 7, 13, 19):
+        x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).bfloat16()
+        x[0, :32] = 0.0  # an all-zero activation group
+        want = folded(x, codes, scales) + bias
+        for dtype, blocks in itertools.product((torch.float32, torch.bfloat16), (0, 1, 2, 3)):
+            with every_thread(ext, threads), tile_blocks(ext, blocks):
+                got = ext.qlinear(x.to(dtype), packed.weight, packed.bias, n, packed.kind, True,
+                                  all_rows=True)  # fmt: skip
+            assert torch.equal(got, want.to(dtype)), (m, dtype, blocks)
+
+
+@pytest.mark.parametrize("kind", [*PACE, *GGUF])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_wide_int8_tiles_are_the_one_block_tiles(ext, kind, threads):
+    """With int8 activations, tiles of 2 or 3 row blocks side by side give the bits of one
+    block at a time, kinds with mins too: every row count 4-19 (whole tiles of 4 and 1-3 rows
+    over), and 7, 8 or 12 blocks (the last one short at N = 100 and 180), which leave 0, 1 or
+    2 blocks over a thread's wide tiles at 1 and 2 threads."""
+    k = {"q4_k": 512, "q6_k": 512, "int8-g64": 192, "int4-sym-g128": 384}.get(kind, 160)
+    x = torch.randn(19, k, generator=torch.Generator().manual_seed(13)).bfloat16()
+    x[0, :32] = 0.0  # an all-zero activation group
+    for n in (100, 128, 180):
+        packed = qpacking.prepare_linear(weight(kind, n, k), bias=torch.linspace(-1, 1, n),
+                                         int8_activations=True)  # fmt: skip
+        args = (packed.weight, packed.bias, n, packed.kind, True)
+        for m in range(4, 20):
+            with every_thread(ext, threads), tile_blocks(ext, 1):
+                want = ext.qlinear(x[:m], *args)
+            for blocks in (2, 3):
+                with every_thread(ext, threads), tile_blocks(ext, blocks):
+                    assert torch.equal(ext.qlinear(x[:m], *args), want), (n, m, blocks)
 
 
 def test_fp32_rows_never_take_int8_activations(ext):

@@ -1,11 +1,13 @@
-"""The quantized-kernel tests' weights and exact model (tests/avx512): pace presets and GGUF
-blocks as ``QuantizedWeight``, what the kernels compute in float64, the bf16 panel's switch."""
+"""The quantized-kernel tests' weights and exact models (tests/avx512): pace presets and GGUF
+blocks as ``QuantizedWeight``, what the kernels compute in float64, what the folded int8
+kernels compute bit for bit, the bf16 panel's switch and the int8 tiles' width."""
 
 from __future__ import annotations
 
 import contextlib
 
 import torch
+from pace_avx512 import qpacking
 
 from pace_core.quant import QuantizationConfig, QuantizedWeight, quantize
 from support.tiny_gguf import quantize as gguf_quantize
@@ -28,19 +30,65 @@ def weight(kind: str, n: int, k: int) -> QuantizedWeight:
     return QuantizedWeight(kind, (n, k), torch.float32, torch.from_numpy(data).reshape(n, -1))
 
 
+def quantized_rows(x: torch.Tensor, levels: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """x's activation codes ``[m, k / 32, 32]`` and fp32 scales ``[m, k / 32, 1]`` per group of
+    32 as the VNNI kernels quantize them (fp32 steps, round half to even)."""
+    m, k = x.shape
+    g = x.float().view(m, k // 32, 32)
+    amax = g.abs().amax(-1, keepdim=True)
+    inv = torch.where(amax > 0, torch.tensor(levels) / amax, torch.zeros_like(amax))
+    return torch.round(g * inv), amax / levels
+
+
 def reference(x: torch.Tensor, w: torch.Tensor, path: str) -> torch.Tensor:
     """``x @ w.T`` as ``path`` (``qpacking.qlinear_path``) computes it, summed in float64: x
     quantized per group of 32 as the VNNI kernel does (fp32 steps), or, on the bf16 panel, the
     weights rounded to bf16 and x as it is."""
     if path == "bf16-panel":
         return (x.double() @ w.bfloat16().double().T).float()
-    levels = 127.0 if path == "int8" else 16383.0
+    codes, scales = quantized_rows(x, 127.0 if path == "int8" else 16383.0)
+    xq = codes * scales  # the codes times the fp32 scale
+    return (xq.view(x.shape).double() @ w.double().T).float()
+
+
+def signed_codes(q: QuantizedWeight, kind: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A weight of a kind without mins (its min -offset s) as the packing reads it: signed
+    codes ``[n, k]`` and fp32 scales (fp16 values) ``[n, spans]``, one per 32 k (16: q6_k)."""
+    codes, tables = qpacking._codes_tables(q, slice(None), kind)
+    assert len(tables) == 1, "a kind with mins"
+    if codes.dtype == torch.uint8:  # 4-bit, symmetric: (u - 8) s
+        codes = codes.to(torch.int16) - 8
+    return codes, tables[0].half().float()
+
+
+def fma32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """fp32 ``a * b + c`` rounded once (as vfmadd): ``a`` integers below 2^29 (float64), ``b``
+    and ``c`` fp32. The product is exact in float64; the sum is float64 plus its exact error
+    (TwoSum), which decides the fp32 rounding where the float64 sum is an fp32 tie."""
+    p, c = a * b.double(), c.double()
+    t = p + c
+    back = t - p
+    err = (p - (t - back)) + (c - back)
+    r = t.float()
+    mirror = 2 * t - r.double()  # a tie's other fp32 neighbour
+    tie = (r.double() != t) & (mirror.float().double() == mirror)
+    return torch.where(tie & ((mirror - t) * err > 0), mirror.float(), r)
+
+
+def folded(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """``x @ w.T`` (fp32, before the bias) bit for bit as the int8-activation kernels compute
+    it for a kind without mins (``w = q s``: the fold, qlinear.cpp): per scale span of 16 or
+    32 k in order, ``total = fma(sum q xq, s * xs, total)`` in fp32, the integer sum exact."""
     m, k = x.shape
-    g = x.float().view(m, k // 32, 32)
-    amax = g.abs().amax(-1, keepdim=True)
-    inv = torch.where(amax > 0, torch.tensor(levels) / amax, torch.zeros_like(amax))
-    xq = torch.round(g * inv) * (amax / levels)  # the codes times the fp32 scale
-    return (xq.view(m, k).double() @ w.double().T).float()
+    n, spans = scales.shape
+    xq, xs = quantized_rows(x, 127.0)
+    xq = xq.double().view(m, spans, k // spans)
+    sums = torch.einsum("msj,nsj->mns", xq, codes.double().view(n, spans, k // spans))
+    sx = scales * xs.view(m, 1, -1).repeat_interleave(spans * 32 // k, dim=2)  # fp32 [m, n, spans]
+    total = torch.zeros(m, n)
+    for span in range(spans):
+        total = fma32(sums[..., span], sx[..., span], total)
+    return total
 
 
 @contextlib.contextmanager
@@ -52,3 +100,15 @@ def panel_rows(ext, rows: int):
         yield
     finally:
         ext.set_qpanel_rows(before)
+
+
+@contextlib.contextmanager
+def tile_blocks(ext, blocks: int):
+    """Tiles of ``blocks`` row blocks side by side on int8 activations (0: each kind's own),
+    restored after."""
+    before = ext.qtile_blocks()
+    ext.set_qtile_blocks(blocks)
+    try:
+        yield
+    finally:
+        ext.set_qtile_blocks(before)

@@ -510,6 +510,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_qpanel_rows", [](int64_t v) { tuning().qpanel_rows = v; }, py::arg("rows"),
         "quantized weights, bf16 activations, AVX512-BF16 builds: calls of at least this many rows de-quantize weight panels to bf16 (0: never)");
   m.def("qpanel_rows", []() { return tuning().qpanel_rows; });
+  m.def("set_qtile_blocks", [](int64_t v) {
+    TORCH_CHECK(v >= 0 && v <= 3, "qtile blocks: 1-3, or 0 for each kind's own");
+    tuning().qtile_blocks = v;
+  }, py::arg("blocks"), "int8 activations: row blocks per quantized tile (1-3; 0: each kind's own)");
+  m.def("qtile_blocks", []() { return tuning().qtile_blocks; });
   m.def("set_min_work_per_thread", [](int64_t v) { tuning().min_work_per_thread = v; },
         "tuning: weight-byte equivalents below which an extra thread is not used");
   m.def("min_work_per_thread", []() { return tuning().min_work_per_thread; });

@@ -104,6 +104,9 @@ constexpr int qscales_per_group(int kind) {
 // The offset that makes a kind's unsigned codes signed (w = (u - offset) s): its min is
 // -offset s, not stored.
 constexpr int qcode_offset(int kind) { return is_int8(kind) ? 128 : kind == KIND_Q6 ? 32 : 8; }
+// Kinds that store mins (a table per group): the others' min is -offset s, which the int8
+// activation kernels fold into the integer sum (qlinear.cpp).
+constexpr bool has_mins(int kind) { return kind == KIND_INT4 || kind == KIND_Q4K; }
 
 // f(std::integral_constant<int, KIND>{}) for the kind's compile-time value: the one runtime
 // dispatch of the quantized kernels (templates take decltype(k)::value).
@@ -262,6 +265,9 @@ struct Tuning {
   // Quantized weights, bf16 activations, AVX512-BF16 builds: calls of at least this many rows
   // de-quantize weight panels to bf16 and run vdpbf16ps (qpanel.cpp); 0 = never
   int64_t qpanel_rows = 16;
+  // int8 activations: row blocks side by side per tile of 4 rows, 1-3; 0 = each kind's
+  // measured width (qlinear.cpp tile_blocks). Every width gives the same bits.
+  int64_t qtile_blocks = 0;
 };
 Tuning& tuning();
 

@@ -3,12 +3,15 @@
 //
 // Every weight code is an unsigned byte u with w = u * s + m: 4-bit codes (0..15) with their
 // min (q4_0 / symmetric int4: m = -8 s; GGUF q4_k: s = d sc, m = -dmin m6 in fp32), 8-bit
-// codes stored as q + 128 (m = -128 s), 6-bit codes (KIND_Q6) as q + 32 (m = -32 s, taken as
-// -128 s over u + 96: see qrow). The activation rows are quantized once per call per group of
-// 32 (round to nearest even) with the sum of their codes per 16 (qrows.h), so that
+// codes stored as q + 128 (m = -128 s), 6-bit codes (KIND_Q6) as q + 32 (m = -32 s). The
+// activation rows are quantized once per call per group of 32 (round to nearest even) with
+// the sum of their codes per 16 (qrows.h), so that
 //   sum w x = s xs sum u xq + m xs sum xq,
 // the first sum exact in int32 by vpdpbusd (16 rows x a k-quad of unsigned weight bytes times
 // the activation quad broadcast, per instruction; 4-bit nibbles need only a mask or a shift).
+// On int8 activations the kinds without mins (m = -offset s) fold m into the integer sum,
+//   sum w x = s xs (sum u xq - offset sum xq),
+// one FMA per scale span (`folds`); 15-bit activations keep the min term.
 // The activations are 15-bit (scale amax / 16383, error ~3e-5 relative, far below any weight
 // format's own) held as two int8 planes, c = 128 hi + lo, so each quad takes two vpdpbusd;
 // bf16 rows of a weight packed with int8 activations (qpacking.QPackedLinear, from
@@ -32,9 +35,9 @@
 // side (`qrow`; 1, 2 or 4 measured alike once the layout was in order), KIND_Q6 as 2 (its
 // codes take ~3 more ops per quad: 4096 x 14336 on one Zen 4 core, of a streaming read in the
 // file's bytes, 1 run 0.65-0.68, 2 runs 0.88-0.94, 4 runs 0.80-0.90); the tiles of other calls
-// have 4 rows, the leftover 1-3 rows keep 4 or 2 accumulator chains per group. 4 rows x 2-3
-// blocks (int8 activations) measured -9%..+12% by kind: the per-group flush bounds them
-// (CHANGELOG).
+// have 4 rows, the leftover 1-3 rows keep 4 or 2 accumulator chains per group. On int8
+// activations a tile takes 1-3 row blocks side by side (`tile_blocks`, per kind as measured):
+// once folded, the flush no longer bounds the wider tiles (CHANGELOG).
 #include <omp.h>
 
 #include <algorithm>
@@ -71,6 +74,25 @@ struct QArgs {
   int64_t M;  // activation rows
 };
 
+// The fold: on int8 activations a kind without mins (its min is -offset s) sums the signed
+// codes, sum q xq = sum u xq - offset sum xq, exact in int32, so a scale span's flush is one
+// FMA, total += sum * (s xs), and no min term. 15-bit activations and kinds with mins keep
+// sum u xq and the min FMA (KIND_Q6 on 15 bits: sum (u + 96) xq with the min -128 s).
+template <int KIND, bool SPLIT>
+constexpr bool folds() { return !SPLIT && !has_mins(KIND); }
+// What a span's integer sum adds per activation code (times the span's code sum, span_codes).
+template <int KIND, bool SPLIT>
+constexpr int code_shift() {
+  return folds<KIND, SPLIT>() ? -qcode_offset(KIND)
+         : is_byte_coded(KIND) ? 128 - qcode_offset(KIND) : 0;
+}
+// Row m's activation code sum over scale span `sub` of group g (SUB == 1: the whole group).
+template <int SUB>
+inline int32_t span_codes(const QArgs& a, int64_t m, int64_t g, int sub) {
+  const int32_t* sums = a.x->code_sums.data() + (m * a.G + g) * 2;
+  return SUB == 2 ? sums[sub] : sums[0] + sums[1];
+}
+
 // The decode GEMV: the single activation row (15-bit split, or int8: one plane) against the
 // blocks bs[0..NB), total[j] for block bs[j]. Its speed is set by memory and by the per-group
 // work no other row shares:
@@ -83,19 +105,19 @@ struct QArgs {
 //   independent chains for the out-of-order core;
 // - KIND_Q4K's scale and min per group and block are d sc and -dmin m (QScales: two byte
 //   loads widened, converted and multiplied; d and dmin converted once per run of 8 groups);
-// - KIND_Q6 (u = q + 32) adds 96 times the activation codes' sum to each integer sum, which
-//   makes it the sum over q + 128, flushed with the min -128 s: the int8-g16 kind's exact
-//   numbers (its packing of the same weight computes bit for bit the same).
+// - the integer sums shift by code_shift (the fold): KIND_Q6 then sums what int8-g16 sums
+//   (q, or on 15 bits q + 128), the same numbers bit for bit as int8-g16's packing of the
+//   same weight.
 template <int KIND, bool SPLIT, int NB>
 inline void qrow(const QArgs& a, const int64_t (&bs)[NB], __m512 (&total)[NB]) {
   constexpr bool BYTES = is_byte_coded(KIND);
-  constexpr int SHIFT = 128 - qcode_offset(KIND);  // KIND_Q6: to the codes q + 128
+  constexpr bool FOLD = folds<KIND, SPLIT>();
+  constexpr int SHIFT = code_shift<KIND, SPLIT>();
   constexpr int SUB = qscales_per_group(KIND);
   const int32_t* hi = (const int32_t*)a.x->codes.data();
   const int32_t* lo = (const int32_t*)(a.x->codes.data() + a.M * a.K);
   const float* xs = a.x->scales.data();
   const float* sums = a.x->sums.data();
-  const int32_t* code_sums = a.x->code_sums.data();
   const __m512i low = _mm512_set1_epi8(0x0F), high = _mm512_set1_epi8((char)0xF0);
   const uint8_t* block[NB];
   QScales<KIND> scales[NB];  // 4-bit kinds
@@ -111,7 +133,7 @@ inline void qrow(const QArgs& a, const int64_t (&bs)[NB], __m512 (&total)[NB]) {
       codes[j] = qgroup_codes<KIND>(block[j], a.G, g);
       tables[j] = qgroup_tables<KIND>(block[j], g);
     }
-    if constexpr (BYTES) {  // quad q's codes (quad_codes); w = (u + SHIFT - 128) s
+    if constexpr (BYTES) {  // quad q's codes u (quad_codes), summed as u + SHIFT
       PACE_UNROLL for (int sub = 0; sub < SUB; ++sub) {
         __m512i acc[NB][2];  // [block][activation plane]
         PACE_UNROLL for (int j = 0; j < NB; ++j) acc[j][0] = acc[j][1] = _mm512_setzero_si512();
@@ -126,13 +148,13 @@ inline void qrow(const QArgs& a, const int64_t (&bs)[NB], __m512 (&total)[NB]) {
         }
         const __m512 sx = _mm512_set1_ps(xs[g]);
         const __m512 xsum = _mm512_set1_ps(-128.0f * (SUB == 2 ? sums[2 * g + sub] : sums[2 * g] + sums[2 * g + 1]));
-        const __m512i shift = _mm512_set1_epi32(SHIFT * code_sums[2 * g + sub]);
+        const __m512i shift = _mm512_set1_epi32(SHIFT * span_codes<SUB>(a, 0, g, sub));
         PACE_UNROLL for (int j = 0; j < NB; ++j) {
           __m512i sum = SPLIT ? _mm512_add_epi32(_mm512_slli_epi32(acc[j][0], 7), acc[j][1]) : acc[j][0];
           if constexpr (SHIFT) sum = _mm512_add_epi32(sum, shift);
           const __m512 s = fp16x16(tables[j] + 16 * sub);
           total[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(s, sx), total[j]);
-          total[j] = _mm512_fmadd_ps(s, xsum, total[j]);
+          if constexpr (!FOLD) total[j] = _mm512_fmadd_ps(s, xsum, total[j]);
         }
       }
     } else {  // line v = quad 2v in the low nibbles, 2v + 1 in the high ones
@@ -157,6 +179,7 @@ inline void qrow(const QArgs& a, const int64_t (&bs)[NB], __m512 (&total)[NB]) {
       }
       const __m512 sx = _mm512_set1_ps(xs[g] / 16.0f);
       const __m512 xsum = _mm512_set1_ps(sums[2 * g] + sums[2 * g + 1]);
+      const __m512i shift = _mm512_set1_epi32(16 * SHIFT * span_codes<1>(a, 0, g, 0));
       PACE_UNROLL for (int j = 0; j < NB; ++j) {
         // 16 (128 hi + lo) over the 32 k = 128 (16 E_hi + O_hi) + (16 E_lo + O_lo)
         const __m512i h = _mm512_add_epi32(_mm512_slli_epi32(acc[j][0][0], 4), acc[j][1][0]);
@@ -165,108 +188,139 @@ inline void qrow(const QArgs& a, const int64_t (&bs)[NB], __m512 (&total)[NB]) {
           const __m512i l = _mm512_add_epi32(_mm512_slli_epi32(acc[j][0][1], 4), acc[j][1][1]);
           sum = _mm512_add_epi32(_mm512_slli_epi32(h, 7), l);
         }
+        if constexpr (SHIFT) sum = _mm512_add_epi32(sum, shift);  // 16 times the fold
         scales[j].group(tables[j], g);
         const __m512 s = _mm512_mul_ps(scales[j].scale, sx);
         total[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), s, total[j]);
-        total[j] = _mm512_fmadd_ps(scales[j].min, xsum, total[j]);
+        if constexpr (!FOLD) total[j] = _mm512_fmadd_ps(scales[j].min, xsum, total[j]);
       }
     }
   }
 }
 
-// total[MT] (16 rows of block `b`) for activation rows [m0, m0 + MT).
-template <int KIND, bool SPLIT, int MT>
-inline void qtile(const QArgs& a, int64_t b, int64_t m0, __m512 (&total)[MT]) {
+// total[j][m] (the 16 rows of block b + j, NB blocks side by side) for activation rows
+// [m0, m0 + MT). Each output takes the operations of the one-block tile in the same order:
+// the blocks only interleave, each activation quad broadcast once for all NB (bit for bit the
+// same results at any NB).
+template <int KIND, bool SPLIT, int MT, int NB = 1>
+inline void qtile(const QArgs& a, int64_t b, int64_t m0, __m512 (&total)[NB][MT]) {
   constexpr bool BYTES = is_byte_coded(KIND);
+  constexpr bool FOLD = folds<KIND, SPLIT>();
+  constexpr int SHIFT = code_shift<KIND, SPLIT>();
   constexpr int SUB = qscales_per_group(KIND);
-  // Independent accumulator chains per activation row: with few rows a single chain of
-  // dot products waits on its own latency (~5 cycles) every instruction.
-  constexpr int CH = MT >= 4 ? 1 : MT >= 2 ? 2 : 4;
-  const uint8_t* block = a.w + b * a.block_stride;
+  // Independent accumulator chains per activation row and block: with few rows a single chain
+  // of dot products waits on its own latency (~5 cycles) every instruction.
+  constexpr int CH = MT * NB >= 4 ? 1 : MT * NB >= 2 ? 2 : 4;
+  const uint8_t* block[NB];
+  PACE_UNROLL for (int j = 0; j < NB; ++j) block[j] = a.w + (b + j) * a.block_stride;
   const int32_t* xq[MT];
   const int32_t* xl[MT];  // SPLIT: the low plane
   PACE_UNROLL for (int m = 0; m < MT; ++m) {
-    total[m] = _mm512_setzero_ps();
+    PACE_UNROLL for (int j = 0; j < NB; ++j) total[j][m] = _mm512_setzero_ps();
     xq[m] = (const int32_t*)(a.x->codes.data() + (m0 + m) * a.K);
     xl[m] = SPLIT ? (const int32_t*)(a.x->codes.data() + (a.M + m0 + m) * a.K) : nullptr;
   }
   const __m512i low = _mm512_set1_epi8(0x0F);
-  QScales<KIND> scales;  // 4-bit kinds
+  QScales<KIND> scales[NB];  // 4-bit kinds
   for (int64_t g = 0; g < a.G; ++g) {
-    __m512i acc[CH][MT], low_acc[SPLIT ? CH : 1][MT];
-    qtouch_run<KIND>(block, g);
-    const uint8_t* cg = qgroup_codes<KIND>(block, a.G, g);
-    const uint16_t* tables = qgroup_tables<KIND>(block, g);  // scales [SUB][16], mins [16]
-    PACE_UNROLL for (int c = 0; c < CH; ++c)
-      PACE_UNROLL for (int m = 0; m < MT; ++m) acc[c][m] = _mm512_setzero_si512();
-    if constexpr (SPLIT)
-      PACE_UNROLL for (int c = 0; c < CH; ++c)
-        PACE_UNROLL for (int m = 0; m < MT; ++m) low_acc[c][m] = _mm512_setzero_si512();
-    // acc[chain][m] += 16 rows x k-quad (unsigned bytes w) . the quad of row m broadcast
-    auto dot4 = [&](const __m512i w, int64_t quad, auto chain) {
+    __m512i acc[CH][NB][MT], low_acc[SPLIT ? CH : 1][NB][MT];
+    const uint8_t* cg[NB];
+    const uint16_t* tables[NB];  // scales [SUB][16], mins [16]
+    PACE_UNROLL for (int j = 0; j < NB; ++j) {
+      qtouch_run<KIND>(block[j], g);
+      cg[j] = qgroup_codes<KIND>(block[j], a.G, g);
+      tables[j] = qgroup_tables<KIND>(block[j], g);
+    }
+    PACE_UNROLL for (int c = 0; c < CH; ++c) PACE_UNROLL for (int j = 0; j < NB; ++j)
+      PACE_UNROLL for (int m = 0; m < MT; ++m) {
+        acc[c][j][m] = _mm512_setzero_si512();
+        if constexpr (SPLIT) low_acc[c][j][m] = _mm512_setzero_si512();
+      }
+    // acc[chain][j][m] += block j's 16 rows x k-quad (unsigned bytes w[j]) . the quad of row m
+    // broadcast
+    auto dot4 = [&](const __m512i (&w)[NB], int64_t quad, auto chain) {
       constexpr int c = decltype(chain)::value % CH;
       PACE_UNROLL for (int m = 0; m < MT; ++m) {
-        acc[c][m] = _mm512_dpbusd_epi32(acc[c][m], w, _mm512_set1_epi32(xq[m][g * 8 + quad]));
-        if constexpr (SPLIT)
-          low_acc[c][m] = _mm512_dpbusd_epi32(low_acc[c][m], w, _mm512_set1_epi32(xl[m][g * 8 + quad]));
+        const __m512i xm = _mm512_set1_epi32(xq[m][g * 8 + quad]);
+        PACE_UNROLL for (int j = 0; j < NB; ++j)
+          acc[c][j][m] = _mm512_dpbusd_epi32(acc[c][j][m], w[j], xm);
+        if constexpr (SPLIT) {
+          const __m512i xlm = _mm512_set1_epi32(xl[m][g * 8 + quad]);
+          PACE_UNROLL for (int j = 0; j < NB; ++j)
+            low_acc[c][j][m] = _mm512_dpbusd_epi32(low_acc[c][j][m], w[j], xlm);
+        }
       }
     };
-    // total[m] += (sum of the chains of m) * the 16 rows' scale `s` * row m's activation
-    // scale; the chains restart at 0
-    // (KIND_Q6: plus 96 times the activation codes' sum over the 16 k of `sub`, as qrow)
-    auto flush = [&](const __m512 s, int sub) {
+    // total[j][m] += (sum of the chains of j, m, shifted by code_shift times row m's code sum
+    // over span `sub`) * block j's scale `s` * row m's activation scale; the chains restart
+    auto flush = [&](int j, const __m512 s, int sub) {
       PACE_UNROLL for (int m = 0; m < MT; ++m) {
-        __m512i sum = acc[0][m];
-        PACE_UNROLL for (int c = 1; c < CH; ++c) sum = _mm512_add_epi32(sum, acc[c][m]);
+        __m512i sum = acc[0][j][m];
+        PACE_UNROLL for (int c = 1; c < CH; ++c) sum = _mm512_add_epi32(sum, acc[c][j][m]);
         if constexpr (SPLIT) {  // 128 sum(hi) + sum(lo)
           sum = _mm512_slli_epi32(sum, 7);
           PACE_UNROLL for (int c = 0; c < CH; ++c) {
-            sum = _mm512_add_epi32(sum, low_acc[c][m]);
-            low_acc[c][m] = _mm512_setzero_si512();
+            sum = _mm512_add_epi32(sum, low_acc[c][j][m]);
+            low_acc[c][j][m] = _mm512_setzero_si512();
           }
         }
-        if constexpr (KIND == KIND_Q6) {
-          const int32_t codes = a.x->code_sums[((m0 + m) * a.G + g) * 2 + sub];
-          sum = _mm512_add_epi32(sum, _mm512_set1_epi32((128 - qcode_offset(KIND)) * codes));
-        }
+        if constexpr (SHIFT)
+          sum = _mm512_add_epi32(sum, _mm512_set1_epi32(SHIFT * span_codes<SUB>(a, m0 + m, g, sub)));
         const __m512 sx = _mm512_mul_ps(s, _mm512_set1_ps(a.x->scales[(m0 + m) * a.G + g]));
-        total[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), sx, total[m]);
-        PACE_UNROLL for (int c = 0; c < CH; ++c) acc[c][m] = _mm512_setzero_si512();
+        total[j][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), sx, total[j][m]);
+        PACE_UNROLL for (int c = 0; c < CH; ++c) acc[c][j][m] = _mm512_setzero_si512();
       }
     };
-    // total[m] += the 16 rows' min `mn` * row m's activation sum over 16 k x `span`
-    auto add_min = [&](const __m512 mn, int64_t first16, int span) {
-      PACE_UNROLL for (int m = 0; m < MT; ++m) {
-        const float* sums = a.x->sums.data() + ((m0 + m) * a.G + g) * 2 + first16;
-        total[m] = _mm512_fmadd_ps(mn, _mm512_set1_ps(span == 2 ? sums[0] + sums[1] : sums[0]), total[m]);
-      }
+    // total[j][m] += block j's min `mn` * row m's activation sum over 16 k x `span` (none once
+    // folded)
+    auto add_min = [&](int j, const __m512 mn, int64_t first16, int span) {
+      if constexpr (!FOLD)
+        PACE_UNROLL for (int m = 0; m < MT; ++m) {
+          const float* sums = a.x->sums.data() + ((m0 + m) * a.G + g) * 2 + first16;
+          const __m512 xsum = _mm512_set1_ps(span == 2 ? sums[0] + sums[1] : sums[0]);
+          total[j][m] = _mm512_fmadd_ps(mn, xsum, total[j][m]);
+        }
     };
-    if constexpr (BYTES) {  // quad q's codes (quad_codes); w = (u - 128) s (KIND_Q6: u + 96)
+    if constexpr (BYTES) {  // quad q's codes u (quad_codes), summed as u + SHIFT
       PACE_UNROLL for (int sub = 0; sub < SUB; ++sub) {
-        auto quad = [&](int q, auto chain) { dot4(quad_codes<KIND>(cg, q), q, chain); };
+        auto quad = [&](int q, auto chain) {
+          __m512i w[NB];
+          PACE_UNROLL for (int j = 0; j < NB; ++j) w[j] = quad_codes<KIND>(cg[j], q);
+          dot4(w, q, chain);
+        };
         PACE_UNROLL for (int q = sub * 8 / SUB; q < (sub + 1) * 8 / SUB; q += 4) {
           quad(q, C0{});
           quad(q + 1, C1{});
           quad(q + 2, C2{});
           quad(q + 3, C3{});
         }
-        const __m512 s = fp16x16(tables + 16 * sub);
-        flush(s, sub);
-        add_min(_mm512_mul_ps(s, _mm512_set1_ps(-128.0f)), sub, SUB == 1 ? 2 : 1);
+        PACE_UNROLL for (int j = 0; j < NB; ++j) {
+          const __m512 s = fp16x16(tables[j] + 16 * sub);
+          flush(j, s, sub);
+          add_min(j, _mm512_mul_ps(s, _mm512_set1_ps(-128.0f)), sub, SUB == 1 ? 2 : 1);
+        }
       }
     } else {
       auto line = [&](int64_t v, auto lo_chain, auto hi_chain) {
-        const __m512i raw = _mm512_loadu_si512(cg + 64 * v);
-        dot4(_mm512_and_si512(raw, low), 2 * v, lo_chain);
-        dot4(_mm512_and_si512(_mm512_srli_epi16(raw, 4), low), 2 * v + 1, hi_chain);
+        __m512i raw[NB], w[NB];
+        PACE_UNROLL for (int j = 0; j < NB; ++j) {
+          raw[j] = _mm512_loadu_si512(cg[j] + 64 * v);
+          w[j] = _mm512_and_si512(raw[j], low);
+        }
+        dot4(w, 2 * v, lo_chain);
+        PACE_UNROLL for (int j = 0; j < NB; ++j)
+          w[j] = _mm512_and_si512(_mm512_srli_epi16(raw[j], 4), low);
+        dot4(w, 2 * v + 1, hi_chain);
       };
       line(0, C0{}, C1{});
       line(1, C2{}, C3{});
       line(2, C0{}, C1{});
       line(3, C2{}, C3{});
-      scales.group(tables, g);
-      flush(scales.scale, 0);
-      add_min(scales.min, 0, 2);
+      PACE_UNROLL for (int j = 0; j < NB; ++j) {
+        scales[j].group(tables[j], g);
+        flush(j, scales[j].scale, 0);
+        add_min(j, scales[j].min, 0, 2);
+      }
     }
   }
 }
@@ -292,9 +346,9 @@ template <int KIND, bool SPLIT, int MT, typename Store>
 inline void rows_tail(const QArgs& a, const Store& st, int64_t b, int64_t m0, int64_t mt) {
   if constexpr (MT > 0) {
     if (mt == MT) {
-      __m512 total[MT];
+      __m512 total[1][MT];
       qtile<KIND, SPLIT, MT>(a, b, m0, total);
-      st.template operator()<MT>(total, b, m0);
+      st.template operator()<MT>(total[0], b, m0);
     } else {
       rows_tail<KIND, SPLIT, MT - 1>(a, st, b, m0, mt);
     }
@@ -323,9 +377,34 @@ inline void qrow_blocks(const QArgs& a, const Store& st, int64_t b, int64_t end)
 // rows at once, 512 rows of K = 1536 (1.5 MB split) were re-read from L3 for every block.
 constexpr int64_t ROW_CHUNK_BYTES = 256 * 1024;
 
+// A thread's blocks [b, end) against the rows [r0, r1): tiles of MT rows x NB blocks side by
+// side, the blocks left over one at a time, the rows left over (fewer than MT) block by block.
+template <int KIND, bool SPLIT, int MT, int NB, typename Store>
+inline void qblocks(const QArgs& a, const Store& st, int64_t b, int64_t end, int64_t r0,
+                    int64_t r1) {
+  for (; b + NB <= end; b += NB) {
+    int64_t m0 = r0;
+    for (; m0 + MT <= r1; m0 += MT) {
+      __m512 total[NB][MT];
+      qtile<KIND, SPLIT, MT, NB>(a, b, m0, total);
+      PACE_UNROLL for (int j = 0; j < NB; ++j) st.template operator()<MT>(total[j], b + j, m0);
+    }
+    if (m0 < r1)
+      for (int j = 0; j < NB; ++j) rows_tail<KIND, SPLIT, MT - 1>(a, st, b + j, m0, r1 - m0);
+  }
+  if constexpr (NB > 1) qblocks<KIND, SPLIT, MT, 1>(a, st, b, end, r0, r1);
+}
+
+// Row blocks side by side in a tile of 4 int8 activation rows, per kind as measured (1 Zen 4
+// core, 2048 x 8192 and 8192 x 2048, M 32-512, GFLOP/s at 1 / 2 / 3 blocks): folded q8_0
+// 233-304 / 278-334 / 262-324, q4_0 246-307 / 294-326 / 292-323, q6_k 169-211 / 206-237 /
+// 207-232; q4_k (mins, not folded) 216-274 / 201-257 / 210-251. 15-bit activations take one.
+constexpr int tile_blocks(int kind) { return has_mins(kind) ? 1 : 2; }
+
 template <int KIND, bool SPLIT, typename Store>
 void qdrive(const QArgs& a, const Store& st, int64_t M, int64_t blocks, int nthreads) {
   constexpr int MT = 4;
+  const int64_t wide = tuning().qtile_blocks ? tuning().qtile_blocks : tile_blocks(KIND);
 #pragma omp parallel num_threads(nthreads) if (nthreads > 1)
   {
     const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
@@ -336,15 +415,12 @@ void qdrive(const QArgs& a, const Store& st, int64_t M, int64_t blocks, int nthr
       const int64_t chunk = std::max<int64_t>(MT, ROW_CHUNK_BYTES / ((SPLIT ? 2 : 1) * a.K) / MT * MT);
       for (int64_t r0 = 0; r0 < M; r0 += chunk) {
         const int64_t r1 = std::min(M, r0 + chunk);
-        for (int64_t b = begin; b < end; ++b) {
-          int64_t m0 = r0;
-          for (; m0 + MT <= r1; m0 += MT) {
-            __m512 total[MT];
-            qtile<KIND, SPLIT, MT>(a, b, m0, total);
-            st.template operator()<MT>(total, b, m0);
-          }
-          if (m0 < r1) rows_tail<KIND, SPLIT, MT - 1>(a, st, b, m0, r1 - m0);
-        }
+        if (!SPLIT && wide == 3)
+          qblocks<KIND, SPLIT, MT, SPLIT ? 1 : 3>(a, st, begin, end, r0, r1);
+        else if (!SPLIT && wide == 2)
+          qblocks<KIND, SPLIT, MT, SPLIT ? 1 : 2>(a, st, begin, end, r0, r1);
+        else
+          qblocks<KIND, SPLIT, MT, 1>(a, st, begin, end, r0, r1);
       }
     }
   }

@@ -21,7 +21,7 @@ struct QuantizedRows {
   std::vector<int8_t> codes;  // [M][K] (SPLIT: [2][M][K])
   std::vector<float> scales;  // [M][G]
   std::vector<float> sums;    // [M][2G]: scale * sum of the codes of each 16 (as seen)
-  std::vector<int32_t> code_sums;  // [M][2G]: the sums of the codes of each 16 (KIND_Q6)
+  std::vector<int32_t> code_sums;  // [M][2G]: the sums of the codes of each 16 (code_shift)
 };
 
 // One per thread, shared by every kind and mode (it grows to the largest call's rows).
