@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import os
 import statistics
 import time
@@ -34,9 +33,9 @@ from pace_bench.common import (
     usable_cores,
     with_targets,
 )
-from pace_bench.serving import make_fixed_workload
+from pace_bench.serving import make_fixed_workload, one_request
 from pace_bench.serving_peers import EngineServer, pace_spec
-from pace_bench.sse_client import stream_events
+from pace_bench.sse_client import run as run_async
 
 COLUMNS = ["model", "threads", "pairs", "offline_ms_per_token", "served_ms_per_token",
            "ratio_median", "ratio_min", "ratio_max", "served_itl_p50_ms", "served_itl_p99_ms",
@@ -65,23 +64,13 @@ def per_token(gaps: list[float]) -> float:
 
 def served_gaps(url: str, prompt: str, new_tokens: int) -> tuple[list[float], float]:
     """The gaps between the tokens of one streamed greedy completion (the serving benchmark's
-    request, with ``ignore_eos`` as offline) and the CPU seconds the client spent on it. The
-    client is :mod:`~pace_bench.sse_client`'s lean reader: it shares the server's cores."""
-    body = {
-        "model": "bench", "prompt": prompt, "max_tokens": new_tokens, "temperature": 0,
-        "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
-    }  # fmt: skip
-    stamps: list[float] = []
+    request, with ``ignore_eos`` as offline) and the CPU seconds the client spent on it."""
     cpu = time.thread_time()
-    for payload in stream_events(url, "/v1/completions", body):
-        if payload == "[DONE]":
-            continue
-        chunk = json.loads(payload)
-        if "error" in chunk:
-            raise RuntimeError(f"the server failed a request: {chunk['error']}")
-        if any(c.get("text") for c in chunk.get("choices") or ()):
-            stamps.append(time.perf_counter())
-    return [b - a for a, b in itertools.pairwise(stamps)], time.thread_time() - cpu
+    result = run_async(one_request(url, prompt, new_tokens))
+    cpu = time.thread_time() - cpu
+    if not result["ok"]:
+        raise RuntimeError(f"the server failed a request: {result['status']} {result['error']}")
+    return result["itl"], cpu
 
 
 def offline_gaps(llm: Any, ids: list[int], new_tokens: int) -> list[float]:

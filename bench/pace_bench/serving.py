@@ -64,6 +64,8 @@ from pace_bench.serving_peers import (
     pace_spec,
     vllm_spec,
 )
+from pace_bench.sse_client import StreamError, stream_events
+from pace_bench.sse_client import run as run_async
 
 _TEXT = (
     "the quick brown fox jumps over a lazy dog while seven curious engineers measure how "
@@ -160,12 +162,10 @@ def _chunk_has_text(payload: dict) -> bool:
 
 
 async def one_request(
-    client: Any, url: str, prompt: str, max_tokens: int, spec: ServerSpec | None = None
+    url: str, prompt: str, max_tokens: int, spec: ServerSpec | None = None, timeout: float = 600.0
 ) -> dict:
-    """One streamed completion: TTFT, inter-token gaps, e2e and the tokens produced (the
-    usage chunk's count, else the number of chunks with text)."""
-    import httpx
-
+    """One streamed completion (:mod:`~pace_bench.sse_client`): TTFT, inter-token gaps, e2e
+    and the tokens produced (the usage chunk's count, else the number of chunks with text)."""
     body = {
         "model": spec.model_id if spec else "bench",
         "prompt": prompt,
@@ -175,27 +175,29 @@ async def one_request(
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    start = time.perf_counter()
     stamps: list[float] = []
-    tokens = None
+    usage: list[int] = []
+    errors: list[str] = []
+
+    def on_event(payload: str, now: float) -> None:
+        if payload == "[DONE]" or errors:
+            return
+        chunk = json.loads(payload)
+        if "error" in chunk:
+            errors.append(str(chunk["error"])[:300])
+        elif chunk.get("usage"):
+            usage.append(chunk["usage"]["completion_tokens"])
+        if _chunk_has_text(chunk):
+            stamps.append(now)
+
+    start = time.perf_counter()
     try:
-        async with client.stream("POST", url + "/v1/completions", json=body) as r:
-            if r.status_code != 200:
-                await r.aread()
-                return {"ok": False, "status": r.status_code, "error": r.text[:300]}
-            async for line in r.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                payload = json.loads(line[6:])
-                if "error" in payload:
-                    return {"ok": False, "status": 200, "error": str(payload["error"])[:300]}
-                if payload.get("usage"):
-                    tokens = payload["usage"]["completion_tokens"]
-                if _chunk_has_text(payload):
-                    stamps.append(time.perf_counter())
-    except (httpx.HTTPError, json.JSONDecodeError) as exc:
+        await stream_events(url, "/v1/completions", body, on_event, timeout)
+    except (StreamError, TimeoutError, json.JSONDecodeError) as exc:
         return {"ok": False, "status": None, "error": f"{type(exc).__name__}: {exc}"[:300]}
     end = time.perf_counter()
+    if errors:
+        return {"ok": False, "status": 200, "error": errors[0]}
     if not stamps:
         return {"ok": False, "status": 200, "error": "no tokens"}
     return {
@@ -203,7 +205,7 @@ async def one_request(
         "ttft": stamps[0] - start,
         "itl": [b - a for a, b in itertools.pairwise(stamps)],
         "e2e": end - start,
-        "tokens": len(stamps) if tokens is None else tokens,
+        "tokens": usage[-1] if usage else len(stamps),
     }
 
 
@@ -212,24 +214,20 @@ async def run_level(
     spec: ServerSpec | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """The workload with ``concurrency`` closed-loop clients, stopped after ``timeout`` s."""
-    import httpx
-
     pending = list(workload)
     results: list[dict] = []
-    limits = httpx.Limits(max_connections=concurrency + 4)
 
-    async def worker(client: Any) -> None:
+    async def worker() -> None:
         while pending:
             prompt, max_tokens = pending.pop()
-            results.append(await one_request(client, url, prompt, max_tokens, spec))
+            results.append(await one_request(url, prompt, max_tokens, spec, timeout))
 
     start = time.perf_counter()
-    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
-        tasks = [asyncio.create_task(worker(client)) for _ in range(concurrency)]
-        _done, not_done = await asyncio.wait(tasks, timeout=timeout)
-        for t in not_done:
-            t.cancel()
-        await asyncio.gather(*not_done, return_exceptions=True)
+    tasks = [asyncio.create_task(worker()) for _ in range(concurrency)]
+    _done, not_done = await asyncio.wait(tasks, timeout=timeout)
+    for t in not_done:
+        t.cancel()
+    await asyncio.gather(*not_done, return_exceptions=True)
     wall = time.perf_counter() - start
     return level_row(concurrency, results, len(workload), wall)
 
@@ -307,10 +305,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--level-timeout", type=float, default=600.0, help="seconds per level")
     p.add_argument("--start-timeout", type=float, default=900.0, help="seconds per server start")
     p.add_argument("--max-prefill-tokens", type=int, default=512)
-    p.add_argument("--max-cache-tokens", type=int, default=32768,
-                   help="pace's KV pool (the default holds 128 bookings of 256 tokens)")
-    p.add_argument("--pace-args", default="",
-                   help="extra `pace serve` flags, e.g. \"--no-mixed-steps\" (comparisons)")
+    p.add_argument(
+        "--max-cache-tokens",
+        type=int,
+        default=32768,
+        help="pace's KV pool (the default holds 128 bookings of 256 tokens)",
+    )
+    p.add_argument(
+        "--pace-args",
+        default="",
+        help='extra `pace serve` flags, e.g. "--no-mixed-steps" (comparisons)',
+    )
     p.add_argument("--kv-cache-gb", type=int, default=2, help="KV cache of vllm and amd-pace")
     p.add_argument(
         "--modes", nargs="+", default=None, choices=list(MODES),
@@ -432,9 +437,9 @@ def run_engine(
     try:
         ready_s = server.wait_ready(args.start_timeout)
         for c in (1, 4):  # first-call set-up for batch-1 and batched shapes
-            asyncio.run(run_level(server.url, levels[0], c, 300, spec))
+            run_async(run_level(server.url, levels[0], c, 300, spec))
         for c in args.concurrency:
-            rows.append(asyncio.run(run_level(server.url, levels[c], c, args.level_timeout, spec)))
+            rows.append(run_async(run_level(server.url, levels[c], c, args.level_timeout, spec)))
             bar.update(1)
             server.check_alive(f"at {c} concurrent requests", failed_all=not rows[-1]["requests"])
     finally:
@@ -471,8 +476,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     note(args, f"serving: threads={threads} dtype={args.dtype} model={args.model} "
          f"workload={args.workload} rounds={args.rounds}")  # fmt: skip
     payload = emit("serving", summarize(raw), COLUMNS, args)
-    payload.update(rounds=raw, errors=errors, skipped=skipped, start_s=starts,
-                   model_dir=str(model_dir))
+    payload.update(
+        rounds=raw, errors=errors, skipped=skipped, start_s=starts, model_dir=str(model_dir)
+    )
     return payload
 
 
