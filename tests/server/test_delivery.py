@@ -16,9 +16,14 @@ from pace_core.server.frontdoor.frontend import Submission
 
 def _server(timeout: float | None) -> SimpleNamespace:
     cancelled: list[Submission] = []
+
+    def cancel(sub: Submission) -> None:  # as the frontend: the sequences stop, it is done
+        cancelled.append(sub)
+        sub.remaining.clear()
+
     return SimpleNamespace(
         config=SimpleNamespace(request_timeout=timeout),
-        frontend=SimpleNamespace(cancel=cancelled.append),
+        frontend=SimpleNamespace(cancel=cancel),
         cancelled=cancelled,
     )
 
@@ -132,3 +137,22 @@ def test_a_stream_writes_what_each_wake_up_brought_in_one_send():
         b"",
     ]
     assert [m["more_body"] for m in sent[1:]] == [True, True, True, False]
+
+
+def test_a_stream_whose_client_is_gone_cancels_its_request():
+    async def go():
+        server, sub = _server(None), _submission("a")
+        _finish(sub, "a", "0", None)
+
+        async def send(message: dict) -> None:
+            if message["type"] == "http.response.body":
+                raise OSError("connection reset")  # an ASGI 2.4 server, client gone
+
+        async def receive() -> dict:
+            await asyncio.Event().wait()
+            return {}
+
+        await delivery.EventStreamResponse(server, _TextFormat(sub))({}, receive, send)
+        return server.cancelled
+
+    assert len(asyncio.run(go())) == 1

@@ -165,9 +165,14 @@ class EventStreamResponse(Response):
         self.init_headers(_SSE_HEADERS)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-        await _write_stream(self.server, self.fmt, receive, send)
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            await _write_stream(self.server, self.fmt, receive, send)
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except OSError:  # the client went away (ASGI 2.4 servers raise on send)
+            sub = self.fmt.submitted.sub
+            if not sub.done:
+                self.server.frontend.cancel(sub)
 
 
 async def _write_stream(
