@@ -92,23 +92,23 @@ def folded(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.
 
 
 @contextlib.contextmanager
-def panel_rows(ext, rows: int):
-    """The bf16 panel path from ``rows`` rows (0: never), restored after."""
-    before = ext.qpanel_rows()
-    ext.set_qpanel_rows(rows)
+def tuned(ext, knob: str, value: int):
+    """pace-avx512's tuning knob ``knob`` set to ``value`` (``ext.set_<knob>``), restored
+    after."""
+    before = getattr(ext, knob)()
+    getattr(ext, f"set_{knob}")(value)
     try:
         yield
     finally:
-        ext.set_qpanel_rows(before)
+        getattr(ext, f"set_{knob}")(before)
 
 
-@contextlib.contextmanager
+def panel_rows(ext, rows: int):
+    """The bf16 panel path from ``rows`` rows (0: never), restored after."""
+    return tuned(ext, "qpanel_rows", rows)
+
+
 def tile_blocks(ext, blocks: int):
     """Tiles of ``blocks`` row blocks side by side on int8 activations (0: each kind's own),
     restored after."""
-    before = ext.qtile_blocks()
-    ext.set_qtile_blocks(blocks)
-    try:
-        yield
-    finally:
-        ext.set_qtile_blocks(before)
+    return tuned(ext, "qtile_blocks", blocks)
