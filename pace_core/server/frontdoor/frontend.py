@@ -296,6 +296,6 @@ class Frontend:
         self.stats[index] = Stats()
         if self.router is not None:
             self.router.forget(index)
-        name = self.instances[index].name
-        self.metrics.running.labels(name).set(0)
-        self.metrics.waiting.labels(name).set(0)
+        series = self._series[self.instances[index].name]
+        series.running.set(0)
+        series.waiting.set(0)
