@@ -1,12 +1,39 @@
-"""Shared fixtures: real small models prepared once per session from PyPI GGUF wheels."""
+"""Shared fixtures: real small models prepared once per session from PyPI GGUF wheels; the
+session's own pace cache (``session_cache``)."""
 
 from __future__ import annotations
 
 import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
+from support.session_cache import session_cache
 from transformers import LlamaConfig, LlamaForCausalLM
+
+
+def pytest_configure(config):
+    """The session's cache (``session_cache``) as ``PACE_CACHE_DIR`` for the tests and every
+    process they start; removed with its writes when the session ends."""
+    from pace_core.paths import cache_root
+
+    root = Path(tempfile.mkdtemp(prefix="pace-test-cache-"))
+    config.pace_session_cache = (root, os.environ.get("PACE_CACHE_DIR"))
+    os.environ["PACE_CACHE_DIR"] = str(session_cache(cache_root(), root / "pace"))
+
+
+def pytest_unconfigure(config):
+    root, before = getattr(config, "pace_session_cache", (None, None))
+    if root is None:
+        return
+    if before is None:
+        os.environ.pop("PACE_CACHE_DIR", None)
+    else:
+        os.environ["PACE_CACHE_DIR"] = before
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def _zoo_path(name: str):
@@ -15,7 +42,7 @@ def _zoo_path(name: str):
     try:
         return zoo.pull(name, quiet=True)
     except zoo.ZooError as exc:
-        if "CI" in __import__("os").environ:
+        if "CI" in os.environ:
             raise
         pytest.skip(f"zoo model {name} unavailable: {exc}")
 
