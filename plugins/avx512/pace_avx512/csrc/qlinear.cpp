@@ -46,6 +46,7 @@
 #include <vector>
 
 #include "kernels.h"
+#include "q4k_tile.h"
 #include "qblock.h"
 #include "qrows.h"
 #include "simd.h"
@@ -94,7 +95,7 @@ inline int32_t span_codes(const QArgs& a, int64_t m, int64_t g, int sub) {
 }
 
 // The decode GEMV: the single activation row (15-bit split, or int8: one plane) against the
-// blocks bs[0..NB), total[j] for block bs[j]. Its speed is set by memory and by the per-group
+// blocks bs[0..NB), total[j][0] for block bs[j]. Its speed is set by memory and by the per-group
 // work no other row shares:
 // - the NB blocks advance group by group, each activation quad broadcast once for all NB;
 // - 4-bit: a high nibble is used in place (`& 0xF0`, 16 times its code) with accumulators of
@@ -109,7 +110,7 @@ inline int32_t span_codes(const QArgs& a, int64_t m, int64_t g, int sub) {
 //   (q, or on 15 bits q + 128), the same numbers bit for bit as int8-g16's packing of the
 //   same weight.
 template <int KIND, bool SPLIT, int NB>
-inline void qrow(const QArgs& a, const int64_t (&bs)[NB], __m512 (&total)[NB]) {
+inline void qrow(const QArgs& a, const int64_t (&bs)[NB], __m512 (&total)[NB][1]) {
   constexpr bool BYTES = is_byte_coded(KIND);
   constexpr bool FOLD = folds<KIND, SPLIT>();
   constexpr int SHIFT = code_shift<KIND, SPLIT>();
@@ -123,7 +124,7 @@ inline void qrow(const QArgs& a, const int64_t (&bs)[NB], __m512 (&total)[NB]) {
   QScales<KIND> scales[NB];  // 4-bit kinds
   PACE_UNROLL for (int j = 0; j < NB; ++j) {
     block[j] = a.w + bs[j] * a.block_stride;
-    total[j] = _mm512_setzero_ps();
+    total[j][0] = _mm512_setzero_ps();
   }
   for (int64_t g = 0; g < a.G; ++g) {
     const uint8_t* codes[NB];
@@ -153,8 +154,8 @@ inline void qrow(const QArgs& a, const int64_t (&bs)[NB], __m512 (&total)[NB]) {
           __m512i sum = SPLIT ? _mm512_add_epi32(_mm512_slli_epi32(acc[j][0], 7), acc[j][1]) : acc[j][0];
           if constexpr (SHIFT) sum = _mm512_add_epi32(sum, shift);
           const __m512 s = fp16x16(tables[j] + 16 * sub);
-          total[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(s, sx), total[j]);
-          if constexpr (!FOLD) total[j] = _mm512_fmadd_ps(s, xsum, total[j]);
+          total[j][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(s, sx), total[j][0]);
+          if constexpr (!FOLD) total[j][0] = _mm512_fmadd_ps(s, xsum, total[j][0]);
         }
       }
     } else {  // line v = quad 2v in the low nibbles, 2v + 1 in the high ones
@@ -191,8 +192,8 @@ inline void qrow(const QArgs& a, const int64_t (&bs)[NB], __m512 (&total)[NB]) {
         if constexpr (SHIFT) sum = _mm512_add_epi32(sum, shift);  // 16 times the fold
         scales[j].group(tables[j], g);
         const __m512 s = _mm512_mul_ps(scales[j].scale, sx);
-        total[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), s, total[j]);
-        if constexpr (!FOLD) total[j] = _mm512_fmadd_ps(scales[j].min, xsum, total[j]);
+        total[j][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), s, total[j][0]);
+        if constexpr (!FOLD) total[j][0] = _mm512_fmadd_ps(scales[j].min, xsum, total[j][0]);
       }
     }
   }
@@ -325,6 +326,19 @@ inline void qtile(const QArgs& a, int64_t b, int64_t m0, __m512 (&total)[NB][MT]
   }
 }
 
+// A tile of MT rows x NB blocks from block b: KIND_Q4K on int8 activations per super-block
+// (q4k_tile.h), the rest per group (qtile).
+template <int KIND, bool SPLIT, int MT, int NB = 1>
+inline void tile(const QArgs& a, int64_t b, int64_t m0, __m512 (&total)[NB][MT]) {
+  if constexpr (KIND == KIND_Q4K && !SPLIT) {
+    const uint8_t* block[NB];
+    PACE_UNROLL for (int j = 0; j < NB; ++j) block[j] = a.w + (b + j) * a.block_stride;
+    q4k_tile<MT, NB>(block, a.G, *a.x, a.K, m0, total);
+  } else {
+    qtile<KIND, SPLIT, MT, NB>(a, b, m0, total);
+  }
+}
+
 template <typename T>
 struct QStore {
   T* y;
@@ -347,7 +361,7 @@ inline void rows_tail(const QArgs& a, const Store& st, int64_t b, int64_t m0, in
   if constexpr (MT > 0) {
     if (mt == MT) {
       __m512 total[1][MT];
-      qtile<KIND, SPLIT, MT>(a, b, m0, total);
+      tile<KIND, SPLIT, MT>(a, b, m0, total);
       st.template operator()<MT>(total[0], b, m0);
     } else {
       rows_tail<KIND, SPLIT, MT - 1>(a, st, b, m0, mt);
@@ -363,12 +377,15 @@ inline void qrow_blocks(const QArgs& a, const Store& st, int64_t b, int64_t end)
   for (int64_t i = 0; i < run; ++i) {
     int64_t bs[NB];
     PACE_UNROLL for (int j = 0; j < NB; ++j) bs[j] = b + j * run + i;
-    __m512 total[NB];
-    qrow<KIND, SPLIT, NB>(a, bs, total);
-    PACE_UNROLL for (int j = 0; j < NB; ++j) {
-      __m512 one[1] = {total[j]};
-      st.template operator()<1>(one, bs[j], 0);
+    __m512 total[NB][1];
+    if constexpr (KIND == KIND_Q4K && !SPLIT) {  // a tile of one row (q4k_tile.h)
+      const uint8_t* block[NB];
+      PACE_UNROLL for (int j = 0; j < NB; ++j) block[j] = a.w + bs[j] * a.block_stride;
+      q4k_tile<1, NB>(block, a.G, *a.x, a.K, 0, total);
+    } else {
+      qrow<KIND, SPLIT, NB>(a, bs, total);
     }
+    PACE_UNROLL for (int j = 0; j < NB; ++j) st.template operator()<1>(total[j], bs[j], 0);
   }
   if constexpr (NB > 1) qrow_blocks<KIND, SPLIT, 1>(a, st, b + NB * run, end);
 }
@@ -386,7 +403,7 @@ inline void qblocks(const QArgs& a, const Store& st, int64_t b, int64_t end, int
     int64_t m0 = r0;
     for (; m0 + MT <= r1; m0 += MT) {
       __m512 total[NB][MT];
-      qtile<KIND, SPLIT, MT, NB>(a, b, m0, total);
+      tile<KIND, SPLIT, MT, NB>(a, b, m0, total);
       PACE_UNROLL for (int j = 0; j < NB; ++j) st.template operator()<MT>(total[j], b + j, m0);
     }
     if (m0 < r1)
@@ -426,6 +443,10 @@ void qdrive(const QArgs& a, const Store& st, int64_t M, int64_t blocks, int nthr
   }
 }
 
+// k per activation scale: KIND_Q4K's int8 tiles take one per super-block (q4k_tile.h).
+template <int KIND, bool SPLIT>
+constexpr int64_t activation_span() { return KIND == KIND_Q4K && !SPLIT ? 256 : QGROUP; }
+
 // Quantize the activation rows (into the per-thread buffer reused across calls: no allocation
 // per decode step), then run the tiles.
 template <int KIND, bool SPLIT, typename T>
@@ -435,7 +456,7 @@ void qlinear_kind(const T* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* 
   QuantizedRows& rows = scratch_rows();
   const int64_t blocks = (N + 15) / 16;
   const int nt = pick_threads(nthreads, blocks * block_stride, M, blocks);
-  quantize_rows<SPLIT>(x, ldx, M, K, rows, nt, act_scales);
+  quantize_rows<SPLIT>(x, ldx, M, K, rows, nt, act_scales, activation_span<KIND, SPLIT>());
   const QArgs a{w, block_stride, K / QGROUP, &rows, K, M};
   qdrive<KIND, SPLIT>(a, st, M, blocks, nt);
 }
