@@ -40,8 +40,8 @@ __attribute__((always_inline)) inline __m512i q4k_min_pairs(const uint8_t* m, in
 template <int MT, int NB>
 inline void q4k_tile(const uint8_t* const (&block)[NB], int64_t G, const QuantizedRows& x,
                      int64_t K, int64_t m0, __m512 (&total)[NB][MT]) {
-  // Independent chains per row and block when they are few (a dot product's ~5 cycles)
-  constexpr int CH = MT * NB >= 4 ? 1 : MT * NB >= 2 ? 2 : 4;
+  // Independent chains per row and block when the rows are few (a dot product's ~5 cycles)
+  constexpr int CH = MT >= 4 ? 1 : MT >= 2 || NB >= 2 ? 2 : 4;
   const int32_t* xq[MT];
   PACE_UNROLL for (int m = 0; m < MT; ++m) {
     PACE_UNROLL for (int j = 0; j < NB; ++j) total[j][m] = _mm512_setzero_ps();

@@ -11,7 +11,11 @@
 // the activation quad broadcast, per instruction; 4-bit nibbles need only a mask or a shift).
 // On int8 activations the kinds without mins (m = -offset s) fold m into the integer sum,
 //   sum w x = s xs (sum u xq - offset sum xq),
-// one FMA per scale span (`folds`); 15-bit activations keep the min term.
+// one FMA per scale span (`folds`); 15-bit activations keep the min term. KIND_Q4K (GGUF q4_k,
+// s = d sc, m = -dmin m6 with 6-bit sc, m6 per 32 k) cannot fold, so on int8 activations its
+// rows are quantized per super-block of 256 (llama.cpp's q8_K class) and its tiles sum
+// integers across the super-block: sum_i sc_i (sum u xq)_i and sum_i m6_i (sum xq)_i, two
+// FMAs per 256 k (q4k_tile.h).
 // The activations are 15-bit (scale amax / 16383, error ~3e-5 relative, far below any weight
 // format's own) held as two int8 planes, c = 128 hi + lo, so each quad takes two vpdpbusd;
 // bf16 rows of a weight packed with int8 activations (qpacking.QPackedLinear, from
@@ -37,7 +41,8 @@
 // file's bytes, 1 run 0.65-0.68, 2 runs 0.88-0.94, 4 runs 0.80-0.90); the tiles of other calls
 // have 4 rows, the leftover 1-3 rows keep 4 or 2 accumulator chains per group. On int8
 // activations a tile takes 1-3 row blocks side by side (`tile_blocks`, per kind as measured):
-// once folded, the flush no longer bounds the wider tiles (CHANGELOG).
+// once folded (or integer per super-block: q4_k), the flush no longer bounds the wider tiles
+// (CHANGELOG).
 #include <omp.h>
 
 #include <algorithm>
@@ -105,7 +110,8 @@ inline int32_t span_codes(const QArgs& a, int64_t m, int64_t g, int sub) {
 // - accumulators are fresh each group (or sub-group of 16 k): consecutive groups are
 //   independent chains for the out-of-order core;
 // - KIND_Q4K's scale and min per group and block are d sc and -dmin m (QScales: two byte
-//   loads widened, converted and multiplied; d and dmin converted once per run of 8 groups);
+//   loads widened, converted and multiplied; d and dmin converted once per run of 8 groups)
+//   on 15 bits; an int8 row is a q4k_tile of one row (qrow_blocks);
 // - the integer sums shift by code_shift (the fold): KIND_Q6 then sums what int8-g16 sums
 //   (q, or on 15 bits q + 128), the same numbers bit for bit as int8-g16's packing of the
 //   same weight.
@@ -415,8 +421,10 @@ inline void qblocks(const QArgs& a, const Store& st, int64_t b, int64_t end, int
 // Row blocks side by side in a tile of 4 int8 activation rows, per kind as measured (1 Zen 4
 // core, 2048 x 8192 and 8192 x 2048, M 32-512, GFLOP/s at 1 / 2 / 3 blocks): folded q8_0
 // 233-304 / 278-334 / 262-324, q4_0 246-307 / 294-326 / 292-323, q6_k 169-211 / 206-237 /
-// 207-232; q4_k (mins, not folded) 216-274 / 201-257 / 210-251. 15-bit activations take one.
-constexpr int tile_blocks(int kind) { return has_mins(kind) ? 1 : 2; }
+// 207-232; q4_k per super-block (q4k_tile.h) 214-245 / 243-332 / 249-324 (4 rows x 2 blocks
+// spill nothing in the inner loop; 8 x 1 gave 216-257, 2 x 4 204-270); int4 with mins (not
+// folded) one. 15-bit activations take one.
+constexpr int tile_blocks(int kind) { return kind == KIND_INT4 ? 1 : 2; }
 
 template <int KIND, bool SPLIT, typename Store>
 void qdrive(const QArgs& a, const Store& st, int64_t M, int64_t blocks, int nthreads) {
