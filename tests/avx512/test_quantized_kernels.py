@@ -9,7 +9,8 @@ and multiplies the activations as they are. The reference does the same in float
 codes: the two agree to fp32 rounding (``rtol 1e-5``; a bf16 output adds one bf16 rounding), so any
 layout, nibble-order, offset or tail bug shows. On int8 activations the kinds without mins fold
 their offset into the integer sum, and ``support.quant_kernels.folded`` states that arithmetic
-bit for bit (every row count and tile width).
+bit for bit (every row count and tile width); q4_k (kind q4k) quantizes its int8 activations
+per 256 and sums integers per super-block, ``support.quant_kernels.q4k_super`` bit for bit.
 Separately, the packed weight's rows de-quantize to exactly what
 ``QuantizedWeight.dequantize`` gives (``q6_k`` within its fp16 scale rounding; ``q4_k`` exactly,
 its kind ``q4k`` keeping the file's tables), and
@@ -35,7 +36,16 @@ pytest.importorskip("gguf", reason="the GGUF block writers need the gguf package
 
 from pace_avx512 import qpacking, settings
 from support.kernel_threads import every_thread
-from support.quant_kernels import PACE, folded, reference, signed_codes, tile_blocks, weight
+from support.quant_kernels import (
+    PACE,
+    activation_span,
+    folded,
+    q4k_super,
+    reference,
+    signed_codes,
+    tile_blocks,
+    weight,
+)
 
 from pace_core import LLMModel, SamplingConfig
 from pace_core.quant import QuantizedWeight, quantize
@@ -75,7 +85,8 @@ def test_qlinear_matches_its_model(ext, kind, dtype, mode):
         x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(dtype)
         x[0, :32] = 0.0  # an all-zero activation group
         got = ext.qlinear(x, packed.weight, packed.bias, n, packed.kind, packed.int8_activations)
-        want = reference(x, w, qpacking.qlinear_path(m, dtype, mode)) + packed.bias
+        path = qpacking.qlinear_path(m, dtype, mode)
+        want = reference(x, w, path, activation_span(packed.kind, path)) + packed.bias
         assert got.dtype == dtype and got.shape == (m, n)
         tol = 1e-5 if dtype == torch.float32 else 2**-8  # one bf16 rounding at the end
         torch.testing.assert_close(got.float(), want, rtol=tol, atol=tol * want.abs().max())
@@ -101,7 +112,8 @@ def test_many_blocks_over_threads(ext, kind, threads, rows, dtype, int8):
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(7)).to(dtype)
     with every_thread(ext, threads):
         got = ext.qlinear(x, packed.weight, packed.bias, n, packed.kind, int8)
-    want = reference(x, w, qpacking.qlinear_path(rows, dtype, int8)) + packed.bias
+    path = qpacking.qlinear_path(rows, dtype, int8)
+    want = reference(x, w, path, activation_span(packed.kind, path)) + packed.bias
     tol = 1e-5 if dtype == torch.float32 else 2**-8
     torch.testing.assert_close(got.float(), want, rtol=tol, atol=tol * want.abs().max())
 
@@ -162,6 +174,31 @@ def test_int8_activations_fold_bit_for_bit(ext, kind, threads):
         x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).bfloat16()
         x[0, :32] = 0.0  # an all-zero activation group
         want = folded(x, codes, scales) + bias
+        for dtype, blocks in itertools.product((torch.float32, torch.bfloat16), (0, 1, 2, 3)):
+            with every_thread(ext, threads), tile_blocks(ext, blocks):
+                got = ext.qlinear(x.to(dtype), packed.weight, packed.bias, n, packed.kind, True,
+                                  all_rows=True)  # fmt: skip
+            assert torch.equal(got, want.to(dtype)), (m, dtype, blocks)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_int8_q4_k_super_blocks_bit_for_bit(ext, threads):
+    """With int8 activations a q4_k weight (kind q4k) takes activations per 256 and integer
+    sums per super-block, two FMAs per 256 k (``q4k_super``): bit for bit at one row (the
+    decode GEMV), every tile height and tail, and tiles of 1, 2 or 3 row blocks side by side
+    (0: the kind's own), over 7 blocks (the last one short; row 1 all zero) at 1 and 2
+    threads; an all-zero activation group and super-block. fp32 rows (``all_rows``) show every
+    bit of the sums, bf16 ones add the output rounding."""
+    n, k = 100, 768
+    q = weight("q4_k", n, k)
+    bias = torch.linspace(-1, 1, n)
+    packed = qpacking.prepare_linear(q, bias=bias, int8_activations=True)
+    assert packed.kind == qpacking.KINDS["q4k"]
+    for m in (1, 2, 3, 4, 5, 7, 13, 19):
+        x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).bfloat16()
+        x[0, :32] = 0.0  # an all-zero activation group
+        x[-1, 256:512] = 0.0  # an all-zero super-block (row 0 too when m = 1)
+        want = q4k_super(x, q) + bias
         for dtype, blocks in itertools.product((torch.float32, torch.bfloat16), (0, 1, 2, 3)):
             with every_thread(ext, threads), tile_blocks(ext, blocks):
                 got = ext.qlinear(x.to(dtype), packed.weight, packed.bias, n, packed.kind, True,

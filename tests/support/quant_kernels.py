@@ -1,6 +1,7 @@
 """The quantized-kernel tests' weights and exact models (tests/avx512): pace presets and GGUF
 blocks as ``QuantizedWeight``, what the kernels compute in float64, what the folded int8
-kernels compute bit for bit, the bf16 panel's switch and the int8 tiles' width."""
+kernels and q4_k's int8 super-block tiles compute bit for bit, the bf16 panel's switch and the
+int8 tiles' width."""
 
 from __future__ import annotations
 
@@ -30,23 +31,34 @@ def weight(kind: str, n: int, k: int) -> QuantizedWeight:
     return QuantizedWeight(kind, (n, k), torch.float32, torch.from_numpy(data).reshape(n, -1))
 
 
-def quantized_rows(x: torch.Tensor, levels: float) -> tuple[torch.Tensor, torch.Tensor]:
+def activation_span(kind: int, path: str) -> int:
+    """k per activation scale of a ``qlinear`` call on ``path`` (``qpacking.qlinear_path``):
+    256 for kind q4k on int8 activations (its tiles are integer per super-block:
+    csrc/q4k_tile.h), else 32."""
+    return 256 if path == "int8" and kind == qpacking.KINDS["q4k"] else 32
+
+
+def quantized_rows(
+    x: torch.Tensor, levels: float, span: int = 32
+) -> tuple[torch.Tensor, torch.Tensor]:
     """x's activation codes ``[m, k / 32, 32]`` and fp32 scales ``[m, k / 32, 1]`` per group of
-    32 as the VNNI kernels quantize them (fp32 steps, round half to even)."""
+    32 as the VNNI kernels quantize them (fp32 steps, round half to even), one scale per
+    ``span`` k (repeated for each of its groups)."""
     m, k = x.shape
-    g = x.float().view(m, k // 32, 32)
-    amax = g.abs().amax(-1, keepdim=True)
+    amax = x.float().view(m, k // span, span).abs().amax(-1, keepdim=True)
+    amax = amax.repeat_interleave(span // 32, dim=1)
     inv = torch.where(amax > 0, torch.tensor(levels) / amax, torch.zeros_like(amax))
-    return torch.round(g * inv), amax / levels
+    return torch.round(x.float().view(m, k // 32, 32) * inv), amax / levels
 
 
-def reference(x: torch.Tensor, w: torch.Tensor, path: str) -> torch.Tensor:
+def reference(x: torch.Tensor, w: torch.Tensor, path: str, span: int = 32) -> torch.Tensor:
     """``x @ w.T`` as ``path`` (``qpacking.qlinear_path``) computes it, summed in float64: x
-    quantized per group of 32 as the VNNI kernel does (fp32 steps), or, on the bf16 panel, the
-    weights rounded to bf16 and x as it is."""
+    quantized per group of 32 (a scale per ``span``: :func:`activation_span`) as the VNNI
+    kernel does (fp32 steps), or, on the bf16 panel, the weights rounded to bf16 and x as it
+    is."""
     if path == "bf16-panel":
         return (x.double() @ w.bfloat16().double().T).float()
-    codes, scales = quantized_rows(x, 127.0 if path == "int8" else 16383.0)
+    codes, scales = quantized_rows(x, 127.0 if path == "int8" else 16383.0, span)
     xq = codes * scales  # the codes times the fp32 scale
     return (xq.view(x.shape).double() @ w.double().T).float()
 
@@ -88,6 +100,30 @@ def folded(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.
     total = torch.zeros(m, n)
     for span in range(spans):
         total = fma32(sums[..., span], sx[..., span], total)
+    return total
+
+
+def q4k_super(x: torch.Tensor, q: QuantizedWeight) -> torch.Tensor:
+    """``x @ w.T`` (fp32, before the bias) bit for bit as the int8-activation kernels compute
+    it for a q4_k weight ``q`` (kind q4k, csrc/q4k_tile.h): x quantized per 256, and per
+    super-block in order ``total = fma(float(acc), d * xs, total)``, then ``total =
+    fma(msum, -dmin * xs, total)``, with the integer sums ``acc = sum sc_i (sum u xq)_i`` and
+    ``msum = sum m_i (sum xq)_i`` over its sub-blocks i of 32 exact (float(acc): fp32 round to
+    nearest even), ``d * xs`` and ``-dmin * xs`` fp32 products."""
+    codes, (d, dmin, sc, mn) = qpacking._codes_tables(q, slice(None), qpacking.KINDS["q4k"])
+    m, k = x.shape
+    n, groups, supers = codes.shape[0], k // 32, k // 256
+    xq, xs = quantized_rows(x, 127.0, 256)  # [m, groups, 32], [m, groups, 1]
+    xq = xq.double()
+    isum = torch.einsum("mgj,ngj->mng", xq, codes.double().view(n, groups, 32))
+    acc = (isum * sc.double()).view(m, n, supers, 8).sum(-1)  # [m, n, supers]
+    msum = (xq.sum(-1).unsqueeze(1) * mn.double()).view(m, n, supers, 8).sum(-1)
+    xs = xs.view(m, 1, supers, 8)[..., 0]  # the scale per 256, fp32
+    dx, mx = d.float() * xs, -dmin.float() * xs  # fp32 [m, n, supers]
+    total = torch.zeros(m, n)
+    for s in range(supers):
+        total = fma32(acc[..., s].float().double(), dx[..., s], total)
+        total = fma32(msum[..., s], mx[..., s], total)
     return total
 
 

@@ -60,7 +60,8 @@ CHUNK_ELEMENTS = CHUNK_ROWS * 2048  # fewer rows at a time for wider K: temporar
 
 def qlinear_path(rows: int, dtype: torch.dtype, int8_activations: bool) -> str:
     """How a ``qlinear`` call of ``rows`` activation rows of ``dtype`` computes: bf16 rows of a
-    weight packed with ``int8_activations`` as ``"int8"`` (``amax / 127``); other bf16 calls of
+    weight packed with ``int8_activations`` as ``"int8"`` (``amax / 127`` per 32, per 256 against
+    kind q4k: csrc/q4k_tile.h); other bf16 calls of
     at least ``qpanel_rows`` rows in an AVX512-BF16 build as ``"bf16-panel"`` (csrc/qpanel.cpp:
     weights de-quantized to bf16, activations as they are); the rest (every fp32 call) as
     ``"split"`` (csrc/qlinear.cpp: 15-bit activations, ``amax / 16383``)."""

@@ -44,7 +44,8 @@ void gated_fp32(const float* x, int64_t ldx, int64_t M, int64_t K, const float* 
 // 3: 4-bit symmetric; 5: 6-bit, a scale per 16 k; 6: GGUF q4_k's 4-bit codes and tables),
 // K a multiple of 32 (256 for kind 6). Needs AVX512-VNNI. bf16 rows take int8 activations when
 // `int8_act` (pace_avx512/settings.py), else 15 bits; fp32 rows always 15 bits. `act_scales`
-// (int8 activations only): static scales [K / 32] (calibrated), else dynamic per row and 32.
+// (int8 activations only): static scales [K / 32] (calibrated), else dynamic per row and 32
+// (kind 6: per row and 256, static ones the largest of each 256).
 void qlinear_bf16(const bf16_t* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* w,
                   int64_t block_stride, int kind, bool int8_act, const float* bias, int64_t N,
                   bf16_t* y, int64_t ldy, int nthreads, const float* act_scales = nullptr);

@@ -11,7 +11,11 @@
 // the activation quad broadcast, per instruction; 4-bit nibbles need only a mask or a shift).
 // On int8 activations the kinds without mins (m = -offset s) fold m into the integer sum,
 //   sum w x = s xs (sum u xq - offset sum xq),
-// one FMA per scale span (`folds`); 15-bit activations keep the min term.
+// one FMA per scale span (`folds`); 15-bit activations keep the min term. KIND_Q4K (GGUF q4_k,
+// s = d sc, m = -dmin m6 with 6-bit sc, m6 per 32 k) cannot fold, so on int8 activations its
+// rows are quantized per super-block of 256 (llama.cpp's q8_K class) and its tiles sum
+// integers across the super-block: sum_i sc_i (sum u xq)_i and sum_i m6_i (sum xq)_i, two
+// FMAs per 256 k (q4k_tile.h).
 // The activations are 15-bit (scale amax / 16383, error ~3e-5 relative, far below any weight
 // format's own) held as two int8 planes, c = 128 hi + lo, so each quad takes two vpdpbusd;
 // bf16 rows of a weight packed with int8 activations (qpacking.QPackedLinear, from
@@ -37,7 +41,8 @@
 // file's bytes, 1 run 0.65-0.68, 2 runs 0.88-0.94, 4 runs 0.80-0.90); the tiles of other calls
 // have 4 rows, the leftover 1-3 rows keep 4 or 2 accumulator chains per group. On int8
 // activations a tile takes 1-3 row blocks side by side (`tile_blocks`, per kind as measured):
-// once folded, the flush no longer bounds the wider tiles (CHANGELOG).
+// once folded (or integer per super-block: q4_k), the flush no longer bounds the wider tiles
+// (CHANGELOG).
 #include <omp.h>
 
 #include <algorithm>
@@ -46,6 +51,7 @@
 #include <vector>
 
 #include "kernels.h"
+#include "q4k_tile.h"
 #include "qblock.h"
 #include "qrows.h"
 #include "simd.h"
@@ -94,7 +100,7 @@ inline int32_t span_codes(const QArgs& a, int64_t m, int64_t g, int sub) {
 }
 
 // The decode GEMV: the single activation row (15-bit split, or int8: one plane) against the
-// blocks bs[0..NB), total[j] for block bs[j]. Its speed is set by memory and by the per-group
+// blocks bs[0..NB), total[j][0] for block bs[j]. Its speed is set by memory and by the per-group
 // work no other row shares:
 // - the NB blocks advance group by group, each activation quad broadcast once for all NB;
 // - 4-bit: a high nibble is used in place (`& 0xF0`, 16 times its code) with accumulators of
@@ -104,12 +110,13 @@ inline int32_t span_codes(const QArgs& a, int64_t m, int64_t g, int sub) {
 // - accumulators are fresh each group (or sub-group of 16 k): consecutive groups are
 //   independent chains for the out-of-order core;
 // - KIND_Q4K's scale and min per group and block are d sc and -dmin m (QScales: two byte
-//   loads widened, converted and multiplied; d and dmin converted once per run of 8 groups);
+//   loads widened, converted and multiplied; d and dmin converted once per run of 8 groups)
+//   on 15 bits; an int8 row is a q4k_tile of one row (qrow_blocks);
 // - the integer sums shift by code_shift (the fold): KIND_Q6 then sums what int8-g16 sums
 //   (q, or on 15 bits q + 128), the same numbers bit for bit as int8-g16's packing of the
 //   same weight.
 template <int KIND, bool SPLIT, int NB>
-inline void qrow(const QArgs& a, const int64_t (&bs)[NB], __m512 (&total)[NB]) {
+inline void qrow(const QArgs& a, const int64_t (&bs)[NB], __m512 (&total)[NB][1]) {
   constexpr bool BYTES = is_byte_coded(KIND);
   constexpr bool FOLD = folds<KIND, SPLIT>();
   constexpr int SHIFT = code_shift<KIND, SPLIT>();
@@ -123,7 +130,7 @@ inline void qrow(const QArgs& a, const int64_t (&bs)[NB], __m512 (&total)[NB]) {
   QScales<KIND> scales[NB];  // 4-bit kinds
   PACE_UNROLL for (int j = 0; j < NB; ++j) {
     block[j] = a.w + bs[j] * a.block_stride;
-    total[j] = _mm512_setzero_ps();
+    total[j][0] = _mm512_setzero_ps();
   }
   for (int64_t g = 0; g < a.G; ++g) {
     const uint8_t* codes[NB];
@@ -153,8 +160,8 @@ inline void qrow(const QArgs& a, const int64_t (&bs)[NB], __m512 (&total)[NB]) {
           __m512i sum = SPLIT ? _mm512_add_epi32(_mm512_slli_epi32(acc[j][0], 7), acc[j][1]) : acc[j][0];
           if constexpr (SHIFT) sum = _mm512_add_epi32(sum, shift);
           const __m512 s = fp16x16(tables[j] + 16 * sub);
-          total[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(s, sx), total[j]);
-          if constexpr (!FOLD) total[j] = _mm512_fmadd_ps(s, xsum, total[j]);
+          total[j][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(s, sx), total[j][0]);
+          if constexpr (!FOLD) total[j][0] = _mm512_fmadd_ps(s, xsum, total[j][0]);
         }
       }
     } else {  // line v = quad 2v in the low nibbles, 2v + 1 in the high ones
@@ -191,8 +198,8 @@ inline void qrow(const QArgs& a, const int64_t (&bs)[NB], __m512 (&total)[NB]) {
         if constexpr (SHIFT) sum = _mm512_add_epi32(sum, shift);  // 16 times the fold
         scales[j].group(tables[j], g);
         const __m512 s = _mm512_mul_ps(scales[j].scale, sx);
-        total[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), s, total[j]);
-        if constexpr (!FOLD) total[j] = _mm512_fmadd_ps(scales[j].min, xsum, total[j]);
+        total[j][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), s, total[j][0]);
+        if constexpr (!FOLD) total[j][0] = _mm512_fmadd_ps(scales[j].min, xsum, total[j][0]);
       }
     }
   }
@@ -325,6 +332,19 @@ inline void qtile(const QArgs& a, int64_t b, int64_t m0, __m512 (&total)[NB][MT]
   }
 }
 
+// A tile of MT rows x NB blocks from block b: KIND_Q4K on int8 activations per super-block
+// (q4k_tile.h), the rest per group (qtile).
+template <int KIND, bool SPLIT, int MT, int NB = 1>
+inline void tile(const QArgs& a, int64_t b, int64_t m0, __m512 (&total)[NB][MT]) {
+  if constexpr (KIND == KIND_Q4K && !SPLIT) {
+    const uint8_t* block[NB];
+    PACE_UNROLL for (int j = 0; j < NB; ++j) block[j] = a.w + (b + j) * a.block_stride;
+    q4k_tile<MT, NB>(block, a.G, *a.x, a.K, m0, total);
+  } else {
+    qtile<KIND, SPLIT, MT, NB>(a, b, m0, total);
+  }
+}
+
 template <typename T>
 struct QStore {
   T* y;
@@ -347,7 +367,7 @@ inline void rows_tail(const QArgs& a, const Store& st, int64_t b, int64_t m0, in
   if constexpr (MT > 0) {
     if (mt == MT) {
       __m512 total[1][MT];
-      qtile<KIND, SPLIT, MT>(a, b, m0, total);
+      tile<KIND, SPLIT, MT>(a, b, m0, total);
       st.template operator()<MT>(total[0], b, m0);
     } else {
       rows_tail<KIND, SPLIT, MT - 1>(a, st, b, m0, mt);
@@ -363,12 +383,15 @@ inline void qrow_blocks(const QArgs& a, const Store& st, int64_t b, int64_t end)
   for (int64_t i = 0; i < run; ++i) {
     int64_t bs[NB];
     PACE_UNROLL for (int j = 0; j < NB; ++j) bs[j] = b + j * run + i;
-    __m512 total[NB];
-    qrow<KIND, SPLIT, NB>(a, bs, total);
-    PACE_UNROLL for (int j = 0; j < NB; ++j) {
-      __m512 one[1] = {total[j]};
-      st.template operator()<1>(one, bs[j], 0);
+    __m512 total[NB][1];
+    if constexpr (KIND == KIND_Q4K && !SPLIT) {  // a tile of one row (q4k_tile.h)
+      const uint8_t* block[NB];
+      PACE_UNROLL for (int j = 0; j < NB; ++j) block[j] = a.w + bs[j] * a.block_stride;
+      q4k_tile<1, NB>(block, a.G, *a.x, a.K, 0, total);
+    } else {
+      qrow<KIND, SPLIT, NB>(a, bs, total);
     }
+    PACE_UNROLL for (int j = 0; j < NB; ++j) st.template operator()<1>(total[j], bs[j], 0);
   }
   if constexpr (NB > 1) qrow_blocks<KIND, SPLIT, 1>(a, st, b + NB * run, end);
 }
@@ -386,7 +409,7 @@ inline void qblocks(const QArgs& a, const Store& st, int64_t b, int64_t end, int
     int64_t m0 = r0;
     for (; m0 + MT <= r1; m0 += MT) {
       __m512 total[NB][MT];
-      qtile<KIND, SPLIT, MT, NB>(a, b, m0, total);
+      tile<KIND, SPLIT, MT, NB>(a, b, m0, total);
       PACE_UNROLL for (int j = 0; j < NB; ++j) st.template operator()<MT>(total[j], b + j, m0);
     }
     if (m0 < r1)
@@ -398,8 +421,10 @@ inline void qblocks(const QArgs& a, const Store& st, int64_t b, int64_t end, int
 // Row blocks side by side in a tile of 4 int8 activation rows, per kind as measured (1 Zen 4
 // core, 2048 x 8192 and 8192 x 2048, M 32-512, GFLOP/s at 1 / 2 / 3 blocks): folded q8_0
 // 233-304 / 278-334 / 262-324, q4_0 246-307 / 294-326 / 292-323, q6_k 169-211 / 206-237 /
-// 207-232; q4_k (mins, not folded) 216-274 / 201-257 / 210-251. 15-bit activations take one.
-constexpr int tile_blocks(int kind) { return has_mins(kind) ? 1 : 2; }
+// 207-232; q4_k per super-block (q4k_tile.h) 214-245 / 243-332 / 249-324 (4 rows x 2 blocks
+// spill nothing in the inner loop; 8 x 1 gave 216-257, 2 x 4 204-270); int4 with mins (not
+// folded) one. 15-bit activations take one.
+constexpr int tile_blocks(int kind) { return kind == KIND_INT4 ? 1 : 2; }
 
 template <int KIND, bool SPLIT, typename Store>
 void qdrive(const QArgs& a, const Store& st, int64_t M, int64_t blocks, int nthreads) {
@@ -426,6 +451,10 @@ void qdrive(const QArgs& a, const Store& st, int64_t M, int64_t blocks, int nthr
   }
 }
 
+// k per activation scale: KIND_Q4K's int8 tiles take one per super-block (q4k_tile.h).
+template <int KIND, bool SPLIT>
+constexpr int64_t activation_span() { return KIND == KIND_Q4K && !SPLIT ? 256 : QGROUP; }
+
 // Quantize the activation rows (into the per-thread buffer reused across calls: no allocation
 // per decode step), then run the tiles.
 template <int KIND, bool SPLIT, typename T>
@@ -435,7 +464,7 @@ void qlinear_kind(const T* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* 
   QuantizedRows& rows = scratch_rows();
   const int64_t blocks = (N + 15) / 16;
   const int nt = pick_threads(nthreads, blocks * block_stride, M, blocks);
-  quantize_rows<SPLIT>(x, ldx, M, K, rows, nt, act_scales);
+  quantize_rows<SPLIT>(x, ldx, M, K, rows, nt, act_scales, activation_span<KIND, SPLIT>());
   const QArgs a{w, block_stride, K / QGROUP, &rows, K, M};
   qdrive<KIND, SPLIT>(a, st, M, blocks, nt);
 }

@@ -1,5 +1,6 @@
 // The activation rows of the quantized VNNI kernels (qlinear.cpp), quantized once per call
-// per group of 32 with the sums of their codes per 16.
+// with a scale per group of 32 (int8 against KIND_Q4K: per super-block of 256, q4k_tile.h) and
+// the sums of their codes per 16.
 #pragma once
 
 #include <immintrin.h>
@@ -19,9 +20,12 @@ namespace pace_avx512 {
 // two vpdpbusd per quad give int16-class precision. Else int8 codes (scale amax / 127).
 struct QuantizedRows {
   std::vector<int8_t> codes;  // [M][K] (SPLIT: [2][M][K])
-  std::vector<float> scales;  // [M][G]
+  std::vector<float> scales;  // [M][G] (a span's scale repeated for each of its groups)
   std::vector<float> sums;    // [M][2G]: scale * sum of the codes of each 16 (as seen)
   std::vector<int32_t> code_sums;  // [M][2G]: the sums of the codes of each 16 (code_shift)
+  // [M][G / 2] (spans of 256 only): the code sums of groups 2p and 2p + 1 as the low and high
+  // int16 of one int32 (|sum| <= 32 * 127), q4k_tile.h's vpdpwssd operand
+  std::vector<int32_t> pair_sums;
 };
 
 // One per thread, shared by every kind and mode (it grows to the largest call's rows).
@@ -31,57 +35,68 @@ inline QuantizedRows& scratch_rows() {
 }
 
 // Rows split over up to `nthreads` threads (a prefill's rows are ~10% of its matmul's time
-// on one thread).
+// on one thread), one scale per `span` k (32, or 256: int8 only, K a multiple of it).
 // `fixed` (int8 only): static scales, one per group of 32 columns shared by every row
-// (calibrated activation scales); codes are clamped to +-127. Null: a dynamic scale per row
-// and group (amax / LEVELS).
+// (calibrated activation scales; a span takes its groups' largest); codes are clamped to
+// +-127. Null: a dynamic scale per row and span (amax / LEVELS).
 template <bool SPLIT, typename T>
 inline void quantize_rows(const T* x, int64_t ldx, int64_t M, int64_t K, QuantizedRows& q,
-                          int nthreads, const float* fixed = nullptr) {
+                          int nthreads, const float* fixed = nullptr, int64_t span = QGROUP) {
   constexpr float LEVELS = SPLIT ? 16383.0f : 127.0f;
-  const int64_t G = K / QGROUP;
+  const int64_t G = K / QGROUP, per = span / QGROUP;  // groups per scale
   q.codes.resize((SPLIT ? 2 : 1) * M * K);
   q.scales.resize(M * G);
   q.sums.resize(M * G * 2);
   q.code_sums.resize(M * G * 2);
+  if (per > 1) q.pair_sums.resize(M * G / 2);
   const int nt = (int)std::max<int64_t>(1, std::min<int64_t>(nthreads, M * K / 8192));
 #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
   for (int64_t m = 0; m < M; ++m) {
-    for (int64_t g = 0; g < G; ++g) {
-      const T* src = x + m * ldx + g * QGROUP;
-      const __m512 a = load(src, 0xFFFF), b = load(src + 16, 0xFFFF);
+    for (int64_t g0 = 0; g0 < G; g0 += per) {
+      const T* row = x + m * ldx;
       float inv, scale;
       if (!SPLIT && fixed) {
-        scale = fixed[g];
+        scale = *std::max_element(fixed + g0, fixed + g0 + per);
         inv = scale > 0 ? 1.0f / scale : 0.0f;
       } else {
-        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+        __m512 top = _mm512_setzero_ps();
+        for (int64_t k = g0 * QGROUP; k < (g0 + per) * QGROUP; k += 16)
+          top = _mm512_max_ps(top, _mm512_abs_ps(load(row + k, 0xFFFF)));
+        const float amax = _mm512_reduce_max_ps(top);
         inv = amax > 0 ? LEVELS / amax : 0.0f, scale = amax / LEVELS;
       }
-      if (!std::isfinite(inv)) inv = 0.0f, scale = 0.0f;  // a group of denormals: all codes 0
-      __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, _mm512_set1_ps(inv)));
-      __m512i qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, _mm512_set1_ps(inv)));
-      if (!SPLIT && fixed) {  // values past the calibrated range saturate
-        const __m512i hi = _mm512_set1_epi32(127), lo = _mm512_set1_epi32(-127);
-        qa = _mm512_max_epi32(_mm512_min_epi32(qa, hi), lo);
-        qb = _mm512_max_epi32(_mm512_min_epi32(qb, hi), lo);
+      if (!std::isfinite(inv)) inv = 0.0f, scale = 0.0f;  // a span of denormals: all codes 0
+      for (int64_t g = g0; g < g0 + per; ++g) {
+        const T* src = row + g * QGROUP;
+        const __m512 a = load(src, 0xFFFF), b = load(src + 16, 0xFFFF);
+        __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, _mm512_set1_ps(inv)));
+        __m512i qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, _mm512_set1_ps(inv)));
+        if (!SPLIT && fixed) {  // values past the calibrated range saturate
+          const __m512i hi = _mm512_set1_epi32(127), lo = _mm512_set1_epi32(-127);
+          qa = _mm512_max_epi32(_mm512_min_epi32(qa, hi), lo);
+          qb = _mm512_max_epi32(_mm512_min_epi32(qb, hi), lo);
+        }
+        int8_t* dst = q.codes.data() + m * K + g * QGROUP;
+        if constexpr (SPLIT) {
+          const __m512i seven = _mm512_set1_epi32(127);
+          _mm_storeu_si128((__m128i*)dst, _mm512_cvtsepi32_epi8(_mm512_srai_epi32(qa, 7)));
+          _mm_storeu_si128((__m128i*)(dst + 16), _mm512_cvtsepi32_epi8(_mm512_srai_epi32(qb, 7)));
+          _mm_storeu_si128((__m128i*)(dst + M * K), _mm512_cvtsepi32_epi8(_mm512_and_si512(qa, seven)));
+          _mm_storeu_si128((__m128i*)(dst + M * K + 16), _mm512_cvtsepi32_epi8(_mm512_and_si512(qb, seven)));
+        } else {
+          _mm_storeu_si128((__m128i*)dst, _mm512_cvtsepi32_epi8(qa));
+          _mm_storeu_si128((__m128i*)(dst + 16), _mm512_cvtsepi32_epi8(qb));
+        }
+        q.scales[m * G + g] = scale;
+        const int32_t sa = _mm512_reduce_add_epi32(qa), sb = _mm512_reduce_add_epi32(qb);
+        q.code_sums[(m * G + g) * 2] = sa, q.code_sums[(m * G + g) * 2 + 1] = sb;
+        q.sums[(m * G + g) * 2] = scale * (float)sa;
+        q.sums[(m * G + g) * 2 + 1] = scale * (float)sb;
+        if (per > 1 && g % 2) {
+          const int32_t* c = q.code_sums.data() + (m * G + g - 1) * 2;
+          q.pair_sums[(m * G + g) / 2] = (int32_t)((uint16_t)(c[0] + c[1]) | (uint32_t)(sa + sb) << 16);
+        }
       }
-      int8_t* dst = q.codes.data() + m * K + g * QGROUP;
-      if constexpr (SPLIT) {
-        const __m512i seven = _mm512_set1_epi32(127);
-        _mm_storeu_si128((__m128i*)dst, _mm512_cvtsepi32_epi8(_mm512_srai_epi32(qa, 7)));
-        _mm_storeu_si128((__m128i*)(dst + 16), _mm512_cvtsepi32_epi8(_mm512_srai_epi32(qb, 7)));
-        _mm_storeu_si128((__m128i*)(dst + M * K), _mm512_cvtsepi32_epi8(_mm512_and_si512(qa, seven)));
-        _mm_storeu_si128((__m128i*)(dst + M * K + 16), _mm512_cvtsepi32_epi8(_mm512_and_si512(qb, seven)));
-      } else {
-        _mm_storeu_si128((__m128i*)dst, _mm512_cvtsepi32_epi8(qa));
-        _mm_storeu_si128((__m128i*)(dst + 16), _mm512_cvtsepi32_epi8(qb));
-      }
-      q.scales[m * G + g] = scale;
-      const int32_t sa = _mm512_reduce_add_epi32(qa), sb = _mm512_reduce_add_epi32(qb);
-      q.code_sums[(m * G + g) * 2] = sa, q.code_sums[(m * G + g) * 2 + 1] = sb;
-      q.sums[(m * G + g) * 2] = scale * (float)sa;
-      q.sums[(m * G + g) * 2 + 1] = scale * (float)sb;
     }
   }
 }
