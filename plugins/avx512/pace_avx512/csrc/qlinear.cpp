@@ -332,14 +332,23 @@ inline void qtile(const QArgs& a, int64_t b, int64_t m0, __m512 (&total)[NB][MT]
   }
 }
 
+// KIND_Q4K's int8 tile (q4k_tile.h) over the row blocks bs[0..NB) against rows [m0, m0 + MT).
+template <int MT, int NB>
+inline void q4k_blocks(const QArgs& a, const int64_t (&bs)[NB], int64_t m0,
+                       __m512 (&total)[NB][MT]) {
+  const uint8_t* block[NB];
+  PACE_UNROLL for (int j = 0; j < NB; ++j) block[j] = a.w + bs[j] * a.block_stride;
+  q4k_tile<MT, NB>(block, a.G, *a.x, a.K, m0, total);
+}
+
 // A tile of MT rows x NB blocks from block b: KIND_Q4K on int8 activations per super-block
-// (q4k_tile.h), the rest per group (qtile).
+// (q4k_blocks), the rest per group (qtile).
 template <int KIND, bool SPLIT, int MT, int NB = 1>
 inline void tile(const QArgs& a, int64_t b, int64_t m0, __m512 (&total)[NB][MT]) {
   if constexpr (KIND == KIND_Q4K && !SPLIT) {
-    const uint8_t* block[NB];
-    PACE_UNROLL for (int j = 0; j < NB; ++j) block[j] = a.w + (b + j) * a.block_stride;
-    q4k_tile<MT, NB>(block, a.G, *a.x, a.K, m0, total);
+    int64_t bs[NB];
+    PACE_UNROLL for (int j = 0; j < NB; ++j) bs[j] = b + j;
+    q4k_blocks<MT, NB>(a, bs, m0, total);
   } else {
     qtile<KIND, SPLIT, MT, NB>(a, b, m0, total);
   }
@@ -384,13 +393,10 @@ inline void qrow_blocks(const QArgs& a, const Store& st, int64_t b, int64_t end)
     int64_t bs[NB];
     PACE_UNROLL for (int j = 0; j < NB; ++j) bs[j] = b + j * run + i;
     __m512 total[NB][1];
-    if constexpr (KIND == KIND_Q4K && !SPLIT) {  // a tile of one row (q4k_tile.h)
-      const uint8_t* block[NB];
-      PACE_UNROLL for (int j = 0; j < NB; ++j) block[j] = a.w + bs[j] * a.block_stride;
-      q4k_tile<1, NB>(block, a.G, *a.x, a.K, 0, total);
-    } else {
+    if constexpr (KIND == KIND_Q4K && !SPLIT)  // a tile of one row
+      q4k_blocks<1, NB>(a, bs, 0, total);
+    else
       qrow<KIND, SPLIT, NB>(a, bs, total);
-    }
     PACE_UNROLL for (int j = 0; j < NB; ++j) st.template operator()<1>(total[j], bs[j], 0);
   }
   if constexpr (NB > 1) qrow_blocks<KIND, SPLIT, 1>(a, st, b + NB * run, end);
