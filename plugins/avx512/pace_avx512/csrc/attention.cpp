@@ -132,6 +132,24 @@ inline void rows_int8(const int8_t* base, const int64_t (&st)[3], const AttnArgs
                       const float* (&out)[BS]) {
   const int8_t* src[BS];
   rows_raw(base, st, a, b, g, s0, n, src);
+  if (D % KV8_GROUP == 0) {  // whole groups: one scale broadcast per 32 values, no masks
+    static_assert(KV8_GROUP == 32);
+    for (int64_t j = 0; j < n; ++j) {
+      const int8_t* row = src[j];
+      float* dst = scratch + j * Dp;
+      for (int64_t i = 0; i < D; i += 32) {
+        float sc;
+        std::memcpy(&sc, row + D + 4 * (i / 32), sizeof(float));
+        const __m512 scale = _mm512_set1_ps(sc);
+        const __m512i lo = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + i)));
+        const __m512i hi = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + i + 16)));
+        _mm512_storeu_ps(dst + i, _mm512_mul_ps(_mm512_cvtepi32_ps(lo), scale));
+        _mm512_storeu_ps(dst + i + 16, _mm512_mul_ps(_mm512_cvtepi32_ps(hi), scale));
+      }
+      out[j] = dst;
+    }
+    return;
+  }
   for (int64_t j = 0; j < n; ++j) {
     const int8_t* scales = src[j] + D;
     float* dst = scratch + j * Dp;
@@ -284,16 +302,48 @@ inline void pv_tile(float* acc, int64_t Dp, const float* sc, int64_t r0, int64_t
     for (int c = 0; c < ND; ++c) _mm512_storeu_ps(acc + (r0 + i) * Dp + d0 + 16 * c, o[i][c]);
 }
 
+// pv_tile over int8 value rows (D a multiple of 32): each 16 values are de-quantized in
+// registers, q * scale exactly as rows_int8 does, once for all R rows.
+template <int R, int ND>
+inline void pv_tile_int8(float* acc, int64_t Dp, const float* sc, int64_t r0, int64_t n,
+                         const int8_t* const* vals, int64_t d0, int64_t D) {
+  __m512 o[R][ND];
+  for (int i = 0; i < R; ++i)
+    for (int c = 0; c < ND; ++c) o[i][c] = _mm512_loadu_ps(acc + (r0 + i) * Dp + d0 + 16 * c);
+  for (int64_t j = 0; j < n; ++j) {
+    __m512 v[ND];
+    for (int c = 0; c < ND; ++c) {
+      const int64_t d = d0 + 16 * c;
+      float scale;
+      std::memcpy(&scale, vals[j] + D + 4 * (d / KV8_GROUP), sizeof(float));
+      const __m512i q = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(vals[j] + d)));
+      v[c] = _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(scale));
+    }
+    for (int i = 0; i < R; ++i) {
+      const __m512 pj = _mm512_set1_ps(sc[(r0 + i) * BS + j]);
+      for (int c = 0; c < ND; ++c) o[i][c] = _mm512_fmadd_ps(pj, v[c], o[i][c]);
+    }
+  }
+  for (int i = 0; i < R; ++i)
+    for (int c = 0; c < ND; ++c) _mm512_storeu_ps(acc + (r0 + i) * Dp + d0 + 16 * c, o[i][c]);
+}
+
 // pv_tile over the output dims [0, Dp) in chunks of up to 64, for R rows from r0.
-template <int R>
+template <int R, typename V>
 ALWAYS_INLINE void pv_rows(float* acc, int64_t Dp, const float* sc, int64_t r0, int64_t n,
-                           const float* const* vals, int64_t D) {
+                           const V* const* vals, int64_t D) {
   for (int64_t d0 = 0; d0 < Dp; d0 += 64) {
-    switch (std::min<int64_t>(4, (Dp - d0) / 16)) {
-      case 1: pv_tile<R, 1>(acc, Dp, sc, r0, n, vals, d0, D); break;
-      case 2: pv_tile<R, 2>(acc, Dp, sc, r0, n, vals, d0, D); break;
-      case 3: pv_tile<R, 3>(acc, Dp, sc, r0, n, vals, d0, D); break;
-      default: pv_tile<R, 4>(acc, Dp, sc, r0, n, vals, d0, D); break;
+    if constexpr (std::is_same_v<V, int8_t>) {  // D % 32 == 0: chunks of 32 or 64
+      if (Dp - d0 >= 64) pv_tile_int8<R, 4>(acc, Dp, sc, r0, n, vals, d0, D);
+      else pv_tile_int8<R, 2>(acc, Dp, sc, r0, n, vals, d0, D);
+      continue;
+    } else {
+      switch (std::min<int64_t>(4, (Dp - d0) / 16)) {
+        case 1: pv_tile<R, 1>(acc, Dp, sc, r0, n, vals, d0, D); break;
+        case 2: pv_tile<R, 2>(acc, Dp, sc, r0, n, vals, d0, D); break;
+        case 3: pv_tile<R, 3>(acc, Dp, sc, r0, n, vals, d0, D); break;
+        default: pv_tile<R, 4>(acc, Dp, sc, r0, n, vals, d0, D); break;
+      }
     }
   }
 }
@@ -459,8 +509,8 @@ ALWAYS_INLINE void softmax_block(const ItemRows<T>& it, int64_t n) {
 
 // acc += P . V over the block's n value rows: 4 query rows at a time (pv_tile, any 4 rows of
 // one KV head: prefill tiles and decode GQA groups of 4+), then the 1-3 rows left in one tile.
-template <typename T>
-ALWAYS_INLINE void add_values(const ItemRows<T>& it, int64_t n, const float* const* vals) {
+template <typename T, typename V>
+ALWAYS_INLINE void add_values(const ItemRows<T>& it, int64_t n, const V* const* vals) {
   const int64_t rows = it.rows, D = it.D, Dp = it.Dp;
   int64_t r0 = 0;
   for (; r0 + 4 <= rows; r0 += 4) pv_rows<4>(it.acc, Dp, it.sc, r0, n, vals, D);
@@ -626,6 +676,11 @@ void attend_item(const AttnArgs<T>& a, int64_t b, int64_t g, int64_t t0, int64_t
     if (pre.v != nullptr) {
       const float* vb = pre.v + ((b * a.hk + g) * pre.blocks * BS + s0) * Dp;
       for (int64_t j = 0; j < n; ++j) vals[j] = vb + j * Dp;
+    } else if (q8 && D % KV8_GROUP == 0) {  // de-quantized in registers (pv_tile_int8)
+      const int8_t* qvals[BS];
+      rows_raw(a.v8, a.vs, a, b, g, s0, n, qvals);
+      add_values(it, n, qvals);
+      continue;
     } else if (q8) {
       rows_int8(a.v8, a.vs, a, b, g, s0, n, D, Dp, vscratch, vals);
     } else {
