@@ -123,6 +123,27 @@ inline void rows_fp32(const T* base, const int64_t (&st)[3], const AttnArgs<T>& 
   }
 }
 
+// Values [i, i + 32) of an int8 KV row (i a multiple of KV8_GROUP, within D) as fp32, q * scale
+// (kv_quant.py's read-back), in two vectors of 16.
+ALWAYS_INLINE void dequant_group(const int8_t* row, int64_t D, int64_t i, __m512& lo, __m512& hi) {
+  static_assert(KV8_GROUP == 32);
+  float sc;
+  std::memcpy(&sc, row + D + 4 * (i / KV8_GROUP), sizeof(float));
+  const __m512 scale = _mm512_set1_ps(sc);
+  const auto widen = [&](const int8_t* p) {
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))), scale);
+  };
+  lo = widen(row + i);
+  hi = widen(row + i + 16);
+}
+
+ALWAYS_INLINE void dequant_group(const int8_t* row, int64_t D, int64_t i, float* lo, float* hi) {
+  __m512 l, h;
+  dequant_group(row, D, i, l, h);
+  _mm512_storeu_ps(lo, l);
+  _mm512_storeu_ps(hi, h);
+}
+
 // Rows s0 .. s0+n-1 of int8 K or V rows (kv_cache_dtype "int8": D int8 values, then an fp32
 // scale per group of 32) for (b, g) de-quantized into `scratch` as fp32 rows q * scale,
 // exactly as pace_core/caches/kv_quant.py reads them, once for all query rows of the group.
@@ -133,18 +154,10 @@ inline void rows_int8(const int8_t* base, const int64_t (&st)[3], const AttnArgs
   const int8_t* src[BS];
   rows_raw(base, st, a, b, g, s0, n, src);
   if (D % KV8_GROUP == 0) {  // whole groups: one scale broadcast per 32 values, no masks
-    static_assert(KV8_GROUP == 32);
     for (int64_t j = 0; j < n; ++j) {
-      const int8_t* row = src[j];
       float* dst = scratch + j * Dp;
-      for (int64_t i = 0; i < D; i += 32) {
-        float sc;
-        std::memcpy(&sc, row + D + 4 * (i / 32), sizeof(float));
-        const __m512 scale = _mm512_set1_ps(sc);
-        const __m512i lo = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + i)));
-        const __m512i hi = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + i + 16)));
-        _mm512_storeu_ps(dst + i, _mm512_mul_ps(_mm512_cvtepi32_ps(lo), scale));
-        _mm512_storeu_ps(dst + i + 16, _mm512_mul_ps(_mm512_cvtepi32_ps(hi), scale));
+      for (int64_t i = 0; i < D; i += KV8_GROUP) {
+        dequant_group(src[j], D, i, dst + i, dst + i + 16);
       }
       out[j] = dst;
     }
@@ -302,8 +315,8 @@ inline void pv_tile(float* acc, int64_t Dp, const float* sc, int64_t r0, int64_t
     for (int c = 0; c < ND; ++c) _mm512_storeu_ps(acc + (r0 + i) * Dp + d0 + 16 * c, o[i][c]);
 }
 
-// pv_tile over int8 value rows (D a multiple of 32): each 16 values are de-quantized in
-// registers, q * scale exactly as rows_int8 does, once for all R rows.
+// pv_tile over int8 value rows (D a multiple of 32): each group of 32 values is de-quantized
+// in registers (dequant_group) once for the R rows.
 template <int R, int ND>
 inline void pv_tile_int8(float* acc, int64_t Dp, const float* sc, int64_t r0, int64_t n,
                          const int8_t* const* vals, int64_t d0, int64_t D) {
@@ -312,13 +325,7 @@ inline void pv_tile_int8(float* acc, int64_t Dp, const float* sc, int64_t r0, in
     for (int c = 0; c < ND; ++c) o[i][c] = _mm512_loadu_ps(acc + (r0 + i) * Dp + d0 + 16 * c);
   for (int64_t j = 0; j < n; ++j) {
     __m512 v[ND];
-    for (int c = 0; c < ND; ++c) {
-      const int64_t d = d0 + 16 * c;
-      float scale;
-      std::memcpy(&scale, vals[j] + D + 4 * (d / KV8_GROUP), sizeof(float));
-      const __m512i q = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(vals[j] + d)));
-      v[c] = _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(scale));
-    }
+    for (int c = 0; c < ND; c += 2) dequant_group(vals[j], D, d0 + 16 * c, v[c], v[c + 1]);
     for (int i = 0; i < R; ++i) {
       const __m512 pj = _mm512_set1_ps(sc[(r0 + i) * BS + j]);
       for (int c = 0; c < ND; ++c) o[i][c] = _mm512_fmadd_ps(pj, v[c], o[i][c]);
@@ -449,6 +456,53 @@ ALWAYS_INLINE void row_scores(const ItemRows<T>& it, int64_t s0, int64_t n, int6
       }
       _mm512_mask_storeu_ps(it.sc + r * BS + j0, lane_mask(nk), s);
     }
+  }
+}
+
+// Scores of the block's n int8 keys (D a multiple of 32) for R rows from r0, 16 keys at a
+// time: each 16 values of a key are de-quantized in registers (q * scale, as rows_int8) once
+// for the R rows and dotted with their scaled fp32 queries, in ScoreRow's order.
+template <int R, typename T>
+inline void int8_score_rows(const ItemRows<T>& it, int64_t s0, int64_t n, int64_t r0,
+                            const int8_t* const* keys) {
+  const AttnArgs<T>& a = it.a;
+  const int64_t D = it.D, Dp = it.Dp;
+  for (int64_t j0 = 0; j0 < n; j0 += 16) {
+    const int64_t nk = std::min<int64_t>(16, n - j0);
+    __m512 dots[R][16];
+    for (int64_t j = 0; j < 16; ++j) {
+      __m512 acc[R];
+      for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+      if (j < nk) {
+        for (int64_t i = 0; i < D; i += KV8_GROUP) {
+          __m512 lo, hi;
+          dequant_group(keys[j0 + j], D, i, lo, hi);
+          for (int r = 0; r < R; ++r) {
+            const float* q = it.qf + (r0 + r) * Dp + i;
+            acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(q + 16), hi, _mm512_fmadd_ps(_mm512_loadu_ps(q), lo, acc[r]));
+          }
+        }
+      }
+      for (int r = 0; r < R; ++r) dots[r][j] = acc[r];
+    }
+    for (int r = 0; r < R; ++r) {
+      const __mmask16 live = mask_bits(it.mask(r0 + r, s0 + j0), a.ms[2], nk);
+      const __m512 sv = _mm512_mask_mov_ps(_mm512_set1_ps(NINF), live, reduce16(dots[r]));
+      _mm512_mask_storeu_ps(it.sc + (r0 + r) * BS + j0, lane_mask(nk), sv);
+    }
+  }
+}
+
+// int8_score_rows over every row, 4 at a time.
+template <typename T>
+ALWAYS_INLINE void int8_scores(const ItemRows<T>& it, int64_t s0, int64_t n, const int8_t* const* keys) {
+  int64_t r0 = 0;
+  for (; r0 + 4 <= it.rows; r0 += 4) int8_score_rows<4>(it, s0, n, r0, keys);
+  switch (it.rows - r0) {
+    case 1: int8_score_rows<1>(it, s0, n, r0, keys); break;
+    case 2: int8_score_rows<2>(it, s0, n, r0, keys); break;
+    case 3: int8_score_rows<3>(it, s0, n, r0, keys); break;
+    default: break;
   }
 }
 
@@ -625,6 +679,9 @@ void attend_item(const AttnArgs<T>& a, int64_t b, int64_t g, int64_t t0, int64_t
   const bool value_pairs = std::is_same_v<T, bf16_t> && rows <= PAIR_ROWS && D % 32 == 0 &&
                            pre.v == nullptr && !q8;
   const bool in_pairs = kPairs && value_pairs;
+  // int8 KV, few rows: keys and values de-quantized in registers (int8_scores, pv_tile_int8)
+  // rather than into fp32 scratch rows (shared by more rows, as prefill tiles have)
+  const bool q8_regs = q8 && D % KV8_GROUP == 0 && rows <= PAIR_ROWS;
   start_rows(it, with_sinks);
   if (in_pairs) bf16_pairs::split_rows(it.qf, rows, Dp, D);
   int64_t lo, hi;
@@ -659,11 +716,17 @@ void attend_item(const AttnArgs<T>& a, int64_t b, int64_t g, int64_t t0, int64_t
         }
       }
     }
-    if (q8)
-      rows_int8(a.k8, a.ks, a, b, g, s0, n, D, Dp, kscratch, keys);
-    else if (!dot_bf16)
-      rows_fp32(a.k, a.ks, a, b, g, s0, n, D, Dp, kscratch, keys);
-    row_scores(it, s0, n, r_done, keys, bkeys, dot_bf16);
+    if (q8_regs) {
+      const int8_t* qkeys[BS];
+      rows_raw(a.k8, a.ks, a, b, g, s0, n, qkeys);
+      int8_scores(it, s0, n, qkeys);
+    } else {
+      if (q8)
+        rows_int8(a.k8, a.ks, a, b, g, s0, n, D, Dp, kscratch, keys);
+      else if (!dot_bf16)
+        rows_fp32(a.k, a.ks, a, b, g, s0, n, D, Dp, kscratch, keys);
+      row_scores(it, s0, n, r_done, keys, bkeys, dot_bf16);
+    }
     softmax_block(it, n);
     if constexpr (std::is_same_v<T, bf16_t>) {
       if (value_pairs) {
@@ -676,7 +739,7 @@ void attend_item(const AttnArgs<T>& a, int64_t b, int64_t g, int64_t t0, int64_t
     if (pre.v != nullptr) {
       const float* vb = pre.v + ((b * a.hk + g) * pre.blocks * BS + s0) * Dp;
       for (int64_t j = 0; j < n; ++j) vals[j] = vb + j * Dp;
-    } else if (q8 && D % KV8_GROUP == 0) {  // de-quantized in registers (pv_tile_int8)
+    } else if (q8_regs) {
       const int8_t* qvals[BS];
       rows_raw(a.v8, a.vs, a, b, g, s0, n, qvals);
       add_values(it, n, qvals);
