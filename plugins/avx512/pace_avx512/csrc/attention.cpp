@@ -267,6 +267,28 @@ inline void pack_key_pairs(const bf16_t* const* keys, int64_t n, int64_t pairs, 
   }
 }
 
+#ifdef PACE_HAS_BF16
+// Int8 key rows (D a multiple of 32) as bf16 rows of 2D values [hi, lo] for the bf16 tiles:
+// the de-quantized key x = q * scale (fp32, as rows_int8) is hi = bf16(x) plus lo =
+// bf16(x - hi), so a query dotted with the row [q, q] gets q.x to ~2^-17 of |x|, not bf16's 2^-9.
+inline void split_int8_keys(const int8_t* const* rows, int64_t n, int64_t D, bf16_t* out) {
+  const auto widen = [](__m256bh h) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)h), 16));
+  };
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t i = 0; i < D; i += KV8_GROUP) {
+      __m512 x[2];
+      dequant_group(rows[j], D, i, x[0], x[1]);
+      for (int c = 0; c < 2; ++c) {
+        const __m256bh hi = _mm512_cvtneps_pbh(x[c]);
+        const __m256bh lo = _mm512_cvtneps_pbh(_mm512_sub_ps(x[c], widen(hi)));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + j * 2 * D + i + 16 * c), (__m256i)hi);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + j * 2 * D + D + i + 16 * c), (__m256i)lo);
+      }
+    }
+}
+#endif
+
 // Raw scores of rows r0..r0+3 against NC chunks of 16 keys: acc = q . k by vdpbf16ps over the
 // packed pairs (q read as 32-bit pairs straight from the bf16 query rows).
 template <int NC>
@@ -358,9 +380,10 @@ ALWAYS_INLINE void pv_rows(float* acc, int64_t Dp, const float* sc, int64_t r0, 
 // Keys and values of every (row, KV head) prepared once for all the query tiles of a prefill
 // (instead of once per tile): key pairs packed per 64-key block, values widened to fp32.
 struct Prepared {
-  const uint32_t* kt = nullptr;  // [heads][blocks][D/2][64]
+  const uint32_t* kt = nullptr;  // [heads][blocks][pairs][64]
   const float* v = nullptr;      // [heads][blocks * 64][Dp]
   int64_t blocks = 0;
+  int64_t pairs = 0;  // key pairs per packed row: D / 2, or D for int8 keys (split_int8_keys)
 };
 
 // Running softmax state of one query row: max m, sum l, unnormalised output acc [Dp].
@@ -407,21 +430,25 @@ ALWAYS_INLINE void start_rows(const ItemRows<T>& it, bool with_sinks) {
 }
 
 // Scores of the block's n keys (packed pairs kt) for the rows in groups of 4 (score_tile,
-// bf16 only); returns the number of rows scored.
+// bf16 only); returns the number of rows scored. With `qdup` (int8 keys split into [hi, lo],
+// split_int8_keys) the query rows are read from there as [q, q], rows of 2D values.
 template <typename T>
-ALWAYS_INLINE int64_t tile_scores(const ItemRows<T>& it, int64_t s0, int64_t n, const uint32_t* kt) {
+ALWAYS_INLINE int64_t tile_scores(const ItemRows<T>& it, int64_t s0, int64_t n, const uint32_t* kt,
+                                  const bf16_t* qdup = nullptr) {
   const AttnArgs<T>& a = it.a;
-  const int64_t nc = (n + 15) / 16;
+  const int64_t nc = (n + 15) / 16, pairs = qdup ? it.D : it.D / 2;
   int64_t r_done = 0;
   for (; r_done + 4 <= it.rows; r_done += 4) {
     const uint32_t* qw[4];
-    for (int i = 0; i < 4; ++i) qw[i] = reinterpret_cast<const uint32_t*>(it.query(r_done + i));
+    for (int i = 0; i < 4; ++i)
+      qw[i] = qdup ? reinterpret_cast<const uint32_t*>(qdup + (r_done + i) * 2 * it.D)
+                   : reinterpret_cast<const uint32_t*>(it.query(r_done + i));
     alignas(64) float tile[4 * 64];
     switch (nc) {
-      case 1: score_tile<1>(qw, kt, it.D / 2, tile); break;
-      case 2: score_tile<2>(qw, kt, it.D / 2, tile); break;
-      case 3: score_tile<3>(qw, kt, it.D / 2, tile); break;
-      default: score_tile<4>(qw, kt, it.D / 2, tile); break;
+      case 1: score_tile<1>(qw, kt, pairs, tile); break;
+      case 2: score_tile<2>(qw, kt, pairs, tile); break;
+      case 3: score_tile<3>(qw, kt, pairs, tile); break;
+      default: score_tile<4>(qw, kt, pairs, tile); break;
     }
     for (int i = 0; i < 4; ++i) {
       const int64_t r = r_done + i;
@@ -682,6 +709,17 @@ void attend_item(const AttnArgs<T>& a, int64_t b, int64_t g, int64_t t0, int64_t
   // int8 KV, few rows: keys and values de-quantized in registers (int8_scores, pv_tile_int8)
   // rather than into fp32 scratch rows (shared by more rows, as prefill tiles have)
   const bool q8_regs = q8 && D % KV8_GROUP == 0 && rows <= PAIR_ROWS;
+  // int8 keys prepared as [hi, lo] bf16 rows (split_int8_keys): the query rows as [q, q]
+  std::vector<bf16_t> qdup;
+  if constexpr (std::is_same_v<T, bf16_t>) {
+    if (q8 && pre.kt != nullptr) {
+      qdup.resize(rows * 2 * D);
+      for (int64_t r = 0; r < rows; ++r) {
+        std::copy(it.query(r), it.query(r) + D, qdup.data() + r * 2 * D);
+        std::copy(it.query(r), it.query(r) + D, qdup.data() + r * 2 * D + D);
+      }
+    }
+  }
   start_rows(it, with_sinks);
   if (in_pairs) bf16_pairs::split_rows(it.qf, rows, Dp, D);
   int64_t lo, hi;
@@ -704,23 +742,23 @@ void attend_item(const AttnArgs<T>& a, int64_t b, int64_t g, int64_t t0, int64_t
     }
     int64_t r_done = 0;  // rows whose scores the tiles computed
     if constexpr (kDotBf16<T>) {
-      if (dot_bf16) {
-        rows_raw(a.k, a.ks, a, b, g, s0, n, bkeys);
+      if (dot_bf16 || !qdup.empty()) {
+        if (dot_bf16) rows_raw(a.k, a.ks, a, b, g, s0, n, bkeys);
         if (tiled) {
           const uint32_t* kt = kt_buf.data();  // the block's packed key pairs
           if (pre.kt != nullptr)
-            kt = pre.kt + ((b * a.hk + g) * pre.blocks + s0 / BS) * (D / 2) * 64;
+            kt = pre.kt + ((b * a.hk + g) * pre.blocks + s0 / BS) * pre.pairs * 64;
           else
             pack_key_pairs(bkeys, n, D / 2, kt_buf.data());
-          r_done = tile_scores(it, s0, n, kt);
+          r_done = tile_scores(it, s0, n, kt, qdup.empty() ? nullptr : qdup.data());
         }
       }
     }
-    if (q8_regs) {
+    if (r_done < it.rows && q8_regs) {
       const int8_t* qkeys[BS];
       rows_raw(a.k8, a.ks, a, b, g, s0, n, qkeys);
       int8_scores(it, s0, n, qkeys);
-    } else {
+    } else if (r_done < it.rows) {
       if (q8)
         rows_int8(a.k8, a.ks, a, b, g, s0, n, D, Dp, kscratch, keys);
       else if (!dot_bf16)
@@ -803,16 +841,19 @@ void attention(const AttnArgs<T>& a, int nthreads) {
   const int nt = (int)std::max<int64_t>(1, std::min<int64_t>({(int64_t)nthreads, items, work / (1 << 16)}));
   const int64_t chunk = (a.s + splits - 1) / splits, pstride = rows * (Dp + 2);
   std::vector<float> parts(splits > 1 ? heads * splits * pstride : 0);
-  // Prefill with tiled bf16 scores: pack keys / widen values once, shared by all tiles.
+  // Prefill with tiled bf16 scores: pack keys / widen values once, shared by all tiles (int8
+  // KV: keys split into [hi, lo] bf16 rows, split_int8_keys; values de-quantized).
+  const bool q8 = a.k8 != nullptr;
   const bool share = std::is_same_v<T, bf16_t> && tiles > 1 && rows >= TILE_ROWS && a.d % 2 == 0 &&
-                     a.k8 == nullptr;
+                     (!q8 || (kDotBf16<T> && a.d % KV8_GROUP == 0));
+  const int64_t kpairs = q8 ? a.d : a.d / 2;
   const int64_t blocks = (a.s + BS - 1) / BS;
   // not zeroed (a serial memset of ~0.4 MB a layer for a 150-key chunk): every block is
   // packed below, its key tail zeroed, and a tile reads only the block's live value rows
-  std::unique_ptr<uint32_t[]> kt_all(share ? new uint32_t[heads * blocks * (a.d / 2) * 64] : nullptr);
+  std::unique_ptr<uint32_t[]> kt_all(share ? new uint32_t[heads * blocks * kpairs * 64] : nullptr);
   std::unique_ptr<float[]> v_all(share ? new float[heads * blocks * BS * Dp] : nullptr);
   Prepared pre;
-  if (share) pre = Prepared{kt_all.get(), v_all.get(), blocks};
+  if (share) pre = Prepared{kt_all.get(), v_all.get(), blocks, kpairs};
   std::optional<StealRanges> ranges;  // decode: each thread's contiguous range of items
   if (tiles == 1 && splits == 1) {
     std::vector<int64_t> sizes(nt);
@@ -822,16 +863,30 @@ void attention(const AttnArgs<T>& a, int nthreads) {
 #pragma omp parallel num_threads(nt) if (nt > 1)
   {
     if (share) {
+      std::vector<bf16_t> split;  // int8 keys of a block as [hi, lo] rows
 #pragma omp for schedule(static)
       for (int64_t it = 0; it < heads * blocks; ++it) {
         const int64_t bg = it / blocks, s0 = it % blocks * BS, n = std::min(BS, a.s - s0);
-        const T* kr[BS];
-        rows_raw(a.k, a.ks, a, bg / a.hk, bg % a.hk, s0, n, kr);
-        pack_key_pairs(reinterpret_cast<const bf16_t* const*>(kr), n, a.d / 2,
-                       kt_all.get() + it * (a.d / 2) * 64);
         const float* vr[BS];
         float* vdst = v_all.get() + it * BS * Dp;
-        rows_fp32(a.v, a.vs, a, bg / a.hk, bg % a.hk, s0, n, a.d, Dp, vdst, vr);
+        if (q8) {
+#ifdef PACE_HAS_BF16
+          const int8_t* kr[BS];
+          rows_raw(a.k8, a.ks, a, bg / a.hk, bg % a.hk, s0, n, kr);
+          split.resize(BS * 2 * a.d);
+          split_int8_keys(kr, n, a.d, split.data());
+          const bf16_t* sr[BS];
+          for (int64_t j = 0; j < n; ++j) sr[j] = split.data() + j * 2 * a.d;
+          pack_key_pairs(sr, n, kpairs, kt_all.get() + it * kpairs * 64);
+#endif
+          rows_int8(a.v8, a.vs, a, bg / a.hk, bg % a.hk, s0, n, a.d, Dp, vdst, vr);
+        } else {
+          const T* kr[BS];
+          rows_raw(a.k, a.ks, a, bg / a.hk, bg % a.hk, s0, n, kr);
+          pack_key_pairs(reinterpret_cast<const bf16_t* const*>(kr), n, kpairs,
+                         kt_all.get() + it * kpairs * 64);
+          rows_fp32(a.v, a.vs, a, bg / a.hk, bg % a.hk, s0, n, a.d, Dp, vdst, vr);
+        }
         for (int64_t j = 0; j < n; ++j)
           if (vr[j] != vdst + j * Dp) std::copy(vr[j], vr[j] + a.d, vdst + j * Dp);  // fp32 in place
       }
