@@ -3,7 +3,9 @@
 - The attention kernel over int8 block pools against the pace-native reference on the same
   pools (de-quantized, attended in fp32), random shapes: within one rounding of the output
   dtype, as tests/avx512/test_kernels.py's attention bound (``2^-8 |ref|`` in bf16, ``1e-4``
-  in fp32, plus ``1e-5 max|v|``).
+  in fp32, plus ``1e-5 max|v|``); and each of the kernel's int8 paths by name (decode rows
+  de-quantized in registers, many rows through fp32 rows, prefill tiles over blocks prepared
+  once: bf16 keys split into hi + lo so the tiles keep fp32 accuracy).
 - The fused decoder stack quantizes K/V as it writes them through ``block_buffers()``: its
   logits and the int8 pools are bitwise those of the per-layer loop (which writes through the
   cache's ``update``), over mixed steps (prefill chunks, decodes, new prompts, a crop).
@@ -61,6 +63,26 @@ def int8_view(k, v, mask, block_size: int, seed: int):
        d=st.sampled_from([16, 24, 64, 80, 128, 256]), sinks=st.booleans(),
        block_size=st.sampled_from([16, 64, 256]))  # fmt: skip
 def test_attention_over_int8_pools(ext, dtype, b, t, heads, s, d, sinks, block_size):
+    check_int8_attention(dtype, b, t, heads, s, d, sinks, block_size)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize(
+    "t, heads",
+    [
+        (1, (9, 3)),  # decode, 3 rows per KV head: de-quantized in registers
+        (5, (9, 3)),  # 15 rows: de-quantized once per block into fp32 rows
+        (40, (9, 3)),  # prefill tiles: each block prepared once (bf16: [hi, lo] key rows)
+        (17, (8, 1)),  # prefill tiles of 8 heads, a ragged last tile
+    ],
+)
+def test_each_int8_attention_path(ext, dtype, d, t, heads):
+    check_int8_attention(dtype, 2, t, heads, 650, d, True, 64)
+
+
+def check_int8_attention(dtype, b, t, heads, s, d, sinks, block_size):
+    """pace-avx512's attention over int8 pools against pace-native's, within one rounding."""
     hq, hk = heads
     gen = torch.Generator().manual_seed(s * 31 + d)
     q = torch.randn(b, t, hq, d, generator=gen).to(dtype).transpose(1, 2)
