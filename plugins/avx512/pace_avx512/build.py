@@ -17,8 +17,9 @@ CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = ("bindings.cpp", "stack.cpp", "stack_layers.cpp", "linear.cpp", "qlinear.cpp",
            "igemm.cpp", "qpanel.cpp", "norm.cpp", "rope.cpp", "attention.cpp", "activation.cpp",
            "stream.cpp", "dlrm.cpp", "dlrm_ops.cpp")  # fmt: skip
-HEADERS = ("attention_pairs.h", "gemm_tiles.h", "kernels.h", "q4k_tile.h", "qblock.h", "qrows.h",
-           "raw_ops.h", "simd.h", "stack_layers.h", "tensor_ops.h", "work_ranges.h")  # fmt: skip
+HEADERS = ("attention_int8.h", "attention_pairs.h", "gemm_tiles.h", "kernels.h", "q4k_tile.h",
+           "qblock.h", "qrows.h", "raw_ops.h", "simd.h", "stack_layers.h", "tensor_ops.h",
+           "work_ranges.h")  # fmt: skip
 BASE_FEATURES = ("avx512f", "avx512bw", "avx512vl", "fma")
 BASE_FLAGS = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma", "-mf16c")
 # Build targets, best first: tag -> (CPU features required, ISA flags).

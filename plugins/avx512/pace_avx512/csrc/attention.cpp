@@ -7,7 +7,8 @@
 // rows of that KV head use each block of BS keys/values while it is in L1, so K and V are read
 // once per KV head (bf16 blocks are widened to fp32 once, for all rows; items of few rows
 // widen bf16 value pairs in registers instead, and key pairs too without AVX512-BF16:
-// attention_pairs.h). Only the keys some row of the tile may see are visited (a causal
+// attention_pairs.h; int8 KV rows are de-quantized in registers or, for prefill tiles, once
+// per block: attention_int8.h). Only the keys some row of the tile may see are visited (a causal
 // prefill tile stops at its last position). Scores of 16 keys come from 16 partial dot
 // products reduced together (no per-key horizontal sum); an
 // online softmax (running max m, running sum l, rescaled accumulator) means no [rows, S] score
@@ -25,6 +26,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "attention_int8.h"
 #include "attention_pairs.h"
 #include "kernels.h"
 #include "simd.h"
@@ -123,27 +125,6 @@ inline void rows_fp32(const T* base, const int64_t (&st)[3], const AttnArgs<T>& 
   }
 }
 
-// Values [i, i + 32) of an int8 KV row (i a multiple of KV8_GROUP, within D) as fp32, q * scale
-// (kv_quant.py's read-back), in two vectors of 16.
-ALWAYS_INLINE void dequant_group(const int8_t* row, int64_t D, int64_t i, __m512& lo, __m512& hi) {
-  static_assert(KV8_GROUP == 32);
-  float sc;
-  std::memcpy(&sc, row + D + 4 * (i / KV8_GROUP), sizeof(float));
-  const __m512 scale = _mm512_set1_ps(sc);
-  const auto widen = [&](const int8_t* p) {
-    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))), scale);
-  };
-  lo = widen(row + i);
-  hi = widen(row + i + 16);
-}
-
-ALWAYS_INLINE void dequant_group(const int8_t* row, int64_t D, int64_t i, float* lo, float* hi) {
-  __m512 l, h;
-  dequant_group(row, D, i, l, h);
-  _mm512_storeu_ps(lo, l);
-  _mm512_storeu_ps(hi, h);
-}
-
 // Rows s0 .. s0+n-1 of int8 K or V rows (kv_cache_dtype "int8": D int8 values, then an fp32
 // scale per group of 32) for (b, g) de-quantized into `scratch` as fp32 rows q * scale,
 // exactly as pace_core/caches/kv_quant.py reads them, once for all query rows of the group.
@@ -157,7 +138,7 @@ inline void rows_int8(const int8_t* base, const int64_t (&st)[3], const AttnArgs
     for (int64_t j = 0; j < n; ++j) {
       float* dst = scratch + j * Dp;
       for (int64_t i = 0; i < D; i += KV8_GROUP) {
-        dequant_group(src[j], D, i, dst + i, dst + i + 16);
+        kv8::dequant_group(src[j], D, i, dst + i, dst + i + 16);
       }
       out[j] = dst;
     }
@@ -267,28 +248,6 @@ inline void pack_key_pairs(const bf16_t* const* keys, int64_t n, int64_t pairs, 
   }
 }
 
-#ifdef PACE_HAS_BF16
-// Int8 key rows (D a multiple of 32) as bf16 rows of 2D values [hi, lo] for the bf16 tiles:
-// the de-quantized key x = q * scale (fp32, as rows_int8) is hi = bf16(x) plus lo =
-// bf16(x - hi), so a query dotted with the row [q, q] gets q.x to ~2^-17 of |x|, not bf16's 2^-9.
-inline void split_int8_keys(const int8_t* const* rows, int64_t n, int64_t D, bf16_t* out) {
-  const auto widen = [](__m256bh h) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)h), 16));
-  };
-  for (int64_t j = 0; j < n; ++j)
-    for (int64_t i = 0; i < D; i += KV8_GROUP) {
-      __m512 x[2];
-      dequant_group(rows[j], D, i, x[0], x[1]);
-      for (int c = 0; c < 2; ++c) {
-        const __m256bh hi = _mm512_cvtneps_pbh(x[c]);
-        const __m256bh lo = _mm512_cvtneps_pbh(_mm512_sub_ps(x[c], widen(hi)));
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + j * 2 * D + i + 16 * c), (__m256i)hi);
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + j * 2 * D + D + i + 16 * c), (__m256i)lo);
-      }
-    }
-}
-#endif
-
 // Raw scores of rows r0..r0+3 against NC chunks of 16 keys: acc = q . k by vdpbf16ps over the
 // packed pairs (q read as 32-bit pairs straight from the bf16 query rows).
 template <int NC>
@@ -337,34 +296,14 @@ inline void pv_tile(float* acc, int64_t Dp, const float* sc, int64_t r0, int64_t
     for (int c = 0; c < ND; ++c) _mm512_storeu_ps(acc + (r0 + i) * Dp + d0 + 16 * c, o[i][c]);
 }
 
-// pv_tile over int8 value rows (D a multiple of 32): each group of 32 values is de-quantized
-// in registers (dequant_group) once for the R rows.
-template <int R, int ND>
-inline void pv_tile_int8(float* acc, int64_t Dp, const float* sc, int64_t r0, int64_t n,
-                         const int8_t* const* vals, int64_t d0, int64_t D) {
-  __m512 o[R][ND];
-  for (int i = 0; i < R; ++i)
-    for (int c = 0; c < ND; ++c) o[i][c] = _mm512_loadu_ps(acc + (r0 + i) * Dp + d0 + 16 * c);
-  for (int64_t j = 0; j < n; ++j) {
-    __m512 v[ND];
-    for (int c = 0; c < ND; c += 2) dequant_group(vals[j], D, d0 + 16 * c, v[c], v[c + 1]);
-    for (int i = 0; i < R; ++i) {
-      const __m512 pj = _mm512_set1_ps(sc[(r0 + i) * BS + j]);
-      for (int c = 0; c < ND; ++c) o[i][c] = _mm512_fmadd_ps(pj, v[c], o[i][c]);
-    }
-  }
-  for (int i = 0; i < R; ++i)
-    for (int c = 0; c < ND; ++c) _mm512_storeu_ps(acc + (r0 + i) * Dp + d0 + 16 * c, o[i][c]);
-}
-
 // pv_tile over the output dims [0, Dp) in chunks of up to 64, for R rows from r0.
 template <int R, typename V>
 ALWAYS_INLINE void pv_rows(float* acc, int64_t Dp, const float* sc, int64_t r0, int64_t n,
                            const V* const* vals, int64_t D) {
   for (int64_t d0 = 0; d0 < Dp; d0 += 64) {
     if constexpr (std::is_same_v<V, int8_t>) {  // D % 32 == 0: chunks of 32 or 64
-      if (Dp - d0 >= 64) pv_tile_int8<R, 4>(acc, Dp, sc, r0, n, vals, d0, D);
-      else pv_tile_int8<R, 2>(acc, Dp, sc, r0, n, vals, d0, D);
+      if (Dp - d0 >= 64) kv8::pv_tile_int8<R, 4>(acc, Dp, sc, BS, r0, n, vals, d0, D);
+      else kv8::pv_tile_int8<R, 2>(acc, Dp, sc, BS, r0, n, vals, d0, D);
       continue;
     } else {
       switch (std::min<int64_t>(4, (Dp - d0) / 16)) {
@@ -500,16 +439,7 @@ inline void int8_score_rows(const ItemRows<T>& it, int64_t s0, int64_t n, int64_
     for (int64_t j = 0; j < 16; ++j) {
       __m512 acc[R];
       for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-      if (j < nk) {
-        for (int64_t i = 0; i < D; i += KV8_GROUP) {
-          __m512 lo, hi;
-          dequant_group(keys[j0 + j], D, i, lo, hi);
-          for (int r = 0; r < R; ++r) {
-            const float* q = it.qf + (r0 + r) * Dp + i;
-            acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(q + 16), hi, _mm512_fmadd_ps(_mm512_loadu_ps(q), lo, acc[r]));
-          }
-        }
-      }
+      if (j < nk) kv8::key_dots<R>(it.qf + r0 * Dp, Dp, keys[j0 + j], D, acc);
       for (int r = 0; r < R; ++r) dots[r][j] = acc[r];
     }
     for (int r = 0; r < R; ++r) {
@@ -874,7 +804,7 @@ void attention(const AttnArgs<T>& a, int nthreads) {
           const int8_t* kr[BS];
           rows_raw(a.k8, a.ks, a, bg / a.hk, bg % a.hk, s0, n, kr);
           split.resize(BS * 2 * a.d);
-          split_int8_keys(kr, n, a.d, split.data());
+          kv8::split_int8_keys(kr, n, a.d, split.data());
           const bf16_t* sr[BS];
           for (int64_t j = 0; j < n; ++j) sr[j] = split.data() + j * 2 * a.d;
           pack_key_pairs(sr, n, kpairs, kt_all.get() + it * kpairs * 64);
