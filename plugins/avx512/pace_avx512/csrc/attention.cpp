@@ -137,9 +137,7 @@ inline void rows_int8(const int8_t* base, const int64_t (&st)[3], const AttnArgs
   if (D % KV8_GROUP == 0) {  // whole groups: one scale broadcast per 32 values, no masks
     for (int64_t j = 0; j < n; ++j) {
       float* dst = scratch + j * Dp;
-      for (int64_t i = 0; i < D; i += KV8_GROUP) {
-        kv8::dequant_group(src[j], D, i, dst + i, dst + i + 16);
-      }
+      for (int64_t i = 0; i < D; i += KV8_GROUP) kv8::dequant_group(src[j], D, i, dst + i, dst + i + 16);
       out[j] = dst;
     }
     return;
@@ -304,7 +302,6 @@ ALWAYS_INLINE void pv_rows(float* acc, int64_t Dp, const float* sc, int64_t r0, 
     if constexpr (std::is_same_v<V, int8_t>) {  // D % 32 == 0: chunks of 32 or 64
       if (Dp - d0 >= 64) kv8::pv_tile_int8<R, 4>(acc, Dp, sc, BS, r0, n, vals, d0, D);
       else kv8::pv_tile_int8<R, 2>(acc, Dp, sc, BS, r0, n, vals, d0, D);
-      continue;
     } else {
       switch (std::min<int64_t>(4, (Dp - d0) / 16)) {
         case 1: pv_tile<R, 1>(acc, Dp, sc, r0, n, vals, d0, D); break;
@@ -317,7 +314,8 @@ ALWAYS_INLINE void pv_rows(float* acc, int64_t Dp, const float* sc, int64_t r0, 
 }
 
 // Keys and values of every (row, KV head) prepared once for all the query tiles of a prefill
-// (instead of once per tile): key pairs packed per 64-key block, values widened to fp32.
+// (instead of once per tile): key pairs packed per 64-key block (int8 keys as [hi, lo] rows),
+// values widened or de-quantized to fp32.
 struct Prepared {
   const uint32_t* kt = nullptr;  // [heads][blocks][pairs][64]
   const float* v = nullptr;      // [heads][blocks * 64][Dp]
@@ -426,8 +424,8 @@ ALWAYS_INLINE void row_scores(const ItemRows<T>& it, int64_t s0, int64_t n, int6
 }
 
 // Scores of the block's n int8 keys (D a multiple of 32) for R rows from r0, 16 keys at a
-// time: each 16 values of a key are de-quantized in registers (q * scale, as rows_int8) once
-// for the R rows and dotted with their scaled fp32 queries, in ScoreRow's order.
+// time: each group of 32 values of a key is de-quantized in registers once for the R rows
+// and dotted with their scaled fp32 queries (kv8::key_dots, in ScoreRow's order).
 template <int R, typename T>
 inline void int8_score_rows(const ItemRows<T>& it, int64_t s0, int64_t n, int64_t r0,
                             const int8_t* const* keys) {
