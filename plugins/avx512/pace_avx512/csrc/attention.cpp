@@ -274,17 +274,29 @@ inline void score_tile(const uint32_t* const* qw, const uint32_t* kt, int64_t pa
 #endif
 }
 
+// Values [d, d + 16 ND) of a value row as ND fp32 vectors: fp32 rows masked at D, int8 rows
+// de-quantized in registers (attention_int8.h).
+template <int ND>
+ALWAYS_INLINE void value_chunk(const float* row, int64_t D, int64_t d, __m512 (&v)[ND]) {
+  for (int c = 0; c < ND; ++c) v[c] = _mm512_maskz_loadu_ps(lane_mask(D - d - 16 * c), row + d + 16 * c);
+}
+template <int ND>
+ALWAYS_INLINE void value_chunk(const int8_t* row, int64_t D, int64_t d, __m512 (&v)[ND]) {
+  kv8::dequant_chunk<ND>(row, D, d, v);
+}
+
 // acc[r0+i][d0 .. d0+16*ND) += sum_j p[r0+i][j] * v_j[d0 ..] for R <= 4 rows at once: each
-// value vector is loaded once for all R rows (decode GQA groups of 1-3 rows, 4-row tiles).
-template <int R, int ND>
+// value vector is loaded (or de-quantized) once for all R rows (decode GQA groups of 1-3
+// rows, 4-row tiles).
+template <int R, int ND, typename V>
 inline void pv_tile(float* acc, int64_t Dp, const float* sc, int64_t r0, int64_t n,
-                    const float* const* vals, int64_t d0, int64_t D) {
+                    const V* const* vals, int64_t d0, int64_t D) {
   __m512 o[R][ND];
   for (int i = 0; i < R; ++i)
     for (int c = 0; c < ND; ++c) o[i][c] = _mm512_loadu_ps(acc + (r0 + i) * Dp + d0 + 16 * c);
   for (int64_t j = 0; j < n; ++j) {
     __m512 v[ND];
-    for (int c = 0; c < ND; ++c) v[c] = _mm512_maskz_loadu_ps(lane_mask(D - d0 - 16 * c), vals[j] + d0 + 16 * c);
+    value_chunk<ND>(vals[j], D, d0, v);
     for (int i = 0; i < R; ++i) {
       const __m512 pj = _mm512_set1_ps(sc[(r0 + i) * BS + j]);
       for (int c = 0; c < ND; ++c) o[i][c] = _mm512_fmadd_ps(pj, v[c], o[i][c]);
@@ -300,8 +312,8 @@ ALWAYS_INLINE void pv_rows(float* acc, int64_t Dp, const float* sc, int64_t r0, 
                            const V* const* vals, int64_t D) {
   for (int64_t d0 = 0; d0 < Dp; d0 += 64) {
     if constexpr (std::is_same_v<V, int8_t>) {  // D % 32 == 0: chunks of 32 or 64
-      if (Dp - d0 >= 64) kv8::pv_tile_int8<R, 4>(acc, Dp, sc, BS, r0, n, vals, d0, D);
-      else kv8::pv_tile_int8<R, 2>(acc, Dp, sc, BS, r0, n, vals, d0, D);
+      if (Dp - d0 >= 64) pv_tile<R, 4>(acc, Dp, sc, r0, n, vals, d0, D);
+      else pv_tile<R, 2>(acc, Dp, sc, r0, n, vals, d0, D);
     } else {
       switch (std::min<int64_t>(4, (Dp - d0) / 16)) {
         case 1: pv_tile<R, 1>(acc, Dp, sc, r0, n, vals, d0, D); break;
@@ -634,7 +646,7 @@ void attend_item(const AttnArgs<T>& a, int64_t b, int64_t g, int64_t t0, int64_t
   const bool value_pairs = std::is_same_v<T, bf16_t> && rows <= PAIR_ROWS && D % 32 == 0 &&
                            pre.v == nullptr && !q8;
   const bool in_pairs = kPairs && value_pairs;
-  // int8 KV, few rows: keys and values de-quantized in registers (int8_scores, pv_tile_int8)
+  // int8 KV, few rows: keys and values de-quantized in registers (int8_scores, pv_tile)
   // rather than into fp32 scratch rows (shared by more rows, as prefill tiles have)
   const bool q8_regs = q8 && D % KV8_GROUP == 0 && rows <= PAIR_ROWS;
   // int8 keys prepared as [hi, lo] bf16 rows (split_int8_keys): the query rows as [q, q]

@@ -51,24 +51,10 @@ inline void key_dots(const float* qf, int64_t Dp, const int8_t* key, int64_t D, 
   }
 }
 
-// acc[r0+i][d0 .. d0+16*ND) += sum_j p[r0+i][j] * v_j for R rows, over int8 value rows: each
-// group of 32 values is de-quantized in registers (dequant_group) once for the R rows.
-template <int R, int ND>
-inline void pv_tile_int8(float* acc, int64_t Dp, const float* sc, int64_t pstride, int64_t r0,
-                         int64_t n, const int8_t* const* vals, int64_t d0, int64_t D) {
-  __m512 o[R][ND];
-  for (int i = 0; i < R; ++i)
-    for (int c = 0; c < ND; ++c) o[i][c] = _mm512_loadu_ps(acc + (r0 + i) * Dp + d0 + 16 * c);
-  for (int64_t j = 0; j < n; ++j) {
-    __m512 v[ND];
-    for (int c = 0; c < ND; c += 2) dequant_group(vals[j], D, d0 + 16 * c, v[c], v[c + 1]);
-    for (int i = 0; i < R; ++i) {
-      const __m512 pj = _mm512_set1_ps(sc[(r0 + i) * pstride + j]);
-      for (int c = 0; c < ND; ++c) o[i][c] = _mm512_fmadd_ps(pj, v[c], o[i][c]);
-    }
-  }
-  for (int i = 0; i < R; ++i)
-    for (int c = 0; c < ND; ++c) _mm512_storeu_ps(acc + (r0 + i) * Dp + d0 + 16 * c, o[i][c]);
+// Values [d, d + 16 ND) of an int8 row as ND fp32 vectors (ND even, d a multiple of 32).
+template <int ND>
+inline void dequant_chunk(const int8_t* row, int64_t D, int64_t d, __m512 (&v)[ND]) {
+  for (int c = 0; c < ND; c += 2) dequant_group(row, D, d + 16 * c, v[c], v[c + 1]);
 }
 
 #ifdef PACE_HAS_BF16
