@@ -1,8 +1,9 @@
 """Fixtures of the pace-avx512 tests: the kernels built once per session, a clean PACE_* env.
 
-Each test module skips itself (module level, with the reason) on a CPU without AVX-512 or
-when pace-avx512 is not installed. bf16 cases run on every AVX-512 CPU: with AVX512-BF16 the
-matmuls use vdpbf16ps, without it they widen bf16 to fp32 (the `avx512` build target).
+Every test here skips, with the reason, on a CPU without AVX-512 or when pace-avx512 is not
+installed (``support.isa``); the int8 modules also need AVX512-VNNI. bf16 cases run on every
+AVX-512 CPU: with AVX512-BF16 the matmuls use vdpbf16ps, without it they widen bf16 to fp32
+(the `avx512` build target).
 
 The first session on a machine compiles the extension (~20-60 s on 2 busy cores); later
 sessions import the cached build from ``$PACE_CACHE_DIR/kernels/``.
@@ -11,6 +12,7 @@ sessions import the cached build from ``$PACE_CACHE_DIR/kernels/``.
 from __future__ import annotations
 
 import pytest
+from support.isa import require_avx512
 
 from pace_core import plugins
 from pace_core.cpu import detect_cpu
@@ -25,6 +27,12 @@ PACE_ENV = (
 # Other first-party kernel plugins that may be installed alongside are disabled: fallbacks
 # then go to native (the end of every chain), and their own JIT builds stay out of these tests.
 OTHER_KERNEL_PLUGINS = "onednn,tpp"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def avx512_cpu() -> None:
+    """Skip unless this CPU and install can run the kernels (before ``ext`` builds them)."""
+    require_avx512()
 
 
 @pytest.fixture(scope="session")

@@ -16,11 +16,8 @@ from functools import partial
 
 import pytest
 import torch
+from support.isa import needs_avx512_vnni
 
-from pace_core.cpu import detect_cpu
-
-if not detect_cpu().has("avx512f", "avx512bw", "avx512vl", "avx512_vnni"):
-    pytest.skip("quantized pace-avx512 kernels need AVX512-VNNI", allow_module_level=True)
 pytest.importorskip("pace_avx512", reason="pip install --no-deps -e plugins/avx512")
 pytest.importorskip("gguf", reason="the GGUF block writers need the gguf package")
 
@@ -29,6 +26,8 @@ from support.kernel_threads import every_thread
 from support.quant_kernels import activation_span, folded, panel_rows, reference, weight
 
 from pace_core.quant import QuantizedWeight
+
+pytestmark = needs_avx512_vnni  # the int8 kernels use vpdpbusd
 
 KIND_MODES = {  # (int8 activations, qpanel_rows)
     "split": (False, 0),

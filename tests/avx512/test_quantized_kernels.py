@@ -26,11 +26,8 @@ import itertools
 
 import pytest
 import torch
+from support.isa import needs_avx512_vnni
 
-from pace_core.cpu import detect_cpu
-
-if not detect_cpu().has("avx512f", "avx512bw", "avx512vl", "avx512_vnni"):
-    pytest.skip("quantized pace-avx512 kernels need AVX512-VNNI", allow_module_level=True)
 pytest.importorskip("pace_avx512", reason="pip install --no-deps -e plugins/avx512")
 pytest.importorskip("gguf", reason="the GGUF block writers need the gguf package")
 
@@ -49,6 +46,8 @@ from support.quant_kernels import (
 
 from pace_core import LLMModel, SamplingConfig
 from pace_core.quant import QuantizedWeight, quantize
+
+pytestmark = needs_avx512_vnni  # the int8 kernels use vpdpbusd
 
 GGUF = ("q8_0", "q5_0", "q4_0", "q4_1", "q4_k", "q6_k")
 # The kinds without mins (w = q s): their int8-activation kernels fold the offset.

@@ -15,11 +15,8 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.isa import needs_avx512_vnni
 
-from pace_core.cpu import detect_cpu
-
-if not detect_cpu().has("avx512f", "avx512bw", "avx512vl", "avx512_vnni"):
-    pytest.skip("the W8A8 GEMM needs AVX512-VNNI", allow_module_level=True)
 pytest.importorskip("pace_avx512", reason="pip install --no-deps -e plugins/avx512")
 
 from pace_avx512 import qpacking
@@ -27,6 +24,8 @@ from pace_native.kernels import int8_activations
 from support.kernel_threads import every_thread
 
 from pace_core.quant import QuantizationConfig, QuantizedWeight, coerce_quantization, quantize
+
+pytestmark = needs_avx512_vnni  # the int8 kernels use vpdpbusd
 
 W8A8 = coerce_quantization("w8a8")
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.isa import require_avx512
 from support.tiny_gguf import TINY, write_gguf
 
 from pace_core import LLMModel
@@ -88,7 +89,9 @@ def test_a_packed_tied_table_is_the_only_copy(tied_gguf):
 
 
 def test_packing_converts_bounded_chunks_at_any_row_length(monkeypatch):
-    qpacking = pytest.importorskip("pace_avx512.qpacking")
+    require_avx512()
+    from pace_avx512 import qpacking
+
     n, k = 256, 8192
     gen = torch.Generator().manual_seed(0)
     blocks = torch.randint(0, 256, (n, k // 256, 210), dtype=torch.uint8, generator=gen)

@@ -1,4 +1,5 @@
-"""Fixtures of the pace-tpp tests: skip everything unless the plugin and its glue work here."""
+"""Fixtures of the pace-tpp tests: skip everything unless the plugin and its glue work here
+and the CPU has what its kernels need."""
 
 from __future__ import annotations
 
@@ -6,9 +7,15 @@ import pytest
 from support.plugin_tests import fresh_host as _fresh_host
 from support.plugin_tests import require_glue
 
+from pace_core.cpu import detect_cpu
+
 
 @pytest.fixture(scope="session", autouse=True)
 def tpp_glue():
+    plugin = pytest.importorskip("pace_tpp.plugin", reason="pip install -e plugins/tpp")
+    missing = sorted(set(plugin.CPU_FEATURES) - detect_cpu().features)
+    if missing:
+        pytest.skip(f"pace-tpp kernels need {', '.join(missing)}, which this CPU lacks")
     return require_glue("pace_tpp", "pace-tpp", "unavailable_reason", "load")
 
 

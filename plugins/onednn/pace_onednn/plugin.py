@@ -23,10 +23,17 @@ PRIORITY = 30
 DTYPES = (torch.float32, torch.bfloat16)
 
 
-def _linear_ok(ctx: OpContext) -> bool | str:
-    # oneDNN's fast bf16 matmul is brgemm avx512_core_bf16; below that it is emulated or absent.
-    if ctx.dtype == torch.bfloat16 and not detect_cpu().has("avx512bw", "avx512_bf16"):
+def bf16_unavailable() -> str | None:
+    """Why this CPU cannot run the bf16 kernels, or None: oneDNN's fast bf16 matmul is brgemm
+    avx512_core_bf16; below that it is emulated or absent (no primitive on AVX2)."""
+    if not detect_cpu().has("avx512bw", "avx512_bf16"):
         return "bf16 needs avx512_bf16 (oneDNN brgemm avx512_core_bf16)"
+    return None
+
+
+def _linear_ok(ctx: OpContext) -> bool | str:
+    if ctx.dtype == torch.bfloat16 and (reason := bf16_unavailable()):
+        return reason
     return build.unavailable() or True  # builds the glue on the first resolve
 
 

@@ -20,6 +20,7 @@ PACE_CONTRACT_VERSION = 1  # the pace_core.CONTRACT_VERSION this plugin implemen
 # Under `auto`: below pace-avx512 (50), above pace-onednn (30): measured faster at decode
 # (GEMV, fused gated MLP) in bf16 and fp32 on every shape (docs/performance.md).
 PRIORITY = 40
+CPU_FEATURES = ("avx512f",)  # libxsmm 1.17 JITs no BRGEMM for AVX2 ("target hsw")
 BF16_FEATURES = ("avx512bw", "avx512vl", "avx512_bf16")
 
 
@@ -47,7 +48,7 @@ def pace_register_builds(registry: Registrations) -> None:
 @hookimpl
 def pace_register_ops(registry: Registrations) -> None:
     build.GLUE.check()  # libxsmm, an earlier failed build, the toolchain (compiles nothing)
-    common = dict(dtypes=(torch.float32, torch.bfloat16), cpu_features=("avx512f",),
+    common = dict(dtypes=(torch.float32, torch.bfloat16), cpu_features=CPU_FEATURES,
                   priority=PRIORITY)  # fmt: skip
     registry.add_kernel(
         "linear",
