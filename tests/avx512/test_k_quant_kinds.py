@@ -16,7 +16,7 @@ from functools import partial
 
 import pytest
 import torch
-from support.isa import needs_avx512_vnni
+from support.isa import needs_avx512_int8
 
 pytest.importorskip("pace_avx512", reason="pip install --no-deps -e plugins/avx512")
 pytest.importorskip("gguf", reason="the GGUF block writers need the gguf package")
@@ -27,7 +27,7 @@ from support.quant_kernels import activation_span, folded, panel_rows, reference
 
 from pace_core.quant import QuantizedWeight
 
-pytestmark = needs_avx512_vnni  # the int8 kernels use vpdpbusd
+pytestmark = needs_avx512_int8  # the int8 kernels use vpdpbusd
 
 KIND_MODES = {  # (int8 activations, qpanel_rows)
     "split": (False, 0),

@@ -62,7 +62,7 @@ def test_registrations(ext, clean_env):
     for op in OPS:
         spec = next(s for s in ops.where(op=op) if s.backend == BACKEND)
         assert spec.priority == PRIORITY > 0
-        assert spec.cpu_features == frozenset(build.BASE_FEATURES)
+        assert spec.cpu_features == frozenset(build.AVX2_FEATURES)  # the least target's
         assert spec.dtypes == {torch.float32, torch.bfloat16}
         assert ops.where(op=op)[0].backend == BACKEND  # auto picks it on this CPU
 
@@ -70,7 +70,9 @@ def test_registrations(ext, clean_env):
 def test_build_is_tagged_and_threaded(ext):
     tag = build.target()
     bf16 = detect_cpu().has("avx512_bf16")
-    assert tag == ("avx512bf16" if bf16 else "avx512") and ext.has_bf16 == bf16
+    avx512 = detect_cpu().has(*build.BASE_FEATURES)
+    assert tag == ("avx512bf16" if bf16 else "avx512" if avx512 else "avx2")
+    assert ext.has_bf16 == bf16
     directory = build.extension(tag).directory
     assert directory.name.startswith(f"avx512-{tag}-torch{torch.__version__}-")
     assert build.extension(tag).library is not None
@@ -118,17 +120,30 @@ def test_build_kernels_cli(ext, clean_env, capsys):
     assert " ok " in row and build.target() in row
 
 
-def test_build_kernels_skips_a_cpu_without_avx512(clean_env):
-    clean_env.setenv("PACE_CPU_FEATURES_DISABLE", "avx512f,avx512_bf16")
+def test_build_kernels_skips_a_cpu_without_avx2(clean_env):
+    clean_env.setenv("PACE_CPU_FEATURES_DISABLE", "avx2,avx512f,avx512_bf16")
     detect_cpu.cache_clear()
     outcome = run_builds(get_host(), ["avx512"])[0]
-    assert outcome.status == "skipped" and "no AVX-512" in outcome.detail
+    assert outcome.status == "skipped" and "lacks avx2, fma, f16c" in outcome.detail
 
 
-def test_cpu_without_avx512_registers_but_declines(clean_env):
-    clean_env.setenv("PACE_CPU_FEATURES_DISABLE", "avx512f,avx512_bf16")
+def test_cpu_without_avx2_registers_but_declines(clean_env):
+    clean_env.setenv("PACE_CPU_FEATURES_DISABLE", "avx2,avx512f,avx512_bf16")
     detect_cpu.cache_clear()
     host = get_host()
     assert host.plugins["avx512"].status == "ok"
     res = OpResolver(host.ops, OperatorConfig(linear="avx512")).resolve(LINEAR)
-    assert res.backend == "native" and "missing CPU features: avx512f" in res.fallback_reason
+    assert res.backend == "native" and "missing CPU features: avx2" in res.fallback_reason
+
+
+@pytest.mark.parametrize(
+    ("disabled", "tag"),
+    [("avx512_bf16", "avx512"), ("avx512f,avx512bw,avx512vl,avx512_bf16,avx512_vnni", "avx2")],
+)
+def test_the_build_target_follows_the_cpu(clean_env, disabled, tag):
+    if tag != "avx2" and not detect_cpu().has(*build.BASE_FEATURES):
+        pytest.skip("this CPU has no AVX-512")
+    clean_env.setenv("PACE_CPU_FEATURES_DISABLE", disabled)
+    detect_cpu.cache_clear()
+    assert build.target() == tag
+    assert build.int8_dot_problem() is None  # the avx2 target emulates vpdpbusd

@@ -26,7 +26,7 @@ import itertools
 
 import pytest
 import torch
-from support.isa import needs_avx512_vnni
+from support.isa import needs_avx512_int8
 
 pytest.importorskip("pace_avx512", reason="pip install --no-deps -e plugins/avx512")
 pytest.importorskip("gguf", reason="the GGUF block writers need the gguf package")
@@ -47,7 +47,7 @@ from support.quant_kernels import (
 from pace_core import LLMModel, SamplingConfig
 from pace_core.quant import QuantizedWeight, quantize
 
-pytestmark = needs_avx512_vnni  # the int8 kernels use vpdpbusd
+pytestmark = needs_avx512_int8  # the int8 kernels use vpdpbusd
 
 GGUF = ("q8_0", "q5_0", "q4_0", "q4_1", "q4_k", "q6_k")
 # The kinds without mins (w = q s): their int8-activation kernels fold the offset.

@@ -15,7 +15,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support.isa import needs_avx512_vnni
+from support.isa import needs_avx512_int8
 
 pytest.importorskip("pace_avx512", reason="pip install --no-deps -e plugins/avx512")
 
@@ -25,7 +25,7 @@ from support.kernel_threads import every_thread
 
 from pace_core.quant import QuantizationConfig, QuantizedWeight, coerce_quantization, quantize
 
-pytestmark = needs_avx512_vnni  # the int8 kernels use vpdpbusd
+pytestmark = needs_avx512_int8  # the int8 kernels use vpdpbusd
 
 W8A8 = coerce_quantization("w8a8")
 

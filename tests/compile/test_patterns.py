@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.ao.quantization.fx._decomposed  # registers PT2E's de-quantize ops
 import torch.nn.functional as F
-from support.isa import needs_avx512_vnni
+from support.isa import needs_avx512_int8
 from support.no_family import fresh_dynamo  # noqa: F401 (a fixture)
 
 import pace_core.compile as pc
@@ -194,7 +194,7 @@ def test_dequantized_int8_weight_runs_as_an_int8_linear(form):
     assert res.backend == "native"
 
 
-@needs_avx512_vnni
+@needs_avx512_int8
 def test_int8_linear_on_the_vnni_kernel():
     """pace-avx512's int8 kernel takes fp32 activations as 15-bit integers: within 1e-2."""
     model = Int8Linear(96, 128, "mul").eval()

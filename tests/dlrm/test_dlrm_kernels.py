@@ -8,11 +8,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 from pace_native import dlrm as native
-from support.isa import needs_avx512_vnni
+from support.isa import needs_avx512_int8
 
 from pace_core.quant import QuantizationConfig, quantize
 
-BACKENDS = ["native", pytest.param("avx512", marks=needs_avx512_vnni)]
+BACKENDS = ["native", pytest.param("avx512", marks=needs_avx512_int8)]
 BF16_TOL = 2e-2  # relative to the output's largest magnitude: bf16 rounding of inputs/outputs
 
 
@@ -76,7 +76,7 @@ def test_embedding_bag_refuses_grouped_int8_tables(backend):
         k.prepare_embedding_bag(grouped)
 
 
-@needs_avx512_vnni
+@needs_avx512_int8
 def test_avx512_embedding_bag_checks_ids_and_offsets():
     from pace_avx512 import dlrm
 
@@ -136,7 +136,7 @@ def test_int8_cross_interaction_is_close_to_fp32(backend):
     assert 0 < err < 0.02  # quantized (not exact), within int8's error
 
 
-@needs_avx512_vnni
+@needs_avx512_int8
 def test_avx512_w8a8_matches_native_w8a8():
     """Both backends quantize activations the same way (per row and 32 values, amax / 127,
     round to nearest even): they agree to fp32 accumulation order, far below int8's error."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from support.isa import needs_avx512_vnni
+from support.isa import needs_avx512_int8
 
 from pace_core.dlrm import DLRM, DLRMConfig, SyntheticClicks, auc, logloss
 from pace_core.dlrm.weights import random_state
@@ -13,7 +13,7 @@ from pace_core.dlrm.weights import random_state
 pytestmark = pytest.mark.slow
 
 
-@needs_avx512_vnni
+@needs_avx512_int8
 def test_scaled_mlperf_int8_and_bf16_against_fp32():
     config = DLRMConfig.scaled(20_000)
     state = random_state(config, seed=0)

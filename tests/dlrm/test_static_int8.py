@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from support.isa import needs_avx512_vnni
+from support.isa import needs_avx512_int8
 
 from pace_core.dlrm import DLRM, DLRMConfig, DLRMQuantization, SyntheticClicks, auc, logloss, names
 from pace_core.dlrm.calibrate import activation_scales
@@ -52,7 +52,7 @@ def test_static_needs_calibration(state):
 
 
 PLANS = [pytest.param(NATIVE, id="native"),
-         pytest.param(AVX512, id="avx512", marks=needs_avx512_vnni)]  # fmt: skip
+         pytest.param(AVX512, id="avx512", marks=needs_avx512_int8)]  # fmt: skip
 
 
 @pytest.mark.parametrize("opconfig", PLANS)
@@ -78,7 +78,7 @@ def _static_weight(n: int, k: int, scales: torch.Tensor):
     return replace(q, activations="int8", activation_scales=scales)
 
 
-@needs_avx512_vnni
+@needs_avx512_int8
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_avx512_static_scales_match_native_and_clamp(dtype):
     """Both kernels quantize with the given scales (not the rows' own), clamping values past

@@ -1,7 +1,7 @@
 """Whether this CPU can run pace-avx512's kernels: one skip rule for every test that needs them.
 
-The suite runs on any x86-64 CPU: on one without AVX-512 (an AVX2-only Zen 3, say) the
-resolver falls back to other backends, and tests of the AVX-512 kernels skip with the reason.
+They run on AVX-512 CPUs and, through the ``avx2`` build target, on AVX2 + FMA + F16C ones;
+elsewhere (or without the plugin) the tests that need them skip with the reason.
 """
 
 from __future__ import annotations
@@ -10,29 +10,25 @@ import importlib.util
 
 import pytest
 
-from pace_core.cpu import detect_cpu
 
-
-def avx512_unavailable(*extra: str) -> str | None:
-    """Why pace-avx512's kernels (and ``extra`` CPU features) cannot run here, or None."""
+def avx512_unavailable(int8: bool = False) -> str | None:
+    """Why pace-avx512's kernels (with ``int8``: its vpdpbusd ones) cannot run here, or None."""
     if importlib.util.find_spec("pace_avx512") is None:
         return "pace-avx512 is not installed (pip install --no-deps -e plugins/avx512)"
     from pace_avx512 import build
 
-    missing = sorted(set((*build.BASE_FEATURES, *extra)) - detect_cpu().features)
-    return f"needs an AVX-512 CPU; this one lacks {', '.join(missing)}" if missing else None
+    if build.target() is None:
+        return f"pace-avx512 needs a CPU with {', '.join(build.AVX2_FEATURES)}"
+    return build.int8_dot_problem() if int8 else None
 
 
-def require_avx512(*extra: str) -> None:
+def require_avx512(int8: bool = False) -> None:
     """Skip the calling test (or, at module level, its module) unless the kernels can run."""
-    reason = avx512_unavailable(*extra)
+    reason = avx512_unavailable(int8)
     if reason:
-        pytest.skip(f"pace-avx512 {reason}", allow_module_level=True)
+        pytest.skip(reason, allow_module_level=True)
 
 
-needs_avx512 = pytest.mark.skipif(avx512_unavailable() is not None,
-                                  reason=f"pace-avx512 {avx512_unavailable()}")  # fmt: skip
-needs_avx512_vnni = pytest.mark.skipif(
-    avx512_unavailable("avx512_vnni") is not None,
-    reason=f"pace-avx512 {avx512_unavailable('avx512_vnni')}",
-)
+# For tests of the int8 (vpdpbusd) kernels: the quantized GEMMs, W8A8, the DLRM's int8 path.
+needs_avx512_int8 = pytest.mark.skipif(avx512_unavailable(int8=True) is not None,
+                                       reason=str(avx512_unavailable(int8=True)))  # fmt: skip

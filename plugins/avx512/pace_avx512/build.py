@@ -17,10 +17,11 @@ CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = ("bindings.cpp", "stack.cpp", "stack_layers.cpp", "linear.cpp", "qlinear.cpp",
            "igemm.cpp", "qpanel.cpp", "norm.cpp", "rope.cpp", "attention.cpp", "activation.cpp",
            "stream.cpp", "dlrm.cpp", "dlrm_ops.cpp")  # fmt: skip
-HEADERS = ("attention_int8.h", "attention_pairs.h", "gemm_tiles.h", "kernels.h", "q4k_tile.h",
-           "qblock.h", "qrows.h", "raw_ops.h", "simd.h", "stack_layers.h", "tensor_ops.h",
-           "work_ranges.h")  # fmt: skip
+HEADERS = ("attention_int8.h", "attention_pairs.h", "avx512_on_avx2.h", "gemm_tiles.h", "isa.h",
+           "kernels.h", "q4k_tile.h", "qblock.h", "qrows.h", "raw_ops.h", "simd.h",
+           "stack_layers.h", "tensor_ops.h", "work_ranges.h")  # fmt: skip
 BASE_FEATURES = ("avx512f", "avx512bw", "avx512vl", "fma")
+AVX2_FEATURES = ("avx2", "fma", "f16c")  # the least a build target needs
 BASE_FLAGS = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma", "-mf16c")
 # Build targets, best first: tag -> (CPU features required, ISA flags).
 TARGETS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -29,6 +30,9 @@ TARGETS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         (*BASE_FLAGS, "-mavx512bf16", "-DPACE_HAS_BF16"),
     ),
     "avx512": (BASE_FEATURES, BASE_FLAGS),
+    # The same kernels on AVX2 CPUs: each 512-bit intrinsic on a pair of 256-bit registers
+    # (csrc/avx512_on_avx2.h). Same numbers, roughly half the vector width.
+    "avx2": (AVX2_FEATURES, ("-mavx2", "-mfma", "-mf16c")),
 }
 COMMON_FLAGS = ("-O3",)  # and -fopenmp, which pace_core.jit adds to compiler and linker
 
@@ -41,12 +45,23 @@ def target() -> str | None:
     return next((tag for tag, (needs, _) in TARGETS.items() if cpu.has(*needs)), None)
 
 
+def int8_dot_problem() -> str | None:
+    """Why the quantized kernels (vpdpbusd) cannot run on this CPU's target, or None: the
+    AVX-512 targets compile them for AVX512-VNNI; the avx2 target emulates it exactly."""
+    from pace_core.cpu import detect_cpu
+
+    tag = target()
+    if tag is None or tag == "avx2" or detect_cpu().has("avx512_vnni"):
+        return None
+    return "missing CPU features: avx512_vnni (quantized kernels use vpdpbusd)"
+
+
 def extension(tag: str | None = None) -> jit.Extension:
     """The build of ``tag`` (default: this CPU's target)."""
     tag = tag or target()
     if tag is None:
         raise jit.BuildNotApplicable(
-            "pace-avx512: this CPU lacks " + ", ".join(BASE_FEATURES) + " (see `pace ops`)"
+            "pace-avx512: this CPU lacks " + ", ".join(AVX2_FEATURES) + " (see `pace ops`)"
         )
     return jit.Extension(
         f"pace_avx512_{tag}", tuple(CSRC / s for s in SOURCES), isa_tag=tag, prefix="avx512",

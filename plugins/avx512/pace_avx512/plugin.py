@@ -1,5 +1,8 @@
 """Entry point of pace-avx512: registers the AVX-512 kernels under the backend ``avx512``.
 
+They run on AVX-512 CPUs natively and on AVX2 + FMA + F16C CPUs through the ``avx2`` build
+target (each 512-bit intrinsic on two 256-bit registers, ``csrc/avx512_on_avx2.h``).
+
 When the C++ extension gets built (the choice, and why):
 
 - ``import``/registration never compiles by default: compiling takes about a minute, and
@@ -14,7 +17,7 @@ When the C++ extension gets built (the choice, and why):
   recorded so later processes register nothing, with the reason shown by ``pace plugins``.
 - The hook raises (plugin "failed", registers nothing) when this CPU could run the kernels
   but they cannot be built here: no C++ compiler, no Python headers, no ninja, or an earlier
-  failed build. On a CPU without AVX-512 the kernels are registered anyway and the resolver
+  failed build. On a CPU without AVX2 the kernels are registered anyway and the resolver
   skips them by their ``cpu_features``, which shows the reason in ``pace ops`` and op plans.
 
 ``pace build-kernels`` (this plugin's build step) builds ahead of time and retries a failed
@@ -30,7 +33,6 @@ import torch
 
 from pace_avx512 import build, dlrm, kernels, packing, qpacking, stack
 from pace_core import hookimpl
-from pace_core.cpu import detect_cpu
 from pace_core.registry import BuildNotApplicable, OpContext, Registrations
 
 PACE_CONTRACT_VERSION = 1  # the pace_core.CONTRACT_VERSION this plugin implements
@@ -38,12 +40,12 @@ PACE_CONTRACT_VERSION = 1  # the pace_core.CONTRACT_VERSION this plugin implemen
 BACKEND = "avx512"
 PRIORITY = 50  # above native (0)
 DTYPES = (torch.float32, torch.bfloat16)
-# What the compiled code needs on every target (csrc is built with these ISA flags) ...
-BASE = build.BASE_FEATURES
+# What the compiled code needs on every target (the least of build.TARGETS) ...
+BASE = build.AVX2_FEATURES
 # bf16 matmuls use vdpbf16ps where the CPU has AVX512-BF16 (the `avx512bf16` build target) and
-# widen bf16 to fp32 for FMAs where it does not (build.py's `avx512` target): no bf16 check.
-# The quantized-weight kernels (vpdpbusd) need VNNI, checked per weight format.
-INT8_DOT = "avx512_vnni"
+# widen bf16 to fp32 for FMAs where it does not (the `avx512` and `avx2` targets): no bf16
+# check. The quantized-weight kernels (vpdpbusd) need VNNI on the AVX-512 targets (the avx2
+# target emulates it), checked per weight format by build.int8_dot_problem.
 MATRIX_FORMATS = ("dense", *qpacking.FORMATS)
 CACHE_LAYOUTS = ("contiguous", "paged", "slab")
 # Layouts whose caches the C++ stack writes itself: direct_buffers() / block_buffers().
@@ -55,8 +57,8 @@ KV_DTYPES = ("auto", "int8")
 
 def _quantized_problem(ctx: OpContext, fmt: str) -> str | None:
     """Why the VNNI kernels cannot take this op's quantized weights, or None."""
-    if not detect_cpu().has(INT8_DOT):
-        return f"missing CPU features: {INT8_DOT} (quantized kernels use vpdpbusd)"
+    if (why := build.int8_dot_problem()) is not None:
+        return why
     rows = ("hidden", "intermediate") if ctx.op in ("gated_mlp", "moe") else ("in_features",)
     for attr in rows:
         k = getattr(ctx, attr, None)  # absent when `pace ops` asks generally
@@ -106,13 +108,16 @@ def _check_buildable() -> None:
 
 def _prebuild() -> str:
     if build.target() is None:
-        raise BuildNotApplicable("this CPU has no AVX-512 (the kernels would never be used)")
+        raise BuildNotApplicable(
+            f"this CPU lacks {', '.join(build.AVX2_FEATURES)} (the kernels would never be used)"
+        )
     return str(build.prebuild())
 
 
 @hookimpl
 def pace_register_builds(registry: Registrations) -> None:
-    registry.add_build(BACKEND, _prebuild, description="AVX-512 kernels (C++, JIT)")
+    registry.add_build(BACKEND, _prebuild, description="AVX-512 kernels (C++, JIT; AVX2 build "
+                       "on CPUs without AVX-512)")
 
 
 @hookimpl

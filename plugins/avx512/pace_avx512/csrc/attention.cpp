@@ -588,7 +588,7 @@ void warm_item(const AttnArgs<T>& a, int64_t b, int64_t g, int64_t lo, int64_t h
       for (int r = 0; r < n; ++r)
         if (i < lens[r]) {
           __m512i x = _mm512_load_si512(runs[r] + 64 * i);
-          asm volatile("" : "+v"(x));  // the load is the point: keep it
+          opaque(x);  // the load is the point: keep it
           sum = _mm512_add_epi64(sum, x);
         }
     n = 0;
@@ -614,7 +614,7 @@ void warm_item(const AttnArgs<T>& a, int64_t b, int64_t g, int64_t lo, int64_t h
     s0 += keys;
   }
   read_runs();
-  asm volatile("" : : "v"(sum));
+  consume(sum);
 }
 
 // Query rows t0 .. t0+nt-1 of every head of KV head g in batch row b, over the keys

@@ -29,8 +29,7 @@
 #include "kernels.h"
 #include "simd.h"
 
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")
+PACE_VNNI_BEGIN
 
 namespace pace_avx512 {
 
@@ -221,4 +220,4 @@ void w8a8_rows(const uint8_t* w, int64_t block_stride, int64_t K, const int64_t*
 
 }  // namespace pace_avx512
 
-#pragma GCC pop_options
+PACE_VNNI_END

@@ -10,7 +10,7 @@
 // blocks of 16 (g0, u0, g1, u1, ...) so one pass computes both halves of each 16 columns.
 #pragma once
 
-#include <immintrin.h>
+#include "isa.h"
 
 #include <cstdint>
 #include <type_traits>

@@ -13,7 +13,7 @@
 // Each output takes the same operations at any MT x NB, so the decode GEMV (MT = 1) is a tile.
 #pragma once
 
-#include <immintrin.h>
+#include "isa.h"
 
 #include <cstdint>
 
@@ -21,8 +21,7 @@
 #include "qrows.h"
 #include "simd.h"
 
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")
+PACE_VNNI_BEGIN
 
 #define PACE_UNROLL _Pragma("GCC unroll 16")
 
@@ -117,4 +116,4 @@ inline void q4k_tile(const uint8_t* const (&block)[NB], int64_t G, const Quantiz
 
 }  // namespace pace_avx512
 
-#pragma GCC pop_options
+PACE_VNNI_END

@@ -3,7 +3,7 @@
 // shared by the VNNI kernels (qlinear.cpp), the bf16 panels (qpanel.cpp) and the row lookup.
 #pragma once
 
-#include <immintrin.h>
+#include "isa.h"
 
 #include <cstdint>
 

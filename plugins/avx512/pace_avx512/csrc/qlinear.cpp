@@ -56,8 +56,7 @@
 #include "qrows.h"
 #include "simd.h"
 
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")
+PACE_VNNI_BEGIN
 
 namespace pace_avx512 {
 
@@ -570,4 +569,4 @@ void qlinear_fp32(const float* x, int64_t ldx, int64_t M, int64_t K, const uint8
 
 }  // namespace pace_avx512
 
-#pragma GCC pop_options
+PACE_VNNI_END

@@ -3,7 +3,7 @@
 // the sums of their codes per 16.
 #pragma once
 
-#include <immintrin.h>
+#include "isa.h"
 
 #include <algorithm>
 #include <cmath>

@@ -3,7 +3,7 @@
 // fp32.
 #pragma once
 
-#include <immintrin.h>
+#include "isa.h"
 
 #include <cmath>
 #include <cstdint>

@@ -1,0 +1,29 @@
+// The instruction set the kernels are written in: AVX-512 intrinsics, native where the build
+// target has AVX-512 (-mavx512f ...), else the same intrinsics on pairs of AVX2 registers
+// (avx512_on_avx2.h, the `avx2` build target). Every kernel source includes this, never
+// <immintrin.h> directly.
+#pragma once
+
+#include <immintrin.h>
+
+#if defined(__AVX512F__)
+// Code between these is compiled with AVX512-VNNI (vpdpbusd), which the plugin only runs on
+// CPUs that have it (plugin.py checks avx512_vnni per quantized weight).
+#define PACE_VNNI_BEGIN \
+  _Pragma("GCC push_options") _Pragma("GCC target(\"avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma\")")
+#define PACE_VNNI_END _Pragma("GCC pop_options")
+namespace pace_avx512 {
+// An empty asm that claims to read (and, for opaque, change) v: keeps a load the compiler
+// would otherwise drop, without emitting anything.
+template <class V>
+static inline void opaque(V& v) { asm volatile("" : "+v"(v)); }
+template <class V>
+static inline void consume(const V& v) { asm volatile("" : : "v"(v)); }
+}  // namespace pace_avx512
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include "avx512_on_avx2.h"
+#define PACE_VNNI_BEGIN  // vpdpbusd is emulated exactly (avx512_on_avx2.h)
+#define PACE_VNNI_END
+#else
+#error "pace-avx512 kernels need AVX-512 (-mavx512f -mavx512bw -mavx512vl) or AVX2 + FMA + F16C"
+#endif
