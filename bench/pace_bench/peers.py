@@ -64,9 +64,14 @@ def converter_dir() -> Path:
 
 
 def find_converter() -> Path | None:
-    """The extracted ``convert_hf_to_gguf.py`` (with its ``gguf-py``), or None."""
-    script = converter_dir() / CONVERTER
-    return script if script.is_file() and (script.parent / "gguf-py").is_dir() else None
+    """``convert_hf_to_gguf.py`` (with its ``gguf-py``): the one ``make bench-peers`` extracted,
+    else the newest llama.cpp tree's (``make bench-llama-cpp``), or None."""
+    from pace_bench.llama_cpp_tools import tree
+
+    for script in (converter_dir() / CONVERTER, tree() / "llama.cpp" / CONVERTER):
+        if script.is_file() and (script.parent / "gguf-py").is_dir():
+            return script
+    return None
 
 
 def extract_converter(sdist: Path, dest: Path | None = None) -> Path:
@@ -147,14 +152,21 @@ def quantized_gguf(model_dir: str | Path, ftype: str, *, quiet: bool = True) -> 
     if ftype not in LLAMA_FTYPES:
         known = ", ".join(LLAMA_FTYPES)
         raise PeerUnavailable(f"llama.cpp ftype {ftype!r} unknown (choose from {known})")
-    llama_cpp = find_llama_cpp()
-    if llama_cpp is None:
-        raise PeerUnavailable("llama-cpp-python is not installed: run `make bench-peers`")
+    from pace_bench import llama_cpp_tools
+
+    if find_llama_cpp() is None and llama_cpp_tools.find_tool("llama-quantize") is None:
+        raise PeerUnavailable(
+            "llama.cpp's quantizer is not installed: run `make bench-peers` (llama-cpp-python) "
+            "or `make bench-llama-cpp` (llama-quantize)"
+        )
     source = gguf_for(model_dir, "bf16", quiet=quiet)
     out = source.with_name(source.name.replace(".bf16.gguf", f".{ftype}.gguf"))
     if out.is_file() and out.stat().st_mtime >= source.stat().st_mtime:
         return out
-    llama_quantize(source, out, ftype, quiet=quiet)
+    if find_llama_cpp() is not None:
+        llama_quantize(source, out, ftype, quiet=quiet)
+    else:
+        llama_cpp_tools.quantize(source, out, ftype)
     return out
 
 

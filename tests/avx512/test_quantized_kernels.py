@@ -65,8 +65,8 @@ MODES = {  # (the weight's int8_activations, qpanel_rows)
 def mode(ext, request):
     """The weight's int8 activations flag, and the bf16 panel from 4 rows (0: never)."""
     int8, panel_from = MODES[request.param]
-    if panel_from and not ext.has_bf16:
-        pytest.skip("the bf16 panel path needs an AVX512-BF16 build")
+    if panel_from and not ext.has_bf16_panel:
+        pytest.skip("the bf16 panel path needs an AVX512-BF16 or avx2 build")
     before = ext.qpanel_rows()
     ext.set_qpanel_rows(panel_from)
     yield int8

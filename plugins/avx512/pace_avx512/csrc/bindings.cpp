@@ -484,6 +484,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 #else
   m.attr("has_bf16") = false;
 #endif
+#if defined(PACE_HAS_BF16) || !defined(__AVX512F__)
+  m.attr("has_bf16_panel") = true;  // csrc/qpanel.cpp: quantized prefill on de-quantized panels
+#else
+  m.attr("has_bf16_panel") = false;
+#endif
   register_decoder_stack(m);
   register_dlrm(m);
   m.def("gated_activation", &gated_activation, nogil, py::arg("gate"), py::arg("up"),

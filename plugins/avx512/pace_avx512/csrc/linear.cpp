@@ -90,12 +90,11 @@ void drive(const Args& a, const Epi& e, int64_t M, int64_t groups, int nthreads)
   work.drain(omp_get_thread_num(), run);
 }
 
-// Tile heights: decode streams one group (4 independent accumulator chains per row);
-// prefill uses 6 x 4 = 24 accumulators (+ 4 weight registers).
+// Tile heights: DECODE_ROWS up to 4 rows, else PREFILL_ROWS (gemm_tiles.h).
 template <template <int, int> class Kernel, class A, class Epi>
 void dispatch(const A& a, const Epi& e, int64_t M, int64_t groups, int nt) {
-  if (M <= 4) drive<Kernel, 4>(a, e, M, groups, nt);
-  else drive<Kernel, 6>(a, e, M, groups, nt);
+  if (M <= 4) drive<Kernel, DECODE_ROWS>(a, e, M, groups, nt);
+  else drive<Kernel, PREFILL_ROWS>(a, e, M, groups, nt);
 }
 
 }  // namespace

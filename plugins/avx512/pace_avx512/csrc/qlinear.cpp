@@ -431,9 +431,17 @@ inline void qblocks(const QArgs& a, const Store& st, int64_t b, int64_t end, int
 // folded) one. 15-bit activations take one.
 constexpr int tile_blocks(int kind) { return kind == KIND_INT4 ? 1 : 2; }
 
+// Rows per tile: 4 on AVX-512 (its 32 registers); 2 on the avx2 target, whose 16 registers of
+// half the width hold half as many accumulators.
+#if defined(__AVX512F__)
+constexpr int QTILE_ROWS = 4;
+#else
+constexpr int QTILE_ROWS = 2;
+#endif
+
 template <int KIND, bool SPLIT, typename Store>
 void qdrive(const QArgs& a, const Store& st, int64_t M, int64_t blocks, int nthreads) {
-  constexpr int MT = 4;
+  constexpr int MT = QTILE_ROWS;
   const int64_t wide = tuning().qtile_blocks ? tuning().qtile_blocks : tile_blocks(KIND);
 #pragma omp parallel num_threads(nthreads) if (nthreads > 1)
   {

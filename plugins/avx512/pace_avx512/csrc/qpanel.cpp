@@ -1,5 +1,5 @@
-// Quantized linear for many rows on AVX512-BF16: de-quantize weight panels to bf16 in L2 and
-// run the dense vdpbf16ps tiles on them.
+// Quantized linear for many rows on AVX512-BF16 (and on the avx2 target): de-quantize weight
+// panels to bf16 in L2 and run the dense bf16 tiles on them.
 //
 // Where vdpbf16ps exists (Zen 4/5, Cooper Lake, Sapphire Rapids and later) it retires 32 bf16
 // products per instruction at the rate of an FMA. The VNNI tiles of qlinear.cpp need two
@@ -13,6 +13,10 @@
 // `tuning().qpanel_rows` rows on the panel is the faster path. The activations are used as
 // they are (bf16); the only rounding beyond the weight format's own is the weight's to bf16
 // (2^-9 relative), as in a bf16 model.
+//
+// The avx2 target takes the same path with the widened-bf16 tiles (activations widened to fp32
+// once per call): its vpdpbusd is emulated (several instructions per 256 bits), so the VNNI
+// tiles of qlinear.cpp ran at about a third of the dense bf16 rate there.
 #include <omp.h>
 
 #include <algorithm>
@@ -25,7 +29,7 @@
 
 namespace pace_avx512 {
 
-#ifdef PACE_HAS_BF16
+#if defined(PACE_HAS_BF16) || !defined(__AVX512F__)
 namespace {
 
 constexpr int64_t PAIR_STRIDE = 32 * GROUP;  // bf16 elements per k-pair of a dense group
@@ -35,8 +39,14 @@ inline void put_pair(bf16_t* dst, __m512 even, __m512 odd) {
   alignas(64) static constexpr int16_t ORDER[32] = {
       0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
       8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+#ifdef PACE_HAS_BF16
   const __m512i halves = (__m512i)_mm512_cvtne2ps_pbh(odd, even);  // even in lanes 0-15
   _mm512_storeu_si512(dst, _mm512_permutexvar_epi16(_mm512_load_si512(ORDER), halves));
+#else  // each 32-bit lane (even[j], odd[j]): the same bits, rounded as to_bf16 does
+  (void)ORDER;
+  const __m512i e = _mm512_cvtepu16_epi32(to_bf16(even)), o = _mm512_cvtepu16_epi32(to_bf16(odd));
+  _mm512_storeu_si512(dst, _mm512_or_si512(e, _mm512_slli_epi32(o, 16)));
+#endif
 }
 
 // One code per row: each row's 32-bit lane shifted down by `bits` and masked, as fp32.
@@ -99,11 +109,22 @@ void panel_matmul(const bf16_t* x, int64_t ldx, int64_t M, int64_t K, const uint
                   int nthreads) {
   const int64_t G = K / QGROUP, blocks = (N + 15) / 16, groups = (blocks + GROUP - 1) / GROUP;
   const int nt = pick_threads(nthreads, blocks * block_stride, M, groups);
+#ifndef PACE_HAS_BF16  // the widened-bf16 tiles read fp32 activation rows
+  thread_local std::vector<float> wide;
+  if ((int64_t)wide.size() < M * K) wide.resize(M * K);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; k += 16) _mm512_storeu_ps(&wide[m * K + k], load_bf16(x + m * ldx + k));
+  const float* xw = wide.data();  // this thread's buffer (inside the region `wide` is each thread's)
+#endif
 #pragma omp parallel num_threads(nt) if (nt > 1)
   {
     thread_local std::vector<bf16_t> dense;
     dense.resize(K * COLUMNS);
+#ifdef PACE_HAS_BF16
     const Args<bf16_t, bf16_t> a{x, ldx, dense.data(), K / 2 * PAIR_STRIDE, K / 2};
+#else
+    const Args<float, bf16_t> a{xw, K, dense.data(), K / 2 * PAIR_STRIDE, K / 2};
+#endif
     const int64_t t = omp_get_thread_num(), n = omp_get_num_threads();
     const int64_t end = groups * (t + 1) / n;
     for (int64_t g = groups * t / n; g < end; ++g) {
@@ -114,7 +135,11 @@ void panel_matmul(const bf16_t* x, int64_t ldx, int64_t M, int64_t K, const uint
           _mm_prefetch((const char*)(w + (b0 + GROUP) * block_stride + i), _MM_HINT_T1);
       const int64_t col = g * COLUMNS;
       const LinearEpilogue<bf16_t> e{y + col, ldy, bias ? bias + col : nullptr, N - col};
-      column_tile<Bf16Kernel, 6, GROUP>(a, e, M, 0, nullptr);
+#ifdef PACE_HAS_BF16
+      column_tile<Bf16Kernel, PREFILL_ROWS, GROUP>(a, e, M, 0, nullptr);
+#else
+      column_tile<Bf16WideKernel, PREFILL_ROWS, GROUP>(a, e, M, 0, nullptr);
+#endif
     }
   }
 }
@@ -130,7 +155,7 @@ bool qlinear_bf16_panel(const bf16_t* x, int64_t ldx, int64_t M, int64_t K, cons
   return true;
 }
 
-#else  // built without AVX512-BF16: qlinear.cpp's VNNI tiles run every call
+#else  // AVX-512 without AVX512-BF16: qlinear.cpp's (native) VNNI tiles run every call
 
 bool qlinear_bf16_panel(const bf16_t*, int64_t, int64_t, int64_t, const uint8_t*, int64_t, int,
                         const float*, int64_t, bf16_t*, int64_t, int) {
