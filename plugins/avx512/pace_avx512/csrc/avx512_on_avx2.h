@@ -316,6 +316,19 @@ PACE_E __m256i dpbusd8(__m256i src, __m256i a, __m256i b) {
 PACE_E m512i dpbusd_epi32(m512i src, m512i a, m512i b) {
   return {dpbusd8(src.lo, a.lo, b.lo), dpbusd8(src.hi, a.hi, b.hi)};
 }
+// The same for a in [0, 15] (vpmaddubsw cannot saturate: 2 x 15 x 128 < 2^15), and for a = 16 n
+// (n shifted down, then vpmaddwd by 16): 3 and 5 instructions per 256 bits instead of 9.
+PACE_E __m256i dp_nibbles8(__m256i src, __m256i a, __m256i b, int16_t times) {
+  return _mm256_add_epi32(src, _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(times)));
+}
+PACE_E m512i dpbusd_low_nibbles(m512i src, m512i a, m512i b) {
+  return {dp_nibbles8(src.lo, a.lo, b.lo, 1), dp_nibbles8(src.hi, a.hi, b.hi, 1)};
+}
+PACE_E m512i dpbusd_high_nibbles(m512i src, m512i a, m512i b) {
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  return {dp_nibbles8(src.lo, _mm256_and_si256(_mm256_srli_epi16(a.lo, 4), low), b.lo, 16),
+          dp_nibbles8(src.hi, _mm256_and_si256(_mm256_srli_epi16(a.hi, 4), low), b.hi, 16)};
+}
 PACE_E m512i dpwssd_epi32(m512i src, m512i a, m512i b) {
   return {_mm256_add_epi32(src.lo, _mm256_madd_epi16(a.lo, b.lo)),
           _mm256_add_epi32(src.hi, _mm256_madd_epi16(a.hi, b.hi))};
@@ -446,6 +459,8 @@ static inline void consume(const pace_avx2::m512i& v) { asm volatile("" : : "x"(
 #define _mm512_reduce_or_epi64 pace_avx2::reduce_or_epi64
 #define _mm512_dpbusd_epi32 pace_avx2::dpbusd_epi32
 #define _mm512_dpwssd_epi32 pace_avx2::dpwssd_epi32
+#define dpbusd_low_nibbles pace_avx2::dpbusd_low_nibbles
+#define dpbusd_high_nibbles pace_avx2::dpbusd_high_nibbles
 #define _mm512_permutexvar_epi16 pace_avx2::permutexvar_epi16
 #define _mm512_maskz_loadu_epi8 pace_avx2::maskz_loadu_epi8
 #define _mm512_maskz_loadu_epi16 pace_avx2::maskz_loadu_epi16

@@ -12,6 +12,11 @@
 #define PACE_VNNI_BEGIN \
   _Pragma("GCC push_options") _Pragma("GCC target(\"avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma\")")
 #define PACE_VNNI_END _Pragma("GCC pop_options")
+// vpdpbusd where the kernel knows its unsigned operand is a 4-bit code: in [0, 15] (a low
+// nibble) or 16 times one (a high nibble kept in place). Plain vpdpbusd here; the avx2 target
+// has cheaper exact forms for these than for any byte.
+#define dpbusd_low_nibbles(acc, a, b) _mm512_dpbusd_epi32(acc, a, b)
+#define dpbusd_high_nibbles(acc, a, b) _mm512_dpbusd_epi32(acc, a, b)
 namespace pace_avx512 {
 // An empty asm that claims to read (and, for opaque, change) v: keeps a load the compiler
 // would otherwise drop, without emitting anything.

@@ -175,11 +175,11 @@ inline void qrow(const QArgs& a, const int64_t (&bs)[NB], __m512 (&total)[NB][1]
         PACE_UNROLL for (int j = 0; j < NB; ++j) {
           const __m512i raw = _mm512_loadu_si512(codes[j] + 64 * v);
           const __m512i even = _mm512_and_si512(raw, low), odd = _mm512_and_si512(raw, high);
-          acc[j][0][0] = _mm512_dpbusd_epi32(acc[j][0][0], even, xh0);
-          acc[j][1][0] = _mm512_dpbusd_epi32(acc[j][1][0], odd, xh1);
+          acc[j][0][0] = dpbusd_low_nibbles(acc[j][0][0], even, xh0);
+          acc[j][1][0] = dpbusd_high_nibbles(acc[j][1][0], odd, xh1);
           if constexpr (SPLIT) {
-            acc[j][0][1] = _mm512_dpbusd_epi32(acc[j][0][1], even, xl0);
-            acc[j][1][1] = _mm512_dpbusd_epi32(acc[j][1][1], odd, xl1);
+            acc[j][0][1] = dpbusd_low_nibbles(acc[j][0][1], even, xl0);
+            acc[j][1][1] = dpbusd_high_nibbles(acc[j][1][1], odd, xl1);
           }
         }
       }
