@@ -93,8 +93,8 @@ def _stack_supports(ctx: OpContext) -> bool | str:
     if backends is not None and backends != {BACKEND}:
         others = ", ".join(sorted(backends - {BACKEND}))
         return f"layer ops also on {others} (fusion needs every layer op on avx512)"
-    layout = getattr(ctx, "cache_layout", "contiguous")
-    if layout not in STACK_LAYOUTS:
+    layout = getattr(ctx, "cache_layout", None)  # None when `pace ops` asks generally
+    if layout is not None and layout not in STACK_LAYOUTS:
         return f"fuses steps over {', '.join(STACK_LAYOUTS)} caches only, not {layout!r}"
     return build.available()
 
