@@ -125,7 +125,8 @@ def gguf_for(model_dir: str | Path, dtype: str = "bf16", *, quiet: bool = True) 
     if script is None:
         raise PeerUnavailable(
             f"llama.cpp's {CONVERTER} is not installed in {converter_dir()}: run `make "
-            "bench-peers` (or `python -m pace_bench.peers extract <llama-cpp-python sdist>`)"
+            "bench-peers` or `make bench-llama-cpp` (or `python -m pace_bench.peers extract "
+            "<llama-cpp-python sdist>`)"
         )
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")

@@ -222,6 +222,32 @@ def test_gguf_lookup_without_converter_says_make_bench_peers(tmp_path, monkeypat
         peers.gguf_for(model)
 
 
+def test_the_newest_tree_serves_when_llama_cpp_python_is_absent(tmp_path, monkeypatch):
+    """`make bench-llama-cpp` alone: its tree's converter, and llama-quantize for the quants."""
+    from pace_bench import llama_cpp_tools
+
+    monkeypatch.setenv("PACE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(peers, "find_llama_cpp", lambda: None)
+    script = llama_cpp_tools.tree() / "llama.cpp" / "convert_hf_to_gguf.py"
+    (script.parent / "gguf-py").mkdir(parents=True)
+    script.write_text("print('convert')\n")
+    assert peers.find_converter() == script
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    bf16 = peers.gguf_path(model.resolve(), "bf16")
+    bf16.write_bytes(b"GGUF")
+    made = []
+    monkeypatch.setattr(llama_cpp_tools, "find_tool", lambda name: Path("/bin/true"))
+    monkeypatch.setattr(llama_cpp_tools, "quantize", lambda src, out, ftype: made.append(
+        (src, out, ftype)) or out.write_bytes(b"GGUF q"))  # fmt: skip
+    out = peers.quantized_gguf(model, "q4_0")
+    assert made == [(bf16, out, "q4_0")] and out.read_bytes() == b"GGUF q"
+    monkeypatch.setattr(llama_cpp_tools, "find_tool", lambda name: None)
+    with pytest.raises(peers.PeerUnavailable, match="make bench-llama-cpp"):
+        peers.quantized_gguf(model, "q8_0")
+
+
 def test_extract_converter_keeps_only_the_converter(tmp_path, monkeypatch):
     monkeypatch.setenv("PACE_CACHE_DIR", str(tmp_path / "cache"))
     sdist = tmp_path / "llama_cpp_python-0.0.0.tar.gz"
