@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "kernels.h"
 #include "simd.h"
@@ -30,6 +31,19 @@ constexpr int DECODE_ROWS = 4, PREFILL_ROWS = 6;
 #else
 constexpr int DECODE_ROWS = 2, PREFILL_ROWS = 2;
 #endif
+
+// bf16 activation rows widened to fp32, `kp` floats a row, in this thread's buffer (reused
+// across calls): the operand of Bf16WideKernel, where the build lacks vdpbf16ps. Returns it.
+inline const float* widen_rows(const bf16_t* x, int64_t ldx, int64_t M, int64_t kp) {
+  thread_local std::vector<float> wide;
+  if ((int64_t)wide.size() < M * kp) wide.resize(M * kp);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < kp; k += 16) {
+      const __mmask16 lanes = lane_mask(kp - k);
+      _mm512_mask_storeu_ps(&wide[m * kp + k], lanes, load_bf16(x + m * ldx + k, lanes));
+    }
+  return wide.data();
+}
 
 // A slice of `count` cache lines of the next group's weights, prefetched into L2 `lines` per
 // k step of a tile (none when `count` is 0).

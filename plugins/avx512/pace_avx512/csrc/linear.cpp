@@ -118,15 +118,8 @@ void bf16_matmul(const bf16_t* x, int64_t ldx, int64_t M, int64_t K, const bf16_
 #ifdef PACE_HAS_BF16
   dispatch<Bf16Kernel>(Args<bf16_t, bf16_t>{x, ldx, w, kp / 2 * 128, kp / 2}, e, M, groups, nt);
 #else
-  thread_local std::vector<float> wide;
-  if ((int64_t)wide.size() < M * kp) wide.resize(M * kp);
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t k = 0; k < kp; k += 16) {
-      const __mmask16 lanes = lane_mask(kp - k);
-      _mm512_mask_storeu_ps(&wide[m * kp + k], lanes, load_bf16(x + m * ldx + k, lanes));
-    }
-  dispatch<Bf16WideKernel>(Args<float, bf16_t>{wide.data(), kp, w, kp / 2 * 128, kp / 2}, e, M,
-                           groups, nt);
+  const float* wide = widen_rows(x, ldx, M, kp);
+  dispatch<Bf16WideKernel>(Args<float, bf16_t>{wide, kp, w, kp / 2 * 128, kp / 2}, e, M, groups, nt);
 #endif
 }
 

@@ -36,14 +36,13 @@ constexpr int64_t PAIR_STRIDE = 32 * GROUP;  // bf16 elements per k-pair of a de
 
 // Rows j of the k-pair line: (even[j], odd[j]) as bf16, from fp32 vectors of the 16 rows.
 inline void put_pair(bf16_t* dst, __m512 even, __m512 odd) {
+#ifdef PACE_HAS_BF16
   alignas(64) static constexpr int16_t ORDER[32] = {
       0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
       8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-#ifdef PACE_HAS_BF16
   const __m512i halves = (__m512i)_mm512_cvtne2ps_pbh(odd, even);  // even in lanes 0-15
   _mm512_storeu_si512(dst, _mm512_permutexvar_epi16(_mm512_load_si512(ORDER), halves));
 #else  // each 32-bit lane (even[j], odd[j]): the same bits, rounded as to_bf16 does
-  (void)ORDER;
   const __m512i e = _mm512_cvtepu16_epi32(to_bf16(even)), o = _mm512_cvtepu16_epi32(to_bf16(odd));
   _mm512_storeu_si512(dst, _mm512_or_si512(e, _mm512_slli_epi32(o, 16)));
 #endif
@@ -109,12 +108,8 @@ void panel_matmul(const bf16_t* x, int64_t ldx, int64_t M, int64_t K, const uint
                   int nthreads) {
   const int64_t G = K / QGROUP, blocks = (N + 15) / 16, groups = (blocks + GROUP - 1) / GROUP;
   const int nt = pick_threads(nthreads, blocks * block_stride, M, groups);
-#ifndef PACE_HAS_BF16  // the widened-bf16 tiles read fp32 activation rows
-  thread_local std::vector<float> wide;
-  if ((int64_t)wide.size() < M * K) wide.resize(M * K);
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t k = 0; k < K; k += 16) _mm512_storeu_ps(&wide[m * K + k], load_bf16(x + m * ldx + k));
-  const float* xw = wide.data();  // this thread's buffer (inside the region `wide` is each thread's)
+#ifndef PACE_HAS_BF16  // the widened-bf16 tiles read fp32 activation rows (K is even)
+  const float* xw = widen_rows(x, ldx, M, K);  // the calling thread's buffer, shared below
 #endif
 #pragma omp parallel num_threads(nt) if (nt > 1)
   {
