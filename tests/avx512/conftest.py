@@ -1,11 +1,12 @@
 """Fixtures of the pace-avx512 tests: the kernels built once per session, a clean PACE_* env.
 
-Every test here skips, with the reason, on a CPU without AVX-512 or when pace-avx512 is not
-installed (``support.isa``); the int8 modules also need AVX512-VNNI. bf16 cases run on every
-AVX-512 CPU: with AVX512-BF16 the matmuls use vdpbf16ps, without it they widen bf16 to fp32
-(the `avx512` build target).
+Every test here skips, with the reason, on a CPU without AVX2 + FMA + F16C or when
+pace-avx512 is not installed (``support.isa``); on AVX2-only CPUs they run the `avx2` build, and
+the int8 modules need AVX512-VNNI on AVX-512 CPUs. bf16 cases run everywhere: with AVX512-BF16
+the matmuls use vdpbf16ps, without it they widen bf16 to fp32.
 
-The first session on a machine compiles the extension (~20-60 s on 2 busy cores); later
+The first session on a machine compiles the extension (~20-60 s on 2 busy cores, ~2 min for
+`avx2`); later
 sessions import the cached build from ``$PACE_CACHE_DIR/kernels/``.
 """
 
