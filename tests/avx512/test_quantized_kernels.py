@@ -1,7 +1,7 @@
 """pace-avx512's quantized linear against an exact model of what it computes.
 
 The VNNI path (csrc/qlinear.cpp) quantizes each activation row per group of 32 (round half to even)
-to 15 bits (``amax / 16383``), or, bf16 rows of a weight packed with ``int8_activations``
+to 15 bits (``amax / 16256``), or, bf16 rows of a weight packed with ``int8_activations``
 (``PACE_QUANT_ACTIVATIONS=int8``), to int8 (``amax / 127``); it takes integer dot products with the
 weight codes and scales per group in fp32. The bf16 panel path (csrc/qpanel.cpp: bf16 activations,
 AVX512-BF16 builds, calls of ``qpanel_rows`` rows or more) rounds the de-quantized weights to bf16

@@ -47,7 +47,7 @@ def target() -> str | None:
 
 def int8_dot_problem() -> str | None:
     """Why the quantized kernels (vpdpbusd) cannot run on this CPU's target, or None: the
-    AVX-512 targets compile them for AVX512-VNNI; the avx2 target emulates it exactly."""
+    AVX-512 targets compile them for AVX512-VNNI; the avx2 target has exact AVX2 forms of it."""
     from pace_core.cpu import detect_cpu
 
     tag = target()

@@ -64,7 +64,7 @@ def qlinear_path(rows: int, dtype: torch.dtype, int8_activations: bool) -> str:
     kind q4k: csrc/q4k_tile.h); other bf16 calls of
     at least ``qpanel_rows`` rows in an AVX512-BF16 or avx2 build as ``"bf16-panel"`` (qpanel.cpp:
     weights de-quantized to bf16, activations as they are); the rest (every fp32 call) as
-    ``"split"`` (csrc/qlinear.cpp: 15-bit activations, ``amax / 16383``)."""
+    ``"split"`` (csrc/qlinear.cpp: 15-bit activations, ``amax / 16256``)."""
     if dtype == torch.bfloat16 and int8_activations:
         return "int8"
     ext = build.load_extension()

@@ -2,8 +2,9 @@
 // Haswell to Alder Lake client parts): a 512-bit register is a pair of 256-bit ones, a mask
 // register a plain integer. Included by isa.h for the `avx2` build target, never directly.
 //
-// Each intrinsic keeps its AVX-512 meaning (lane order, rounding, saturation, exact integer
-// dot products), so the kernels compute the same numbers; only their speed differs. Masked
+// Each intrinsic keeps its AVX-512 meaning (lane order, rounding, saturation), so the kernels
+// compute the same numbers; only their speed differs. vpdpbusd comes only in isa.h's dpbusd_*
+// forms, each exact for the operands its name states. Masked
 // loads and stores never touch memory outside the mask (vmaskmov for 32-bit lanes, a prefix
 // copy or a per-lane loop for bytes and words), as AVX-512's do.
 #pragma once
@@ -304,30 +305,32 @@ PACE_E long long reduce_or_epi64(m512i a) {
   const __m128i t = _mm_or_si128(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
   return _mm_cvtsi128_si64(_mm_or_si128(t, _mm_unpackhi_epi64(t, t)));
 }
-// vpdpbusd: each 32-bit lane + the four products of unsigned bytes of a and signed bytes of b,
-// exact (no int16 saturation): even and odd bytes widened to int16, then vpmaddwd.
-PACE_E __m256i dpbusd8(__m256i src, __m256i a, __m256i b) {
-  const __m256i low = _mm256_set1_epi16(0x00FF);
-  const __m256i a_even = _mm256_and_si256(a, low), a_odd = _mm256_srli_epi16(a, 8);
-  const __m256i b_even = _mm256_srai_epi16(_mm256_slli_epi16(b, 8), 8), b_odd = _mm256_srai_epi16(b, 8);
-  const __m256i even = _mm256_madd_epi16(a_even, b_even), odd = _mm256_madd_epi16(a_odd, b_odd);
-  return _mm256_add_epi32(src, _mm256_add_epi32(even, odd));
-}
-PACE_E m512i dpbusd_epi32(m512i src, m512i a, m512i b) {
-  return {dpbusd8(src.lo, a.lo, b.lo), dpbusd8(src.hi, a.hi, b.hi)};
-}
-// The same for a in [0, 15] (vpmaddubsw cannot saturate: 2 x 15 x 128 < 2^15), and for a = 16 n
-// (n shifted down, then vpmaddwd by 16): 3 and 5 instructions per 256 bits instead of 9.
-PACE_E __m256i dp_nibbles8(__m256i src, __m256i a, __m256i b, int16_t times) {
+// vpdpbusd (each 32-bit lane + the four products of unsigned bytes of a and signed bytes of
+// b) in the forms isa.h names, each exact for what the kernel knows of its operands:
+// vpmaddubsw's int16 pair sums cannot saturate when 2 |a| |b| < 2^15.
+// a in [0, 63] (2 x 63 x 128 < 2^15), or a = 16 n (n shifted down, vpmaddwd by 16): 3 and 5
+// instructions per 256 bits.
+PACE_E __m256i dp_small8(__m256i src, __m256i a, __m256i b, int16_t times) {
   return _mm256_add_epi32(src, _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(times)));
 }
-PACE_E m512i dpbusd_low_nibbles(m512i src, m512i a, m512i b) {
-  return {dp_nibbles8(src.lo, a.lo, b.lo, 1), dp_nibbles8(src.hi, a.hi, b.hi, 1)};
+PACE_E m512i dpbusd_small_codes(m512i src, m512i a, m512i b) {
+  return {dp_small8(src.lo, a.lo, b.lo, 1), dp_small8(src.hi, a.hi, b.hi, 1)};
 }
 PACE_E m512i dpbusd_high_nibbles(m512i src, m512i a, m512i b) {
   const __m256i low = _mm256_set1_epi8(0x0F);
-  return {dp_nibbles8(src.lo, _mm256_and_si256(_mm256_srli_epi16(a.lo, 4), low), b.lo, 16),
-          dp_nibbles8(src.hi, _mm256_and_si256(_mm256_srli_epi16(a.hi, 4), low), b.hi, 16)};
+  return {dp_small8(src.lo, _mm256_and_si256(_mm256_srli_epi16(a.lo, 4), low), b.lo, 16),
+          dp_small8(src.hi, _mm256_and_si256(_mm256_srli_epi16(a.hi, 4), low), b.hi, 16)};
+}
+// a = q + 128 against b in [-127, 127]: sum q b (OFFSET_BYTES_BIAS = 128) as |q| times b
+// signed by q (vpsignb; b != -128, so negating it is exact), 2 x 128 x 127 < 2^15: 6
+// instructions per 256 bits, where any unsigned a takes 9 (even and odd bytes widened).
+PACE_E __m256i dp_offset8(__m256i src, __m256i a, __m256i b) {
+  const __m256i q = _mm256_xor_si256(a, _mm256_set1_epi8((char)0x80));
+  const __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(q), _mm256_sign_epi8(b, q));
+  return _mm256_add_epi32(src, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+}
+PACE_E m512i dpbusd_offset_bytes(m512i src, m512i a, m512i b) {
+  return {dp_offset8(src.lo, a.lo, b.lo), dp_offset8(src.hi, a.hi, b.hi)};
 }
 PACE_E m512i dpwssd_epi32(m512i src, m512i a, m512i b) {
   return {_mm256_add_epi32(src.lo, _mm256_madd_epi16(a.lo, b.lo)),
@@ -376,6 +379,7 @@ PACE_E __m128i maskz_loadu_epi8_128(mask16 k, const void* p) {
 }  // namespace pace_avx2
 
 namespace pace_avx512 {
+constexpr int OFFSET_BYTES_BIAS = 128;  // dpbusd_offset_bytes sums q b, not (q + 128) b
 // As isa.h's native ones: keep a load the compiler would drop, emitting nothing.
 static inline void opaque(pace_avx2::m512i& v) { asm volatile("" : "+x"(v.lo), "+x"(v.hi)); }
 static inline void consume(const pace_avx2::m512i& v) { asm volatile("" : : "x"(v.lo), "x"(v.hi)); }
@@ -457,9 +461,9 @@ static inline void consume(const pace_avx2::m512i& v) { asm volatile("" : : "x"(
 #define _mm_test_epi8_mask pace_avx2::test_epi8_mask128
 #define _mm512_reduce_add_epi32 pace_avx2::reduce_add_epi32
 #define _mm512_reduce_or_epi64 pace_avx2::reduce_or_epi64
-#define _mm512_dpbusd_epi32 pace_avx2::dpbusd_epi32
 #define _mm512_dpwssd_epi32 pace_avx2::dpwssd_epi32
-#define dpbusd_low_nibbles pace_avx2::dpbusd_low_nibbles
+#define dpbusd_small_codes pace_avx2::dpbusd_small_codes
+#define dpbusd_offset_bytes pace_avx2::dpbusd_offset_bytes
 #define dpbusd_high_nibbles pace_avx2::dpbusd_high_nibbles
 #define _mm512_permutexvar_epi16 pace_avx2::permutexvar_epi16
 #define _mm512_maskz_loadu_epi8 pace_avx2::maskz_loadu_epi8

@@ -3,14 +3,15 @@
 //
 // Packed layout (pace_avx512/qpacking.py), per block of 16 rows, `block_stride` = 64 + 16 K
 // bytes: the rows' fp32 scales [16], then the codes as k-quads, quad q at byte 64 + 64 q with
-// byte 4 j + e = row j, k = 4 q + e, stored unsigned (u = q + 128: vpdpbusd's first operand).
+// byte 4 j + e = row j, k = 4 q + e, stored unsigned (u = q + 128: vpdpbusd's first operand;
+// the avx2 target sums q c instead, isa.h dpbusd_offset_bytes, and its comp is 0).
 //
 // Activation rows are quantized once per call, per row and group of k, as the native
 // reference rounds them (pace_native.kernels.int8_activations): codes c with the dynamic scale
 // amax / 127 per group of 64 (of 32 where K is not a multiple of 64), or the calibrated static
 // scales of each group of 32. With w = (u - 128) sw,
 //   y[m, n] = sw[n] (sum_g sx[m, g] sum_{k in g} u c  +  comp[m]) + b[n],
-//   comp[m] = -128 sum_g sx[m, g] sum_{k in g} c,
+//   comp[m] = -128 sum_g sx[m, g] sum_{k in g} c  (AVX-512; 0 on avx2),
 // each group's inner sum exact in int32 (16 or 8 vpdpbusd per row and 16 columns), one cvt
 // and one fp32 FMA per group into the totals, comp[m] computed with the codes. Those two run
 // on the pipes vpdpbusd needs: groups of 64 reach ~88% of the vpdpbusd peak, groups of 32
@@ -45,7 +46,7 @@ struct ActivationCodes {
   int64_t group = QGROUP;
   std::vector<int8_t> codes;  // [M][K]
   std::vector<float> scales;  // [M][G]
-  std::vector<float> comp;    // [M]: -128 sum_g scale * (sum of the group's codes)
+  std::vector<float> comp;    // [M]: -128 sum_g scale * (sum of the group's codes), or 0
 };
 
 // One per thread, reused across calls (it grows to the largest call's rows).
@@ -91,7 +92,7 @@ void quantize_rows(const T* x, int64_t ldx, int64_t M, int64_t K, const float* f
       c.scales[m * G + g] = scale;
       comp += scale * (float)_mm512_reduce_add_epi32(sum);
     }
-    c.comp[m] = -128.0f * comp;
+    c.comp[m] = (float)(OFFSET_BYTES_BIAS - 128) * comp;
   }
 }
 
@@ -129,7 +130,7 @@ inline void tile(const Call<T>& a, int64_t m0, int64_t b0) {
       PACE_UNROLL for (int j = 0; j < C; ++j) w[j] = _mm512_loadu_si512(codes[j] + 64 * (g * QUADS + q));
       PACE_UNROLL for (int m = 0; m < R; ++m) {
         const __m512i xb = _mm512_set1_epi32(xq[m][g * QUADS + q]);
-        PACE_UNROLL for (int j = 0; j < C; ++j) acc[m][j] = _mm512_dpbusd_epi32(acc[m][j], w[j], xb);
+        PACE_UNROLL for (int j = 0; j < C; ++j) acc[m][j] = dpbusd_offset_bytes(acc[m][j], w[j], xb);
       }
     }
     PACE_UNROLL for (int m = 0; m < R; ++m) {

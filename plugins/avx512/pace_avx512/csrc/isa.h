@@ -12,12 +12,17 @@
 #define PACE_VNNI_BEGIN \
   _Pragma("GCC push_options") _Pragma("GCC target(\"avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma\")")
 #define PACE_VNNI_END _Pragma("GCC pop_options")
-// vpdpbusd where the kernel knows its unsigned operand is a 4-bit code: in [0, 15] (a low
-// nibble) or 16 times one (a high nibble kept in place). Plain vpdpbusd here; the avx2 target
-// has cheaper exact forms for these than for any byte.
-#define dpbusd_low_nibbles(acc, a, b) _mm512_dpbusd_epi32(acc, a, b)
+// vpdpbusd by what the kernel knows of its operands, so that the avx2 target can use its
+// cheapest exact form (avx512_on_avx2.h); plain vpdpbusd here. The unsigned operand a is
+//   dpbusd_small_codes:  a code in [0, 63] (a low nibble, a 6-bit code);
+//   dpbusd_high_nibbles: 16 times a code in [0, 15] (a high nibble kept in place);
+//   dpbusd_offset_bytes: a signed byte q stored as q + 128, against b in [-127, 127] (never
+//     -128); it adds sum (a - OFFSET_BYTES_BIAS) b, which is sum a b here, sum q b on avx2.
+#define dpbusd_small_codes(acc, a, b) _mm512_dpbusd_epi32(acc, a, b)
 #define dpbusd_high_nibbles(acc, a, b) _mm512_dpbusd_epi32(acc, a, b)
+#define dpbusd_offset_bytes(acc, a, b) _mm512_dpbusd_epi32(acc, a, b)
 namespace pace_avx512 {
+constexpr int OFFSET_BYTES_BIAS = 0;
 // An empty asm that claims to read (and, for opaque, change) v: keeps a load the compiler
 // would otherwise drop, without emitting anything.
 template <class V>
@@ -27,7 +32,7 @@ static inline void consume(const V& v) { asm volatile("" : : "v"(v)); }
 }  // namespace pace_avx512
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include "avx512_on_avx2.h"
-#define PACE_VNNI_BEGIN  // vpdpbusd is emulated exactly (avx512_on_avx2.h)
+#define PACE_VNNI_BEGIN  // the dpbusd_* forms are exact AVX2 sequences (avx512_on_avx2.h)
 #define PACE_VNNI_END
 #else
 #error "pace-avx512 kernels need AVX-512 (-mavx512f -mavx512bw -mavx512vl) or AVX2 + FMA + F16C"

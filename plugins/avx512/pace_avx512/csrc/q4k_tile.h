@@ -69,7 +69,7 @@ inline void q4k_tile(const uint8_t* const (&block)[NB], int64_t G, const Quantiz
         PACE_UNROLL for (int m = 0; m < MT; ++m) {
           const __m512i xm = _mm512_set1_epi32(xq[m][g * 8 + quad]);
           PACE_UNROLL for (int j = 0; j < NB; ++j)
-            isum[c][j][m] = _mm512_dpbusd_epi32(isum[c][j][m], w[j], xm);
+            isum[c][j][m] = dpbusd_small_codes(isum[c][j][m], w[j], xm);
         }
       };
       // line v: quad 2v in the low nibbles, 2v + 1 in the high ones

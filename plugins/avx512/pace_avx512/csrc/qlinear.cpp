@@ -16,9 +16,9 @@
 // rows are quantized per super-block of 256 (llama.cpp's q8_K class) and its tiles sum
 // integers across the super-block: sum_i sc_i (sum u xq)_i and sum_i m6_i (sum xq)_i, two
 // FMAs per 256 k (q4k_tile.h).
-// The activations are 15-bit (scale amax / 16383, error ~3e-5 relative, far below any weight
-// format's own) held as two int8 planes, c = 128 hi + lo, so each quad takes two vpdpbusd;
-// bf16 rows of a weight packed with int8 activations (qpacking.QPackedLinear, from
+// The activations are 15-bit (scale amax / 16256 = 127 x 128, error ~3e-5 relative, far below
+// any weight format's own) held as two int8 planes, c = 128 hi + lo, so each quad takes two
+// vpdpbusd; bf16 rows of a weight packed with int8 activations (qpacking.QPackedLinear, from
 // PACE_QUANT_ACTIVATIONS: pace_avx512/settings.py) are quantized to int8 instead (amax / 127,
 // as llama.cpp's q8 activations: one vpdpbusd per quad, ~0.5% error per group).
 //
@@ -85,11 +85,19 @@ struct QArgs {
 // sum u xq and the min FMA (KIND_Q6 on 15 bits: sum (u + 96) xq with the min -128 s).
 template <int KIND, bool SPLIT>
 constexpr bool folds() { return !SPLIT && !has_mins(KIND); }
+// acc + a quad's codes u (quad_codes, or a nibble line's masked or shifted codes) . an
+// activation quad: 4- and 6-bit codes in [0, 63]; an 8-bit kind's u = q + 128, whose sum falls
+// short by OFFSET_BYTES_BIAS per activation code (isa.h; code_shift adds it back).
+template <int KIND>
+__attribute__((always_inline)) inline __m512i dot_codes(__m512i acc, __m512i u, __m512i x) {
+  if constexpr (is_int8(KIND)) return dpbusd_offset_bytes(acc, u, x);
+  else return dpbusd_small_codes(acc, u, x);
+}
 // What a span's integer sum adds per activation code (times the span's code sum, span_codes).
 template <int KIND, bool SPLIT>
 constexpr int code_shift() {
-  return folds<KIND, SPLIT>() ? -qcode_offset(KIND)
-         : is_byte_coded(KIND) ? 128 - qcode_offset(KIND) : 0;
+  return (is_int8(KIND) ? OFFSET_BYTES_BIAS : 0) +
+         (folds<KIND, SPLIT>() ? -qcode_offset(KIND) : is_byte_coded(KIND) ? 128 - qcode_offset(KIND) : 0);
 }
 // Row m's activation code sum over scale span `sub` of group g (SUB == 1: the whole group).
 template <int SUB>
@@ -148,8 +156,8 @@ inline void qrow(const QArgs& a, const int64_t (&bs)[NB], __m512 (&total)[NB][1]
           const __m512i xl = SPLIT ? _mm512_set1_epi32(lo[g * 8 + q]) : xh;
           PACE_UNROLL for (int j = 0; j < NB; ++j) {
             const __m512i w = quad_codes<KIND>(codes[j], q);
-            acc[j][0] = _mm512_dpbusd_epi32(acc[j][0], w, xh);
-            if constexpr (SPLIT) acc[j][1] = _mm512_dpbusd_epi32(acc[j][1], w, xl);
+            acc[j][0] = dot_codes<KIND>(acc[j][0], w, xh);
+            if constexpr (SPLIT) acc[j][1] = dot_codes<KIND>(acc[j][1], w, xl);
           }
         }
         const __m512 sx = _mm512_set1_ps(xs[g]);
@@ -175,10 +183,10 @@ inline void qrow(const QArgs& a, const int64_t (&bs)[NB], __m512 (&total)[NB][1]
         PACE_UNROLL for (int j = 0; j < NB; ++j) {
           const __m512i raw = _mm512_loadu_si512(codes[j] + 64 * v);
           const __m512i even = _mm512_and_si512(raw, low), odd = _mm512_and_si512(raw, high);
-          acc[j][0][0] = dpbusd_low_nibbles(acc[j][0][0], even, xh0);
+          acc[j][0][0] = dpbusd_small_codes(acc[j][0][0], even, xh0);
           acc[j][1][0] = dpbusd_high_nibbles(acc[j][1][0], odd, xh1);
           if constexpr (SPLIT) {
-            acc[j][0][1] = dpbusd_low_nibbles(acc[j][0][1], even, xl0);
+            acc[j][0][1] = dpbusd_small_codes(acc[j][0][1], even, xl0);
             acc[j][1][1] = dpbusd_high_nibbles(acc[j][1][1], odd, xl1);
           }
         }
@@ -249,11 +257,11 @@ inline void qtile(const QArgs& a, int64_t b, int64_t m0, __m512 (&total)[NB][MT]
       PACE_UNROLL for (int m = 0; m < MT; ++m) {
         const __m512i xm = _mm512_set1_epi32(xq[m][g * 8 + quad]);
         PACE_UNROLL for (int j = 0; j < NB; ++j)
-          acc[c][j][m] = _mm512_dpbusd_epi32(acc[c][j][m], w[j], xm);
+          acc[c][j][m] = dot_codes<KIND>(acc[c][j][m], w[j], xm);
         if constexpr (SPLIT) {
           const __m512i xlm = _mm512_set1_epi32(xl[m][g * 8 + quad]);
           PACE_UNROLL for (int j = 0; j < NB; ++j)
-            low_acc[c][j][m] = _mm512_dpbusd_epi32(low_acc[c][j][m], w[j], xlm);
+            low_acc[c][j][m] = dot_codes<KIND>(low_acc[c][j][m], w[j], xlm);
         }
       }
     };

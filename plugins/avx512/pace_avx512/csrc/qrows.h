@@ -15,9 +15,10 @@
 
 namespace pace_avx512 {
 
-// Activation rows quantized per group of 32. SPLIT (the default): 15-bit codes c = 128 hi + lo
-// as two int8 planes, hi in [-128, 127] at codes[0, M K), lo in [0, 127] at codes[M K, 2 M K):
-// two vpdpbusd per quad give int16-class precision. Else int8 codes (scale amax / 127).
+// Activation rows quantized per group of 32. SPLIT (the default): codes c in +-127 x 128 (scale
+// amax / 16256) as two int8 planes c = 128 hi + lo, hi in [-127, 127] at codes[0, M K), lo in
+// [0, 127] at codes[M K, 2 M K): two vpdpbusd per quad give int16-class precision. Else int8
+// codes (scale amax / 127). Neither plane holds -128 (isa.h dpbusd_offset_bytes).
 struct QuantizedRows {
   std::vector<int8_t> codes;  // [M][K] (SPLIT: [2][M][K])
   std::vector<float> scales;  // [M][G] (a span's scale repeated for each of its groups)
@@ -42,7 +43,7 @@ inline QuantizedRows& scratch_rows() {
 template <bool SPLIT, typename T>
 inline void quantize_rows(const T* x, int64_t ldx, int64_t M, int64_t K, QuantizedRows& q,
                           int nthreads, const float* fixed = nullptr, int64_t span = QGROUP) {
-  constexpr float LEVELS = SPLIT ? 16383.0f : 127.0f;
+  constexpr float LEVELS = SPLIT ? 127.0f * 128.0f : 127.0f;
   const int64_t G = K / QGROUP, per = span / QGROUP;  // groups per scale
   q.codes.resize((SPLIT ? 2 : 1) * M * K);
   q.scales.resize(M * G);
