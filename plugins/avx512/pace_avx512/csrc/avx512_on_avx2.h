@@ -308,19 +308,30 @@ PACE_E long long reduce_or_epi64(m512i a) {
 // vpdpbusd (each 32-bit lane + the four products of unsigned bytes of a and signed bytes of
 // b) in the forms isa.h names, each exact for what the kernel knows of its operands:
 // vpmaddubsw's int16 pair sums cannot saturate when 2 |a| |b| < 2^15.
-// a in [0, 63] (2 x 63 x 128 < 2^15), or a = 16 n (n shifted down, vpmaddwd by 16): 3 and 5
-// instructions per 256 bits.
-PACE_E __m256i dp_small8(__m256i src, __m256i a, __m256i b, int16_t times) {
-  return _mm256_add_epi32(src, _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(times)));
-}
+// a in [0, 63] (2 x 63 x 128 < 2^15): 3 instructions per 256 bits.
 PACE_E m512i dpbusd_small_codes(m512i src, m512i a, m512i b) {
-  return {dp_small8(src.lo, a.lo, b.lo, 1), dp_small8(src.hi, a.hi, b.hi, 1)};
+  const __m256i one = _mm256_set1_epi16(1);
+  return {_mm256_add_epi32(src.lo, _mm256_madd_epi16(_mm256_maddubs_epi16(a.lo, b.lo), one)),
+          _mm256_add_epi32(src.hi, _mm256_madd_epi16(_mm256_maddubs_epi16(a.hi, b.hi), one))};
 }
-PACE_E m512i dpbusd_high_nibbles(m512i src, m512i a, m512i b) {
+// Nibble accumulators: int16 pair sums, |each| <= 2 x 15 x 128 = 3840, so 8 of them fit in
+// int16; widened (vpmaddwd by 1, or by 16 for high nibbles used in place) when read. 2
+// instructions per 256 bits, 4 for a high nibble (shifted down first).
+PACE_E m512i dpbusd_nibbles(m512i acc, m512i a, m512i b) {
+  return {_mm256_add_epi16(acc.lo, _mm256_maddubs_epi16(a.lo, b.lo)),
+          _mm256_add_epi16(acc.hi, _mm256_maddubs_epi16(a.hi, b.hi))};
+}
+PACE_E m512i dpbusd_high_nibbles(m512i acc, m512i a, m512i b) {
   const __m256i low = _mm256_set1_epi8(0x0F);
-  return {dp_small8(src.lo, _mm256_and_si256(_mm256_srli_epi16(a.lo, 4), low), b.lo, 16),
-          dp_small8(src.hi, _mm256_and_si256(_mm256_srli_epi16(a.hi, 4), low), b.hi, 16)};
+  return dpbusd_nibbles(acc, {_mm256_and_si256(_mm256_srli_epi16(a.lo, 4), low),
+                              _mm256_and_si256(_mm256_srli_epi16(a.hi, 4), low)}, b);
 }
+PACE_E m512i widen_pairs(m512i acc, int16_t times) {
+  const __m256i t = _mm256_set1_epi16(times);
+  return {_mm256_madd_epi16(acc.lo, t), _mm256_madd_epi16(acc.hi, t)};
+}
+PACE_E m512i widen_nibble_sums(m512i acc) { return widen_pairs(acc, 1); }
+PACE_E m512i widen_high_nibble_sums(m512i acc) { return widen_pairs(acc, 16); }
 // a = q + 128 against b in [-127, 127]: sum q b (OFFSET_BYTES_BIAS = 128) as |q| times b
 // signed by q (vpsignb; b != -128, so negating it is exact), 2 x 128 x 127 < 2^15: 6
 // instructions per 256 bits, where any unsigned a takes 9 (even and odd bytes widened).
@@ -464,7 +475,10 @@ static inline void consume(const pace_avx2::m512i& v) { asm volatile("" : : "x"(
 #define _mm512_dpwssd_epi32 pace_avx2::dpwssd_epi32
 #define dpbusd_small_codes pace_avx2::dpbusd_small_codes
 #define dpbusd_offset_bytes pace_avx2::dpbusd_offset_bytes
+#define dpbusd_nibbles pace_avx2::dpbusd_nibbles
 #define dpbusd_high_nibbles pace_avx2::dpbusd_high_nibbles
+#define widen_nibble_sums pace_avx2::widen_nibble_sums
+#define widen_high_nibble_sums pace_avx2::widen_high_nibble_sums
 #define _mm512_permutexvar_epi16 pace_avx2::permutexvar_epi16
 #define _mm512_maskz_loadu_epi8 pace_avx2::maskz_loadu_epi8
 #define _mm512_maskz_loadu_epi16 pace_avx2::maskz_loadu_epi16

@@ -14,13 +14,20 @@
 #define PACE_VNNI_END _Pragma("GCC pop_options")
 // vpdpbusd by what the kernel knows of its operands, so that the avx2 target can use its
 // cheapest exact form (avx512_on_avx2.h); plain vpdpbusd here. The unsigned operand a is
-//   dpbusd_small_codes:  a code in [0, 63] (a low nibble, a 6-bit code);
-//   dpbusd_high_nibbles: 16 times a code in [0, 15] (a high nibble kept in place);
+//   dpbusd_small_codes:  a code in [0, 63] (a 6-bit code);
 //   dpbusd_offset_bytes: a signed byte q stored as q + 128, against b in [-127, 127] (never
-//     -128); it adds sum (a - OFFSET_BYTES_BIAS) b, which is sum a b here, sum q b on avx2.
+//     -128); it adds sum (a - OFFSET_BYTES_BIAS) b, which is sum a b here, sum q b on avx2;
+//   dpbusd_nibbles:      a 4-bit code (a low nibble masked, a high one shifted down),
+//   dpbusd_high_nibbles: 16 times a 4-bit code (a high nibble masked in place),
+//     both into a nibble accumulator: int32 sums here, int16 pair sums on avx2 (vpmaddubsw,
+//     vpaddw), so a kernel adds at most 8 dot products to one and reads it only through
+//     widen_nibble_sums / widen_high_nibble_sums (the int32 sums; of 16 n for the latter).
 #define dpbusd_small_codes(acc, a, b) _mm512_dpbusd_epi32(acc, a, b)
-#define dpbusd_high_nibbles(acc, a, b) _mm512_dpbusd_epi32(acc, a, b)
 #define dpbusd_offset_bytes(acc, a, b) _mm512_dpbusd_epi32(acc, a, b)
+#define dpbusd_nibbles(acc, a, b) _mm512_dpbusd_epi32(acc, a, b)
+#define dpbusd_high_nibbles(acc, a, b) _mm512_dpbusd_epi32(acc, a, b)
+#define widen_nibble_sums(acc) (acc)
+#define widen_high_nibble_sums(acc) (acc)
 namespace pace_avx512 {
 constexpr int OFFSET_BYTES_BIAS = 0;
 // An empty asm that claims to read (and, for opaque, change) v: keeps a load the compiler

@@ -2,7 +2,7 @@
 // span 256: one scale per row and 256 k, llama.cpp's q8_K class), integer inside a super-block.
 // Per block of 16 weight rows, activation row and super-block, with u the 4-bit codes, xq the
 // activation codes, sc and m the 6-bit sub-block scales and mins of each weight row:
-//   isum_i = sum u xq over sub-block i's 32 k          vpdpbusd, as every 4-bit kind
+//   isum_i = sum u xq over sub-block i's 32 k          vpdpbusd (isa.h dpbusd_nibbles)
 //   acc    = sum_i sc_i isum_i                           vpmulld, vpaddd per sub-block
 //   msum   = sum_i m_i csum_i (csum_i: the row's code sum over sub-block i)
 //                                                        4 vpdpwssd on int16 pairs (i, i + 1)
@@ -69,7 +69,7 @@ inline void q4k_tile(const uint8_t* const (&block)[NB], int64_t G, const Quantiz
         PACE_UNROLL for (int m = 0; m < MT; ++m) {
           const __m512i xm = _mm512_set1_epi32(xq[m][g * 8 + quad]);
           PACE_UNROLL for (int j = 0; j < NB; ++j)
-            isum[c][j][m] = dpbusd_small_codes(isum[c][j][m], w[j], xm);
+            isum[c][j][m] = dpbusd_nibbles(isum[c][j][m], w[j], xm);
         }
       };
       // line v: quad 2v in the low nibbles, 2v + 1 in the high ones
@@ -88,8 +88,9 @@ inline void q4k_tile(const uint8_t* const (&block)[NB], int64_t G, const Quantiz
         const uint8_t* sc = (const uint8_t*)(tables[j] + 32) + 16 * i;
         const __m512i s = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)sc));
         PACE_UNROLL for (int m = 0; m < MT; ++m) {
-          __m512i sum = isum[0][j][m];
-          PACE_UNROLL for (int c = 1; c < CH; ++c) sum = _mm512_add_epi32(sum, isum[c][j][m]);
+          __m512i sum = widen_nibble_sums(isum[0][j][m]);
+          PACE_UNROLL for (int c = 1; c < CH; ++c)
+            sum = _mm512_add_epi32(sum, widen_nibble_sums(isum[c][j][m]));
           acc[j][m] = _mm512_add_epi32(acc[j][m], _mm512_mullo_epi32(sum, s));
         }
       }

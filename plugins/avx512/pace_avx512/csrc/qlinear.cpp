@@ -86,12 +86,20 @@ struct QArgs {
 template <int KIND, bool SPLIT>
 constexpr bool folds() { return !SPLIT && !has_mins(KIND); }
 // acc + a quad's codes u (quad_codes, or a nibble line's masked or shifted codes) . an
-// activation quad: 4- and 6-bit codes in [0, 63]; an 8-bit kind's u = q + 128, whose sum falls
-// short by OFFSET_BYTES_BIAS per activation code (isa.h; code_shift adds it back).
+// activation quad: an 8-bit kind's u = q + 128, whose sum falls short by OFFSET_BYTES_BIAS per
+// activation code (isa.h; code_shift adds it back); KIND_Q6's u in [0, 63]; a 4-bit kind's
+// into a nibble accumulator (at most 8 quads, read through widen_codes).
 template <int KIND>
 __attribute__((always_inline)) inline __m512i dot_codes(__m512i acc, __m512i u, __m512i x) {
   if constexpr (is_int8(KIND)) return dpbusd_offset_bytes(acc, u, x);
-  else return dpbusd_small_codes(acc, u, x);
+  else if constexpr (KIND == KIND_Q6) return dpbusd_small_codes(acc, u, x);
+  else return dpbusd_nibbles(acc, u, x);
+}
+// The int32 sums of an accumulator of dot_codes.
+template <int KIND>
+__attribute__((always_inline)) inline __m512i widen_codes(__m512i acc) {
+  if constexpr (is_byte_coded(KIND)) return acc;
+  else return widen_nibble_sums(acc);
 }
 // What a span's integer sum adds per activation code (times the span's code sum, span_codes).
 template <int KIND, bool SPLIT>
@@ -183,10 +191,10 @@ inline void qrow(const QArgs& a, const int64_t (&bs)[NB], __m512 (&total)[NB][1]
         PACE_UNROLL for (int j = 0; j < NB; ++j) {
           const __m512i raw = _mm512_loadu_si512(codes[j] + 64 * v);
           const __m512i even = _mm512_and_si512(raw, low), odd = _mm512_and_si512(raw, high);
-          acc[j][0][0] = dpbusd_small_codes(acc[j][0][0], even, xh0);
+          acc[j][0][0] = dpbusd_nibbles(acc[j][0][0], even, xh0);
           acc[j][1][0] = dpbusd_high_nibbles(acc[j][1][0], odd, xh1);
           if constexpr (SPLIT) {
-            acc[j][0][1] = dpbusd_small_codes(acc[j][0][1], even, xl0);
+            acc[j][0][1] = dpbusd_nibbles(acc[j][0][1], even, xl0);
             acc[j][1][1] = dpbusd_high_nibbles(acc[j][1][1], odd, xl1);
           }
         }
@@ -196,10 +204,12 @@ inline void qrow(const QArgs& a, const int64_t (&bs)[NB], __m512 (&total)[NB][1]
       const __m512i shift = _mm512_set1_epi32(16 * SHIFT * span_codes<1>(a, 0, g, 0));
       PACE_UNROLL for (int j = 0; j < NB; ++j) {
         // 16 (128 hi + lo) over the 32 k = 128 (16 E_hi + O_hi) + (16 E_lo + O_lo)
-        const __m512i h = _mm512_add_epi32(_mm512_slli_epi32(acc[j][0][0], 4), acc[j][1][0]);
+        const __m512i h = _mm512_add_epi32(_mm512_slli_epi32(widen_nibble_sums(acc[j][0][0]), 4),
+                                           widen_high_nibble_sums(acc[j][1][0]));
         __m512i sum = h;
         if constexpr (SPLIT) {
-          const __m512i l = _mm512_add_epi32(_mm512_slli_epi32(acc[j][0][1], 4), acc[j][1][1]);
+          const __m512i l = _mm512_add_epi32(_mm512_slli_epi32(widen_nibble_sums(acc[j][0][1]), 4),
+                                             widen_high_nibble_sums(acc[j][1][1]));
           sum = _mm512_add_epi32(_mm512_slli_epi32(h, 7), l);
         }
         if constexpr (SHIFT) sum = _mm512_add_epi32(sum, shift);  // 16 times the fold
@@ -269,12 +279,13 @@ inline void qtile(const QArgs& a, int64_t b, int64_t m0, __m512 (&total)[NB][MT]
     // over span `sub`) * block j's scale `s` * row m's activation scale; the chains restart
     auto flush = [&](int j, const __m512 s, int sub) {
       PACE_UNROLL for (int m = 0; m < MT; ++m) {
-        __m512i sum = acc[0][j][m];
-        PACE_UNROLL for (int c = 1; c < CH; ++c) sum = _mm512_add_epi32(sum, acc[c][j][m]);
+        __m512i sum = widen_codes<KIND>(acc[0][j][m]);
+        PACE_UNROLL for (int c = 1; c < CH; ++c)
+          sum = _mm512_add_epi32(sum, widen_codes<KIND>(acc[c][j][m]));
         if constexpr (SPLIT) {  // 128 sum(hi) + sum(lo)
           sum = _mm512_slli_epi32(sum, 7);
           PACE_UNROLL for (int c = 0; c < CH; ++c) {
-            sum = _mm512_add_epi32(sum, low_acc[c][j][m]);
+            sum = _mm512_add_epi32(sum, widen_codes<KIND>(low_acc[c][j][m]));
             low_acc[c][j][m] = _mm512_setzero_si512();
           }
         }
