@@ -72,12 +72,16 @@ def build(sdist: Path, jobs: int = 2) -> Path:
     return out / "bin"
 
 
-def quantize(source: Path, out: Path, ftype: str, threads: int = 2) -> Path:
-    """``llama-quantize source out FTYPE``, written to ``out`` atomically."""
+def quantize(
+    source: Path, out: Path, ftype: str, threads: int = 2, *, requantize: bool = False
+) -> Path:
+    """``llama-quantize source out FTYPE``, written to ``out`` atomically (``requantize``: from
+    an already quantized file, ``--allow-requantize``)."""
     program = require_tool("llama-quantize")
     tmp = out.with_suffix(".tmp")
-    done = subprocess.run([str(program), str(source), str(tmp), ftype.upper(), str(threads)],
-                          capture_output=True, text=True, check=False)  # fmt: skip
+    flags = ["--allow-requantize"] if requantize else []
+    cmd = [str(program), *flags, str(source), str(tmp), ftype.upper(), str(threads)]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if done.returncode:
         tmp.unlink(missing_ok=True)
         raise PeerUnavailable(f"llama-quantize {source} -> {ftype} failed:\n"

@@ -153,6 +153,18 @@ def quantized_gguf(model_dir: str | Path, ftype: str, *, quiet: bool = True) -> 
     if ftype not in LLAMA_FTYPES:
         known = ", ".join(LLAMA_FTYPES)
         raise PeerUnavailable(f"llama.cpp ftype {ftype!r} unknown (choose from {known})")
+    require_quantizer()
+    source = gguf_for(model_dir, "bf16", quiet=quiet)
+    out = source.with_name(source.name.replace(".bf16.gguf", f".{ftype}.gguf"))
+    if out.is_file() and out.stat().st_mtime >= source.stat().st_mtime:
+        return out
+    quantize_gguf(source, out, ftype, quiet=quiet)
+    return out
+
+
+def require_quantizer() -> None:
+    """Raise :class:`PeerUnavailable` (naming both make targets) when neither llama.cpp
+    quantizer is installed: llama-cpp-python's or the newest tree's ``llama-quantize``."""
     from pace_bench import llama_cpp_tools
 
     if find_llama_cpp() is None and llama_cpp_tools.find_tool("llama-quantize") is None:
@@ -160,15 +172,19 @@ def quantized_gguf(model_dir: str | Path, ftype: str, *, quiet: bool = True) -> 
             "llama.cpp's quantizer is not installed: run `make bench-peers` (llama-cpp-python) "
             "or `make bench-llama-cpp` (llama-quantize)"
         )
-    source = gguf_for(model_dir, "bf16", quiet=quiet)
-    out = source.with_name(source.name.replace(".bf16.gguf", f".{ftype}.gguf"))
-    if out.is_file() and out.stat().st_mtime >= source.stat().st_mtime:
-        return out
+
+
+def quantize_gguf(
+    source: Path, out: Path, ftype: str, *, requantize: bool = False, quiet: bool = True
+) -> None:
+    """``out`` = ``source`` quantized to ``ftype`` by llama.cpp's own quantizer: through
+    llama-cpp-python where installed, else the newest tree's ``llama-quantize``."""
+    from pace_bench import llama_cpp_tools
+
     if find_llama_cpp() is not None:
-        llama_quantize(source, out, ftype, quiet=quiet)
+        llama_quantize(source, out, ftype, requantize=requantize, quiet=quiet)
     else:
-        llama_cpp_tools.quantize(source, out, ftype)
-    return out
+        llama_cpp_tools.quantize(source, out, ftype, requantize=requantize)
 
 
 def llama_quantize(

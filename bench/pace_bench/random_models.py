@@ -209,7 +209,7 @@ def random_gguf(name: str, ftype: str) -> Path:
     :data:`pace_bench.peers.LLAMA_FTYPES`), made once next to the checkpoint: converted to
     BF16 (Q8_0 for :data:`VIA_Q8_0`) by llama.cpp's converter (a placeholder vocabulary of the
     model's size), quantized by llama.cpp's own quantizer, a BF16 intermediate deleted. Needs
-    ``make bench-peers``."""
+    ``make bench-peers`` or ``make bench-llama-cpp``."""
     import os
     import subprocess
     import sys
@@ -224,10 +224,11 @@ def random_gguf(name: str, ftype: str) -> Path:
         raise ValueError(
             f"unknown llama.cpp ftype {ftype!r}; known: {', '.join(peers.LLAMA_FTYPES)}"
         )
-    script, llama_cpp = peers.find_converter(), peers.find_llama_cpp()
-    if script is None or llama_cpp is None:
-        raise peers.PeerUnavailable("llama.cpp's converter or llama-cpp-python is missing: run "
-                                    "`make bench-peers`")  # fmt: skip
+    script = peers.find_converter()
+    if script is None:
+        raise peers.PeerUnavailable("llama.cpp's converter is missing: run `make bench-peers` "
+                                    "or `make bench-llama-cpp`")  # fmt: skip
+    peers.require_quantizer()
     via = "q8_0" if model_dir.name in VIA_Q8_0 else "bf16"
     source = model_dir / f"{model_dir.name}.{via}.gguf"
     if not source.is_file():
@@ -243,7 +244,7 @@ def random_gguf(name: str, ftype: str) -> Path:
     if source == out:
         return out
     try:
-        peers.llama_quantize(source, out, ftype, requantize=via != "bf16")
+        peers.quantize_gguf(source, out, ftype, requantize=via != "bf16")
     finally:
         if via == "bf16":
             source.unlink(missing_ok=True)

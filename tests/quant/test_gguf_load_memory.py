@@ -117,18 +117,23 @@ def test_packing_converts_bounded_chunks_at_any_row_length(monkeypatch):
 @pytest.mark.parametrize("ftype", ["q8_0", "q4_k_m"])
 def test_full_depth_1b_gguf_loads_within_the_bars(ftype):
     """Issue #43's bars on a full-depth Llama-3.2-1B shape made by llama.cpp (its converter and
-    quantizer: ``make bench-peers``), in a fresh process. pace-avx512 packs Q4_K_M's q4_k
-    tensors at 4.625 bits a weight (the file: 4.5; 830M weights, 480 against 467 MB) and its
-    q6_k ones at 7 (6.56; 405M, 355 against 332 MB), so the packed model is 835 MB, 1.04x the
-    803 MB file, and it meets the file's resident bar too (1.25 GB against 1.28 measured; with
-    q4_k at 5 bits, 874 MB, 1.09x, it missed it by ~10 MB and was held to 1.1x what it keeps +
-    0.4 GB; 1.21x when q6_k also took 8-bit codes, 9 bits a weight)."""
+    quantizer: ``make bench-peers`` or ``make bench-llama-cpp``), in a fresh process.
+    pace-avx512 packs Q4_K_M's q4_k tensors at 4.625 bits a weight (the file: 4.5; 830M weights,
+    480 against 467 MB) and its q6_k ones at 7 (6.56; 405M, 355 against 332 MB), so the packed
+    model is 835 MB, 1.04x the 803 MB file, and it meets the file's resident bar too (1.25 GB
+    against 1.28 measured; with q4_k at 5 bits, 874 MB, 1.09x, it missed it by ~10 MB and was
+    held to 1.1x what it keeps + 0.4 GB; 1.21x when q6_k also took 8-bit codes, 9 bits a
+    weight)."""
     from pace_bench import peers
     from pace_bench.loading import after_ok, measure, peak_ok
     from pace_bench.random_models import random_gguf
 
-    if peers.find_converter() is None or peers.find_llama_cpp() is None:
-        pytest.skip("needs llama.cpp's converter and llama-cpp-python (make bench-peers)")
+    try:
+        peers.require_quantizer()
+    except peers.PeerUnavailable as e:
+        pytest.skip(str(e))
+    if peers.find_converter() is None:
+        pytest.skip("needs llama.cpp's converter (make bench-peers or make bench-llama-cpp)")
     file = random_gguf("random:llama-3.2-1b", ftype)
     m = measure(str(file), None, "bfloat16")
     size = file.stat().st_size
