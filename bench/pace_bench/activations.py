@@ -1,10 +1,9 @@
 """pace-avx512's quantized-activation modes (``PACE_QUANT_ACTIVATIONS``) as bench engines.
 
 A benchmark that takes ``--activations exact int8`` loads each quantized model once per mode
-and names its rows ``pace`` (``exact``) or ``pace-a8`` (``int8``, llama.cpp's precision); by
-default it runs the mode pace-avx512 picks on this machine (``int8`` on its avx2 build). The
-mode is read when a model's weights are packed, so models loaded under different modes coexist
-in one process.
+and names its rows ``pace`` (``exact``, the default) or ``pace-a8`` (``int8``, llama.cpp's
+precision). The mode is read when a model's weights are packed, so models loaded under
+different modes coexist in one process.
 """
 
 from __future__ import annotations
@@ -24,19 +23,10 @@ ENGINES = {"exact": "pace", "int8": "pace-a8"}
 """Mode -> the engine name of its rows."""
 
 
-def default_mode() -> str:
-    """The mode quantized weights take here when ``PACE_QUANT_ACTIVATIONS`` is unset."""
-    if importlib.util.find_spec("pace_avx512") is None:
-        return "exact"
-    from pace_avx512 import settings
-
-    return settings.default_mode()
-
-
 def add_argument(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--activations", nargs="+", default=[default_mode()], choices=list(ENGINES),
+    p.add_argument("--activations", nargs="+", default=["exact"], choices=list(ENGINES),
                    help="pace-avx512's PACE_QUANT_ACTIVATIONS modes to run quantized weights "
-                   "in (int8: engine pace-a8; default: this machine's)")  # fmt: skip
+                   "in (int8: engine pace-a8)")  # fmt: skip
 
 
 def modes(args: argparse.Namespace) -> list[str]:

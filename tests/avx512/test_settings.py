@@ -13,23 +13,12 @@ from pace_avx512 import settings
 
 
 @pytest.mark.parametrize(
-    ("value", "mode"), [(None, None), ("", None), ("exact", "exact"), (" INT8 ", "int8")]
+    ("value", "mode"), [(None, "exact"), ("", "exact"), ("exact", "exact"), (" INT8 ", "int8")]
 )
 def test_choices(value, mode):
     env = {} if value is None else {settings.ENV_VAR: value}
-    mode = mode or settings.default_mode()
     assert settings.quant_activations(env) == mode
     assert settings.int8_activations(env) == (mode == "int8")
-
-
-@pytest.mark.parametrize(("target", "mode"), [("avx2", "int8"), ("avx512bf16", "exact"),
-                                              ("avx512", "exact")])  # fmt: skip
-def test_the_default_is_the_build_targets(monkeypatch, target, mode):
-    """int8 where 15-bit activations cost twice the multiplies (the avx2 build), else exact."""
-    from pace_avx512 import build
-
-    monkeypatch.setattr(build, "target", lambda: target)
-    assert settings.quant_activations({}) == mode
 
 
 def test_a_bad_value_is_named_with_the_fix():
@@ -46,7 +35,7 @@ def test_packing_reads_the_environment(ext, monkeypatch):
 
     q = quantize(torch.randn(16, 64), QuantizationConfig(bits=8, group_size=32))
     monkeypatch.delenv(settings.ENV_VAR, raising=False)
-    assert qpacking.prepare_linear(q).int8_activations is (settings.default_mode() == "int8")
+    assert qpacking.prepare_linear(q).int8_activations is False
     monkeypatch.setenv(settings.ENV_VAR, "int8")
     assert qpacking.prepare_linear(q).int8_activations is True
     assert qpacking.prepare_linear(q, int8_activations=False).int8_activations is False

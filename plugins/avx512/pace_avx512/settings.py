@@ -1,21 +1,16 @@
 """How quantized weights take bf16 activations: ``PACE_QUANT_ACTIVATIONS``, read when a model's
 weights are packed (so each model keeps the choice it was loaded with).
 
-- ``exact``: activations quantized per group of 32 to 15 bits, two int8 planes (two
+- ``exact`` (default): activations quantized per group of 32 to 15 bits, two int8 planes (two
   ``vpdpbusd`` per k-quad), or, for calls of 16 rows or more on AVX512-BF16 CPUs, bf16 panels
   of the de-quantized weights: ~3e-5 relative to the de-quantized matmul. SmolLM2's Q4_1 GGUF
   in bf16 against transformers fp32 on the same file: KLD 0.002, top-1 97.7%.
 - ``int8``: quantized to int8 per group of 32 (``amax / 127``), as llama.cpp does: one
   ``vpdpbusd`` per quad. On Zen 4: prefill 1.04-1.31x pace's dense bf16 prefill (``exact``
   0.91-1.03x), batch-8 decode 1.4-1.8x ``exact``, single-stream decode the same (bound by the
-  weight stream). On Zen 3 (the avx2 build): decode GEMVs ~1.8x and prefill GEMMs ~2.2x
-  ``exact``'s, which is bound there by two multiplies per product (or fp32 FMAs on panels).
+  weight stream).
   Error of llama.cpp's class: KLD 0.010 / top-1 94.9% on the same file (llama.cpp 0.008 /
   95.2%); Gemma-3's Q4_K_M 0.025 (``exact`` 0.007, llama.cpp 0.031).
-
-Unset (or empty), the mode is the build target's (:func:`default_mode`): ``exact`` on the
-AVX-512 builds, where it costs nothing at decode; ``int8`` on the avx2 build, llama.cpp's
-precision at its cost.
 
 Every call of the model follows the choice, whatever its row count: a row's quantized matmuls
 give the same bits alone or batched (decode, batched decode, speculative verification and
@@ -29,26 +24,20 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from pace_avx512 import build
 from pace_core.errors import ConfigError
 
 ENV_VAR = "PACE_QUANT_ACTIVATIONS"
 CHOICES = ("exact", "int8")
-
-
-def default_mode() -> str:
-    """The mode when ``PACE_QUANT_ACTIVATIONS`` is unset: ``int8`` for the avx2 build target
-    (:func:`pace_avx512.build.target`), else ``exact``."""
-    return "int8" if build.target() == "avx2" else "exact"
+DEFAULT = "exact"
 
 
 def quant_activations(env: Mapping[str, str] = os.environ) -> str:
     """The chosen mode (``exact`` or ``int8``); a bad value raises :class:`ConfigError`."""
-    value = env.get(ENV_VAR, "").strip().lower() or default_mode()
+    value = env.get(ENV_VAR, "").strip().lower() or DEFAULT
     if value not in CHOICES:
         raise ConfigError(
             f"{ENV_VAR}={env[ENV_VAR]!r} is not a choice; set it to one of "
-            f"{', '.join(CHOICES)}, or unset it (here: {default_mode()})"
+            f"{', '.join(CHOICES)} (default {DEFAULT}), or unset it"
         )
     return value
 
