@@ -8,7 +8,8 @@ weights are packed (so each model keeps the choice it was loaded with).
 - ``int8``: quantized to int8 per group of 32 (``amax / 127``), as llama.cpp does: one
   ``vpdpbusd`` per quad. On Zen 4: prefill 1.04-1.31x pace's dense bf16 prefill (``exact``
   0.91-1.03x), batch-8 decode 1.4-1.8x ``exact``, single-stream decode the same (bound by the
-  weight stream).
+  weight stream). On Zen 3 (the avx2 build, no VNNI: vpmaddubsw forms) ~1.8x ``exact``'s
+  decode GEMV rate and ~2.2x its prefill GEMM rate.
   Error of llama.cpp's class: KLD 0.010 / top-1 94.9% on the same file (llama.cpp 0.008 /
   95.2%); Gemma-3's Q4_K_M 0.025 (``exact`` 0.007, llama.cpp 0.031).
 
