@@ -3,10 +3,11 @@ registers (csrc/avx512_on_avx2.h). On an AVX2-only CPU the whole suite runs it; 
 builds and runs it on AVX-512 CPUs too (in a process told its CPU lacks AVX-512), so the
 emulation is checked wherever the suite runs.
 
-Bounds: fp32 greedy tokens equal to native and logits within 1e-4; int8 weights (vpdpbusd
-emulated, activations as 15-bit integers) greedy tokens equal and logits within 2e-2 of
-native. On an AVX-512 CPU the avx2 build's logits are also within 1e-4 of the native AVX-512
-build's: the same arithmetic, the reductions' order aside."""
+Bounds: fp32 greedy tokens equal to native and logits within 1e-4; int8 and int4 weights
+(``vpdpbusd`` in its AVX2 forms: signed bytes, nibbles summed in int16; activations as 15-bit
+integers) greedy tokens equal and logits within 2e-2 of native. On an AVX-512 CPU the avx2
+build's logits are also within 1e-4 of the native AVX-512 build's: the same arithmetic (the
+same integer sums), the reductions' order aside."""
 
 from __future__ import annotations
 
@@ -22,12 +23,12 @@ import sys, torch
 from pace_avx512 import build
 from pace_core import LLMModel, SamplingConfig
 
-odd, tiny, out = sys.argv[1:]  # sizes off the block multiples (fp32); multiples of 32 (int8)
+odd, tiny, out = sys.argv[1:]  # sizes off the block multiples (fp32); multiples of 32 (int8/4)
 ops = ("linear", "qkv_proj", "gated_mlp", "rms_norm", "rope", "attention", "decoder_stack")
 avx = {**dict.fromkeys(ops, "avx512"), "default": "native", "strict": True}
 ids = torch.randint(3, 60, (2, 12), generator=torch.Generator().manual_seed(1))
 result = {"target": build.target()}
-for name, path, quant in (("fp32", odd, None), ("int8", tiny, "int8")):
+for name, path, quant in (("fp32", odd, None), ("int8", tiny, "int8"), ("int4", tiny, "int4")):
     for plan, cfg in (("avx512", avx), ("native", {"default": "native"})):
         llm = LLMModel(path, dtype=torch.float32, opconfig=cfg, quantization=quant,
                        load_tokenizer=False, quiet=True)
@@ -61,7 +62,7 @@ def test_the_avx2_build_matches_native(odd_llama_dir, tiny_llama_dir, tmp_path):
         pytest.skip("this CPU has no AVX2")
     emulated = run(odd_llama_dir, tiny_llama_dir, tmp_path / "avx2.pt", NO_AVX512)
     assert emulated["target"] == "avx2"
-    for name, bound in (("fp32", 1e-4), ("int8", 2e-2)):
+    for name, bound in (("fp32", 1e-4), ("int8", 2e-2), ("int4", 2e-2)):
         tokens, logits = emulated[name, "avx512"]
         ref_tokens, ref_logits = emulated[name, "native"]
         assert tokens == ref_tokens, name
@@ -69,6 +70,6 @@ def test_the_avx2_build_matches_native(odd_llama_dir, tiny_llama_dir, tmp_path):
     if detect_cpu().has(*build.BASE_FEATURES, "avx512_vnni"):
         real = run(odd_llama_dir, tiny_llama_dir, tmp_path / "avx512.pt", None)
         assert real["target"] != "avx2"
-        for name in ("fp32", "int8"):
+        for name in ("fp32", "int8", "int4"):
             diff = (emulated[name, "avx512"][1] - real[name, "avx512"][1]).abs().max()
             assert float(diff) <= 1e-4, name
