@@ -263,9 +263,16 @@ int pick_threads(int nthreads, int64_t weight_bytes, int64_t M, int64_t units);
 // Tuning knobs for benchmarks/experiments (defaults are the measured best).
 struct Tuning {
   int64_t min_work_per_thread = 1 << 17;  // bytes-equivalent below which a thread is not worth it
-  // Quantized weights, bf16 activations, AVX512-BF16 builds: calls of at least this many rows
-  // de-quantize weight panels to bf16 and run vdpbf16ps (qpanel.cpp); 0 = never
+  // Quantized weights, bf16 activations, AVX512-BF16 and avx2 builds: calls of at least this
+  // many rows de-quantize weight panels to bf16 and run the dense tiles (qpanel.cpp); 0 =
+  // never. Measured crossovers, 2 cores at 2048 x 8192 and 8192 x 2048: Zen 4 16 rows; Zen 3
+  // (avx2: vpmaddubsw tiles, fp32 FMA panels) 32 for 8- and 6-bit codes, 64 for 4-bit ones,
+  // the tiles 1.1-1.6x the panel at 16 rows.
+#if defined(__AVX512F__)
   int64_t qpanel_rows = 16;
+#else
+  int64_t qpanel_rows = 32;
+#endif
   // int8 activations: row blocks side by side per tile of 4 rows, 1-3; 0 = each kind's
   // measured width (qlinear.cpp tile_blocks). Every width gives the same bits.
   int64_t qtile_blocks = 0;
