@@ -239,10 +239,13 @@ def test_the_newest_tree_serves_when_llama_cpp_python_is_absent(tmp_path, monkey
     bf16.write_bytes(b"GGUF")
     made = []
     monkeypatch.setattr(llama_cpp_tools, "find_tool", lambda name: Path("/bin/true"))
-    monkeypatch.setattr(llama_cpp_tools, "quantize", lambda src, out, ftype: made.append(
-        (src, out, ftype)) or out.write_bytes(b"GGUF q"))  # fmt: skip
+    def quantize(src, out, ftype, requantize):
+        made.append((src, out, ftype, requantize))
+        out.write_bytes(b"GGUF q")
+
+    monkeypatch.setattr(llama_cpp_tools, "quantize", quantize)
     out = peers.quantized_gguf(model, "q4_0")
-    assert made == [(bf16, out, "q4_0")] and out.read_bytes() == b"GGUF q"
+    assert made == [(bf16, out, "q4_0", False)] and out.read_bytes() == b"GGUF q"
     monkeypatch.setattr(llama_cpp_tools, "find_tool", lambda name: None)
     with pytest.raises(peers.PeerUnavailable, match="make bench-llama-cpp"):
         peers.quantized_gguf(model, "q8_0")
