@@ -104,8 +104,9 @@ __attribute__((always_inline)) inline __m512i widen_codes(__m512i acc) {
 // What a span's integer sum adds per activation code (times the span's code sum, span_codes).
 template <int KIND, bool SPLIT>
 constexpr int code_shift() {
-  return (is_int8(KIND) ? OFFSET_BYTES_BIAS : 0) +
-         (folds<KIND, SPLIT>() ? -qcode_offset(KIND) : is_byte_coded(KIND) ? 128 - qcode_offset(KIND) : 0);
+  const int of_u = folds<KIND, SPLIT>() ? -qcode_offset(KIND)
+                   : is_byte_coded(KIND) ? 128 - qcode_offset(KIND) : 0;
+  return of_u + (is_int8(KIND) ? OFFSET_BYTES_BIAS : 0);  // dot_codes sums (u - bias) x
 }
 // Row m's activation code sum over scale span `sub` of group g (SUB == 1: the whole group).
 template <int SUB>
