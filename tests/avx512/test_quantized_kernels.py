@@ -3,8 +3,10 @@
 The VNNI path (csrc/qlinear.cpp) quantizes each activation row per group of 32 (round half to even)
 to 15 bits (``amax / 16256``), or, bf16 rows of a weight packed with ``int8_activations``
 (``PACE_QUANT_ACTIVATIONS=int8``), to int8 (``amax / 127``); it takes integer dot products with the
-weight codes and scales per group in fp32. The bf16 panel path (csrc/qpanel.cpp: bf16 activations,
-AVX512-BF16 builds, calls of ``qpanel_rows`` rows or more) rounds the de-quantized weights to bf16
+weight codes and scales per group in fp32 (the avx2 build's calls of 2+ rows on 15-bit activations
+as int16 words, csrc/qwords_tile.h; the two int8 planes otherwise). The bf16 panel path
+(csrc/qpanel.cpp: bf16 activations, AVX512-BF16 and avx2 builds, calls of ``qpanel_rows`` rows or
+more) rounds the de-quantized weights to bf16
 and multiplies the activations as they are. The reference does the same in float64 from the same
 codes: the two agree to fp32 rounding (``rtol 1e-5``; a bf16 output adds one bf16 rounding), so any
 layout, nibble-order, offset or tail bug shows. On int8 activations the kinds without mins fold
@@ -54,23 +56,29 @@ GGUF = ("q8_0", "q5_0", "q4_0", "q4_1", "q4_k", "q6_k")
 FOLDED = ("int8-g32", "int8-channel", "int8-g64", "int4-sym-g128", "q8_0", "q5_0", "q4_0", "q6_k")
 
 
-MODES = {  # (the weight's int8_activations, qpanel_rows)
-    "split-activations": (False, 0),
-    "int8-activations": (True, 0),
-    "bf16-panel-from-4": (False, 4),
+MODES = {  # (the weight's int8_activations, qpanel_rows, the avx2 build's word tiles)
+    "split-activations": (False, 0, True),
+    "split-activations-planes": (False, 0, False),
+    "int8-activations": (True, 0, True),
+    "bf16-panel-from-4": (False, 4, True),
 }
 
 
 @pytest.fixture(params=list(MODES))
 def mode(ext, request):
-    """The weight's int8 activations flag, and the bf16 panel from 4 rows (0: never)."""
-    int8, panel_from = MODES[request.param]
+    """The weight's int8 activations flag, with the bf16 panel from 4 rows (0: never) and the
+    word tiles of 15-bit activations (csrc/qwords_tile.h) on or off."""
+    int8, panel_from, words = MODES[request.param]
     if panel_from and not ext.has_bf16_panel:
         pytest.skip("the bf16 panel path needs an AVX512-BF16 or avx2 build")
-    before = ext.qpanel_rows()
+    if not words and not ext.has_word_tiles:
+        pytest.skip("the word tiles are the avx2 build's (AVX-512 builds always take the planes)")
+    before = ext.qpanel_rows(), ext.qword_tiles()
     ext.set_qpanel_rows(panel_from)
+    ext.set_qword_tiles(words)
     yield int8
-    ext.set_qpanel_rows(before)
+    ext.set_qpanel_rows(before[0])
+    ext.set_qword_tiles(before[1])
 
 
 @pytest.mark.parametrize("kind", [*PACE, *GGUF])

@@ -489,6 +489,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 #else
   m.attr("has_bf16_panel") = false;
 #endif
+#if defined(__AVX512F__)
+  m.attr("has_word_tiles") = false;
+#else
+  m.attr("has_word_tiles") = true;  // csrc/qwords_tile.h: 15-bit activations as int16 words
+#endif
   register_decoder_stack(m);
   register_dlrm(m);
   m.def("gated_activation", &gated_activation, nogil, py::arg("gate"), py::arg("up"),
@@ -520,6 +525,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     tuning().qtile_blocks = v;
   }, py::arg("blocks"), "int8 activations: row blocks per quantized tile (1-3; 0: each kind's own)");
   m.def("qtile_blocks", []() { return tuning().qtile_blocks; });
+  m.def("set_qword_tiles", [](bool v) { tuning().qword_tiles = v; }, py::arg("on"),
+        "avx2 build, 15-bit activations, 2+ rows: int16 word tiles (vpmaddwd) or the two planes");
+  m.def("qword_tiles", []() { return tuning().qword_tiles; });
   m.def("set_min_work_per_thread", [](int64_t v) { tuning().min_work_per_thread = v; },
         "tuning: weight-byte equivalents below which an extra thread is not used");
   m.def("min_work_per_thread", []() { return tuning().min_work_per_thread; });

@@ -276,6 +276,9 @@ struct Tuning {
   // int8 activations: row blocks side by side per tile of 4 rows, 1-3; 0 = each kind's
   // measured width (qlinear.cpp tile_blocks). Every width gives the same bits.
   int64_t qtile_blocks = 0;
+  // avx2 build, 15-bit activations, calls of 2 rows or more: int16 word tiles (vpmaddwd,
+  // qwords_tile.h) instead of the two-plane ones; false = the planes (as AVX-512 builds).
+  bool qword_tiles = true;
 };
 Tuning& tuning();
 

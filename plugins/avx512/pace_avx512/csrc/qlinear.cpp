@@ -54,6 +54,7 @@
 #include "q4k_tile.h"
 #include "qblock.h"
 #include "qrows.h"
+#include "qwords_tile.h"
 #include "simd.h"
 
 PACE_VNNI_BEGIN
@@ -459,6 +460,48 @@ constexpr int QTILE_ROWS = 4;
 constexpr int QTILE_ROWS = 2;
 #endif
 
+// Whether a call's 15-bit activation rows go to the word tiles (qwords_tile.h): the avx2
+// build, 2 rows or more (one row keeps the planes of the decode GEMV), unless tuned off;
+// KIND_Q6 keeps the planes (its codes merge per tile: 2 cores, 8-16 rows, words ran
+// 0.75-0.87x the planes, where 8-bit codes ran 1.2-1.6x and q4_k 1.1-1.2x).
+template <int KIND>
+inline bool word_tiles(bool split, int64_t M) {
+#if defined(__AVX512F__)
+  return false;
+#else
+  return KIND != KIND_Q6 && split && M > 1 && tuning().qword_tiles;
+#endif
+}
+
+#if !defined(__AVX512F__)
+// Block b against rows [m0, m0 + mt) (mt <= MT) as one word tile of mt rows.
+template <int KIND, int MT, typename Store>
+inline void words_rows(const QArgs& a, const Store& st, int64_t b, int64_t m0, int64_t mt) {
+  if constexpr (MT > 0) {
+    if (mt == MT) {
+      __m512 total[MT];
+      qwords_tile<KIND, MT>(a.w + b * a.block_stride, a.G, *a.x, a.K, m0, total);
+      st.template operator()<MT>(total, b, m0);
+    } else {
+      words_rows<KIND, MT - 1>(a, st, b, m0, mt);
+    }
+  }
+}
+
+// Rows per word tile: 4 x 8 weight rows keep 8 int32 accumulators, the two widened code
+// vectors and a broadcast in the 16 registers.
+constexpr int WORD_TILE_ROWS = 4;
+
+// A thread's blocks [b, end) against rows [r0, r1) in word tiles.
+template <int KIND, typename Store>
+inline void qword_blocks(const QArgs& a, const Store& st, int64_t b, int64_t end, int64_t r0,
+                         int64_t r1) {
+  for (; b < end; ++b)
+    for (int64_t m0 = r0; m0 < r1; m0 += WORD_TILE_ROWS)
+      words_rows<KIND, WORD_TILE_ROWS>(a, st, b, m0, std::min<int64_t>(WORD_TILE_ROWS, r1 - m0));
+}
+#endif
+
 template <int KIND, bool SPLIT, typename Store>
 void qdrive(const QArgs& a, const Store& st, int64_t M, int64_t blocks, int nthreads) {
   constexpr int MT = QTILE_ROWS;
@@ -473,6 +516,12 @@ void qdrive(const QArgs& a, const Store& st, int64_t M, int64_t blocks, int nthr
       const int64_t chunk = std::max<int64_t>(MT, ROW_CHUNK_BYTES / ((SPLIT ? 2 : 1) * a.K) / MT * MT);
       for (int64_t r0 = 0; r0 < M; r0 += chunk) {
         const int64_t r1 = std::min(M, r0 + chunk);
+#if !defined(__AVX512F__)
+        if (word_tiles<KIND>(SPLIT, M)) {
+          qword_blocks<KIND>(a, st, begin, end, r0, r1);
+          continue;
+        }
+#endif
         if (!SPLIT && wide == 3)
           qblocks<KIND, SPLIT, MT, SPLIT ? 1 : 3>(a, st, begin, end, r0, r1);
         else if (!SPLIT && wide == 2)
@@ -497,7 +546,8 @@ void qlinear_kind(const T* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* 
   QuantizedRows& rows = scratch_rows();
   const int64_t blocks = (N + 15) / 16;
   const int nt = pick_threads(nthreads, blocks * block_stride, M, blocks);
-  quantize_rows<SPLIT>(x, ldx, M, K, rows, nt, act_scales, activation_span<KIND, SPLIT>());
+  quantize_rows<SPLIT>(x, ldx, M, K, rows, nt, act_scales, activation_span<KIND, SPLIT>(),
+                       word_tiles<KIND>(SPLIT, M));
   const QArgs a{w, block_stride, K / QGROUP, &rows, K, M};
   qdrive<KIND, SPLIT>(a, st, M, blocks, nt);
 }

@@ -18,9 +18,11 @@ namespace pace_avx512 {
 // Activation rows quantized per group of 32. SPLIT (the default): codes c in +-127 x 128 (scale
 // amax / 16256) as two int8 planes c = 128 hi + lo, hi in [-127, 127] at codes[0, M K), lo in
 // [0, 127] at codes[M K, 2 M K): two vpdpbusd per quad give int16-class precision. Else int8
-// codes (scale amax / 127). Neither plane holds -128 (isa.h dpbusd_offset_bytes).
+// codes (scale amax / 127). Neither plane holds -128 (isa.h dpbusd_offset_bytes). SPLIT with
+// `words` (the avx2 build's tiles, qwords_tile.h): the codes c as int16 words instead of planes.
 struct QuantizedRows {
   std::vector<int8_t> codes;  // [M][K] (SPLIT: [2][M][K])
+  std::vector<int16_t> words;  // [M][K] (SPLIT with words, in place of the planes)
   std::vector<float> scales;  // [M][G] (a span's scale repeated for each of its groups)
   std::vector<float> sums;    // [M][2G]: scale * sum of the codes of each 16 (as seen)
   std::vector<int32_t> code_sums;  // [M][2G]: the sums of the codes of each 16 (code_shift)
@@ -39,13 +41,19 @@ inline QuantizedRows& scratch_rows() {
 // on one thread), one scale per `span` k (32, or 256: int8 only, K a multiple of it).
 // `fixed` (int8 only): static scales, one per group of 32 columns shared by every row
 // (calibrated activation scales; a span takes its groups' largest); codes are clamped to
-// +-127. Null: a dynamic scale per row and span (amax / LEVELS).
+// +-127. Null: a dynamic scale per row and span (amax / LEVELS). `words` (SPLIT only): int16
+// codes in q.words, no planes.
 template <bool SPLIT, typename T>
 inline void quantize_rows(const T* x, int64_t ldx, int64_t M, int64_t K, QuantizedRows& q,
-                          int nthreads, const float* fixed = nullptr, int64_t span = QGROUP) {
+                          int nthreads, const float* fixed = nullptr, int64_t span = QGROUP,
+                          bool words = false) {
   constexpr float LEVELS = SPLIT ? 127.0f * 128.0f : 127.0f;
   const int64_t G = K / QGROUP, per = span / QGROUP;  // groups per scale
-  q.codes.resize((SPLIT ? 2 : 1) * M * K);
+  words = SPLIT && words;
+  if (words)
+    q.words.resize(M * K);
+  else
+    q.codes.resize((SPLIT ? 2 : 1) * M * K);
   q.scales.resize(M * G);
   q.sums.resize(M * G * 2);
   q.code_sums.resize(M * G * 2);
@@ -77,14 +85,19 @@ inline void quantize_rows(const T* x, int64_t ldx, int64_t M, int64_t K, Quantiz
           qa = _mm512_max_epi32(_mm512_min_epi32(qa, hi), lo);
           qb = _mm512_max_epi32(_mm512_min_epi32(qb, hi), lo);
         }
-        int8_t* dst = q.codes.data() + m * K + g * QGROUP;
-        if constexpr (SPLIT) {
+        if (words) {  // |c| <= 16256: the low 16 bits are c
+          int16_t* w = q.words.data() + m * K + g * QGROUP;
+          _mm256_storeu_si256((__m256i*)w, _mm512_cvtepi32_epi16(qa));
+          _mm256_storeu_si256((__m256i*)(w + 16), _mm512_cvtepi32_epi16(qb));
+        } else if constexpr (SPLIT) {
+          int8_t* dst = q.codes.data() + m * K + g * QGROUP;
           const __m512i seven = _mm512_set1_epi32(127);
           _mm_storeu_si128((__m128i*)dst, _mm512_cvtsepi32_epi8(_mm512_srai_epi32(qa, 7)));
           _mm_storeu_si128((__m128i*)(dst + 16), _mm512_cvtsepi32_epi8(_mm512_srai_epi32(qb, 7)));
           _mm_storeu_si128((__m128i*)(dst + M * K), _mm512_cvtsepi32_epi8(_mm512_and_si512(qa, seven)));
           _mm_storeu_si128((__m128i*)(dst + M * K + 16), _mm512_cvtsepi32_epi8(_mm512_and_si512(qb, seven)));
         } else {
+          int8_t* dst = q.codes.data() + m * K + g * QGROUP;
           _mm_storeu_si128((__m128i*)dst, _mm512_cvtsepi32_epi8(qa));
           _mm_storeu_si128((__m128i*)(dst + 16), _mm512_cvtsepi32_epi8(qb));
         }
