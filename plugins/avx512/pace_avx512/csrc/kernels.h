@@ -266,12 +266,13 @@ struct Tuning {
   // Quantized weights, bf16 activations, AVX512-BF16 and avx2 builds: calls of at least this
   // many rows de-quantize weight panels to bf16 and run the dense tiles (qpanel.cpp); 0 =
   // never. Measured crossovers, 2 cores at 2048 x 8192 and 8192 x 2048: Zen 4 16 rows; Zen 3
-  // (avx2: vpmaddubsw tiles, fp32 FMA panels) 32 for 8- and 6-bit codes, 64 for 4-bit ones,
-  // the tiles 1.1-1.6x the panel at 16 rows.
+  // (avx2: int16 word tiles, fp32 FMA panels) about 64: the word tiles 1.7-2.8x the panel at
+  // 8 rows, 1.0-1.5x at 32, at 128 1.0-1.4x for 4- and 8-bit codes but 0.7-1.0x for q6_k, and
+  // at 512 0.7-1.0x.
 #if defined(__AVX512F__)
   int64_t qpanel_rows = 16;
 #else
-  int64_t qpanel_rows = 32;
+  int64_t qpanel_rows = 64;
 #endif
   // int8 activations: row blocks side by side per tile of 4 rows, 1-3; 0 = each kind's
   // measured width (qlinear.cpp tile_blocks). Every width gives the same bits.

@@ -462,28 +462,26 @@ constexpr int QTILE_ROWS = 2;
 
 // Whether a call's 15-bit activation rows go to the word tiles (qwords_tile.h): the avx2
 // build, 2 rows or more (one row keeps the planes of the decode GEMV), unless tuned off;
-// KIND_Q6 keeps the planes (its codes merge per tile: 2 cores, 8-16 rows, words ran
-// 0.75-0.87x the planes, where 8-bit codes ran 1.2-1.6x and q4_k 1.1-1.2x).
-template <int KIND>
 inline bool word_tiles(bool split, int64_t M) {
 #if defined(__AVX512F__)
   return false;
 #else
-  return KIND != KIND_Q6 && split && M > 1 && tuning().qword_tiles;
+  return split && M > 1 && tuning().qword_tiles;
 #endif
 }
 
 #if !defined(__AVX512F__)
 // Block b against rows [m0, m0 + mt) (mt <= MT) as one word tile of mt rows.
 template <int KIND, int MT, typename Store>
-inline void words_rows(const QArgs& a, const Store& st, int64_t b, int64_t m0, int64_t mt) {
+inline void words_rows(const QArgs& a, const Store& st, int64_t b, const uint8_t* merged,
+                       int64_t m0, int64_t mt) {
   if constexpr (MT > 0) {
     if (mt == MT) {
       __m512 total[MT];
-      qwords_tile<KIND, MT>(a.w + b * a.block_stride, a.G, *a.x, a.K, m0, total);
+      qwords_tile<KIND, MT>(a.w + b * a.block_stride, merged, a.G, *a.x, a.K, m0, total);
       st.template operator()<MT>(total, b, m0);
     } else {
-      words_rows<KIND, MT - 1>(a, st, b, m0, mt);
+      words_rows<KIND, MT - 1>(a, st, b, merged, m0, mt);
     }
   }
 }
@@ -493,12 +491,18 @@ inline void words_rows(const QArgs& a, const Store& st, int64_t b, int64_t m0, i
 constexpr int WORD_TILE_ROWS = 4;
 
 // A thread's blocks [b, end) against rows [r0, r1) in word tiles.
+// KIND_Q6's codes are merged to bytes once per block (merge_q6_codes) for all its tiles.
 template <int KIND, typename Store>
 inline void qword_blocks(const QArgs& a, const Store& st, int64_t b, int64_t end, int64_t r0,
                          int64_t r1) {
-  for (; b < end; ++b)
+  thread_local std::vector<uint8_t> merged;
+  if (KIND == KIND_Q6) merged.resize(a.G * 512);
+  for (; b < end; ++b) {
+    if constexpr (KIND == KIND_Q6) merge_q6_codes(a.w + b * a.block_stride, a.G, merged.data());
     for (int64_t m0 = r0; m0 < r1; m0 += WORD_TILE_ROWS)
-      words_rows<KIND, WORD_TILE_ROWS>(a, st, b, m0, std::min<int64_t>(WORD_TILE_ROWS, r1 - m0));
+      words_rows<KIND, WORD_TILE_ROWS>(a, st, b, merged.data(), m0,
+                                       std::min<int64_t>(WORD_TILE_ROWS, r1 - m0));
+  }
 }
 #endif
 
@@ -517,7 +521,7 @@ void qdrive(const QArgs& a, const Store& st, int64_t M, int64_t blocks, int nthr
       for (int64_t r0 = 0; r0 < M; r0 += chunk) {
         const int64_t r1 = std::min(M, r0 + chunk);
 #if !defined(__AVX512F__)
-        if (word_tiles<KIND>(SPLIT, M)) {
+        if (word_tiles(SPLIT, M)) {
           qword_blocks<KIND>(a, st, begin, end, r0, r1);
           continue;
         }
@@ -547,7 +551,7 @@ void qlinear_kind(const T* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* 
   const int64_t blocks = (N + 15) / 16;
   const int nt = pick_threads(nthreads, blocks * block_stride, M, blocks);
   quantize_rows<SPLIT>(x, ldx, M, K, rows, nt, act_scales, activation_span<KIND, SPLIT>(),
-                       word_tiles<KIND>(SPLIT, M));
+                       word_tiles(SPLIT, M));
   const QArgs a{w, block_stride, K / QGROUP, &rows, K, M};
   qdrive<KIND, SPLIT>(a, st, M, blocks, nt);
 }

@@ -13,9 +13,10 @@
 // to two vectors of 16 words, rows 0-3 and 4-7 of the half, row r's 4 k at words 4r..4r + 3;
 // the activation quad (4 words) is broadcast per row, so each int32 lane holds the sum over
 // k-pair 0 or 1 of one weight row. A scale span's flush adds the two lanes of each row
-// (vphaddd: rows in the order 0 1 4 5 2 3 6 7, the order the totals keep until the store) and
-// takes the same integer shift, scale and min terms as qtile: the same sums, fp32 flushes in
-// the same order.
+// (vphaddd: rows in the order 0 1 4 5 2 3 6 7, the order the totals keep until the store);
+// kinds without mins fold their offset into that integer sum (one FMA per span), q4_k and
+// int4 add their min term as qtile does. KIND_Q6's codes are merged to bytes once per block
+// and call (merge_q6_codes), not per tile.
 #pragma once
 
 #include "isa.h"
@@ -51,15 +52,27 @@ __attribute__((always_inline)) inline __m256i words16(__m128i bytes) {
   return _mm256_cvtepu8_epi16(bytes);
 }
 
+// KIND_Q6's codes of a packed row block merged to one byte per code (quad_codes), group g's
+// 8 quads of 64 bytes at merged + 512 g as an 8-bit kind's: once per block and call, so the
+// tiles of every row read them as bytes.
+inline void merge_q6_codes(const uint8_t* block, int64_t G, uint8_t* merged) {
+  for (int64_t g = 0; g < G; ++g) {
+    const uint8_t* codes = qgroup_codes<KIND_Q6>(block, G, g);
+    PACE_UNROLL for (int q = 0; q < 8; ++q)
+      _mm512_storeu_si512(merged + 512 * g + 64 * q, quad_codes<KIND_Q6>(codes, q));
+  }
+}
+
 // total[m] (8 lanes, rows of half H of the block at `block`, flush order) for the activation
-// rows [m0, m0 + MT) as words; `of_u` is what a span's integer sum adds per activation code.
+// rows [m0, m0 + MT) as words. KIND_Q6 reads its codes from `merged` (merge_q6_codes).
 template <int KIND, int H, int MT>
-inline void qwords_half(const uint8_t* block, int64_t G, const QuantizedRows& x, int64_t K,
-                        int64_t m0, __m256 (&total)[MT]) {
+inline void qwords_half(const uint8_t* block, const uint8_t* merged, int64_t G,
+                        const QuantizedRows& x, int64_t K, int64_t m0, __m256 (&total)[MT]) {
   constexpr int SUB = qscales_per_group(KIND);
-  // The integer shift of qtile's split sums (code_shift), less the bias of its vpdpbusd form:
-  // these sums are of u c themselves.
-  constexpr int OF_U = is_byte_coded(KIND) ? 128 - qcode_offset(KIND) : 0;
+  // The fold (qlinear.cpp folds): a kind without mins (its min is -offset s) sums (u - offset)
+  // c = q c, exact in int32, and takes no min term; q4_k and int4 keep sum u c and their mins.
+  constexpr bool FOLD = !has_mins(KIND);
+  constexpr int OF_U = FOLD ? -qcode_offset(KIND) : 0;
   const int16_t* xw[MT];
   PACE_UNROLL for (int m = 0; m < MT; ++m) {
     total[m] = _mm256_setzero_ps();
@@ -69,7 +82,7 @@ inline void qwords_half(const uint8_t* block, int64_t G, const QuantizedRows& x,
   QScales<KIND> scales;  // 4-bit kinds
   for (int64_t g = 0; g < G; ++g) {
     qtouch_run<KIND>(block, g);
-    const uint8_t* codes = qgroup_codes<KIND>(block, G, g);
+    const uint8_t* codes = KIND == KIND_Q6 ? merged + 512 * g : qgroup_codes<KIND>(block, G, g);
     const uint16_t* tables = qgroup_tables<KIND>(block, g);
     __m256i acc[MT][2];
     auto clear = [&]() {
@@ -84,7 +97,8 @@ inline void qwords_half(const uint8_t* block, int64_t G, const QuantizedRows& x,
       }
     };
     // total[m] += (acc[m]'s row sums + OF_U x row m's code sum over the span) * s * row m's
-    // scale, then + mn * row m's activation sum over the span (16 k at `first16`, `span` of them)
+    // scale, then (kinds with mins) + mn * row m's activation sum over the span (16 k at
+    // `first16`, `span` of them)
     auto flush = [&](__m256 s, __m256 mn, int64_t first16, int span) {
       PACE_UNROLL for (int m = 0; m < MT; ++m) {
         const int64_t row = (m0 + m) * G + g;
@@ -96,27 +110,21 @@ inline void qwords_half(const uint8_t* block, int64_t G, const QuantizedRows& x,
               OF_U * (span == 2 ? code_sums[0] + code_sums[1] : code_sums[0])));
         const __m256 sx = _mm256_mul_ps(s, _mm256_set1_ps(x.scales[row]));
         total[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), sx, total[m]);
-        const __m256 xsum = _mm256_set1_ps(span == 2 ? sums[0] + sums[1] : sums[0]);
-        total[m] = _mm256_fmadd_ps(mn, xsum, total[m]);
+        if constexpr (!FOLD) {
+          const __m256 xsum = _mm256_set1_ps(span == 2 ? sums[0] + sums[1] : sums[0]);
+          total[m] = _mm256_fmadd_ps(mn, xsum, total[m]);
+        }
       }
     };
-    if constexpr (is_byte_coded(KIND)) {  // quad q's codes u (quad_codes)
+    if constexpr (is_byte_coded(KIND)) {  // quad q's codes u, one byte each
       PACE_UNROLL for (int sub = 0; sub < SUB; ++sub) {
         clear();
         _Pragma("GCC unroll 1") for (int q = sub * 8 / SUB; q < (sub + 1) * 8 / SUB; ++q) {
-          __m128i lo, hi;  // rows 0-3, 4-7 of the half
-          if constexpr (is_int8(KIND)) {
-            lo = _mm_loadu_si128((const __m128i*)(codes + 64 * q + 32 * H));
-            hi = _mm_loadu_si128((const __m128i*)(codes + 64 * q + 32 * H + 16));
-          } else {
-            const __m512i u = quad_codes<KIND>(codes, q);
-            const __m256i half = H ? u.hi : u.lo;
-            lo = _mm256_castsi256_si128(half), hi = _mm256_extracti128_si256(half, 1);
-          }
-          dot(words16(lo), words16(hi), q);
+          const uint8_t* quad = codes + 64 * q + 32 * H;  // rows 0-3, then 4-7 of the half
+          dot(words16(_mm_loadu_si128((const __m128i*)quad)),
+              words16(_mm_loadu_si128((const __m128i*)(quad + 16))), q);
         }
-        const __m256 s = half_rows<H>(fp16x16(tables + 16 * sub));
-        flush(s, _mm256_mul_ps(s, _mm256_set1_ps(-128.0f)), sub, SUB == 1 ? 2 : 1);
+        flush(half_rows<H>(fp16x16(tables + 16 * sub)), _mm256_setzero_ps(), sub, SUB == 1 ? 2 : 1);
       }
     } else {  // line v: quad 2v in the low nibbles, 2v + 1 in the high ones
       clear();
@@ -134,14 +142,14 @@ inline void qwords_half(const uint8_t* block, int64_t G, const QuantizedRows& x,
 }
 
 // total[m] (16 lanes: the rows of the block at `block`) for activation rows [m0, m0 + MT):
-// the two halves in turn, each over all groups.
+// the two halves in turn, each over all groups (KIND_Q6: codes from `merged`).
 template <int KIND, int MT>
-inline void qwords_tile(const uint8_t* block, int64_t G, const QuantizedRows& x, int64_t K,
-                        int64_t m0, __m512 (&total)[MT]) {
+inline void qwords_tile(const uint8_t* block, const uint8_t* merged, int64_t G,
+                        const QuantizedRows& x, int64_t K, int64_t m0, __m512 (&total)[MT]) {
   __m256 half[MT];
-  qwords_half<KIND, 0, MT>(block, G, x, K, m0, half);
+  qwords_half<KIND, 0, MT>(block, merged, G, x, K, m0, half);
   PACE_UNROLL for (int m = 0; m < MT; ++m) total[m].lo = hadd_order(half[m]);
-  qwords_half<KIND, 1, MT>(block, G, x, K, m0, half);
+  qwords_half<KIND, 1, MT>(block, merged, G, x, K, m0, half);
   PACE_UNROLL for (int m = 0; m < MT; ++m) total[m].hi = hadd_order(half[m]);
 }
 
