@@ -41,6 +41,8 @@ only): steadier on a shared machine, as time spent descheduled is not counted.
     pace bench kernels --shapes 64x128 --cold-mib 1 --repeats 1     # smoke test
     pace bench kernels --sections qgemv --shapes 576x49152 4096x4096 --gemv-m 1 --cold-mib 512
     pace bench kernels --sections qgemm --dtypes bfloat16 --threads 1 2 --gemm-m 32 128 512
+    pace bench kernels --sections qgemm --qgemm-paths --dtypes bfloat16 --threads 2 \
+        --backends avx512 --qgemm-formats q8_0 q4_k q6_k --shapes 2048x8192 --gemm-m 8 32 128
     PACE_QUANT_ACTIVATIONS=int8 pace bench kernels --sections qgemm --dtypes bfloat16 \
         --threads 1 --backends avx512 --qgemm-formats q8_0 q4_k q6_k q4_0
 """
@@ -152,6 +154,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=["w8a8"],
         choices=QGEMM_FORMATS,
         help="quantizations the qgemm section times against the dense weight",
+    )
+    p.add_argument(
+        "--qgemm-paths",
+        action="store_true",
+        help="qgemm: also time pace-avx512's bf16-row paths forced (panel, words, planes)",
     )
     p.add_argument("--cold-mib", type=int, default=96, help="weight set size per GEMV shape")
     p.add_argument("--model", default="smollm2", help="zoo name or path (--sections model)")

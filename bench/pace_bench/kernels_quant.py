@@ -7,7 +7,11 @@ presets, GGUF blocks; pace-avx512 takes bf16 activations of those as
 ``PACE_QUANT_ACTIVATIONS`` says when the weights are packed, so set it to ``int8`` for its
 int8-activation tiles); GFLOP/s (2 M N K per call, integer ops where quantized) and
 ``vs_dense``, each quantized rate over the same backend's dense rate: the bar pace-avx512's
-W8A8 GEMM is held to (1.8x bf16 at M >= 32).
+W8A8 GEMM is held to (1.8x bf16 at M >= 32). With ``--qgemm-paths`` pace-avx512's own paths for
+bf16 rows are timed side by side too, each forced at every M: ``panel`` (weights de-quantized to
+bf16 panels, ``csrc/qpanel.cpp``), ``words`` (the avx2 build's int16 word tiles,
+``csrc/qwords_tile.h``) and ``planes`` (the two-plane VNNI tiles): the measurements its
+``qpanel_rows`` threshold comes from.
 
 ``qgemv``:
 
@@ -99,6 +103,37 @@ def bench_qgemv(args: Any, dtype: torch.dtype, threads: int, dram: float, rows: 
         del packed, weights, reference
 
 
+def forced_paths(fns: dict, pairs: list, dtype: torch.dtype) -> dict:
+    """pace-avx512's quantized paths for bf16 rows, each forced (``--qgemm-paths``): for every
+    quantized ``avx512 <format>`` timing, ``... panel``, ``... words`` (builds with word tiles)
+    and ``... planes``. Each call sets the kernels' tuning knobs, then restores them."""
+    if dtype != torch.bfloat16:
+        return {}
+    from pace_avx512 import build
+
+    ext = build.load_extension()
+    paths = {"panel": (1, True), "planes": (0, False)}
+    if ext.has_word_tiles:
+        paths["words"] = (0, True)
+
+    def forced(run, panel_rows: int, words: bool):
+        def call() -> None:
+            before = ext.qpanel_rows(), ext.qword_tiles()
+            ext.set_qpanel_rows(panel_rows)
+            ext.set_qword_tiles(words)
+            try:
+                run()
+            finally:
+                ext.set_qpanel_rows(before[0])
+                ext.set_qword_tiles(before[1])
+
+        return call
+
+    return {f"{quant} {path}": forced(fns[quant], *knobs)
+            for quant, _ in pairs if quant.startswith("avx512 ") and not quant.endswith("w8a8")
+            for path, knobs in paths.items()}  # fmt: skip
+
+
 def bench_qgemm(args: Any, dtype: torch.dtype, threads: int, rows: list) -> None:
     """GFLOP/s per backend of the dense weight and its ``--qgemm-formats`` quantizations, for
     each shape and M."""
@@ -130,6 +165,8 @@ def bench_qgemm(args: Any, dtype: torch.dtype, threads: int, rows: list) -> None
         for m in args.gemm_m:
             x = torch.randn(m, k, generator=gen).to(dtype)
             fns = {name: sweep(fn, x, ws) for name, (fn, ws) in packed.items()}
+            if args.qgemm_paths:
+                fns.update(forced_paths(fns, pairs, dtype))
             times = interleaved(fns, args.repeats, args.clock_fn)
             before = len(rows)
             work = 2 * m * n * k * len(weights)
@@ -137,6 +174,9 @@ def bench_qgemm(args: Any, dtype: torch.dtype, threads: int, rows: list) -> None
                      dtype=dtype_name(dtype), shape=shape, M=m, threads=threads,
                      unit="GFLOP/s")  # fmt: skip
             row = {r["backend"]: r for r in rows[before:]}
+            for name, r in row.items():
+                if name.startswith("avx512 ") and name not in packed:  # a forced path
+                    r["vs_dense"] = r["value"] / row["avx512 dense"]["value"]
             for quant, base in pairs:
                 row[quant]["vs_dense"] = row[quant]["value"] / row[base]["value"]
         del packed

@@ -134,6 +134,34 @@ def test_qgemm_rows_per_format_against_the_dense_weight(tmp_path):
                 assert row["vs_dense"] == pytest.approx(row["value"] / dense)
 
 
+def test_qgemm_paths_force_each_avx512_path(tmp_path):
+    """``--qgemm-paths``: pace-avx512's bf16-row paths of each quantized format forced side by
+    side (panel, planes, and words where the build has them), each with ``vs_dense``; the
+    kernels' tuning knobs are as they were after."""
+    from support.isa import avx512_unavailable
+
+    if avx512_unavailable(int8=True):
+        pytest.skip(avx512_unavailable(int8=True))
+    from pace_avx512 import build
+
+    ext = build.load_extension()
+    knobs = ext.qpanel_rows(), ext.qword_tiles()
+    argv = ["bench", "kernels", "--shapes", f"{K}x{N}", "--dtypes", "bfloat16", "--threads", "1",
+            "--repeats", "1", "--gemm-m", "8", "--sections", "qgemm", "--qgemm-paths",
+            "--backends", "avx512", "--qgemm-formats", "q8_0", "--out", str(tmp_path)]  # fmt: skip
+    assert main([*argv, "--no-plots", "--quiet"]) == 0
+    rows = json.loads((tmp_path / "kernels.json").read_text())["results"]
+    got = {r["backend"]: r for r in rows if r["section"] == "qgemm"}
+    paths = {"panel", "planes", *(["words"] if ext.has_word_tiles else [])}
+    assert set(got) == {"avx512 dense", "avx512 q8_0", *(f"avx512 q8_0 {p}" for p in paths)}
+    dense = got["avx512 dense"]["value"]
+    for name, row in got.items():
+        assert row["value"] > 0
+        if name != "avx512 dense":
+            assert row["vs_dense"] == pytest.approx(row["value"] / dense)
+    assert (ext.qpanel_rows(), ext.qword_tiles()) == knobs
+
+
 def test_plot_redraws_from_json(kernels_run, tmp_path):
     out, _ = kernels_run
     assert main(["bench", "plot", str(out), "--out", str(tmp_path), "--quiet"]) == 0

@@ -265,14 +265,14 @@ struct Tuning {
   int64_t min_work_per_thread = 1 << 17;  // bytes-equivalent below which a thread is not worth it
   // Quantized weights, bf16 activations, AVX512-BF16 and avx2 builds: calls of at least this
   // many rows de-quantize weight panels to bf16 and run the dense tiles (qpanel.cpp); 0 =
-  // never. Measured crossovers, 2 cores at 2048 x 8192 and 8192 x 2048: Zen 4 16 rows; Zen 3
-  // (avx2: int16 word tiles, fp32 FMA panels) about 64: the word tiles 1.7-2.8x the panel at
-  // 8 rows, 1.0-1.5x at 32, at 128 1.0-1.4x for 4- and 8-bit codes but 0.7-1.0x for q6_k, and
-  // at 512 0.7-1.0x.
+  // never. Measured crossovers, 2 cores at 2048 x 8192 and 8192 x 2048 (`pace bench kernels
+  // --sections qgemm --qgemm-paths`): Zen 4 16 rows; Zen 3 (avx2: int16 word tiles, fp32 FMA
+  // panels) between 128 and 512: the word tiles 1.7-3.6x the panel at 8 rows, 1.1-1.5x at 32,
+  // 1.0-1.3x at 128 (q6_k 0.95x), at 512 0.75-0.85x on q8_0 and q6_k, 1.0-1.1x on 4-bit codes.
 #if defined(__AVX512F__)
   int64_t qpanel_rows = 16;
 #else
-  int64_t qpanel_rows = 64;
+  int64_t qpanel_rows = 256;
 #endif
   // int8 activations: row blocks side by side per tile of 4 rows, 1-3; 0 = each kind's
   // measured width (qlinear.cpp tile_blocks). Every width gives the same bits.
