@@ -20,7 +20,9 @@
 // any weight format's own) held as two int8 planes, c = 128 hi + lo, so each quad takes two
 // vpdpbusd; bf16 rows of a weight packed with int8 activations (qpacking.QPackedLinear, from
 // PACE_QUANT_ACTIVATIONS: pace_avx512/settings.py) are quantized to int8 instead (amax / 127,
-// as llama.cpp's q8 activations: one vpdpbusd per quad, ~0.5% error per group).
+// as llama.cpp's q8 activations: one vpdpbusd per quad, ~0.5% error per group). The avx2 build
+// (no vpdpbusd) holds 15-bit rows of calls of 2 rows or more as int16 words instead and runs
+// them through its word tiles (qwords_tile.h: vpmaddwd on codes widened to int16 per tile).
 //
 // Packed layout (pace_avx512/qpacking.py), per block of 16 rows, one contiguous span of
 // `block_stride` bytes read front to back: runs of 1 or 2 groups (kernels.h qrun_groups),
@@ -461,7 +463,7 @@ constexpr int QTILE_ROWS = 2;
 #endif
 
 // Whether a call's 15-bit activation rows go to the word tiles (qwords_tile.h): the avx2
-// build, 2 rows or more (one row keeps the planes of the decode GEMV), unless tuned off;
+// build, 2 rows or more (one row keeps the planes of the decode GEMV), unless tuned off.
 inline bool word_tiles(bool split, int64_t M) {
 #if defined(__AVX512F__)
   return false;
@@ -486,17 +488,17 @@ inline void words_rows(const QArgs& a, const Store& st, int64_t b, const uint8_t
   }
 }
 
-// Rows per word tile: 4 x 8 weight rows keep 8 int32 accumulators, the two widened code
-// vectors and a broadcast in the 16 registers.
+// Rows per word tile (x 8 weight rows: 2 int32 accumulators a row): 4 measured at or above
+// 2 and 3 on one Zen 3 core (GCC keeps one of the 8 accumulators in memory).
 constexpr int WORD_TILE_ROWS = 4;
 
-// A thread's blocks [b, end) against rows [r0, r1) in word tiles.
-// KIND_Q6's codes are merged to bytes once per block (merge_q6_codes) for all its tiles.
+// A thread's blocks [b, end) against rows [r0, r1) in word tiles, KIND_Q6's codes merged to
+// bytes once per block (merge_q6_codes) for all of its tiles.
 template <int KIND, typename Store>
 inline void qword_blocks(const QArgs& a, const Store& st, int64_t b, int64_t end, int64_t r0,
                          int64_t r1) {
   thread_local std::vector<uint8_t> merged;
-  if (KIND == KIND_Q6) merged.resize(a.G * 512);
+  if constexpr (KIND == KIND_Q6) merged.resize(a.G * 512);
   for (; b < end; ++b) {
     if constexpr (KIND == KIND_Q6) merge_q6_codes(a.w + b * a.block_stride, a.G, merged.data());
     for (int64_t m0 = r0; m0 < r1; m0 += WORD_TILE_ROWS)

@@ -124,7 +124,8 @@ inline void qwords_half(const uint8_t* block, const uint8_t* merged, int64_t G,
           dot(words16(_mm_loadu_si128((const __m128i*)quad)),
               words16(_mm_loadu_si128((const __m128i*)(quad + 16))), q);
         }
-        flush(half_rows<H>(fp16x16(tables + 16 * sub)), _mm256_setzero_ps(), sub, SUB == 1 ? 2 : 1);
+        const __m256 no_min = _mm256_setzero_ps();  // folded
+        flush(half_rows<H>(fp16x16(tables + 16 * sub)), no_min, sub, SUB == 1 ? 2 : 1);
       }
     } else {  // line v: quad 2v in the low nibbles, 2v + 1 in the high ones
       clear();
