@@ -267,8 +267,8 @@ struct Tuning {
   // many rows de-quantize weight panels to bf16 and run the dense tiles (qpanel.cpp); 0 =
   // never. Measured crossovers, 2 cores at 2048 x 8192 and 8192 x 2048 (`pace bench kernels
   // --sections qgemm --qgemm-paths`): Zen 4 16 rows; Zen 3 (avx2: int16 word tiles, fp32 FMA
-  // panels) between 128 and 512: the word tiles 1.7-3.6x the panel at 8 rows, 1.1-1.5x at 32,
-  // 1.0-1.3x at 128 (q6_k 0.95x), at 512 0.75-0.85x on q8_0 and q6_k, 1.0-1.1x on 4-bit codes.
+  // panels) between 128 and 512: the word tiles 1.8-3.5x the panel at 8 rows, 1.05-1.5x at 32,
+  // 1.0-1.3x at 128 (q6_k 0.95x), at 512 0.75-0.95x on q8_0 and q6_k, 1.0-1.1x on 4-bit codes.
 #if defined(__AVX512F__)
   int64_t qpanel_rows = 16;
 #else
