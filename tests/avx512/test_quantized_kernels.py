@@ -39,10 +39,12 @@ from support.quant_kernels import (
     PACE,
     activation_span,
     folded,
+    panel_rows,
     q4k_super,
     reference,
     signed_codes,
     tile_blocks,
+    tuned,
     weight,
 )
 
@@ -73,12 +75,8 @@ def mode(ext, request):
         pytest.skip("the bf16 panel path needs an AVX512-BF16 or avx2 build")
     if not words and not ext.has_word_tiles:
         pytest.skip("the word tiles are the avx2 build's (AVX-512 builds always take the planes)")
-    before = ext.qpanel_rows(), ext.qword_tiles()
-    ext.set_qpanel_rows(panel_from)
-    ext.set_qword_tiles(words)
-    yield int8
-    ext.set_qpanel_rows(before[0])
-    ext.set_qword_tiles(before[1])
+    with panel_rows(ext, panel_from), tuned(ext, "qword_tiles", words):
+        yield int8
 
 
 @pytest.mark.parametrize("kind", [*PACE, *GGUF])

@@ -104,18 +104,13 @@ __attribute__((always_inline)) inline __m512i widen_codes(__m512i acc) {
   if constexpr (is_byte_coded(KIND)) return acc;
   else return widen_nibble_sums(acc);
 }
-// What a span's integer sum adds per activation code (times the span's code sum, span_codes).
+// What a span's integer sum adds per activation code (times the span's code sum,
+// QuantizedRows::span_codes).
 template <int KIND, bool SPLIT>
 constexpr int code_shift() {
   const int of_u = folds<KIND, SPLIT>() ? -qcode_offset(KIND)
                    : is_byte_coded(KIND) ? 128 - qcode_offset(KIND) : 0;
   return of_u + (is_int8(KIND) ? OFFSET_BYTES_BIAS : 0);  // dot_codes sums (u - bias) x
-}
-// Row m's activation code sum over scale span `sub` of group g (SUB == 1: the whole group).
-template <int SUB>
-inline int32_t span_codes(const QArgs& a, int64_t m, int64_t g, int sub) {
-  const int32_t* sums = a.x->code_sums.data() + (m * a.G + g) * 2;
-  return SUB == 2 ? sums[sub] : sums[0] + sums[1];
 }
 
 // The decode GEMV: the single activation row (15-bit split, or int8: one plane) against the
@@ -143,7 +138,6 @@ inline void qrow(const QArgs& a, const int64_t (&bs)[NB], __m512 (&total)[NB][1]
   const int32_t* hi = (const int32_t*)a.x->codes.data();
   const int32_t* lo = (const int32_t*)(a.x->codes.data() + a.M * a.K);
   const float* xs = a.x->scales.data();
-  const float* sums = a.x->sums.data();
   const __m512i low = _mm512_set1_epi8(0x0F), high = _mm512_set1_epi8((char)0xF0);
   const uint8_t* block[NB];
   QScales<KIND> scales[NB];  // 4-bit kinds
@@ -173,8 +167,8 @@ inline void qrow(const QArgs& a, const int64_t (&bs)[NB], __m512 (&total)[NB][1]
           }
         }
         const __m512 sx = _mm512_set1_ps(xs[g]);
-        const __m512 xsum = _mm512_set1_ps(-128.0f * (SUB == 2 ? sums[2 * g + sub] : sums[2 * g] + sums[2 * g + 1]));
-        const __m512i shift = _mm512_set1_epi32(SHIFT * span_codes<SUB>(a, 0, g, sub));
+        const __m512 xsum = _mm512_set1_ps(-128.0f * a.x->span_sum<SUB>(0, a.G, g, sub));
+        const __m512i shift = _mm512_set1_epi32(SHIFT * a.x->span_codes<SUB>(0, a.G, g, sub));
         PACE_UNROLL for (int j = 0; j < NB; ++j) {
           __m512i sum = SPLIT ? _mm512_add_epi32(_mm512_slli_epi32(acc[j][0], 7), acc[j][1]) : acc[j][0];
           if constexpr (SHIFT) sum = _mm512_add_epi32(sum, shift);
@@ -204,8 +198,8 @@ inline void qrow(const QArgs& a, const int64_t (&bs)[NB], __m512 (&total)[NB][1]
         }
       }
       const __m512 sx = _mm512_set1_ps(xs[g] / 16.0f);
-      const __m512 xsum = _mm512_set1_ps(sums[2 * g] + sums[2 * g + 1]);
-      const __m512i shift = _mm512_set1_epi32(16 * SHIFT * span_codes<1>(a, 0, g, 0));
+      const __m512 xsum = _mm512_set1_ps(a.x->span_sum<1>(0, a.G, g, 0));
+      const __m512i shift = _mm512_set1_epi32(16 * SHIFT * a.x->span_codes<1>(0, a.G, g, 0));
       PACE_UNROLL for (int j = 0; j < NB; ++j) {
         // 16 (128 hi + lo) over the 32 k = 128 (16 E_hi + O_hi) + (16 E_lo + O_lo)
         const __m512i h = _mm512_add_epi32(_mm512_slli_epi32(widen_nibble_sums(acc[j][0][0]), 4),
@@ -294,19 +288,18 @@ inline void qtile(const QArgs& a, int64_t b, int64_t m0, __m512 (&total)[NB][MT]
           }
         }
         if constexpr (SHIFT)
-          sum = _mm512_add_epi32(sum, _mm512_set1_epi32(SHIFT * span_codes<SUB>(a, m0 + m, g, sub)));
+          sum = _mm512_add_epi32(sum, _mm512_set1_epi32(SHIFT * a.x->span_codes<SUB>(m0 + m, a.G, g, sub)));
         const __m512 sx = _mm512_mul_ps(s, _mm512_set1_ps(a.x->scales[(m0 + m) * a.G + g]));
         total[j][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), sx, total[j][m]);
         PACE_UNROLL for (int c = 0; c < CH; ++c) acc[c][j][m] = _mm512_setzero_si512();
       }
     };
-    // total[j][m] += block j's min `mn` * row m's activation sum over 16 k x `span` (none once
-    // folded)
-    auto add_min = [&](int j, const __m512 mn, int64_t first16, int span) {
+    // total[j][m] += block j's min `mn` * row m's activation sum over scale span `sub` (none
+    // once folded)
+    auto add_min = [&](int j, const __m512 mn, int sub) {
       if constexpr (!FOLD)
         PACE_UNROLL for (int m = 0; m < MT; ++m) {
-          const float* sums = a.x->sums.data() + ((m0 + m) * a.G + g) * 2 + first16;
-          const __m512 xsum = _mm512_set1_ps(span == 2 ? sums[0] + sums[1] : sums[0]);
+          const __m512 xsum = _mm512_set1_ps(a.x->span_sum<SUB>(m0 + m, a.G, g, sub));
           total[j][m] = _mm512_fmadd_ps(mn, xsum, total[j][m]);
         }
     };
@@ -326,7 +319,7 @@ inline void qtile(const QArgs& a, int64_t b, int64_t m0, __m512 (&total)[NB][MT]
         PACE_UNROLL for (int j = 0; j < NB; ++j) {
           const __m512 s = fp16x16(tables[j] + 16 * sub);
           flush(j, s, sub);
-          add_min(j, _mm512_mul_ps(s, _mm512_set1_ps(-128.0f)), sub, SUB == 1 ? 2 : 1);
+          add_min(j, _mm512_mul_ps(s, _mm512_set1_ps(-128.0f)), sub);
         }
       }
     } else {
@@ -348,7 +341,7 @@ inline void qtile(const QArgs& a, int64_t b, int64_t m0, __m512 (&total)[NB][MT]
       PACE_UNROLL for (int j = 0; j < NB; ++j) {
         scales[j].group(tables[j], g);
         flush(j, scales[j].scale, 0);
-        add_min(j, scales[j].min, 0, 2);
+        add_min(j, scales[j].min, 0);
       }
     }
   }

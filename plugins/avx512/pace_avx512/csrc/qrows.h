@@ -26,6 +26,18 @@ struct QuantizedRows {
   std::vector<float> scales;  // [M][G] (a span's scale repeated for each of its groups)
   std::vector<float> sums;    // [M][2G]: scale * sum of the codes of each 16 (as seen)
   std::vector<int32_t> code_sums;  // [M][2G]: the sums of the codes of each 16 (code_shift)
+  // Row m's code sum and activation sum (sums) over scale span `sub` of group g of G: with one
+  // scale per group (SUB 1) its two 16s added, with one per 16 (SUB 2) the 16 `sub`.
+  template <int SUB>
+  int32_t span_codes(int64_t m, int64_t G, int64_t g, int sub) const {
+    const int32_t* s = code_sums.data() + (m * G + g) * 2;
+    return SUB == 2 ? s[sub] : s[0] + s[1];
+  }
+  template <int SUB>
+  float span_sum(int64_t m, int64_t G, int64_t g, int sub) const {
+    const float* s = sums.data() + (m * G + g) * 2;
+    return SUB == 2 ? s[sub] : s[0] + s[1];
+  }
   // [M][G / 2] (spans of 256 only): the code sums of groups 2p and 2p + 1 as the low and high
   // int16 of one int32 (|sum| <= 32 * 127), q4k_tile.h's vpdpwssd operand
   std::vector<int32_t> pair_sums;

@@ -96,22 +96,18 @@ inline void qwords_half(const uint8_t* block, const uint8_t* merged, int64_t G,
         acc[m][1] = _mm256_add_epi32(acc[m][1], _mm256_madd_epi16(w1, xm));
       }
     };
-    // total[m] += (acc[m]'s row sums + OF_U x row m's code sum over the span) * s * row m's
-    // scale, then (kinds with mins) + mn * row m's activation sum over the span (16 k at
-    // `first16`, `span` of them)
-    auto flush = [&](__m256 s, __m256 mn, int64_t first16, int span) {
+    // total[m] += (acc[m]'s row sums + OF_U x row m's code sum over scale span `sub`) * s *
+    // row m's scale, then (kinds with mins) + mn * row m's activation sum over the span
+    auto flush = [&](__m256 s, __m256 mn, int sub) {
       PACE_UNROLL for (int m = 0; m < MT; ++m) {
-        const int64_t row = (m0 + m) * G + g;
-        const int32_t* code_sums = x.code_sums.data() + row * 2 + first16;
-        const float* sums = x.sums.data() + row * 2 + first16;
         __m256i sum = _mm256_hadd_epi32(acc[m][0], acc[m][1]);
         if constexpr (OF_U != 0)
-          sum = _mm256_add_epi32(sum, _mm256_set1_epi32(
-              OF_U * (span == 2 ? code_sums[0] + code_sums[1] : code_sums[0])));
-        const __m256 sx = _mm256_mul_ps(s, _mm256_set1_ps(x.scales[row]));
+          sum = _mm256_add_epi32(
+              sum, _mm256_set1_epi32(OF_U * x.span_codes<SUB>(m0 + m, G, g, sub)));
+        const __m256 sx = _mm256_mul_ps(s, _mm256_set1_ps(x.scales[(m0 + m) * G + g]));
         total[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), sx, total[m]);
         if constexpr (!FOLD) {
-          const __m256 xsum = _mm256_set1_ps(span == 2 ? sums[0] + sums[1] : sums[0]);
+          const __m256 xsum = _mm256_set1_ps(x.span_sum<SUB>(m0 + m, G, g, sub));
           total[m] = _mm256_fmadd_ps(mn, xsum, total[m]);
         }
       }
@@ -124,8 +120,7 @@ inline void qwords_half(const uint8_t* block, const uint8_t* merged, int64_t G,
           dot(words16(_mm_loadu_si128((const __m128i*)quad)),
               words16(_mm_loadu_si128((const __m128i*)(quad + 16))), q);
         }
-        const __m256 no_min = _mm256_setzero_ps();  // folded
-        flush(half_rows<H>(fp16x16(tables + 16 * sub)), no_min, sub, SUB == 1 ? 2 : 1);
+        flush(half_rows<H>(fp16x16(tables + 16 * sub)), _mm256_setzero_ps(), sub);  // folded
       }
     } else {  // line v: quad 2v in the low nibbles, 2v + 1 in the high ones
       clear();
@@ -137,7 +132,7 @@ inline void qwords_half(const uint8_t* block, const uint8_t* merged, int64_t G,
         dot(_mm256_srli_epi16(lo, 4), _mm256_srli_epi16(hi, 4), 2 * v + 1);
       }
       scales.group(tables, g);
-      flush(half_rows<H>(scales.scale), half_rows<H>(scales.min), 0, 2);
+      flush(half_rows<H>(scales.scale), half_rows<H>(scales.min), 0);
     }
   }
 }
