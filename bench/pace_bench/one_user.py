@@ -11,6 +11,11 @@ host's drift between pairs (these machines are shared) cancels within a pair. Ta
 median ratio >= 0.97 (served decode at least 0.97x offline batch-1 decode), and the served
 stream's time between tokens steady: its p99 over all pairs <= 1.5x its median.
 
+Both sides share the machine's cores, so the served stream pays for the CPU that runs
+beside its forward: the client's (``client_cpu_ms_per_token``) and the server's event loop
+(``server_loop_cpu_ms_per_token``: the CPU time of the server process's main thread, which
+runs the HTTP loop, per served token; Linux only).
+
     pace bench one_user --models smollm2 gemma3-270m --pairs 10
 """
 
@@ -39,7 +44,8 @@ from pace_bench.sse_client import run as run_async
 
 COLUMNS = ["model", "threads", "pairs", "offline_ms_per_token", "served_ms_per_token",
            "ratio_median", "ratio_min", "ratio_max", "served_itl_p50_ms", "served_itl_p99_ms",
-           "itl_p99_over_p50", "offline_p99_over_p50", "client_cpu_ms_per_token"]  # fmt: skip
+           "itl_p99_over_p50", "offline_p99_over_p50", "client_cpu_ms_per_token",
+           "server_loop_cpu_ms_per_token"]  # fmt: skip
 QUICK = {"pairs": 3, "new_tokens": 16, "prompt_tokens": 32}
 TARGET = 0.97
 ITL_SPREAD_TARGET = 1.5  # served ITL p99 / p50, at most
@@ -73,6 +79,22 @@ def served_gaps(url: str, prompt: str, new_tokens: int) -> tuple[list[float], fl
     return result["itl"], cpu
 
 
+def thread_cpu_seconds(pid: int, tid: int | None = None) -> float | None:
+    """CPU seconds thread ``tid`` (default: the main thread) of process ``pid`` has run:
+    ``/proc`` schedstat (nanoseconds), else its stat ticks; None where neither exists."""
+    task = Path(f"/proc/{pid}/task/{tid or pid}")
+    try:
+        return int((task / "schedstat").read_text().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        stat = (task / "stat").read_text()
+        fields = stat[stat.rindex(")") + 2 :].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def offline_gaps(llm: Any, ids: list[int], new_tokens: int) -> list[float]:
     """The gaps between the tokens of one offline greedy stream."""
     import torch
@@ -87,13 +109,14 @@ def offline_gaps(llm: Any, ids: list[int], new_tokens: int) -> list[float]:
 @dataclass
 class Measured:
     """One model's pairs of seconds per token (offline, served), every gap between two
-    tokens on each side (the offline spread shows the host's own) and the client's CPU
-    seconds per served token."""
+    tokens on each side (the offline spread shows the host's own) and the CPU seconds per
+    served token of the client and of the server's event loop."""
 
     pairs: list[tuple[float, float]] = field(default_factory=list)
     served_gaps: list[float] = field(default_factory=list)
     offline_gaps: list[float] = field(default_factory=list)
     client_cpu: list[float] = field(default_factory=list)  # per served token, each request
+    server_cpu: list[float] = field(default_factory=list)  # the server's loop, the same way
 
 
 def measure(model_dir: Path, args: argparse.Namespace) -> Measured:
@@ -122,9 +145,13 @@ def measure(model_dir: Path, args: argparse.Namespace) -> Measured:
             return per_token(gaps)
 
         def served(prompt: str) -> float:
+            loop = thread_cpu_seconds(server.proc.pid)
             gaps, cpu = served_gaps(server.url, prompt, args.new_tokens)
+            after = thread_cpu_seconds(server.proc.pid)
             got.served_gaps.extend(gaps)
             got.client_cpu.append(cpu / (len(gaps) + 1))
+            if loop is not None and after is not None:
+                got.server_cpu.append((after - loop) / (len(gaps) + 1))
             return per_token(gaps)
 
         offline_gaps(llm, llm.tokenizer(prompts[-1])["input_ids"], args.new_tokens)  # warm
@@ -160,6 +187,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "itl_p99_over_p50": round(p99 / p50, 2),
             "offline_p99_over_p50": round(offline_spread, 2),
             "client_cpu_ms_per_token": round(1e3 * statistics.median(got.client_cpu), 3),
+            "server_loop_cpu_ms_per_token": (round(1e3 * statistics.median(got.server_cpu), 3)
+                                             if got.server_cpu else None),
             "pairs_ms": [[round(1e3 * o, 2), round(1e3 * s, 2)] for o, s in pairs],
         })  # fmt: skip
         medians.append(statistics.median(ratios))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import os
 import statistics
 
 import pytest
@@ -170,6 +171,34 @@ def test_one_user_pairs_offline_and_served_decode(smollm2_dir, tmp_path):
     assert row["served_itl_p50_ms"] <= row["served_itl_p99_ms"]
     assert spread["worst"] == pytest.approx(1 / row["itl_p99_over_p50"], abs=0.02)
     assert row["client_cpu_ms_per_token"] > 0
+    assert row["server_loop_cpu_ms_per_token"] > 0  # Linux: the loop ran for every token
+
+
+def test_thread_cpu_seconds_reads_a_threads_own_cpu_time():
+    import threading
+
+    from pace_bench.one_user import thread_cpu_seconds
+
+    pid, done, release = os.getpid(), threading.Event(), threading.Event()
+
+    def busy() -> None:
+        sum(i * i for i in range(2_000_000))
+        done.set()
+        release.wait()
+
+    worker = threading.Thread(target=busy)
+    main_before = thread_cpu_seconds(pid)
+    worker.start()
+    done.wait()
+    try:
+        spent = thread_cpu_seconds(pid, worker.native_id)
+        main_spent = thread_cpu_seconds(pid) - main_before
+    finally:
+        release.set()
+        worker.join()
+    assert spent is not None and spent > 0.02  # its own loop
+    assert main_spent < spent  # the main thread mostly waited: the counts are per thread
+    assert thread_cpu_seconds(pid, 2**22 + 12345) is None  # no such thread
 
 
 def test_one_user_needs_two_tokens_to_time_a_decode():
