@@ -38,6 +38,7 @@ from pace_core.engine.events import (
     Embedding,
     ErrorKind,
     Event,
+    PromptLogprobs,
     SeqError,
     SeqSpec,
     SpecStep,
@@ -49,6 +50,7 @@ from pace_core.engine.events import (
 from pace_core.engine.handle import ModelHandle
 from pace_core.engine.output_processor import OutputProcessor
 from pace_core.engine.prefill_budget import PrefillBudget
+from pace_core.engine.prompt_logprobs import score_prompt
 from pace_core.engine.runner import ModelRunner
 from pace_core.engine.scheduler import Request, Scheduler
 from pace_core.engine.speculative import RowVerdict, SpecDecoder
@@ -138,9 +140,8 @@ class EngineCore:
         return self.scheduler.busy
 
     def _new_spec(self) -> SpecDecoder | None:
-        if self.model.speculator is None:
-            return None
-        return SpecDecoder(self.model, self.cache, self.max_context)
+        speculates = self.model.speculator is not None
+        return SpecDecoder(self.model, self.cache, self.max_context) if speculates else None
 
     # -- thread-safe entry points --------------------------------------------------------
     def submit(self, specs: list[SeqSpec]) -> None:
@@ -306,8 +307,7 @@ class EngineCore:
             self._out.append(Admitted(req.key, wait, req.prompt.numel(), req.computed))
 
     def _prepare(self, req: Request) -> None:
-        """A sequence's own sampler row, or an embedding's pool state (raises for bad
-        parameters)."""
+        """A sequence's sampler row and asked-for prompt logprobs, or an embedding's pool."""
         if req.spec.embed is not None:
             req.pool = self.model.embedding().start(req.spec.embed)
             return
@@ -322,6 +322,9 @@ class EngineCore:
         )
         if self.spec is not None:
             check_speculable(req.sampler)
+        if (k := config.prompt_logprobs) is not None:
+            lps = score_prompt(self.model.decoder, self.model.new_cache, req.prompt, k)
+            self._out.append(PromptLogprobs(req.key, lps))
         self.output.start(req.key, config)
 
     def _prefilled(
@@ -480,11 +483,8 @@ class EngineCore:
                 cache.disk.store.flush()
 
     def stats(self) -> Stats:
-        sched = self.scheduler
-        return Stats(
-            len(sched.active), len(sched.waiting), sched.kv_used_fraction(),
-            sched.kv_booked_fraction(),
-        )  # fmt: skip
+        s = self.scheduler
+        return Stats(len(s.active), len(s.waiting), s.kv_used_fraction(), s.kv_booked_fraction())
 
     def _flush(self) -> None:
         stats = self.stats()

@@ -5,8 +5,8 @@
 * Commands, caller -> core (over a queue in-process, a pipe to an engine process):
   :class:`Submit`, :class:`Cancel`, :class:`Stop`.
 * Events, core -> caller, delivered as one ``list`` per scheduler iteration:
-  :class:`Admitted`, :class:`Token`, :class:`Embedding`, :class:`SpecStep`, :class:`SeqError`,
-  :class:`Stats`.
+  :class:`Admitted`, :class:`PromptLogprobs`, :class:`Token`, :class:`Embedding`,
+  :class:`SpecStep`, :class:`SeqError`, :class:`Stats`.
 
 A failure is a :class:`SeqError` of an :class:`ErrorKind`; what a kind means to a client (an
 HTTP status, an OpenAI error type) is the server's business. Every message is a plain
@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from pace_core.engine.output import TokenLogprob
 from pace_core.sampling.config import SamplingConfig
 
 
@@ -112,6 +113,15 @@ class Token:
 
 
 @dataclass(frozen=True)
+class PromptLogprobs:
+    """The prompt logprobs of a sequence that asked for them (``SamplingConfig.prompt_logprobs``),
+    sent before its first token: None for the first prompt token, then each later one's."""
+
+    key: str
+    entries: list[TokenLogprob | None]
+
+
+@dataclass(frozen=True)
 class Embedding:
     """The embedding of a sequence submitted with an :class:`EmbedSpec` (it is finished)."""
 
@@ -150,4 +160,4 @@ class Stats:
     kv_booked: float = 0.0
 
 
-Event = Admitted | Token | Embedding | SpecStep | SeqError | Stats
+Event = Admitted | PromptLogprobs | Token | Embedding | SpecStep | SeqError | Stats

@@ -21,16 +21,16 @@ from pace_core.caches.prefix_disk import PrefixDisk
 from pace_core.engine.beam import BeamHypothesis, beam_output, beam_search
 from pace_core.engine.config import EngineConfig
 from pace_core.engine.core import EngineCore
-from pace_core.engine.events import Embedding, EmbedSpec, Event, SeqSpec, SpecStep, Token
+from pace_core.engine.events import Embedding, EmbedSpec, Event, SeqSpec, Token
 from pace_core.engine.handle import ModelHandle
 from pace_core.engine.inputs import checked_prompts, normalize_inputs
 from pace_core.engine.offline import (
     OFFLINE_ENGINE,
+    SEQUENCE_EVENTS,
     OfflineRun,
     SequenceCollector,
     StreamChunk,
     generation_output,
-    prompt_logprobs,
     spec_totals,
 )
 from pace_core.engine.output import GenerationOutput
@@ -376,10 +376,10 @@ class LLMModel:
             if isinstance(core.cache, BlockCache) and core.cache.disk is not None:
                 core.cache.disk.spill()  # written in the background
 
-    def _events(self, run: OfflineRun) -> Iterator[Token | SpecStep]:
-        """The sequences' token (with text) and speculative-step events, in order."""
+    def _events(self, run: OfflineRun) -> Iterator[Event]:
+        """The sequences' events (:data:`~pace_core.engine.offline.SEQUENCE_EVENTS`), in order."""
         for ev in self._drive(run.core):
-            if isinstance(ev, Token | SpecStep):
+            if isinstance(ev, SEQUENCE_EVENTS):
                 yield ev
 
     @torch.inference_mode()
@@ -444,20 +444,15 @@ class LLMModel:
         if streamer is not None:
             streamer.put(prompts[0].view(1, -1) if len(prompts) == 1 else torch.stack(prompts))
         for ev in self._events(run):
-            row = rows[int(ev.key)]
-            if isinstance(ev, SpecStep):
-                row.spec.record(ev.proposed, ev.accepted, ev.emitted)
-                continue
-            row.add(ev)
-            if streamer is not None:
+            rows[int(ev.key)].add(ev)
+            if streamer is not None and isinstance(ev, Token):
                 streamer.put(torch.tensor([ev.token]))
         if streamer is not None:
             streamer.end()
-        prompt_lp = prompt_logprobs(self.model, self.new_cache, prompts, run.configs)
         stats = spec_totals(rows, run.core.spec)
         if stats is not None:
             self.speculator.stats.merge(stats)
-        return generation_output(run, rows, prompt_lp, self._pad_id, output_logits, stats)
+        return generation_output(run, rows, self._pad_id, output_logits, stats)
 
     @torch.inference_mode()
     def beam_search(

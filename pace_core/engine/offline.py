@@ -2,24 +2,23 @@
 
 The core runs the offline call like any other (:data:`OFFLINE_ENGINE` knobs); this module
 gathers each sequence's tokens, text, logprobs, logits and speculative counters
-(:class:`SequenceCollector`), scores prompt logprobs, and packs ``output_token_ids`` the way
+(:class:`SequenceCollector`) and packs ``output_token_ids`` the way
 transformers' ``generate`` does.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from pace_core.caches.base import KVCache
 from pace_core.engine.config import EngineConfig
 from pace_core.engine.core import EngineCore
-from pace_core.engine.events import Token
+from pace_core.engine.events import PromptLogprobs, SpecStep, Token
 from pace_core.engine.output import GenerationOutput, SequenceOutput, TokenLogprob
 from pace_core.engine.speculative import SpecDecoder
-from pace_core.models.decoder import DecoderLM, left_pad, score
+from pace_core.models.decoder import left_pad
 from pace_core.sampling.config import SamplingConfig
 from pace_core.speculative.stats import SpecStats
 
@@ -50,6 +49,10 @@ class StreamChunk:
     finish_reason: str | None
 
 
+SEQUENCE_EVENTS = (Token, SpecStep, PromptLogprobs)
+"""The core's events that belong to one offline sequence (:class:`SequenceCollector`)."""
+
+
 class SequenceCollector:
     """What ``generate`` gathers of one sequence from the core's events."""
 
@@ -61,8 +64,16 @@ class SequenceCollector:
         self.logprobs: list[TokenLogprob] = []
         self.logits: list[torch.Tensor] = []
         self.spec = SpecStats()
+        self.prompt_logprobs: list[TokenLogprob | None] | None = None
 
-    def add(self, ev: Token) -> None:
+    def add(self, ev: Token | SpecStep | PromptLogprobs) -> None:
+        """Take one of the sequence's events (:data:`SEQUENCE_EVENTS`)."""
+        if isinstance(ev, PromptLogprobs):
+            self.prompt_logprobs = ev.entries
+            return
+        if isinstance(ev, SpecStep):
+            self.spec.record(ev.proposed, ev.accepted, ev.emitted)
+            return
         self.tokens.append(ev.token)
         if self.text is not None:
             self.text += ev.text
@@ -74,36 +85,6 @@ class SequenceCollector:
             if ev.top_ids is not None:
                 top = {i: v for i, v in zip(ev.top_ids, ev.top_logprobs) if i >= 0}
             self.logprobs.append(TokenLogprob(ev.token, float(ev.logprob), top))
-
-
-def prompt_logprobs(
-    model: DecoderLM,
-    new_cache: Callable[[], KVCache],
-    prompts: Sequence[torch.Tensor],
-    configs: Sequence[SamplingConfig],
-) -> list[list[TokenLogprob | None] | None]:
-    """Per prompt that asked for them (``prompt_logprobs``), the logprob of each of its tokens
-    after the first (and the top ``k``), from one scoring forward; None for the others."""
-    wanted = [i for i, c in enumerate(configs) if c.prompt_logprobs is not None]
-    result: list[list[TokenLogprob | None] | None] = [None] * len(prompts)
-    if not wanted:
-        return result
-    batch = [prompts[i] for i in wanted]
-    logits = score(model, new_cache(), batch)
-    width = logits.shape[1]
-    for j, i in enumerate(wanted):
-        n, k = prompts[i].numel(), configs[i].prompt_logprobs
-        lp = torch.log_softmax(logits[j, width - n : width - 1], dim=-1)
-        entries: list[TokenLogprob | None] = [None]
-        for t in range(n - 1):
-            top = {}
-            if k:
-                best = lp[t].topk(k)
-                top = dict(zip(best.indices.tolist(), best.values.tolist()))
-            token = int(prompts[i][t + 1])
-            entries.append(TokenLogprob(token, float(lp[t, token]), top))
-        result[i] = entries
-    return result
 
 
 def pack_tokens(
@@ -136,7 +117,6 @@ def spec_totals(rows: Sequence[SequenceCollector], spec: SpecDecoder | None) -> 
 def generation_output(
     run: OfflineRun,
     rows: Sequence[SequenceCollector],
-    prompt_lp: Sequence[list[TokenLogprob | None] | None],
     pad: int,
     output_logits: bool,
     spec: SpecStats | None,
@@ -149,10 +129,10 @@ def generation_output(
             r.text,
             r.finish_reason or "length",
             r.logprobs if r.config.logprobs is not None else None,
-            prompt_lp[i],
+            r.prompt_logprobs,
             r.spec if spec is not None else None,
         )
-        for i, (p, r) in enumerate(zip(run.prompts, rows))
+        for p, r in zip(run.prompts, rows)
     ]
     logits = [torch.stack(r.logits) for r in rows] if output_logits else None
     tokens = pack_tokens(run.prompts, run.padded, [r.tokens for r in rows], pad)
