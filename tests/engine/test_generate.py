@@ -108,10 +108,29 @@ def test_prompt_logprobs(tiny, hf):
     out = tiny.generate(prompt, SamplingConfig(max_new_tokens=1, prompt_logprobs=2))
     entries = out.sequences[0].prompt_logprobs
     assert entries[0] is None and len(entries) == 4
-    lp = torch.log_softmax(hf(prompt).logits[0], dim=-1)
+    with torch.no_grad():
+        lp = torch.log_softmax(hf(prompt).logits[0], dim=-1)
     for t in range(1, 4):
         assert entries[t].logprob == pytest.approx(float(lp[t - 1, prompt[0, t]]), abs=1e-4)
         assert len(entries[t].top) == 2
+
+
+def test_prompt_logprobs_in_chunks_match_one_forward(tiny, hf):
+    """score_prompt's chunks (3 positions here, the last one short) score each prompt token
+    as one whole-prompt forward does, top alternatives included; a 1-token prompt has none."""
+    from pace_core.engine.prompt_logprobs import score_prompt
+
+    prompt = torch.tensor([9, 4, 33, 7, 101, 2, 64, 5])
+    with torch.no_grad():
+        lp = torch.log_softmax(hf(prompt.view(1, -1)).logits[0], dim=-1)
+    for chunk in (3, 128):
+        entries = score_prompt(tiny.model, tiny.new_cache, prompt, 2, chunk_tokens=chunk)
+        assert entries[0] is None and len(entries) == prompt.numel()
+        for t in range(1, prompt.numel()):
+            assert entries[t].token_id == int(prompt[t])
+            assert entries[t].logprob == pytest.approx(float(lp[t - 1, prompt[t]]), abs=1e-4)
+            assert list(entries[t].top) == lp[t - 1].topk(2).indices.tolist()
+    assert score_prompt(tiny.model, tiny.new_cache, prompt[:1], 2) == [None]
 
 
 def test_streamer_protocol(tiny):

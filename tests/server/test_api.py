@@ -219,6 +219,40 @@ def test_stop_strings_and_echo(server):
     assert echo.choices[0].text.startswith(PROMPTS[0])
 
 
+def test_echo_with_logprobs_scores_the_prompt(server, llm):
+    """lm-evaluation-harness's loglikelihood request (``local-completions``): the prompt's
+    tokens lead ``logprobs``, each scored given the ones before it, then the completion's."""
+    import torch
+
+    ids = llm.tokenizer(PROMPTS[1])["input_ids"]
+    n = len(ids)
+    kw = dict(model=MODEL_NAME, prompt=ids, max_tokens=2, temperature=0, echo=True, logprobs=3)
+    out = client(server).completions.create(**kw)
+    choice = out.choices[0]
+    lp = choice.logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == n + 2
+    assert "".join(lp.tokens) == choice.text and choice.text.startswith(PROMPTS[1])
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert lp.text_offset[0] == 0
+    assert all(lp.text_offset[t + 1] == lp.text_offset[t] + len(lp.tokens[t]) for t in range(n + 1))
+    # the reference: every position's logits of one whole-prompt forward (no chunks)
+    logits = llm.logits(torch.tensor([ids]))[0].float()
+    want = torch.log_softmax(logits, dim=-1)
+    for t in range(1, n):
+        assert lp.token_logprobs[t] == pytest.approx(float(want[t - 1, ids[t]]), abs=1e-4)
+        top = want[t - 1].topk(3)
+        got = sorted(lp.top_logprobs[t].values(), reverse=True)
+        assert got == pytest.approx(top.values.tolist(), abs=1e-4)
+    # the completion's own tokens keep their logprobs after the prompt's
+    plain = client(server).completions.create(**{**kw, "echo": False})
+    assert lp.token_logprobs[n:] == pytest.approx(plain.choices[0].logprobs.token_logprobs)
+    # streamed: the prompt's logprobs ride on the first chunk
+    chunks = list(client(server).completions.create(**kw, stream=True))
+    streamed = [x for c in chunks if c.choices for x in c.choices[0].logprobs.token_logprobs]
+    assert streamed[0] is None
+    assert streamed[1:] == pytest.approx(lp.token_logprobs[1:])
+
+
 def test_models_and_health(server):
     models = client(server).models.list()
     assert [m.id for m in models.data] == [MODEL_NAME]

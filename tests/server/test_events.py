@@ -13,6 +13,7 @@ from pace_core.engine.events import (
     Admitted,
     Cancel,
     ErrorKind,
+    PromptLogprobs,
     SeqError,
     SeqSpec,
     SpecStep,
@@ -21,6 +22,7 @@ from pace_core.engine.events import (
     Submit,
     Token,
 )
+from pace_core.engine.output import TokenLogprob
 from pace_core.platform.placement import InstancePlan
 from pace_core.sampling.config import SamplingConfig
 from pace_core.server.launch.instances import Dead, EngineHandle, Ready
@@ -35,6 +37,7 @@ MESSAGES = [
     Token("r:0", 42, " hi", None),
     Token("r:0", 7, "", "stop", -0.5, [7, 9], [-0.5, -1.25]),
     SpecStep("r:0", 4, 3, 4),
+    PromptLogprobs("r:0", [None, TokenLogprob(5, -1.5, {5: -1.5, 9: -2.0})]),
     SeqError("r:0", "boom", ErrorKind.ENGINE_ERROR),
     Stats(2, 1, 0.5, 0.75),
     Ready(2048, 16, 1234),

@@ -21,7 +21,7 @@ from fastapi import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from pace_core.engine.events import Embedding, ErrorKind, SeqError, Token
+from pace_core.engine.events import Embedding, ErrorKind, PromptLogprobs, SeqError, Token
 from pace_core.server.api.openai_response import Choice, ResponseFormat, sse
 from pace_core.server.api.protocol import APIError
 from pace_core.server.frontdoor.context import ServingContext
@@ -52,7 +52,7 @@ async def _wait_disconnect(receive: Receive) -> None:
 
 async def _events(
     server: ServingContext, sub: Submission, receive: Receive | None
-) -> AsyncIterator[Token | SeqError]:
+) -> AsyncIterator[Token | PromptLogprobs | SeqError]:
     """The submission's events until all its sequences finished; cancels on exit.
 
     Each event costs one plain queue wait: the request's deadline (a timer) and the client
@@ -114,7 +114,7 @@ def _engine_error(server: ServingContext, sub: Submission, ev: SeqError) -> APIE
 
 async def _answered(
     server: ServingContext, sub: Submission, request: Request
-) -> AsyncIterator[Token | Embedding]:
+) -> AsyncIterator[Token | PromptLogprobs | Embedding]:
     """A non-streamed submission's events; an engine error or the timeout raises its
     APIError."""
     try:
@@ -130,8 +130,12 @@ async def _answered(
 async def _collect(server: ServingContext, fmt: ResponseFormat, request: Request) -> list[Choice]:
     sub, keys = fmt.submitted.sub, fmt.submitted.keys
     choices = {k: Choice() for k in keys}
+    index = {k: i for i, k in enumerate(keys)}
     async for ev in _answered(server, sub, request):
-        choices[ev.key].add(ev)
+        if isinstance(ev, PromptLogprobs):
+            fmt.prompt_logprobs(index[ev.key], ev.entries)
+        else:
+            choices[ev.key].add(ev)
     return [choices[k] for k in keys]
 
 
@@ -203,6 +207,9 @@ async def _write_stream(
                     server.metrics.errors.labels(err.instance, err.type).inc()
                     pieces.append(sse(err.body()))
                     break
+                if isinstance(ev, PromptLogprobs):  # before the choice's first token
+                    fmt.prompt_logprobs(index[ev.key], ev.entries)
+                    continue
                 completion_tokens += 1
                 i = index[ev.key]
                 chunk = fmt.chunk(i, ev)

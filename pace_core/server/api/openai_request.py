@@ -64,8 +64,6 @@ def completion_plan(server: ServingContext, req: CompletionRequest) -> Plan:
         raise APIError(400, "suffix is not supported", param="suffix")
     if req.best_of is not None and req.best_of != req.n:
         raise APIError(400, "best_of must equal n (or be omitted)", param="best_of")
-    if req.echo and req.logprobs is not None:
-        raise APIError(400, "echo with logprobs is not supported", param="echo")
     p = req.prompt
     if isinstance(p, str):
         prompts = [encode(server, p)]
@@ -78,11 +76,18 @@ def completion_plan(server: ServingContext, req: CompletionRequest) -> Plan:
     if not prompts:
         raise APIError(400, "prompt is empty", param="prompt")
     constraint = Constraint(json_schema=response_schema(req))
+
+    def prompt_lp(choice: int) -> int | None:  # echo with logprobs: scored once per prompt
+        return req.logprobs if req.echo and choice == 0 else None
+
     configs = []
     for prompt in prompts:
         check_prompt(server, prompt)
         mt = max_tokens(server, req.max_tokens, len(prompt), None)
-        configs += [sampling(server, req, mt, req.logprobs, j, constraint) for j in range(req.n)]
+        configs += [
+            sampling(server, req, mt, req.logprobs, j, constraint, prompt_logprobs=prompt_lp(j))
+            for j in range(req.n)
+        ]
     check_constraint(server, configs)
     echo = [server.tokenizer.decode(x) if req.echo else "" for x in prompts]
     return Plan(prompts, configs, req.n, echo, cache_salt=req.cache_salt or "")
@@ -254,6 +259,7 @@ def sampling(
     logprobs: int | None,
     index: int,
     constraint: Constraint = Constraint(),
+    prompt_logprobs: int | None = None,
 ) -> SamplingConfig:
     """Choice ``index``'s :class:`SamplingConfig`: the request's values, else the model's
     generation defaults, else OpenAI's; ``seed + index`` so choices differ reproducibly.
@@ -286,6 +292,7 @@ def sampling(
             stop=req.stop,
             seed=None if req.seed is None else (req.seed + index) % 2**64,
             logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
             json_schema=constraint.json_schema,
             grammar=constraint.grammar,
         )

@@ -14,6 +14,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from pace_core.engine.events import Token
+from pace_core.engine.output import TokenLogprob
 from pace_core.server.api.openai_request import Plan, Submitted
 from pace_core.server.api.protocol import ChatCompletionRequest, CompletionRequest
 from pace_core.server.api.tools import ToolStreamParser
@@ -97,7 +98,7 @@ class CompletionLogprobs:
             for i, v in zip(ev.top_ids or (), ev.top_logprobs or ()):
                 if i >= 0:
                     top[self.tt.get(i)[0]] = _finite(v)
-            tops.append(top)
+            tops.append(top if ev.logprob is not None else None)  # a prompt's first token
             offsets.append(self.offset)
             self.offset += len(text)
         return {
@@ -168,6 +169,9 @@ class ResponseFormat:
     def finish_chunk(self, i: int, reason: str) -> dict[str, Any] | None:
         return None
 
+    def prompt_logprobs(self, i: int, entries: list[TokenLogprob | None]) -> None:
+        """Choice ``i``'s prompt logprobs, when its sampling asked for them."""
+
     def usage_chunk(self, completion_tokens: int) -> dict[str, Any]:
         return {**self.base, "choices": [], "usage": self.usage(completion_tokens)}
 
@@ -190,18 +194,40 @@ class CompletionFormat(ResponseFormat):
         keys = len(submitted.keys)
         self._logprobs = [CompletionLogprobs(server, len(self._prefix(i))) for i in range(keys)]
         self._started = [False] * keys
+        self._prompt_logprobs: dict[int, list[TokenLogprob | None]] = {}  # by prompt index
 
     def _prefix(self, i: int) -> str:
         return self.echo[i // self.plan.n]
 
+    def prompt_logprobs(self, i: int, entries: list[TokenLogprob | None]) -> None:
+        """Choice ``i``'s prompt logprobs (``echo`` with ``logprobs``: the first choice of
+        each prompt carries them for all its choices)."""
+        self._prompt_logprobs[i // self.plan.n] = entries
+
+    def _echoed(self, i: int) -> list[Token]:
+        """Choice ``i``'s prompt tokens with their logprobs, as the completion's own tokens
+        (the first one has none), when ``echo`` asked for logprobs; else nothing."""
+        entries = self._prompt_logprobs.get(i // self.plan.n)
+        if entries is None:
+            return []
+        prompt = self.plan.prompts[i // self.plan.n]
+        out = [Token("", prompt[0], "")]
+        for e in entries[1:]:
+            ids, values = list(e.top), list(e.top.values())
+            out.append(Token("", e.token_id, "", None, e.logprob, ids, values))
+        return out
+
     def chunk(self, i: int, ev: Token) -> dict[str, Any] | None:
-        text = ev.text
+        text, echoed = ev.text, []
         if not self._started[i]:
             self._started[i] = True
             text = self._prefix(i) + text
+            echoed = self._echoed(i)
+            if echoed:  # the prompt's tokens come first: offsets from the start of the echo
+                self._logprobs[i].offset = 0
         if not text and ev.finish_reason is None and ev.logprob is None:
             return None
-        lp = None if ev.logprob is None else self._logprobs[i].build([ev])
+        lp = None if ev.logprob is None else self._logprobs[i].build([*echoed, ev])
         return self._wrap(
             {"index": i, "text": text, "logprobs": lp, "finish_reason": ev.finish_reason}
         )
@@ -212,7 +238,9 @@ class CompletionFormat(ResponseFormat):
             prefix = self._prefix(i)
             lp = None
             if self.req.logprobs is not None:
-                lp = CompletionLogprobs(self.server, len(prefix)).build(c.logprobs)
+                echoed = self._echoed(i)
+                start = 0 if echoed else len(prefix)
+                lp = CompletionLogprobs(self.server, start).build([*echoed, *c.logprobs])
             text = prefix + "".join(c.text)
             out.append({"index": i, "text": text, "logprobs": lp, "finish_reason": c.finish})
         completion_tokens = sum(c.tokens for c in choices)

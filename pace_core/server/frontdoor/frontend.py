@@ -23,6 +23,7 @@ from pace_core.engine.events import (
     Admitted,
     Embedding,
     ErrorKind,
+    PromptLogprobs,
     SeqError,
     SeqSpec,
     SpecStep,
@@ -268,6 +269,10 @@ class Frontend:
                     m.prefix_queries.labels(name).inc(ev.prompt_tokens)
                     m.prefix_hits.labels(name).inc(ev.cached_tokens)
                     state.sub.cached[ev.key] = ev.cached_tokens
+            elif isinstance(ev, PromptLogprobs):
+                state = self._seqs.get(ev.key)
+                if state is not None:
+                    state.sub.queue.put_nowait(ev)
             elif isinstance(ev, SeqError | Embedding):
                 state = self._seqs.get(ev.key)
                 if state is None:
