@@ -253,6 +253,35 @@ def test_echo_with_logprobs_scores_the_prompt(server, llm):
     assert streamed[1:] == pytest.approx(lp.token_logprobs[1:])
 
 
+def test_echo_with_max_tokens_0_scores_the_prompt_only(server, llm):
+    """``max_tokens: 0`` with ``echo`` (OpenAI's legacy scoring request): the prompt and its
+    logprobs, no completion token; without ``echo`` it would answer nothing, a 400."""
+    ids = llm.tokenizer(PROMPTS[0])["input_ids"]
+    kw = dict(model=MODEL_NAME, prompt=ids, temperature=0, echo=True, logprobs=1)
+    full = client(server).completions.create(**kw, max_tokens=1)
+    out = client(server).completions.create(**kw, max_tokens=0)
+    (choice,) = out.choices
+    assert choice.text == llm.tokenizer.decode(ids) and choice.finish_reason == "length"
+    assert out.usage.completion_tokens == 0 and out.usage.prompt_tokens == len(ids)
+    n = len(ids)
+    assert choice.logprobs.tokens == full.choices[0].logprobs.tokens[:n]
+    assert choice.logprobs.token_logprobs == full.choices[0].logprobs.token_logprobs[:n]
+    chunks = list(
+        client(server).completions.create(
+            **kw, max_tokens=0, stream=True, stream_options={"include_usage": True}
+        )
+    )
+    body = [c for c in chunks if c.choices]
+    assert "".join(c.choices[0].text for c in body) == choice.text
+    assert body[-1].choices[0].finish_reason == "length"
+    assert chunks[-1].usage.completion_tokens == 0
+    r = httpx.post(
+        server.url + "/v1/completions", json={"model": MODEL_NAME, "prompt": "Hi", "max_tokens": 0}
+    )
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
+    assert "echo" in r.json()["error"]["message"]
+
+
 def test_models_and_health(server):
     models = client(server).models.list()
     assert [m.id for m in models.data] == [MODEL_NAME]

@@ -41,6 +41,7 @@ class Plan:
     echo: list[str] | None = None  # completions: the text prepended to each prompt's choices
     tool_format: ToolFormat | None = None  # chat: parse the output for calls in this format
     cache_salt: str = ""  # the request's prefix-cache namespace (tenant isolation)
+    score_only: bool = False  # completions' echo with max_tokens 0: the one token drawn is dropped
 
     @property
     def prompt_tokens(self) -> int:
@@ -64,6 +65,12 @@ def completion_plan(server: ServingContext, req: CompletionRequest) -> Plan:
         raise APIError(400, "suffix is not supported", param="suffix")
     if req.best_of is not None and req.best_of != req.n:
         raise APIError(400, "best_of must equal n (or be omitted)", param="best_of")
+    score_only = req.max_tokens == 0  # the prompt echoed (and scored), no token generated
+    if score_only and not req.echo:
+        raise APIError(
+            400, "max_tokens 0 answers nothing without echo: set echo or max_tokens >= 1",
+            param="max_tokens",
+        )  # fmt: skip
     p = req.prompt
     if isinstance(p, str):
         prompts = [encode(server, p)]
@@ -83,14 +90,16 @@ def completion_plan(server: ServingContext, req: CompletionRequest) -> Plan:
     configs = []
     for prompt in prompts:
         check_prompt(server, prompt)
-        mt = max_tokens(server, req.max_tokens, len(prompt), None)
+        mt = max_tokens(server, req.max_tokens or (1 if score_only else None), len(prompt), None)
         configs += [
             sampling(server, req, mt, req.logprobs, j, constraint, prompt_logprobs=prompt_lp(j))
             for j in range(req.n)
         ]
     check_constraint(server, configs)
     echo = [server.tokenizer.decode(x) if req.echo else "" for x in prompts]
-    return Plan(prompts, configs, req.n, echo, cache_salt=req.cache_salt or "")
+    return Plan(
+        prompts, configs, req.n, echo, cache_salt=req.cache_salt or "", score_only=score_only
+    )
 
 
 def chat_plan(server: ServingContext, req: ChatCompletionRequest) -> Plan:

@@ -8,6 +8,7 @@ turn :class:`~pace_core.engine.events.Token` events into stream chunks and the c
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -217,8 +218,13 @@ class CompletionFormat(ResponseFormat):
             out.append(Token("", e.token_id, "", None, e.logprob, ids, values))
         return out
 
+    def usage(self, completion_tokens: int) -> dict[str, Any]:
+        return super().usage(0 if self.plan.score_only else completion_tokens)
+
     def chunk(self, i: int, ev: Token) -> dict[str, Any] | None:
-        text, echoed = ev.text, []
+        text, echoed, own = ev.text, [], [ev]
+        if self.plan.score_only:  # echo with max_tokens 0: the token drawn is not answered
+            text, own, ev = "", [], dataclasses.replace(ev, finish_reason="length")
         if not self._started[i]:
             self._started[i] = True
             text = self._prefix(i) + text
@@ -227,7 +233,7 @@ class CompletionFormat(ResponseFormat):
                 self._logprobs[i].offset = 0
         if not text and ev.finish_reason is None and ev.logprob is None:
             return None
-        lp = None if ev.logprob is None else self._logprobs[i].build([*echoed, ev])
+        lp = None if self.req.logprobs is None else self._logprobs[i].build([*echoed, *own])
         return self._wrap(
             {"index": i, "text": text, "logprobs": lp, "finish_reason": ev.finish_reason}
         )
@@ -236,13 +242,15 @@ class CompletionFormat(ResponseFormat):
         out = []
         for i, c in enumerate(choices):
             prefix = self._prefix(i)
+            own, text, finish = c.logprobs, prefix + "".join(c.text), c.finish
+            if self.plan.score_only:  # echo with max_tokens 0: the token drawn is not answered
+                own, text, finish = [], prefix, "length"
             lp = None
             if self.req.logprobs is not None:
                 echoed = self._echoed(i)
                 start = 0 if echoed else len(prefix)
-                lp = CompletionLogprobs(self.server, start).build([*echoed, *c.logprobs])
-            text = prefix + "".join(c.text)
-            out.append({"index": i, "text": text, "logprobs": lp, "finish_reason": c.finish})
+                lp = CompletionLogprobs(self.server, start).build([*echoed, *own])
+            out.append({"index": i, "text": text, "logprobs": lp, "finish_reason": finish})
         completion_tokens = sum(c.tokens for c in choices)
         return {**self.base, "choices": out, "usage": self.usage(completion_tokens)}
 

@@ -117,7 +117,7 @@ class CompletionRequest(_Sampling):
     """``POST /v1/completions``."""
 
     prompt: str | list[TokenIds] | TokenIds | Annotated[list[str], Field(min_length=1)]
-    max_tokens: int | None = Field(16, ge=1)
+    max_tokens: int | None = Field(16, ge=0)  # 0: with echo, score the prompt only
     logprobs: int | None = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS)
     echo: bool = False
     best_of: int | None = Field(None, ge=1, le=MAX_N)
