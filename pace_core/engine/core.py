@@ -50,7 +50,7 @@ from pace_core.engine.events import (
 from pace_core.engine.handle import ModelHandle
 from pace_core.engine.output_processor import OutputProcessor
 from pace_core.engine.prefill_budget import PrefillBudget
-from pace_core.engine.prompt_logprobs import score_prompt
+from pace_core.engine.prompt_logprobs import PromptScorer
 from pace_core.engine.runner import ModelRunner
 from pace_core.engine.scheduler import Request, Scheduler
 from pace_core.engine.speculative import RowVerdict, SpecDecoder
@@ -322,9 +322,8 @@ class EngineCore:
         )
         if self.spec is not None:
             check_speculable(req.sampler)
-        if (k := config.prompt_logprobs) is not None:
-            lps = score_prompt(self.model.decoder, self.model.new_cache, req.prompt, k)
-            self._out.append(PromptLogprobs(req.key, lps))
+        if config.prompt_logprobs is not None:  # scored as its prompt is prefilled
+            req.scorer = PromptScorer(req.prompt, config.prompt_logprobs)
         self.output.start(req.key, config)
 
     def _prefilled(
@@ -335,6 +334,7 @@ class EngineCore:
         if not chunks:
             return []
         done = [(chunks[i][0], logits[i]) for i in self.scheduler.advance(chunks)]
+        self._out += [PromptLogprobs(r.key, r.scorer.entries) for r, _ in done if r.scorer]
         embedded = [req for req, _ in done if req.pool is not None]
         if embedded:
             self._embedded(embedded)

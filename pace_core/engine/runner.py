@@ -116,7 +116,7 @@ class ModelRunner:
         rows += [req.prompt[req.computed : req.computed + n] for req, n in chunks]
         seq_ids = [req.seq_id for req in decodes] + [req.seq_id for req, _ in chunks]
         start = time.perf_counter()
-        if any(req.pool is not None for req, _ in chunks):
+        if any(req.pool is not None or req.scorer is not None for req, _ in chunks):
             logits = self._pooling_forward(cache, seq_ids, rows, len(decodes), chunks)
         else:
             logits = self.forward(cache, seq_ids, rows)
@@ -134,13 +134,15 @@ class ModelRunner:
         first_chunk: int,
         chunks: Sequence[tuple[Request, int]],
     ) -> torch.Tensor:
-        """A forward with embedding chunks in it: every position's hidden state is kept, the
-        embeddings' chunks feed their pool states, and the rows' last positions give the
-        logits as :meth:`forward` would."""
+        """A forward with embedding or prompt-logprob chunks in it: every position's hidden
+        state is kept, the embeddings' chunks feed their pool states, the others their prompt
+        scorers, and the rows' last positions give the logits as :meth:`forward` would."""
         ids, counts = step_batch(rows)
         hidden = hidden_step(self.model, cache, seq_ids, ids, counts)
         width = hidden.shape[1]
         for i, (req, n) in enumerate(chunks, start=first_chunk):
             if req.pool is not None:
                 req.pool.add(hidden[i, width - n :])
+            elif req.scorer is not None:
+                req.scorer.add(self.model.head, hidden[i, width - n :], req.computed)
         return self.model.head(hidden[:, -1:])[:, 0]

@@ -31,6 +31,7 @@ import torch
 from pace_core.caches.base import BlockKVCache, KVCache, ReservingKVCache
 from pace_core.engine.events import SeqSpec
 from pace_core.engine.prefill_budget import PrefillBudget
+from pace_core.engine.prompt_logprobs import PromptScorer
 from pace_core.models.embedding import PoolState
 from pace_core.sampling.sampler import BatchSampler
 
@@ -40,7 +41,7 @@ class Request:
 
     __slots__ = (
         "block_keys", "booked", "computed", "error", "last", "pool", "prompt", "sampler",
-        "seq_id", "spec", "tokens",
+        "scorer", "seq_id", "spec", "tokens",
     )  # fmt: skip
 
     def __init__(self, spec: SeqSpec) -> None:
@@ -55,6 +56,7 @@ class Request:
         self.error: Exception | None = None  # why it could not be admitted
         self.block_keys: tuple[list, frozenset] | None = None  # prefix-cache keys, once asked
         self.pool: PoolState | None = None  # an embedding's pooled states so far
+        self.scorer: PromptScorer | None = None  # its prompt logprobs so far, when asked for
 
     @property
     def key(self) -> str:
@@ -175,7 +177,9 @@ class Scheduler:
             need = self.blocks_for(self.tokens_to_book(req.spec)) if self.continuous else 0
             if self.continuous and self.booked + need > self.num_blocks:
                 break
-            adopts = self.continuous and req.spec.embed is None  # embeddings pool every state
+            # embeddings pool every state, prompt logprobs score every position
+            spec = req.spec
+            adopts = self.continuous and spec.embed is None and spec.config.prompt_logprobs is None
             if adopts and self.wait_for_shared_prefix and self._shares_pending_block(req):
                 break
             self.waiting.popleft()

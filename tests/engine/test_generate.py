@@ -115,22 +115,49 @@ def test_prompt_logprobs(tiny, hf):
         assert len(entries[t].top) == 2
 
 
-def test_prompt_logprobs_in_chunks_match_one_forward(tiny, hf):
-    """score_prompt's chunks (3 positions here, the last one short) score each prompt token
-    as one whole-prompt forward does, top alternatives included; a 1-token prompt has none."""
-    from pace_core.engine.prompt_logprobs import score_prompt
+def test_prompt_logprobs_scored_across_prefill_chunks(tiny, hf):
+    """The core scores a prompt in its own prefill: 3-token chunks here (the last one short),
+    each position the next token as one whole-prompt forward does, top alternatives included,
+    and the scores leave before the sequence's first token."""
+    from pace_core.engine.config import EngineConfig
+    from pace_core.engine.core import EngineCore
+    from pace_core.engine.events import PromptLogprobs, SeqSpec, Token
 
     prompt = torch.tensor([9, 4, 33, 7, 101, 2, 64, 5])
     with torch.no_grad():
         lp = torch.log_softmax(hf(prompt.view(1, -1)).logits[0], dim=-1)
-    for chunk in (3, 128):
-        entries = score_prompt(tiny.model, tiny.new_cache, prompt, 2, chunk_tokens=chunk)
-        assert entries[0] is None and len(entries) == prompt.numel()
-        for t in range(1, prompt.numel()):
-            assert entries[t].token_id == int(prompt[t])
-            assert entries[t].logprob == pytest.approx(float(lp[t - 1, prompt[t]]), abs=1e-4)
-            assert list(entries[t].top) == lp[t - 1].topk(2).indices.tolist()
-    assert score_prompt(tiny.model, tiny.new_cache, prompt[:1], 2) == [None]
+    config = EngineConfig(max_prefill_tokens=3, prefill_slice_ms=0.0)
+    core = EngineCore(tiny.handle, config, cache=tiny.new_cache(), offline=True)
+    cfg = SamplingConfig(max_new_tokens=2, prompt_logprobs=2)
+    core.submit([SeqSpec("0", prompt.tolist(), cfg)])
+    events = [ev for batch in core.drive() for ev in batch]
+    kinds = [type(ev) for ev in events if isinstance(ev, PromptLogprobs | Token)]
+    assert kinds == [PromptLogprobs, Token, Token]
+    (entries,) = [ev.entries for ev in events if isinstance(ev, PromptLogprobs)]
+    assert entries[0] is None and len(entries) == prompt.numel()
+    for t in range(1, prompt.numel()):
+        assert entries[t].token_id == int(prompt[t])
+        assert entries[t].logprob == pytest.approx(float(lp[t - 1, prompt[t]]), abs=1e-4)
+        assert list(entries[t].top) == lp[t - 1].topk(2).indices.tolist()
+
+
+def test_prompt_scorer_holds_a_few_positions_of_logits_at_once(tiny, hf):
+    """PromptScorer's own chunks (2 positions) of a 5-position prefill give the same scores."""
+    from pace_core.engine.prompt_logprobs import PromptScorer
+    from pace_core.models.decoder import hidden_step
+
+    prompt = torch.tensor([3, 17, 40, 8, 99])
+    cache = tiny.new_cache()
+    (seq,) = cache.add_sequences(1)
+    with torch.no_grad():
+        hidden = hidden_step(tiny.model, cache, [seq], prompt.view(1, -1), [5])[0]
+        lp = torch.log_softmax(hf(prompt.view(1, -1)).logits[0], dim=-1)
+    scorer = PromptScorer(prompt, 1, chunk_tokens=2)
+    scorer.add(tiny.model.head, hidden[:3], 0)
+    scorer.add(tiny.model.head, hidden[3:], 3)  # the last position scores nothing
+    assert [e.token_id for e in scorer.entries[1:]] == prompt[1:].tolist()
+    for t in range(1, 5):
+        assert scorer.entries[t].logprob == pytest.approx(float(lp[t - 1, prompt[t]]), abs=1e-4)
 
 
 def test_streamer_protocol(tiny):
