@@ -251,6 +251,11 @@ def test_echo_with_logprobs_scores_the_prompt(server, llm):
     streamed = [x for c in chunks if c.choices for x in c.choices[0].logprobs.token_logprobs]
     assert streamed[0] is None
     assert streamed[1:] == pytest.approx(lp.token_logprobs[1:])
+    # every choice scores its prompt: each one's first chunk leads with it
+    two = list(client(server).completions.create(**kw, n=2, stream=True))
+    for index in (0, 1):
+        first = next(c.choices[0] for c in two if c.choices and c.choices[0].index == index)
+        assert first.logprobs.token_logprobs[1:n] == pytest.approx(lp.token_logprobs[1:n])
 
 
 def test_echo_with_max_tokens_0_scores_the_prompt_only(server, llm):

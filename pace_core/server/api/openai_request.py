@@ -84,15 +84,13 @@ def completion_plan(server: ServingContext, req: CompletionRequest) -> Plan:
         raise APIError(400, "prompt is empty", param="prompt")
     constraint = Constraint(json_schema=response_schema(req))
 
-    def prompt_lp(choice: int) -> int | None:  # echo with logprobs: scored once per prompt
-        return req.logprobs if req.echo and choice == 0 else None
-
     configs = []
     for prompt in prompts:
         check_prompt(server, prompt)
         mt = max_tokens(server, req.max_tokens or (1 if score_only else None), len(prompt), None)
+        scored = req.logprobs if req.echo else None  # echo with logprobs: each choice's prompt
         configs += [
-            sampling(server, req, mt, req.logprobs, j, constraint, prompt_logprobs=prompt_lp(j))
+            sampling(server, req, mt, req.logprobs, j, constraint, prompt_logprobs=scored)
             for j in range(req.n)
         ]
     check_constraint(server, configs)

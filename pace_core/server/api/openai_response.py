@@ -195,20 +195,20 @@ class CompletionFormat(ResponseFormat):
         keys = len(submitted.keys)
         self._logprobs = [CompletionLogprobs(server, len(self._prefix(i))) for i in range(keys)]
         self._started = [False] * keys
-        self._prompt_logprobs: dict[int, list[TokenLogprob | None]] = {}  # by prompt index
+        self._prompt_logprobs: dict[int, list[TokenLogprob | None]] = {}  # by choice
 
     def _prefix(self, i: int) -> str:
         return self.echo[i // self.plan.n]
 
     def prompt_logprobs(self, i: int, entries: list[TokenLogprob | None]) -> None:
-        """Choice ``i``'s prompt logprobs (``echo`` with ``logprobs``: the first choice of
-        each prompt carries them for all its choices)."""
-        self._prompt_logprobs[i // self.plan.n] = entries
+        """Choice ``i``'s prompt logprobs (``echo`` with ``logprobs``: every choice scores its
+        prompt, so each has them before its first token, streamed or not)."""
+        self._prompt_logprobs[i] = entries
 
     def _echoed(self, i: int) -> list[Token]:
         """Choice ``i``'s prompt tokens with their logprobs, as the completion's own tokens
         (the first one has none), when ``echo`` asked for logprobs; else nothing."""
-        entries = self._prompt_logprobs.get(i // self.plan.n)
+        entries = self._prompt_logprobs.get(i)
         if entries is None:
             return []
         prompt = self.plan.prompts[i // self.plan.n]
