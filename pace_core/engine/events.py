@@ -57,6 +57,12 @@ class SeqSpec:
     embed: EmbedSpec | None = None  # embed the prompt: no tokens are generated
 
     @property
+    def keeps_every_position(self) -> bool:
+        """Its prefill needs every prompt position's hidden state (an embedding pools them,
+        prompt logprobs score them), so no cached prefix can stand in for it."""
+        return self.embed is not None or self.config.prompt_logprobs is not None
+
+    @property
     def reserve_tokens(self) -> int:
         return len(self.prompt) + (0 if self.embed else self.config.max_new_tokens)
 

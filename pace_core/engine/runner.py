@@ -116,7 +116,7 @@ class ModelRunner:
         rows += [req.prompt[req.computed : req.computed + n] for req, n in chunks]
         seq_ids = [req.seq_id for req in decodes] + [req.seq_id for req, _ in chunks]
         start = time.perf_counter()
-        if any(req.pool is not None or req.scorer is not None for req, _ in chunks):
+        if any(req.spec.keeps_every_position for req, _ in chunks):
             logits = self._pooling_forward(cache, seq_ids, rows, len(decodes), chunks)
         else:
             logits = self.forward(cache, seq_ids, rows)

@@ -177,9 +177,7 @@ class Scheduler:
             need = self.blocks_for(self.tokens_to_book(req.spec)) if self.continuous else 0
             if self.continuous and self.booked + need > self.num_blocks:
                 break
-            # embeddings pool every state, prompt logprobs score every position
-            spec = req.spec
-            adopts = self.continuous and spec.embed is None and spec.config.prompt_logprobs is None
+            adopts = self.continuous and not req.spec.keeps_every_position
             if adopts and self.wait_for_shared_prefix and self._shares_pending_block(req):
                 break
             self.waiting.popleft()

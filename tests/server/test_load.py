@@ -6,11 +6,12 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures as cf
 import contextlib
+import os
 import time
-from pathlib import Path
 
 import httpx
 import openai
+import pytest
 import torch
 
 from pace_core.caches.disk_tier import DiskBlockStore, DiskTier
@@ -145,20 +146,19 @@ def test_request_timeout(llm):
         wait_idle(http)
 
 
-def _thread_cpu_ticks(native_id: int) -> int:
-    stat = Path(f"/proc/self/task/{native_id}/stat").read_text()
-    fields = stat.rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])  # utime + stime (fields 14, 15 of stat)
-
-
 def test_idle_engine_does_not_spin(server):
     wait_idle(server)
     core = engine_core(server)
     thread = server.server_state.frontend.instances[0]._thread
-    steps, ticks = core.steps, _thread_cpu_ticks(thread.native_id)
+    from pace_bench.one_user import thread_cpu_seconds
+
+    def cpu() -> float:
+        return thread_cpu_seconds(os.getpid(), thread.native_id)
+
+    steps, before = core.steps, cpu()
     time.sleep(1.0)
     assert core.steps == steps
-    assert _thread_cpu_ticks(thread.native_id) - ticks <= 2  # blocked on its inbox
+    assert cpu() - before <= 0.02  # blocked on its inbox
 
 
 _BAD_BODIES = [
@@ -170,6 +170,8 @@ _BAD_BODIES = [
     b'{"prompt": "hi", "temperature": "hot"}',
     b'{"prompt": "hi", "n": 0}',
     b'{"prompt": "hi", "no_such_field": 1}',
+    b'{"prompt": "hi", "max_tokens": 0}',  # nothing to answer without echo
+    b'{"prompt": "hi", "echo": true, "logprobs": 99}',  # more alternatives than served
 ]
 
 
@@ -184,6 +186,7 @@ _BAD_EMBEDDINGS = [
     b'{"model": "nope", "input": "hi"}',
     b'{"input": "%s"}' % (b"word " * 3000),  # more tokens than the KV pool holds
 ]
+SCORED = {"echo": True, "logprobs": 1, "temperature": 0}  # a prompt scored, as lm-eval asks
 LONG_PROMPT = "In the archive, every ledger of the old harbour office was numbered. " * 8
 # The last input is prefilled in chunks (the server's prefill budget is 64 tokens).
 EMBED_INPUTS = [PROMPTS[0], PROMPTS[2], PROMPTS[3] * 4]
@@ -192,11 +195,13 @@ EMBED_ABANDONED = 12  # inputs of an embedding request the client gives up on
 
 def test_a_soak_of_streams_disconnects_and_bad_bodies_loses_nothing(server, tmp_path):
     """Complete streams (greedy and sampled), streams dropped mid-way, non-stream requests
-    given up on (generations and large embeddings), embeddings, and malformed bodies for
+    given up on (generations and large embeddings), embeddings, scored prompts (echo with
+    logprobs, max_tokens 0 and 1, streamed or not), and malformed bodies for
     both routes, three waves at once, with the prefix cache spilling to a disk tier: every
     good request answers 200, every bad one a 4xx, none a 5xx; the KV pool ends empty;
     abandoned requests stop; and the same greedy requests and embeddings give the same
-    answers after the soak as before it, the long prompt's blocks restored from disk."""
+    answers (and prompt scores) after the soak as before it, the long prompt's blocks
+    restored from disk."""
     url = server.url + "/v1/completions"
     embed_url = server.url + "/v1/embeddings"
     greedy = [
@@ -207,10 +212,12 @@ def test_a_soak_of_streams_disconnects_and_bad_bodies_loses_nothing(server, tmp_
     disk = DiskBlockStore(tmp_path, DiskTier.identity(cache), 64 << 20)
     DiskTier.attach(cache, disk)
 
-    def answers() -> tuple[list[str], torch.Tensor]:
+    def answers() -> tuple[list[str], torch.Tensor, list[float]]:
         texts = [httpx.post(url, json=b, timeout=60).json()["choices"][0]["text"] for b in greedy]
         r = httpx.post(embed_url, json={"model": MODEL_NAME, "input": EMBED_INPUTS}, timeout=60)
-        return texts, torch.tensor([d["embedding"] for d in r.json()["data"]])
+        scored = httpx.post(url, json={**greedy[-1], **SCORED}, timeout=60).json()
+        vectors = torch.tensor([d["embedding"] for d in r.json()["data"]])
+        return texts, vectors, scored["choices"][0]["logprobs"]["token_logprobs"][1:]
 
     before = answers()
     good, bad = [], []
@@ -252,6 +259,18 @@ def test_a_soak_of_streams_disconnects_and_bad_bodies_loses_nothing(server, tmp_
             r = await c.post(embed_url, json={"model": MODEL_NAME, "input": inputs}, timeout=0.3)
             good.append(r.status_code)
 
+    async def scored(c: httpx.AsyncClient, i: int) -> None:
+        body = {"model": MODEL_NAME, "prompt": PROMPTS[i % 4], **SCORED, "max_tokens": i % 2,
+                "stream": i % 3 == 0}  # fmt: skip
+        r = await c.post(url, json=body)
+        good.append(r.status_code)
+        if body["stream"]:
+            assert r.text.rstrip().endswith("data: [DONE]") and '"error"' not in r.text
+            return
+        lp, usage = r.json()["choices"][0]["logprobs"], r.json()["usage"]
+        assert len(lp["tokens"]) == usage["prompt_tokens"] + i % 2 and lp["tokens"]
+        assert lp["token_logprobs"][0] is None and None not in lp["token_logprobs"][1:]
+
     async def malformed(c: httpx.AsyncClient, route: str, content: bytes) -> None:
         r = await c.post(route, content=content, headers={"content-type": "application/json"})
         bad.append((r.status_code, content[:60]))
@@ -264,6 +283,7 @@ def test_a_soak_of_streams_disconnects_and_bad_bodies_loses_nothing(server, tmp_
                 jobs += [given_up(c, 3 * wave + i) for i in range(3)]
                 jobs += [embedded(c, 3 * wave + i) for i in range(3)]
                 jobs += [embedding_given_up(c, 2 * wave + i) for i in range(2)]
+                jobs += [scored(c, 3 * wave + i) for i in range(3)]
                 jobs += [malformed(c, url, body) for body in _BAD_BODIES]
                 jobs += [malformed(c, embed_url, body) for body in _BAD_EMBEDDINGS]
                 await asyncio.gather(*jobs)
@@ -290,13 +310,15 @@ def test_a_soak_of_streams_disconnects_and_bad_bodies_loses_nothing(server, tmp_
     assert all(400 <= code < 500 for code, _ in bad), bad
     assert len(bad) == 3 * (len(_BAD_BODIES) + len(_BAD_EMBEDDINGS))
     complete = sum(8 + i % 8 for i in range(24))  # what the complete streams asked for
+    complete += 3 * 3  # a scored request draws one token (max_tokens 0: one not answered)
     abandoned = 3 * (6 + 3) * 300  # ... and the dropped and given-up requests
     assert sum(generated) < complete + abandoned / 2, "abandoned requests kept generating"
     complete = sum(1 + i % 3 for i in range(9))  # the embeddings answered, then abandoned ones
     abandoned = 3 * 2 * EMBED_ABANDONED
     assert sum(embedded_n) < complete + abandoned / 2, "abandoned embeddings kept running"
-    texts, vectors = after
+    texts, vectors, scores = after
     assert texts == before[0]
     torch.testing.assert_close(vectors, before[1], atol=1e-5, rtol=0)
+    assert scores == pytest.approx(before[2], abs=1e-5)
     disk.flush()
     assert disk.written > 0 and cache.disk_hits - hits >= 64  # the long prompt's block

@@ -130,10 +130,9 @@ async def _answered(
 async def _collect(server: ServingContext, fmt: ResponseFormat, request: Request) -> list[Choice]:
     sub, keys = fmt.submitted.sub, fmt.submitted.keys
     choices = {k: Choice() for k in keys}
-    index = {k: i for i, k in enumerate(keys)}
     async for ev in _answered(server, sub, request):
         if isinstance(ev, PromptLogprobs):
-            fmt.prompt_logprobs(index[ev.key], ev.entries)
+            fmt.prompt_logprobs(ev.key, ev.entries)
         else:
             choices[ev.key].add(ev)
     return [choices[k] for k in keys]
@@ -208,7 +207,7 @@ async def _write_stream(
                     pieces.append(sse(err.body()))
                     break
                 if isinstance(ev, PromptLogprobs):  # before the choice's first token
-                    fmt.prompt_logprobs(index[ev.key], ev.entries)
+                    fmt.prompt_logprobs(ev.key, ev.entries)
                     continue
                 completion_tokens += 1
                 i = index[ev.key]

@@ -83,12 +83,11 @@ def completion_plan(server: ServingContext, req: CompletionRequest) -> Plan:
     if not prompts:
         raise APIError(400, "prompt is empty", param="prompt")
     constraint = Constraint(json_schema=response_schema(req))
-
+    scored = req.logprobs if req.echo else None  # echo with logprobs: each choice's prompt
     configs = []
     for prompt in prompts:
         check_prompt(server, prompt)
         mt = max_tokens(server, req.max_tokens or (1 if score_only else None), len(prompt), None)
-        scored = req.logprobs if req.echo else None  # echo with logprobs: each choice's prompt
         configs += [
             sampling(server, req, mt, req.logprobs, j, constraint, prompt_logprobs=scored)
             for j in range(req.n)

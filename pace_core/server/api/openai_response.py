@@ -170,8 +170,8 @@ class ResponseFormat:
     def finish_chunk(self, i: int, reason: str) -> dict[str, Any] | None:
         return None
 
-    def prompt_logprobs(self, i: int, entries: list[TokenLogprob | None]) -> None:
-        """Choice ``i``'s prompt logprobs, when its sampling asked for them."""
+    def prompt_logprobs(self, key: str, entries: list[TokenLogprob | None]) -> None:
+        """The prompt logprobs of the choice of sequence ``key``, when its sampling asked."""
 
     def usage_chunk(self, completion_tokens: int) -> dict[str, Any]:
         return {**self.base, "choices": [], "usage": self.usage(completion_tokens)}
@@ -195,20 +195,20 @@ class CompletionFormat(ResponseFormat):
         keys = len(submitted.keys)
         self._logprobs = [CompletionLogprobs(server, len(self._prefix(i))) for i in range(keys)]
         self._started = [False] * keys
-        self._prompt_logprobs: dict[int, list[TokenLogprob | None]] = {}  # by choice
+        self._prompt_logprobs: dict[str, list[TokenLogprob | None]] = {}  # by sequence key
 
     def _prefix(self, i: int) -> str:
         return self.echo[i // self.plan.n]
 
-    def prompt_logprobs(self, i: int, entries: list[TokenLogprob | None]) -> None:
-        """Choice ``i``'s prompt logprobs (``echo`` with ``logprobs``: every choice scores its
+    def prompt_logprobs(self, key: str, entries: list[TokenLogprob | None]) -> None:
+        """A choice's prompt logprobs (``echo`` with ``logprobs``: every choice scores its
         prompt, so each has them before its first token, streamed or not)."""
-        self._prompt_logprobs[i] = entries
+        self._prompt_logprobs[key] = entries
 
     def _echoed(self, i: int) -> list[Token]:
         """Choice ``i``'s prompt tokens with their logprobs, as the completion's own tokens
         (the first one has none), when ``echo`` asked for logprobs; else nothing."""
-        entries = self._prompt_logprobs.get(i)
+        entries = self._prompt_logprobs.get(self.submitted.keys[i])
         if entries is None:
             return []
         prompt = self.plan.prompts[i // self.plan.n]
