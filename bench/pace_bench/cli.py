@@ -23,8 +23,8 @@ from typing import Any
 
 BENCHMARKS = (
     "offline", "decode_vs_peers", "kernels", "attention", "serving", "one_user", "speculative",
-    "quality", "loading", "quantized", "structured", "prefix", "embeddings", "compile", "dlrm",
-    "tensor_parallel", "scaling",
+    "quality", "loading", "quantized", "structured", "prefix", "embeddings", "scoring",
+    "compile", "dlrm", "tensor_parallel", "scaling",
 )  # fmt: skip
 RESULTS_ROOT = Path("results")
 

@@ -274,6 +274,13 @@ def target_row(target: str, values: Sequence[float], minimum: float) -> dict[str
             "met": min(values) >= minimum}  # fmt: skip
 
 
+def ceiling_row(target: str, values: Sequence[float], maximum: float) -> dict[str, Any]:
+    """A target a measured value must stay under (an error, a latency): the worst is the
+    largest value measured."""
+    return {"target": f"{target} <= {maximum}", "worst": max(values), "best": min(values),
+            "met": max(values) <= maximum}  # fmt: skip
+
+
 def with_targets(
     payload: dict[str, Any], summary: list[dict[str, Any]], quiet: bool
 ) -> dict[str, Any]:
@@ -282,7 +289,7 @@ def with_targets(
     if not quiet:
         for s in summary:
             verdict = "met" if s["met"] else "NOT met"
-            print(f"{s['target']}: worst {s['worst']:.2f}, best {s['best']:.2f} -> {verdict}")
+            print(f"{s['target']}: worst {s['worst']:.3g}, best {s['best']:.3g} -> {verdict}")
     return payload
 
 

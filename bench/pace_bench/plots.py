@@ -8,6 +8,7 @@ Plots are drawn from the JSON payload alone, so ``pace bench plot <folder>`` red
 - attention: µs per decode step vs context, per cache type;
 - serving: output tok/s, TTFT and inter-token latency vs concurrency, per engine and mode;
 - embeddings: inputs/s vs batch, per engine and input length;
+- scoring: scored tokens/s vs batch, per engine and prompt length;
 - scaling: streaming read GB/s and each model's tok/s vs threads, measured and modelled.
 """
 
@@ -263,10 +264,11 @@ def plot_quantized(payload: Mapping[str, Any], out: Path) -> list[Path]:
     return written
 
 
-# -- embeddings -----------------------------------------------------------------------------
-def plot_embeddings(payload: Mapping[str, Any], out: Path) -> list[Path]:
-    """Per model: inputs/s vs batch, a line per engine, a panel per input length."""
+# -- embeddings, scoring ----------------------------------------------------------------------
+def _rate_vs_batch(payload: Mapping[str, Any], out: Path, column: str, unit: str) -> list[Path]:
+    """Per model: ``column`` vs batch, a line per engine, a panel per input length."""
     plt, rows, written = _pyplot(), payload["results"], []
+    name = payload["benchmark"]
     for model in _unique(rows, "model"):
         sub = [r for r in rows if r["model"] == model]
         lengths = _unique(sub, "length")
@@ -274,18 +276,28 @@ def plot_embeddings(payload: Mapping[str, Any], out: Path) -> list[Path]:
         for ax, length in zip(axes[0], lengths):
             for engine in _unique(sub, "engine"):
                 mine = [r for r in sub if r["length"] == length and r["engine"] == engine]
-                ax.plot([r["batch"] for r in mine], [r["inputs_s"] for r in mine], "o-",
+                ax.plot([r["batch"] for r in mine], [r[column] for r in mine], "o-",
                         label=engine)  # fmt: skip
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
             ax.set_xlabel("batch (inputs per call)")
-            ax.set_ylabel("inputs/s")
+            ax.set_ylabel(unit)
             ax.set_title(f"{length} tokens per input")
             ax.grid(True, alpha=0.3)
             ax.legend(fontsize=8)
-        fig.suptitle(f"embeddings {model} ({_title(payload)})", fontsize=10)
-        written.append(_save(fig, out / f"embeddings-{_slug(Path(str(model)).name)}.png"))
+        fig.suptitle(f"{name} {model} ({_title(payload)})", fontsize=10)
+        written.append(_save(fig, out / f"{name}-{_slug(Path(str(model)).name)}.png"))
     return written
+
+
+def plot_embeddings(payload: Mapping[str, Any], out: Path) -> list[Path]:
+    """Per model: inputs/s vs batch, a line per engine, a panel per input length."""
+    return _rate_vs_batch(payload, out, "inputs_s", "inputs/s")
+
+
+def plot_scoring(payload: Mapping[str, Any], out: Path) -> list[Path]:
+    """Per model: scored tokens/s vs batch, a line per engine, a panel per prompt length."""
+    return _rate_vs_batch(payload, out, "tokens_s", "scored tokens/s")
 
 
 def plot_scaling(payload: Mapping[str, Any], out: Path) -> list[Path]:
@@ -325,6 +337,7 @@ PLOTTERS: dict[str, Callable[[Mapping[str, Any], Path], list[Path]]] = {
     "serving": plot_serving,
     "quantized": plot_quantized,
     "embeddings": plot_embeddings,
+    "scoring": plot_scoring,
     "scaling": plot_scaling,
 }
 
