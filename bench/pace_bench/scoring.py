@@ -177,6 +177,13 @@ def measure(
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
+    from pace_core.errors import ConfigError
+
+    if min(args.lengths) < 2 or min(args.batches) < 1:
+        raise ConfigError(
+            f"--lengths must be >= 2 (a prompt's first token has no score) and --batches >= 1: "
+            f"got --lengths {args.lengths} --batches {args.batches}"
+        )
     saved = torch.get_num_threads()
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -56,3 +56,11 @@ def test_a_served_error_is_reported_with_its_answer(monkeypatch):
     monkeypatch.setattr(httpx, "post", lambda *a, **k: answer)
     with pytest.raises(RuntimeError, match="pace serve answered 400: .*max_tokens 0"):
         served_scorer("http://127.0.0.1:9")(torch.tensor([[1, 2, 3]]))
+
+
+def test_a_prompt_too_short_to_score_is_a_clear_error(smollm2_dir, tmp_path, capsys):
+    argv = ["bench", "scoring", "--models", str(smollm2_dir), "--lengths", "1", "--out",
+            str(tmp_path)]  # fmt: skip
+    assert main(argv) != 0
+    assert "--lengths must be >= 2" in capsys.readouterr().err
+    assert not (tmp_path / "scoring.json").exists()
