@@ -22,15 +22,22 @@
 namespace pace_avx512 {
 namespace {
 
-// Tile heights (rows x one group of 4 blocks): decode streams one group (4 independent
-// accumulator chains per row); prefill uses 6 x 4 = 24 accumulators (+ 4 weight registers) of
-// AVX-512's 32. The avx2 target has 16 registers of half the width (a 512-bit accumulator
-// takes two): 2 rows, measured best of 1-3 (Zen 3, bf16 and fp32, M 4-128).
+// Tile shapes, rows x column blocks of 16: decode streams one group (4 independent accumulator
+// chains per row), DECODE_ROWS rows at a time; prefill uses 6 x 4 = 24 accumulators (+ 4
+// weight registers) of AVX-512's 32. The avx2 target has 16 registers of half the width (a
+// 16-lane accumulator takes two): 2 rows x a group, measured best of 1-3 rows for decode and
+// for bf16 (whose widened weights take registers of their own); its fp32 prefill tile is 3 rows
+// x 2 blocks (PrefillTile<Fp32Kernel> below).
 #if defined(__AVX512F__)
 constexpr int DECODE_ROWS = 4, PREFILL_ROWS = 6;
 #else
 constexpr int DECODE_ROWS = 2, PREFILL_ROWS = 2;
 #endif
+// The prefill tile of a micro-kernel: `rows` x `blocks` (a group's blocks in runs of `blocks`).
+template <template <int, int> class Kernel>
+struct PrefillTile {
+  static constexpr int rows = PREFILL_ROWS, blocks = GROUP;
+};
 
 // bf16 activation rows widened to fp32, `kp` floats a row, in this thread's buffer (reused
 // across calls): the operand of Bf16WideKernel, where the build lacks vdpbf16ps. Returns it.
@@ -151,6 +158,19 @@ struct Fp32Kernel {  // steps = K, gstride = K * 64
   }
 };
 
+#if !defined(__AVX512F__)
+// avx2 fp32: 2 rows x a group held 16 accumulators in 16 registers, so two of them lived on the
+// stack and every weight was loaded once per row; 3 rows x 2 blocks keeps 12 accumulators, the
+// 4 weight registers of a k step and the broadcast in registers (both blocks' lines of a k step
+// are adjacent). On 2 Zen 3 cores: 1.25-1.6x at 32-512 rows on SmolLM2's shapes, 1.0-1.2x on
+// 2048 x 8192 (`pace bench kernels --sections gemm --dtypes float32`); bf16 at 2 x 2 or 6 x 1
+// measured slower than 2 x 4.
+template <>
+struct PrefillTile<Fp32Kernel> {
+  static constexpr int rows = 3, blocks = 2;
+};
+#endif
+
 // ---- epilogues ----------------------------------------------------------------------------
 
 template <typename T>
@@ -210,22 +230,26 @@ inline void tail_rows(const Args& a, const Epi& e, int64_t mt, int64_t m0, int64
   }
 }
 
-// All M rows against the column blocks [b0, b0 + NB); with several row tiles each prefetches
-// an equal slice of `next` (the thread's next group, or null).
-template <template <int, int> class Kernel, int MTMAX, int NB, class Args, class Epi>
+// All M rows against the column blocks [b0, b0 + NB), in tiles of MTMAX rows x BLK blocks
+// (block runs in turn, each under every row tile); the tiles each prefetch an equal slice of
+// `next` (the thread's next group, or null).
+template <template <int, int> class Kernel, int MTMAX, int NB, int BLK = NB, class Args, class Epi>
 inline void column_tile(const Args& a, const Epi& e, int64_t M, int64_t b0, const char* next) {
-  const int64_t tiles = (M + MTMAX - 1) / MTMAX;
+  static_assert(NB % BLK == 0, "a column span is whole tiles");
+  const int64_t rows = (M + MTMAX - 1) / MTMAX, tiles = rows * (NB / BLK);
   const int64_t lines = a.gstride * (int64_t)sizeof(*a.w) / 64;
   const int64_t slice = (lines + tiles - 1) / tiles;  // lines per tile
   const int64_t per_step = (slice + a.steps - 1) / a.steps;
-  auto share = [&](int64_t m0) {  // tile m0 / MTMAX's slice of `next`
-    const int64_t t = m0 / MTMAX;
-    if (tiles == 1 || !next) return NextGroup{};
+  auto share = [&](int64_t t) {  // tile t's slice of `next`
+    if (tiles == 1 || !next || slice * t >= lines) return NextGroup{};
     return NextGroup{next + 64 * slice * t, per_step, std::min(slice, lines - slice * t)};
   };
-  int64_t m0 = 0;
-  for (; m0 + MTMAX <= M; m0 += MTMAX) tile<Kernel, MTMAX, NB>(a, e, m0, b0, share(m0));
-  if (m0 < M) tail_rows<Kernel, MTMAX - 1, NB>(a, e, M - m0, m0, b0, share(m0));
+  for (int j = 0; j < NB / BLK; ++j) {
+    const int64_t b = b0 + j * BLK;
+    int64_t m0 = 0;
+    for (; m0 + MTMAX <= M; m0 += MTMAX) tile<Kernel, MTMAX, BLK>(a, e, m0, b, share(j * rows + m0 / MTMAX));
+    if (m0 < M) tail_rows<Kernel, MTMAX - 1, BLK>(a, e, M - m0, m0, b, share(j * rows + m0 / MTMAX));
+  }
 }
 
 }  // namespace

@@ -65,8 +65,9 @@ struct HalfRange {
 // SmolLM2's 576 columns are 9 groups, 4.5 per thread instead of 4 and 5 (one thread waited a
 // fifth of the call); a half group at either end of a range runs as 2-block tiles. A thread
 // done with its range takes jobs from the others' ends (work_ranges.h).
-template <template <int, int> class Kernel, int MTMAX, class Args, class Epi>
+template <template <int, int> class Kernel, int MTMAX, int BLK, class Args, class Epi>
 void drive(const Args& a, const Epi& e, int64_t M, int64_t groups, int nthreads) {
+  constexpr int HALF = GROUP / 2, HALF_BLK = BLK < HALF ? BLK : HALF;
   const int64_t unit = M >= HALF_SPLIT_ROWS ? 1 : 2;  // half groups per range step
   const auto range = [&](int64_t t) {
     return HalfRange{2 * groups / unit * t / nthreads * unit, 2 * groups / unit * (t + 1) / nthreads * unit};
@@ -78,23 +79,23 @@ void drive(const Args& a, const Epi& e, int64_t M, int64_t groups, int nthreads)
     const HalfRange r = range(u);
     const auto [h, halves] = r.job(k);
     if (halves == 1) {
-      column_tile<Kernel, MTMAX, GROUP / 2>(a, e, M, h * (GROUP / 2), nullptr);
+      column_tile<Kernel, MTMAX, HALF, HALF_BLK>(a, e, M, h * HALF, nullptr);
       return;
     }
     // the owner prefetches its next job's group while it works (a thief works backwards)
     const char* next = own && k + 1 < r.size() ? (const char*)(a.w + r.job(k + 1).first / 2 * a.gstride)
                                                : nullptr;
-    column_tile<Kernel, MTMAX, GROUP>(a, e, M, h / 2 * GROUP, next);
+    column_tile<Kernel, MTMAX, GROUP, BLK>(a, e, M, h / 2 * GROUP, next);
   };
 #pragma omp parallel num_threads(nthreads) if (nthreads > 1)
   work.drain(omp_get_thread_num(), run);
 }
 
-// Tile heights: DECODE_ROWS up to 4 rows, else PREFILL_ROWS (gemm_tiles.h).
+// Tile shapes (gemm_tiles.h): DECODE_ROWS x a group up to 4 rows, else the kernel's PrefillTile.
 template <template <int, int> class Kernel, class A, class Epi>
 void dispatch(const A& a, const Epi& e, int64_t M, int64_t groups, int nt) {
-  if (M <= 4) drive<Kernel, DECODE_ROWS>(a, e, M, groups, nt);
-  else drive<Kernel, PREFILL_ROWS>(a, e, M, groups, nt);
+  if (M <= 4) drive<Kernel, DECODE_ROWS, GROUP>(a, e, M, groups, nt);
+  else drive<Kernel, PrefillTile<Kernel>::rows, PrefillTile<Kernel>::blocks>(a, e, M, groups, nt);
 }
 
 }  // namespace
