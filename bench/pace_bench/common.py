@@ -13,6 +13,7 @@ import importlib.metadata as metadata
 import json
 import os
 import platform
+import random
 import statistics
 import sys
 import time
@@ -157,6 +158,25 @@ def random_prompts(vocab: int, batch: int, length: int, gen: torch.Generator) ->
     """``[batch, length]`` random ids in [100, 5000), within the vocabulary when it is small."""
     high = min(5000, vocab)
     return torch.randint(min(100, high // 2), high, (batch, length), generator=gen)
+
+
+TEXT_WORDS = ("river", "stone", "market", "window", "engine", "garden", "letter", "music",
+              "winter", "orange", "doctor", "island", "silver", "planet", "forest", "coffee",
+              "bridge", "teacher", "summer", "language", "mountain", "question", "paper",
+              "history", "evening", "village", "science", "kitchen", "picture",
+              "station")  # fmt: skip
+"""Common English words: the benchmarks' texts (:func:`make_texts`)."""
+
+
+def make_texts(tokenizer: Any, batch: int, length: int, seed: int = 0) -> list[str]:
+    """``batch`` different texts of about ``length`` tokens (random words cut at a token)."""
+    rng = random.Random(seed * 7919 + length)
+    texts = []
+    for _ in range(batch):
+        words = rng.choices(TEXT_WORDS, k=length)
+        ids = tokenizer(" ".join(words))["input_ids"][:length]
+        texts.append(tokenizer.decode(ids))
+    return texts
 
 
 def progress(items: Iterable[T], desc: str, quiet: bool, total: int | None = None) -> Iterator[T]:

@@ -24,7 +24,6 @@ issue's bar), pace bf16 >= 0.99.
 from __future__ import annotations
 
 import argparse
-import random
 import statistics
 from collections.abc import Callable
 from pathlib import Path
@@ -35,6 +34,7 @@ import torch
 from pace_bench.common import (
     emit,
     interleaved,
+    make_texts,
     model_path,
     note,
     progress,
@@ -47,10 +47,6 @@ COLUMNS = ["model", "batch", "length", "engine", "inputs_s", "tokens_s", "ms", "
            "cosine_vs_hf"]  # fmt: skip
 QUICK = {"batches": [1, 8], "lengths": [32], "repeats": 2}
 TARGETS = {"pace-fp32": 0.999, "pace-bf16": 0.99}  # minimum cosine to transformers
-_WORDS = ("river", "stone", "market", "window", "engine", "garden", "letter", "music", "winter",
-          "orange", "doctor", "island", "silver", "planet", "forest", "coffee", "bridge",
-          "teacher", "summer", "language", "mountain", "question", "paper", "history",
-          "evening", "village", "science", "kitchen", "picture", "station")  # fmt: skip
 Embedder = Callable[[list[str]], torch.Tensor]
 
 
@@ -65,17 +61,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None, help="default: torch's thread count")
     p.add_argument("--hf-attn", default="sdpa", choices=["sdpa", "eager"],
                    help="transformers' attention implementation")  # fmt: skip
-
-
-def make_texts(tokenizer: Any, batch: int, length: int, seed: int = 0) -> list[str]:
-    """``batch`` different texts of about ``length`` tokens (random words cut at a token)."""
-    rng = random.Random(seed * 7919 + length)
-    texts = []
-    for _ in range(batch):
-        words = rng.choices(_WORDS, k=length)
-        ids = tokenizer(" ".join(words))["input_ids"][:length]
-        texts.append(tokenizer.decode(ids))
-    return texts
 
 
 def pace_embedder(path: Path, dtype: torch.dtype, pooling: str) -> Embedder:

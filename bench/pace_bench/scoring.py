@@ -38,12 +38,12 @@ from pace_bench.common import (
     ceiling_row,
     emit,
     interleaved,
+    make_texts,
     model_path,
     note,
     progress,
     with_targets,
 )
-from pace_bench.embeddings import make_texts
 
 ENGINES = ("pace-bf16", "pace-fp32", "pace-served", "transformers")
 COLUMNS = ["model", "batch", "length", "engine", "tokens_s", "ms", "vs_hf", "max_abs_diff",

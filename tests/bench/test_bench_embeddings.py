@@ -7,7 +7,7 @@ import json
 
 import pytest
 from pace_bench import peers
-from pace_bench.embeddings import make_texts
+from pace_bench.common import make_texts
 
 from pace_core.cli import main
 
