@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 import torch
 
 T = TypeVar("T")
+R = TypeVar("R")
 Columns = Sequence[str] | Mapping[str, Sequence[str]]  # one table, or one per "section"
 
 
@@ -128,6 +129,20 @@ def interleaved(
             fn()
             times[name].append(clock() - start)
     return times
+
+
+def interleaved_results(
+    fns: Mapping[str, Callable[[], R]], repeats: int
+) -> tuple[dict[str, list[float]], dict[str, R]]:
+    """:func:`interleaved` keeping what each fn returned last (to check engines against each
+    other on the very calls that were timed)."""
+    results: dict[str, R] = {}
+
+    def keep(name: str, fn: Callable[[], R]) -> Callable[[], None]:
+        return lambda: results.__setitem__(name, fn())
+
+    times = interleaved({name: keep(name, fn) for name, fn in fns.items()}, repeats)
+    return times, results
 
 
 # -- small shared pieces ------------------------------------------------------------------------

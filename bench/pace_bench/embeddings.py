@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import statistics
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ import torch
 
 from pace_bench.common import (
     emit,
-    interleaved,
+    interleaved_results,
     make_texts,
     model_path,
     note,
@@ -140,12 +141,9 @@ def measure(
 ) -> dict[str, dict[str, float | None]]:
     """Median seconds per call of every engine (round-robin) and the worst cosine of its
     vectors to transformers' (those of the last timed calls), when transformers ran."""
-    vectors: dict[str, torch.Tensor] = {}
-
-    def timed(name: str, fn: Embedder) -> Callable[[], None]:
-        return lambda: vectors.__setitem__(name, fn(texts))
-
-    times = interleaved({name: timed(name, fn) for name, fn in engines.items()}, repeats)
+    times, vectors = interleaved_results(
+        {name: partial(fn, texts) for name, fn in engines.items()}, repeats
+    )
     reference = vectors.get("transformers")
     out: dict[str, dict[str, float | None]] = {}
     for name, t in times.items():

@@ -29,6 +29,7 @@ import argparse
 import statistics
 from collections.abc import Callable
 from contextlib import ExitStack
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,7 @@ import torch
 from pace_bench.common import (
     ceiling_row,
     emit,
-    interleaved,
+    interleaved_results,
     make_texts,
     model_path,
     note,
@@ -153,12 +154,8 @@ def measure(
 ) -> dict[str, dict[str, float | None]]:
     """Median seconds per call of every engine (round-robin) and the largest and mean absolute
     difference of its log-probabilities to transformers' (when transformers ran)."""
-    scores: dict[str, torch.Tensor] = {}
-
-    def timed(name: str, fn: Scorer) -> Callable[[], None]:
-        return lambda: scores.__setitem__(name, fn(ids))
-
-    times = interleaved({name: timed(name, fn) for name, fn in engines.items()}, repeats)
+    times, scores = interleaved_results({name: partial(fn, ids) for name, fn in engines.items()},
+                                        repeats)  # fmt: skip
     reference = scores.get("transformers")
     out: dict[str, dict[str, float | None]] = {}
     for name, t in times.items():
