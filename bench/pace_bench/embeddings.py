@@ -4,7 +4,7 @@ Per model, batch size (``--batches``) and input length (``--lengths``, tokens), 
 embeds the same texts (random English words, a different text per row) into one
 L2-normalised vector each, pooled the same way (``--pooling``: the last token's state, pace's
 default for a decoder LM, or the mean), timed round-robin
-(:func:`~pace_bench.common.interleaved`), medians:
+(:func:`~pace_bench.common.interleaved_results`), medians:
 
 - ``pace-bf16``, ``pace-fp32``: ``LLMModel.embed`` (through the engine core);
 - ``transformers``: fp32 ``AutoModel`` run eagerly (no compile; ``--hf-attn`` sdpa by

@@ -4,7 +4,7 @@ Scoring a text is lm-evaluation-harness's loglikelihood request: the log-probabi
 of its tokens given the ones before it. Per model, batch size (``--batches``, prompts per call)
 and prompt length (``--lengths``, tokens), every engine scores the same token ids (random
 English words, a different text per row), timed round-robin
-(:func:`~pace_bench.common.interleaved`), medians:
+(:func:`~pace_bench.common.interleaved_results`), medians:
 
 - ``pace-bf16``, ``pace-fp32``: ``LLMModel.generate`` with ``prompt_logprobs`` and one new
   token (through the engine core: each prompt scored in its own prefill);
