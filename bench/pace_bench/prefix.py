@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from pace_bench.common import emit, model_path, note, progress, target_row, with_targets
 from pace_bench.peers import PeerUnavailable
 from pace_bench.serving_peers import (
@@ -65,17 +67,17 @@ def system_prompt(tokenizer: Any, tokens: int, seed: int) -> str:
     return " ".join(words)
 
 
-def chat(url: str, model: str, system: str, question: str) -> dict[str, Any]:
-    """One streamed chat request: TTFT (s), the answer and the cached prompt tokens."""
-    import httpx
-
+def chat(client: Any, url: str, model: str, system: str, question: str) -> dict[str, Any]:
+    """One streamed chat request on ``client`` (an ``httpx.Client`` kept across requests: making
+    one costs ~30 ms, which a TTFT must not include): TTFT (s), the answer and the cached prompt
+    tokens."""
     body = {
         "model": model, "max_tokens": 8, "temperature": 0, "stream": True,
         "stream_options": {"include_usage": True},
         "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}],
     }  # fmt: skip
     start, first, text, cached = time.perf_counter(), None, "", None
-    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=600) as r:
+    with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
         if r.status_code != 200:
             raise RuntimeError(f"{r.status_code}: {r.read()[:300]!r}")
         for line in r.iter_lines():
@@ -116,18 +118,21 @@ def measure_restart(model_dir: Path, args: argparse.Namespace, systems: list[str
         first = EngineServer(spec_for("pace", model_dir, args, cache_dir))
         try:
             first.wait_ready(args.start_timeout)
-            for system in warm_systems:
-                chat(first.url, first.spec.model_id, system, QUESTIONS[0])
+            with httpx.Client(timeout=600) as client:
+                for system in warm_systems:
+                    chat(client, first.url, first.spec.model_id, system, QUESTIONS[0])
         finally:
             first.stop()
         server = EngineServer(spec_for("pace", model_dir, args, cache_dir))
         try:
             server.wait_ready(args.start_timeout)
             cold, warm = [], []
-            for i in range(args.repeats):
-                cold.append(chat(server.url, server.spec.model_id, systems[1 + i], QUESTIONS[0]))
-                warm.append(chat(server.url, server.spec.model_id, warm_systems[i],
-                                 QUESTIONS[1 + i % 5]))  # fmt: skip
+            with httpx.Client(timeout=600) as client:
+                for i in range(args.repeats):
+                    cold.append(chat(client, server.url, server.spec.model_id, systems[1 + i],
+                                     QUESTIONS[0]))  # fmt: skip
+                    warm.append(chat(client, server.url, server.spec.model_id, warm_systems[i],
+                                     QUESTIONS[1 + i % 5]))  # fmt: skip
         finally:
             server.stop()
     return {"cold": cold, "warm": warm}
@@ -142,11 +147,12 @@ def measure(engine: str, model_dir: Path, args: argparse.Namespace, systems: lis
     try:
         server.wait_ready(args.start_timeout)
         shared = systems[0]
-        chat(server.url, spec.model_id, shared, QUESTIONS[0])  # the prefix gets cached
         cold, warm = [], []
-        for i in range(args.repeats):
-            cold.append(chat(server.url, spec.model_id, systems[1 + i], QUESTIONS[0]))
-            warm.append(chat(server.url, spec.model_id, shared, QUESTIONS[1 + i % 5]))
+        with httpx.Client(timeout=600) as client:
+            chat(client, server.url, spec.model_id, shared, QUESTIONS[0])  # the prefix is cached
+            for i in range(args.repeats):
+                cold.append(chat(client, server.url, spec.model_id, systems[1 + i], QUESTIONS[0]))
+                warm.append(chat(client, server.url, spec.model_id, shared, QUESTIONS[1 + i % 5]))
     finally:
         server.stop()
     return {"cold": cold, "warm": warm}

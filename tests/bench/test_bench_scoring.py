@@ -49,13 +49,13 @@ def test_prompts_have_the_asked_length_and_differ(smollm2_dir):
     assert len({tuple(row.tolist()) for row in ids}) == 4
 
 
-def test_a_served_error_is_reported_with_its_answer(monkeypatch):
+def test_a_served_error_is_reported_with_its_answer():
     import httpx
 
-    answer = httpx.Response(400, json={"error": {"message": "max_tokens 0 answers nothing"}})
-    monkeypatch.setattr(httpx, "post", lambda *a, **k: answer)
-    with pytest.raises(RuntimeError, match="pace serve answered 400: .*max_tokens 0"):
-        served_scorer("http://127.0.0.1:9")(torch.tensor([[1, 2, 3]]))
+    answer = {"error": {"message": "max_tokens 0 answers nothing"}}
+    client = httpx.Client(transport=httpx.MockTransport(lambda _: httpx.Response(400, json=answer)))
+    with client, pytest.raises(RuntimeError, match="pace serve answered 400: .*max_tokens 0"):
+        served_scorer("http://127.0.0.1:9", client)(torch.tensor([[1, 2, 3]]))
 
 
 def test_a_prompt_too_short_to_score_is_a_clear_error(smollm2_dir, tmp_path, capsys):
