@@ -67,8 +67,10 @@ def system_prompt(tokenizer: Any, tokens: int, seed: int) -> str:
     return " ".join(words)
 
 
-def chat(client: Any, url: str, model: str, system: str, question: str) -> dict[str, Any]:
-    """One streamed chat request on ``client`` (an ``httpx.Client`` kept across requests: making
+def chat(
+    client: httpx.Client, url: str, model: str, system: str, question: str
+) -> dict[str, Any]:
+    """One streamed chat request on ``client`` (kept across requests: making
     one costs ~30 ms, which a TTFT must not include): TTFT (s), the answer and the cached prompt
     tokens."""
     body = {

@@ -31,9 +31,12 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    import httpx
 
 from pace_bench.common import (
     ceiling_row,
@@ -94,9 +97,9 @@ def pace_scorer(path: Path, dtype: torch.dtype) -> Scorer:
     return score
 
 
-def served_scorer(url: str, client: Any) -> Scorer:
-    """One ``/v1/completions`` request per call on ``client`` (an ``httpx.Client`` kept across
-    calls: making one costs ~30 ms): the batch's prompts, echoed and scored."""
+def served_scorer(url: str, client: httpx.Client) -> Scorer:
+    """One ``/v1/completions`` request per call on ``client`` (kept across calls: making one
+    costs ~30 ms): the batch's prompts, echoed and scored."""
 
     def score(ids: torch.Tensor) -> torch.Tensor:
         body = {"model": "bench", "prompt": ids.tolist(), "max_tokens": 0, "echo": True,

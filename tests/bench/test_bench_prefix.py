@@ -18,5 +18,4 @@ def test_a_cached_system_prompt_is_reported_with_its_answers(smollm2_dir, tmp_pa
     cached, uncached = rows["pace"], rows["pace-nocache"]
     assert cached["cached_tokens"] >= 256 and uncached["cached_tokens"] == 0  # whole blocks
     assert cached["answers"] == "same" and uncached["answers"] == "same"
-    for r in rows.values():
-        assert 0 < r["ttft_warm_ms"] and 0 < r["ttft_cold_ms"]
+    assert cached["ttft_warm_ms"] < cached["ttft_cold_ms"]  # 300 prompt tokens not prefilled
