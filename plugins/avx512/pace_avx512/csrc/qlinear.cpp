@@ -36,7 +36,8 @@
 //   6-bit (KIND_Q6, GGUF q6_k as u = q + 32): the 4-bit lines of the low 4 bits, then 2 lines
 //   of the high 2 bits (qblock.h q6_quad), merged per quad into one byte code u as 8-bit.
 // Threads take contiguous ranges of row blocks, each one sequential stream that the hardware
-// prefetchers follow (software prefetch on top of it lost a third of the bandwidth on Zen 4).
+// prefetchers follow (software prefetch on top of it lost a third of the bandwidth on Zen 4);
+// calls of more rows take theirs in jobs and steal the others' last ones when done (qdrive).
 // A single activation row (decode; split or int8) reads its thread's range as 4 runs side by
 // side (`qrow`; 1, 2 or 4 measured alike once the layout was in order), KIND_Q6 as 2 (its
 // codes take ~3 more ops per quad: 4096 x 14336 on one Zen 4 core, of a streaming read in the
@@ -58,6 +59,7 @@
 #include "qrows.h"
 #include "qwords_tile.h"
 #include "simd.h"
+#include "work_ranges.h"
 
 PACE_VNNI_BEGIN
 
@@ -482,7 +484,7 @@ inline void words_rows(const QArgs& a, const Store& st, int64_t b, const uint8_t
 }
 
 // Rows per word tile (x 8 weight rows: 2 int32 accumulators a row): 4 measured at or above
-// 2 and 3 on one Zen 3 core (GCC keeps one of the 8 accumulators in memory).
+// 2 and 3 on one Zen 3 core; a tile of 2 rows x a whole block (16 weight rows) ran as 4.
 constexpr int WORD_TILE_ROWS = 4;
 
 // A thread's blocks [b, end) against rows [r0, r1) in word tiles, KIND_Q6's codes merged to
@@ -501,35 +503,60 @@ inline void qword_blocks(const QArgs& a, const Store& st, int64_t b, int64_t end
 }
 #endif
 
+// Blocks [b, end) against rows [r0, r1) in the call's tiles: the avx2 build's word tiles, or
+// tiles of MT rows x `wide` blocks side by side (1 on 15-bit planes).
+template <int KIND, bool SPLIT, typename Store>
+inline void qtiles(const QArgs& a, const Store& st, int64_t b, int64_t end, int64_t r0,
+                   int64_t r1, int64_t wide) {
+  constexpr int MT = QTILE_ROWS;
+#if !defined(__AVX512F__)
+  if (word_tiles(SPLIT, a.M)) {
+    qword_blocks<KIND>(a, st, b, end, r0, r1);
+    return;
+  }
+#endif
+  if (!SPLIT && wide == 3)
+    qblocks<KIND, SPLIT, MT, SPLIT ? 1 : 3>(a, st, b, end, r0, r1);
+  else if (!SPLIT && wide == 2)
+    qblocks<KIND, SPLIT, MT, SPLIT ? 1 : 2>(a, st, b, end, r0, r1);
+  else
+    qblocks<KIND, SPLIT, MT, 1>(a, st, b, end, r0, r1);
+}
+
+// The decode GEMV: each thread its contiguous range of blocks (qrow_blocks). Calls of more
+// rows: each thread's range in jobs of one tile's width of blocks, row chunk after row chunk
+// (the activation codes of a chunk stay in L2 across the thread's blocks), with work stealing
+// (work_ranges.h): a thread done with its jobs takes the others' last ones, so a thread the
+// OS preempts (a shared host, the server's own threads) no longer holds the other at the end.
 template <int KIND, bool SPLIT, typename Store>
 void qdrive(const QArgs& a, const Store& st, int64_t M, int64_t blocks, int nthreads) {
+  if (M == 1) {
+#pragma omp parallel num_threads(nthreads) if (nthreads > 1)
+    {
+      const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+      qrow_blocks<KIND, SPLIT, KIND == KIND_Q6 ? 2 : 4>(a, st, blocks * t / nt,
+                                                        blocks * (t + 1) / nt);
+    }
+    return;
+  }
   constexpr int MT = QTILE_ROWS;
   const int64_t wide = tuning().qtile_blocks ? tuning().qtile_blocks : tile_blocks(KIND);
+  const int64_t unit = SPLIT ? 1 : wide;  // blocks per job
+  const int64_t chunk = std::max<int64_t>(MT, ROW_CHUNK_BYTES / ((SPLIT ? 2 : 1) * a.K) / MT * MT);
+  const int64_t chunks = (M + chunk - 1) / chunk;
+  const auto first = [&](int64_t t) { return blocks * t / nthreads; };
+  const auto jobs = [&](int64_t t) { return (first(t + 1) - first(t) + unit - 1) / unit; };
+  std::vector<int64_t> sizes(nthreads);
+  for (int t = 0; t < nthreads; ++t) sizes[t] = jobs(t) * chunks;
+  StealRanges work(sizes);
+  const auto run = [&](int u, int64_t k, bool) {  // job k of thread u: chunk-major
+    const int64_t per = jobs(u), c = k / per, b = first(u) + k % per * unit;
+    const int64_t r0 = c * chunk;
+    qtiles<KIND, SPLIT>(a, st, b, std::min(first(u + 1), b + unit), r0, std::min(M, r0 + chunk),
+                        wide);
+  };
 #pragma omp parallel num_threads(nthreads) if (nthreads > 1)
-  {
-    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-    const int64_t begin = blocks * t / nt, end = blocks * (t + 1) / nt;
-    if (M == 1) {  // the decode GEMV
-      qrow_blocks<KIND, SPLIT, KIND == KIND_Q6 ? 2 : 4>(a, st, begin, end);
-    } else {  // rows in chunks whose activation codes stay in L2 across the thread's blocks
-      const int64_t chunk = std::max<int64_t>(MT, ROW_CHUNK_BYTES / ((SPLIT ? 2 : 1) * a.K) / MT * MT);
-      for (int64_t r0 = 0; r0 < M; r0 += chunk) {
-        const int64_t r1 = std::min(M, r0 + chunk);
-#if !defined(__AVX512F__)
-        if (word_tiles(SPLIT, M)) {
-          qword_blocks<KIND>(a, st, begin, end, r0, r1);
-          continue;
-        }
-#endif
-        if (!SPLIT && wide == 3)
-          qblocks<KIND, SPLIT, MT, SPLIT ? 1 : 3>(a, st, begin, end, r0, r1);
-        else if (!SPLIT && wide == 2)
-          qblocks<KIND, SPLIT, MT, SPLIT ? 1 : 2>(a, st, begin, end, r0, r1);
-        else
-          qblocks<KIND, SPLIT, MT, 1>(a, st, begin, end, r0, r1);
-      }
-    }
-  }
+  work.drain(omp_get_thread_num(), run);
 }
 
 // k per activation scale: KIND_Q4K's int8 tiles take one per super-block (q4k_tile.h).
