@@ -127,7 +127,7 @@ constexpr int code_shift() {
 //   independent chains for the out-of-order core;
 // - KIND_Q4K's scale and min per group and block are d sc and -dmin m (QScales: two byte
 //   loads widened, converted and multiplied; d and dmin converted once per run of 8 groups)
-//   on 15 bits; an int8 row is a q4k_tile of one row (qrow_blocks);
+//   on 15 bits; an int8 row is a q4k_tile of one row (qrow_step);
 // - the integer sums shift by code_shift (the fold): KIND_Q6 then sums what int8-g16 sums
 //   (q, or on 15 bits q + 128), the same numbers bit for bit as int8-g16's packing of the
 //   same weight.
@@ -401,22 +401,35 @@ inline void rows_tail(const QArgs& a, const Store& st, int64_t b, int64_t m0, in
   }
 }
 
-// One activation row: the thread's blocks [b, end) as NB contiguous runs read side by side
-// (NB streams), then the few left over one at a time.
+// One activation row against blocks bs[0..NB) side by side, stored.
 template <int KIND, bool SPLIT, int NB, typename Store>
-inline void qrow_blocks(const QArgs& a, const Store& st, int64_t b, int64_t end) {
+inline void qrow_step(const QArgs& a, const Store& st, const int64_t (&bs)[NB]) {
+  __m512 total[NB][1];
+  if constexpr (KIND == KIND_Q4K && !SPLIT)  // a tile of one row
+    q4k_blocks<1, NB>(a, bs, 0, total);
+  else
+    qrow<KIND, SPLIT, NB>(a, bs, total);
+  PACE_UNROLL for (int j = 0; j < NB; ++j) st.template operator()<1>(total[j], bs[j], 0);
+}
+
+// One activation row (the decode GEMV): a thread's blocks [b, end) as NB contiguous runs read
+// side by side (NB streams), step i taking block i of each run, then the few blocks left over
+// one at a time: jobs [0, steps(b, end)) of qrow_job, in order.
+template <int NB>
+constexpr int64_t qrow_steps(int64_t b, int64_t end) {
+  return (end - b) / NB + (end - b) % NB;
+}
+template <int KIND, bool SPLIT, int NB, typename Store>
+inline void qrow_job(const QArgs& a, const Store& st, int64_t b, int64_t end, int64_t k) {
   const int64_t run = (end - b) / NB;
-  for (int64_t i = 0; i < run; ++i) {
+  if (k < run) {
     int64_t bs[NB];
-    PACE_UNROLL for (int j = 0; j < NB; ++j) bs[j] = b + j * run + i;
-    __m512 total[NB][1];
-    if constexpr (KIND == KIND_Q4K && !SPLIT)  // a tile of one row
-      q4k_blocks<1, NB>(a, bs, 0, total);
-    else
-      qrow<KIND, SPLIT, NB>(a, bs, total);
-    PACE_UNROLL for (int j = 0; j < NB; ++j) st.template operator()<1>(total[j], bs[j], 0);
+    PACE_UNROLL for (int j = 0; j < NB; ++j) bs[j] = b + j * run + k;
+    qrow_step<KIND, SPLIT, NB>(a, st, bs);
+  } else {
+    const int64_t one[1] = {b + NB * run + (k - run)};
+    qrow_step<KIND, SPLIT, 1>(a, st, one);
   }
-  if constexpr (NB > 1) qrow_blocks<KIND, SPLIT, 1>(a, st, b + NB * run, end);
 }
 
 // Activation code bytes a thread's tiles keep in L2 while they walk its row blocks: with all
@@ -523,20 +536,23 @@ inline void qtiles(const QArgs& a, const Store& st, int64_t b, int64_t end, int6
     qblocks<KIND, SPLIT, MT, 1>(a, st, b, end, r0, r1);
 }
 
-// The decode GEMV: each thread its contiguous range of blocks (qrow_blocks). Calls of more
-// rows: each thread's range in jobs of one tile's width of blocks, row chunk after row chunk
-// (the activation codes of a chunk stay in L2 across the thread's blocks), with work stealing
-// (work_ranges.h): a thread done with its jobs takes the others' last ones, so a thread the
-// OS preempts (a shared host, the server's own threads) no longer holds the other at the end.
+// Each thread its contiguous range of blocks, in jobs: the decode GEMV's steps (qrow_job);
+// for more rows one tile's width of blocks, row chunk after row chunk (the activation codes of
+// a chunk stay in L2 across the thread's blocks). With work stealing (work_ranges.h): a
+// thread done with its jobs takes the others' last ones, so a thread the OS preempts (a shared
+// host, the server's own threads) no longer holds the other at the end of the call.
 template <int KIND, bool SPLIT, typename Store>
 void qdrive(const QArgs& a, const Store& st, int64_t M, int64_t blocks, int nthreads) {
+  const auto first = [&](int64_t t) { return blocks * t / nthreads; };
+  std::vector<int64_t> sizes(nthreads);
   if (M == 1) {
+    constexpr int NB = KIND == KIND_Q6 ? 2 : 4;
+    for (int t = 0; t < nthreads; ++t) sizes[t] = qrow_steps<NB>(first(t), first(t + 1));
+    StealRanges work(sizes);
 #pragma omp parallel num_threads(nthreads) if (nthreads > 1)
-    {
-      const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-      qrow_blocks<KIND, SPLIT, KIND == KIND_Q6 ? 2 : 4>(a, st, blocks * t / nt,
-                                                        blocks * (t + 1) / nt);
-    }
+    work.drain(omp_get_thread_num(), [&](int u, int64_t k, bool) {
+      qrow_job<KIND, SPLIT, NB>(a, st, first(u), first(u + 1), k);
+    });
     return;
   }
   constexpr int MT = QTILE_ROWS;
@@ -544,9 +560,7 @@ void qdrive(const QArgs& a, const Store& st, int64_t M, int64_t blocks, int nthr
   const int64_t unit = SPLIT ? 1 : wide;  // blocks per job
   const int64_t chunk = std::max<int64_t>(MT, ROW_CHUNK_BYTES / ((SPLIT ? 2 : 1) * a.K) / MT * MT);
   const int64_t chunks = (M + chunk - 1) / chunk;
-  const auto first = [&](int64_t t) { return blocks * t / nthreads; };
   const auto jobs = [&](int64_t t) { return (first(t + 1) - first(t) + unit - 1) / unit; };
-  std::vector<int64_t> sizes(nthreads);
   for (int t = 0; t < nthreads; ++t) sizes[t] = jobs(t) * chunks;
   StealRanges work(sizes);
   const auto run = [&](int u, int64_t k, bool) {  // job k of thread u: chunk-major
