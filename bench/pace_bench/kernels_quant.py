@@ -11,7 +11,7 @@ W8A8 GEMM is held to (1.8x bf16 at M >= 32). With ``--qgemm-paths`` pace-avx512'
 bf16 rows are timed side by side too, each forced at every M: ``panel`` (weights de-quantized to
 bf16 panels, ``csrc/qpanel.cpp``), ``words`` (the avx2 build's int16 word tiles,
 ``csrc/qwords_tile.h``) and ``planes`` (the two-plane VNNI tiles): the measurements its
-``qpanel_rows`` threshold comes from.
+``qpanel_rows`` threshold and the avx2 build's choice of kinds for the panel come from.
 
 ``qgemv``:
 
@@ -115,17 +115,18 @@ def forced_paths(fns: dict, pairs: list, dtype: torch.dtype) -> dict:
     paths = {"panel": (1, True), "planes": (0, False)}
     if ext.has_word_tiles:
         paths["words"] = (0, True)
+    knobs = ("qpanel_rows", "qword_tiles", "qpanel_every_kind")
 
     def forced(run, panel_rows: int, words: bool):
         def call() -> None:
-            before = ext.qpanel_rows(), ext.qword_tiles()
-            ext.set_qpanel_rows(panel_rows)
-            ext.set_qword_tiles(words)
+            before = [getattr(ext, knob)() for knob in knobs]
+            for knob, value in zip(knobs, (panel_rows, words, panel_rows > 0)):
+                getattr(ext, f"set_{knob}")(value)
             try:
                 run()
             finally:
-                ext.set_qpanel_rows(before[0])
-                ext.set_qword_tiles(before[1])
+                for knob, value in zip(knobs, before):
+                    getattr(ext, f"set_{knob}")(value)
 
         return call
 

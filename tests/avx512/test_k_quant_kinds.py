@@ -116,7 +116,7 @@ def test_q6_kind_computes_as_int8_g16(ext, mode, dtype, k, threads):
             if int8:
                 exact = folded(x, codes[:n], scales[:n].float()) + bias
                 assert torch.equal(got, exact.to(dtype)), m
-            want = reference(x, w, qpacking.qlinear_path(m, dtype, int8)) + bias
+            want = reference(x, w, qpacking.qlinear_path(m, dtype, int8, q6.kind)) + bias
             tol = 1e-5 if dtype == torch.float32 else 2**-8
             torch.testing.assert_close(got.float(), want, rtol=tol, atol=tol * want.abs().max())
 
@@ -203,7 +203,7 @@ def test_q4k_kind_matches_its_model(ext, mode, dtype, k, threads):
             x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(dtype)
             x[0, :32] = 0.0  # an all-zero activation group
             got = ext.qlinear(x, packed.weight, bias, n, packed.kind, int8)
-            path = qpacking.qlinear_path(m, dtype, int8)
+            path = qpacking.qlinear_path(m, dtype, int8, packed.kind)
             want = reference(x, w, path, activation_span(packed.kind, path)) + bias
             tol = 1e-5 if dtype == torch.float32 else 2**-8
             torch.testing.assert_close(got.float(), want, rtol=tol, atol=tol * want.abs().max())

@@ -90,7 +90,7 @@ def test_qlinear_matches_its_model(ext, kind, dtype, mode):
         x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(dtype)
         x[0, :32] = 0.0  # an all-zero activation group
         got = ext.qlinear(x, packed.weight, packed.bias, n, packed.kind, packed.int8_activations)
-        path = qpacking.qlinear_path(m, dtype, mode)
+        path = qpacking.qlinear_path(m, dtype, mode, packed.kind)
         want = reference(x, w, path, activation_span(packed.kind, path)) + packed.bias
         assert got.dtype == dtype and got.shape == (m, n)
         tol = 1e-5 if dtype == torch.float32 else 2**-8  # one bf16 rounding at the end
@@ -117,7 +117,7 @@ def test_many_blocks_over_threads(ext, kind, threads, rows, dtype, int8):
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(7)).to(dtype)
     with every_thread(ext, threads):
         got = ext.qlinear(x, packed.weight, packed.bias, n, packed.kind, int8)
-    path = qpacking.qlinear_path(rows, dtype, int8)
+    path = qpacking.qlinear_path(rows, dtype, int8, packed.kind)
     want = reference(x, w, path, activation_span(packed.kind, path)) + packed.bias
     tol = 1e-5 if dtype == torch.float32 else 2**-8
     torch.testing.assert_close(got.float(), want, rtol=tol, atol=tol * want.abs().max())
@@ -138,7 +138,7 @@ def test_rows_in_chunks(ext, int8, threads):
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(3)).to(dtype)
     with every_thread(ext, threads):
         got = ext.qlinear(x, packed.weight, packed.bias, n, packed.kind, packed.int8_activations)
-    path = qpacking.qlinear_path(rows, dtype, int8)
+    path = qpacking.qlinear_path(rows, dtype, int8, packed.kind)
     assert path == ("int8" if int8 else "split")
     want = reference(x, w, path) + packed.bias
     tol = 2**-8 if int8 else 1e-5
@@ -235,8 +235,9 @@ def test_wide_int8_tiles_are_the_one_block_tiles(ext, kind, threads):
 
 def test_fp32_rows_never_take_int8_activations(ext):
     """An fp32 model keeps the 15-bit split at any row count, on a weight packed for int8."""
-    assert qpacking.qlinear_path(64, torch.float32, True) == "split"
-    assert qpacking.qlinear_path(64, torch.bfloat16, True) == "int8"
+    int8 = qpacking.KINDS["int8"]
+    assert qpacking.qlinear_path(64, torch.float32, True, int8) == "split"
+    assert qpacking.qlinear_path(64, torch.bfloat16, True, int8) == "int8"
     packed = qpacking.prepare_linear(weight("q8_0", 32, 256), int8_activations=True)
     x = torch.randn(64, 256, generator=torch.Generator().manual_seed(5))
     got = ext.qlinear(x, packed.weight, packed.bias, 32, packed.kind, packed.int8_activations)

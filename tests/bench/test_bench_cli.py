@@ -145,7 +145,7 @@ def test_qgemm_paths_force_each_avx512_path(tmp_path):
     from pace_avx512 import build
 
     ext = build.load_extension()
-    knobs = ext.qpanel_rows(), ext.qword_tiles()
+    knobs = ext.qpanel_rows(), ext.qword_tiles(), ext.qpanel_every_kind()
     argv = ["bench", "kernels", "--shapes", f"{K}x{N}", "--dtypes", "bfloat16", "--threads", "1",
             "--repeats", "1", "--gemm-m", "8", "--sections", "qgemm", "--qgemm-paths",
             "--backends", "avx512", "--qgemm-formats", "q8_0", "--out", str(tmp_path)]  # fmt: skip
@@ -159,7 +159,7 @@ def test_qgemm_paths_force_each_avx512_path(tmp_path):
         assert row["value"] > 0
         if name != "avx512 dense":
             assert row["vs_dense"] == pytest.approx(row["value"] / dense)
-    assert (ext.qpanel_rows(), ext.qword_tiles()) == knobs
+    assert (ext.qpanel_rows(), ext.qword_tiles(), ext.qpanel_every_kind()) == knobs
 
 
 def test_plot_redraws_from_json(kernels_run, tmp_path):

@@ -139,9 +139,11 @@ def tuned(ext, knob: str, value: int):
         getattr(ext, f"set_{knob}")(before)
 
 
+@contextlib.contextmanager
 def panel_rows(ext, rows: int):
-    """The bf16 panel path from ``rows`` rows (0: never), restored after."""
-    return tuned(ext, "qpanel_rows", rows)
+    """The bf16 panel path from ``rows`` rows for every kind (0: never), restored after."""
+    with tuned(ext, "qpanel_rows", rows), tuned(ext, "qpanel_every_kind", rows > 0):
+        yield
 
 
 def tile_blocks(ext, blocks: int):

@@ -58,18 +58,19 @@ CHUNK_ROWS = 1024  # rows converted at a time (bounds the temporaries) at K <= 2
 CHUNK_ELEMENTS = CHUNK_ROWS * 2048  # fewer rows at a time for wider K: temporaries ~2M values
 
 
-def qlinear_path(rows: int, dtype: torch.dtype, int8_activations: bool) -> str:
-    """How a ``qlinear`` call of ``rows`` activation rows of ``dtype`` computes: bf16 rows of a
-    weight packed with ``int8_activations`` as ``"int8"`` (``amax / 127`` per 32, per 256 against
-    kind q4k: csrc/q4k_tile.h); other bf16 calls of
-    at least ``qpanel_rows`` rows in an AVX512-BF16 or avx2 build as ``"bf16-panel"`` (qpanel.cpp:
-    weights de-quantized to bf16, activations as they are); the rest (every fp32 call) as
-    ``"split"`` (csrc/qlinear.cpp: 15-bit activations, ``amax / 16256``)."""
+def qlinear_path(rows: int, dtype: torch.dtype, int8_activations: bool, kind: int) -> str:
+    """How a ``qlinear`` call of ``rows`` activation rows of ``dtype`` on a weight of ``kind``
+    (:data:`KINDS`) computes: bf16 rows of a weight packed with ``int8_activations`` as
+    ``"int8"`` (``amax / 127`` per 32, per 256 against kind q4k: csrc/q4k_tile.h); other bf16
+    calls the kernels send to the bf16 panel (an AVX512-BF16 or avx2 build, from
+    ``qpanel_rows`` rows; on avx2 the kinds with a scale per 16 k: kernels.h ``panel_call``) as
+    ``"bf16-panel"`` (qpanel.cpp: weights de-quantized to bf16, activations as they are); the
+    rest (every fp32 call) as ``"split"`` (csrc/qlinear.cpp: 15-bit activations, ``amax /
+    16256``)."""
     if dtype == torch.bfloat16 and int8_activations:
         return "int8"
     ext = build.load_extension()
-    panel_from = ext.qpanel_rows()
-    if dtype == torch.bfloat16 and ext.has_bf16_panel and 0 < panel_from <= rows:
+    if dtype == torch.bfloat16 and ext.has_bf16_panel and ext.panel_call(kind, rows):
         return "bf16-panel"
     return "split"
 

@@ -518,8 +518,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("parallel_width", []() { return parallel_width(threads()); },
         "threads an OpenMP region of the kernels gets at torch.get_num_threads()");
   m.def("set_qpanel_rows", [](int64_t v) { tuning().qpanel_rows = v; }, py::arg("rows"),
-        "quantized weights, bf16 activations, AVX512-BF16 builds: calls of at least this many rows de-quantize weight panels to bf16 (0: never)");
+        "quantized weights, bf16 activations, AVX512-BF16 and avx2 builds: calls of at least this many rows de-quantize weight panels to bf16 (0: never; avx2: kinds with a scale per 16 k only, unless qpanel_every_kind)");
   m.def("qpanel_rows", []() { return tuning().qpanel_rows; });
+  m.def("set_qpanel_every_kind", [](bool v) { tuning().qpanel_every_kind = v; }, py::arg("on"),
+        "avx2 build: every kind takes the bf16 panel from qpanel_rows rows (else only the kinds with a scale per 16 k)");
+  m.def("qpanel_every_kind", []() { return tuning().qpanel_every_kind; });
+  m.def("panel_call", &panel_call, py::arg("kind"), py::arg("rows"),
+        "whether a call of `rows` bf16 rows on a quantized weight of `kind` takes the bf16 panel (where built)");
   m.def("set_qtile_blocks", [](int64_t v) {
     TORCH_CHECK(v >= 0 && v <= 3, "qtile blocks: 1-3, or 0 for each kind's own");
     tuning().qtile_blocks = v;

@@ -166,10 +166,10 @@ inline void qtouch_run(const uint8_t* block, int64_t g) {
   }
 }
 
-// The bf16 panel path of qlinear_bf16 (qpanel.cpp, AVX512-BF16 builds): each thread
+// The bf16 panel path of qlinear_bf16 (qpanel.cpp, AVX512-BF16 and avx2 builds): each thread
 // de-quantizes a group of 4 row blocks to bf16 in the dense packed layout, in L2, and runs the
-// dense vdpbf16ps tiles on it. Returns false (nothing computed) when this build lacks
-// AVX512-BF16 or M is below `tuning().qpanel_rows`.
+// dense tiles on it. Returns false (nothing computed) when this build has no panel path or the
+// call does not take it (panel_call).
 bool qlinear_bf16_panel(const bf16_t* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* w,
                         int64_t block_stride, int kind, const float* bias, int64_t N, bf16_t* y,
                         int64_t ldy, int nthreads);
@@ -265,15 +265,18 @@ struct Tuning {
   int64_t min_work_per_thread = 1 << 17;  // bytes-equivalent below which a thread is not worth it
   // Quantized weights, bf16 activations, AVX512-BF16 and avx2 builds: calls of at least this
   // many rows de-quantize weight panels to bf16 and run the dense tiles (qpanel.cpp); 0 =
-  // never. Measured crossovers, 2 cores at 2048 x 8192 and 8192 x 2048 (`pace bench kernels
-  // --sections qgemm --qgemm-paths`): Zen 4 16 rows; Zen 3 (avx2: int16 word tiles, fp32 FMA
-  // panels) between 128 and 512: the word tiles 1.8-3.5x the panel at 8 rows, 1.05-1.5x at 32,
-  // 1.0-1.3x at 128 (q6_k 0.95x), at 512 0.75-0.95x on q8_0 and q6_k, 1.0-1.1x on 4-bit codes.
+  // never. On the avx2 build only the kinds with a scale per 16 k do (q6_k, int8-g16: their
+  // word tiles flush every 16 k) unless `qpanel_every_kind`. Measured, 2 cores at 2048 x 8192
+  // and 8192 x 2048 (`pace bench kernels --sections qgemm --qgemm-paths`): Zen 4 from 16 rows;
+  // Zen 3 (avx2: int16 word tiles, fp32 FMA panels) the word tiles 1.8-3.5x the panel at 8
+  // rows, at 128-512 rows 1.07-1.32x on q8_0, q4_0, q4_k, int8 and int4, q6_k 0.83-0.98x
+  // from 256 rows.
 #if defined(__AVX512F__)
   int64_t qpanel_rows = 16;
 #else
   int64_t qpanel_rows = 256;
 #endif
+  bool qpanel_every_kind = false;  // avx2 build: every kind takes the panel from qpanel_rows
   // int8 activations: row blocks side by side per tile of 4 rows, 1-3; 0 = each kind's
   // measured width (qlinear.cpp tile_blocks). Every width gives the same bits.
   int64_t qtile_blocks = 0;
@@ -282,5 +285,18 @@ struct Tuning {
   bool qword_tiles = true;
 };
 Tuning& tuning();
+
+// Whether a call of M bf16 activation rows on a quantized weight of `kind` takes the bf16
+// panel (qpanel.cpp) where the build has one (Tuning::qpanel_rows, qpanel_every_kind).
+inline bool panel_call(int kind, int64_t M) {
+  const int64_t from = tuning().qpanel_rows;
+  if (from <= 0 || M < from) return false;
+#if defined(__AVX512F__)
+  (void)kind;
+  return true;
+#else
+  return tuning().qpanel_every_kind || qscales_per_group(kind) == 2;
+#endif
+}
 
 }  // namespace pace_avx512

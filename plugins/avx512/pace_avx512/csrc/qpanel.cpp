@@ -148,8 +148,7 @@ void panel_matmul(const bf16_t* x, int64_t ldx, int64_t M, int64_t K, const uint
 bool qlinear_bf16_panel(const bf16_t* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* w,
                         int64_t block_stride, int kind, const float* bias, int64_t N, bf16_t* y,
                         int64_t ldy, int nthreads) {
-  const int64_t from = tuning().qpanel_rows;
-  if (from <= 0 || M < from) return false;
+  if (!panel_call(kind, M)) return false;
   by_kind(kind, [&](auto k) { panel_matmul<decltype(k)::value>(x, ldx, M, K, w, block_stride, bias, N, y, ldy, nthreads); });
   return true;
 }
