@@ -3,9 +3,9 @@ weights are packed (so each model keeps the choice it was loaded with).
 
 - ``exact`` (default): activations quantized per group of 32 to 15 bits, two int8 planes (two
   ``vpdpbusd`` per k-quad; the avx2 build's calls of 2 rows or more: int16 words, one
-  ``vpmaddwd`` per 16 products), or, for calls of 16 rows or more on AVX512-BF16 CPUs (256 on
-  the avx2 build), bf16 panels of the de-quantized weights: ~3e-5 relative to the de-quantized
-  matmul. SmolLM2's Q4_1 GGUF in bf16 against transformers fp32 on the same file: KLD 0.002,
+  ``vpmaddwd`` per 16 products), or, for calls of 16 rows or more on AVX512-BF16 CPUs (on the
+  avx2 build q6_k's calls of 256 rows or more), bf16 panels of the de-quantized weights: ~3e-5
+  relative to the de-quantized matmul. SmolLM2's Q4_1 GGUF in bf16 against transformers fp32 on the same file: KLD 0.002,
   top-1 97.7%.
 - ``int8``: quantized to int8 per group of 32 (``amax / 127``), as llama.cpp does: one
   ``vpdpbusd`` per quad. On Zen 4: prefill 1.04-1.31x pace's dense bf16 prefill (``exact``
@@ -17,7 +17,8 @@ weights are packed (so each model keeps the choice it was loaded with).
 
 Every call of the model follows the choice, whatever its row count: a row's quantized matmuls
 give the same bits alone or batched (decode, batched decode, speculative verification and
-prefill chunks agree; ``exact`` switches to bf16 panels from 16 rows, 256 on avx2). fp32 rows
+prefill chunks agree; ``exact`` switches to bf16 panels from 16 rows; on avx2 only q6_k does,
+from 256). fp32 rows
 always take the 15-bit activations: an fp32 model asks for fp32 precision (int8's error per
 group is of the order of bf16's own rounding), and ``pace check`` holds it to transformers'
 greedy tokens.
