@@ -233,6 +233,31 @@ def test_wide_int8_tiles_are_the_one_block_tiles(ext, kind, threads):
                     assert torch.equal(ext.qlinear(x[:m], *args), want), (n, m, blocks)
 
 
+@pytest.mark.parametrize("kind", ["q8_0", "q4_0", "q4_k", "q6_k"])
+def test_many_bf16_rows_take_their_kinds_path(ext, kind):
+    """A prefill-size bf16 call with the default knobs: AVX512-BF16 builds take the bf16 panel
+    for every kind; the avx2 build only for kinds with a scale per 16 k (q6_k), every other kind
+    keeps its word tiles; AVX-512 without BF16 keeps the split tiles. The result is the chosen
+    path's model."""
+    n, k, rows = 40, 512, 260
+    packed = qpacking.prepare_linear(weight(kind, n, k), bias=torch.linspace(-1, 1, n),
+                                     int8_activations=False)  # fmt: skip
+    path = qpacking.qlinear_path(rows, torch.bfloat16, False, packed.kind)
+    if ext.has_word_tiles:  # the avx2 build
+        assert path == ("bf16-panel" if kind == "q6_k" else "split")
+    else:
+        assert path == ("bf16-panel" if ext.has_bf16_panel else "split")
+    with panel_rows(ext, 1):  # forced: every kind takes the panel where built
+        forced = qpacking.qlinear_path(rows, torch.bfloat16, False, packed.kind)
+        assert forced == ("bf16-panel" if ext.has_bf16_panel else "split")
+    w = packed.rows(torch.arange(n)).float()
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    got = ext.qlinear(x, packed.weight, packed.bias, n, packed.kind, False)
+    want = reference(x, w, path, activation_span(packed.kind, path)) + packed.bias
+    tol = 2**-8
+    torch.testing.assert_close(got.float(), want, rtol=tol, atol=tol * want.abs().max())
+
+
 def test_fp32_rows_never_take_int8_activations(ext):
     """An fp32 model keeps the 15-bit split at any row count, on a weight packed for int8."""
     int8 = qpacking.KINDS["int8"]
