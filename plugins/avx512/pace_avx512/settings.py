@@ -5,8 +5,8 @@ weights are packed (so each model keeps the choice it was loaded with).
   ``vpdpbusd`` per k-quad; the avx2 build's calls of 2 rows or more: int16 words, one
   ``vpmaddwd`` per 16 products), or, for calls of 16 rows or more on AVX512-BF16 CPUs (on the
   avx2 build q6_k's calls of 256 rows or more), bf16 panels of the de-quantized weights: ~3e-5
-  relative to the de-quantized matmul. SmolLM2's Q4_1 GGUF in bf16 against transformers fp32 on the same file: KLD 0.002,
-  top-1 97.7%.
+  relative to the de-quantized matmul. SmolLM2's Q4_1 GGUF in bf16 against transformers fp32
+  on the same file: KLD 0.002, top-1 97.7%.
 - ``int8``: quantized to int8 per group of 32 (``amax / 127``), as llama.cpp does: one
   ``vpdpbusd`` per quad. On Zen 4: prefill 1.04-1.31x pace's dense bf16 prefill (``exact``
   0.91-1.03x), batch-8 decode 1.4-1.8x ``exact``, single-stream decode the same (bound by the
