@@ -183,13 +183,10 @@ void w8a8_linear(const T* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* w
   quantize_rows(x, ldx, M, K, act_scales, codes, nt);
   const Call<T> a{w, block_stride, K, K / codes.group, N, &codes, bias, y, ldy};
   const auto run = codes.group == 64 ? &any_tile<16, T> : &any_tile<8, T>;
-  // each thread its contiguous range of panels, with work stealing (work_ranges.h)
-  std::vector<int64_t> sizes(nt);
-  for (int t = 0; t < nt; ++t) sizes[t] = panels * (t + 1) / nt - panels * t / nt;
-  StealRanges work(sizes);
+  EvenStealRanges work(panels, nt);  // each thread's contiguous range of panels, with stealing
 #pragma omp parallel num_threads(nt) if (nt > 1)
-  work.drain(omp_get_thread_num(), [&](int u, int64_t k, bool) {
-    const int64_t b0 = (panels * u / nt + k) * NB, c = std::min<int64_t>(NB, blocks - b0);
+  work.drain(omp_get_thread_num(), [&](int64_t p, bool) {
+    const int64_t b0 = p * NB, c = std::min<int64_t>(NB, blocks - b0);
     for (int64_t m0 = 0; m0 < M; m0 += MR) run(a, m0, std::min<int64_t>(MR, M - m0), b0, c);
   });
 }

@@ -112,10 +112,7 @@ void panel_matmul(const bf16_t* x, int64_t ldx, int64_t M, int64_t K, const uint
 #ifndef PACE_HAS_BF16  // the widened-bf16 tiles read fp32 activation rows (K is even)
   const float* xw = widen_rows(x, ldx, M, K);  // the calling thread's buffer, shared below
 #endif
-  // each thread's contiguous range of groups, with work stealing (work_ranges.h)
-  std::vector<int64_t> sizes(nt);
-  for (int t = 0; t < nt; ++t) sizes[t] = groups * (t + 1) / nt - groups * t / nt;
-  StealRanges work(sizes);
+  EvenStealRanges work(groups, nt);  // each thread's contiguous range of groups, with stealing
 #pragma omp parallel num_threads(nt) if (nt > 1)
   {
     thread_local std::vector<bf16_t> dense;
@@ -125,11 +122,10 @@ void panel_matmul(const bf16_t* x, int64_t ldx, int64_t M, int64_t K, const uint
 #else
     const Args<float, bf16_t> a{xw, K, dense.data(), K / 2 * PAIR_STRIDE, K / 2};
 #endif
-    work.drain(omp_get_thread_num(), [&](int u, int64_t k, bool own) {
-      const int64_t g = groups * u / nt + k;
+    work.drain(omp_get_thread_num(), [&](int64_t g, bool next_own) {
       const int64_t b0 = g * GROUP, count = std::min<int64_t>(GROUP, blocks - b0);
       dequantize_group<KIND>(w, block_stride, G, b0, count, dense.data());
-      if (own && k + 1 < sizes[u])  // the next group's codes into L2 while the tiles run
+      if (next_own)  // the next group's codes into L2 while the tiles run
         for (int64_t i = 0; i < GROUP * block_stride; i += 64)
           _mm_prefetch((const char*)(w + (b0 + GROUP) * block_stride + i), _MM_HINT_T1);
       const int64_t col = g * COLUMNS;

@@ -61,4 +61,32 @@ class StealRanges {
   std::vector<Cursor> cursors_;
 };
 
+// Items [0, items) in n contiguous ranges of nearly equal size (range t: [items t / n,
+// items (t + 1) / n)), drained with stealing: drain(t, f) calls f(item, next_own) for each item
+// thread t takes, next_own when item + 1 is the one it takes next (a prefetch hint).
+class EvenStealRanges {
+ public:
+  EvenStealRanges(int64_t items, int n) : items_(items), n_(n), ranges_(sizes(items, n)) {}
+
+  template <class F>
+  void drain(int t, F&& f) {
+    ranges_.drain(t, [&](int u, int64_t k, bool own) {
+      const int64_t item = start(u) + k;
+      f(item, own && item + 1 < start(u + 1));
+    });
+  }
+
+ private:
+  int64_t start(int64_t t) const { return items_ * t / n_; }
+  static std::vector<int64_t> sizes(int64_t items, int n) {
+    std::vector<int64_t> out(n);
+    for (int t = 0; t < n; ++t) out[t] = items * (t + 1) / n - items * t / n;
+    return out;
+  }
+
+  int64_t items_;
+  int n_;
+  StealRanges ranges_;
+};
+
 }  // namespace pace_avx512
