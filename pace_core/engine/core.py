@@ -255,15 +255,9 @@ class EngineCore:
     def _handle(self, command: Command) -> None:
         if isinstance(command, Submit):
             for spec in command.specs:
-                problem = self.scheduler.add(spec)
-                if problem is None:
-                    continue
-                if self.offline:  # offline keys are prompt indices
-                    raise ConfigError(
-                        f"prompt {spec.key}: {problem}: raise max_cache_tokens or "
-                        "kv_cache_memory_gb, or lower max_new_tokens"
-                    )
-                self._out.append(SeqError(spec.key, problem, ErrorKind.INVALID_REQUEST))
+                if (problem := self.scheduler.add(spec)) is not None:
+                    hint = "raise max_cache_tokens or kv_cache_memory_gb, or lower max_new_tokens"
+                    self._invalid(spec.key, problem, hint=hint)
         elif isinstance(command, Cancel):
             for key in command.keys:
                 self.output.forget(key)
@@ -298,10 +292,7 @@ class EngineCore:
         now = time.monotonic()
         admitted, failed = self.scheduler.admit(self._prepare)
         for req in failed:
-            if self.offline:
-                raise req.error
-            message = f"invalid sampling parameters: {req.error}"
-            self._out.append(SeqError(req.key, message, ErrorKind.INVALID_REQUEST))
+            self._invalid(req.key, f"invalid sampling parameters: {req.error}", error=req.error)
         for req in admitted:
             wait = max(0.0, now - req.spec.arrival)
             self._out.append(Admitted(req.key, wait, req.prompt.numel(), req.computed))
@@ -362,6 +353,7 @@ class EngineCore:
 
     def _emit(
         self,
+        row: int,
         req: Request,
         token: int,
         eos: bool,
@@ -369,12 +361,15 @@ class EngineCore:
         logprobs: LogprobEntry = (None, None, None),
         logits: torch.Tensor | None = None,
     ) -> bool:
-        """Record one generated token and queue its event; returns whether ``req`` finished
-        (EOS, ``max_new_tokens`` or the context window)."""
+        """Record running row ``row``'s token and queue its event; returns whether ``req``
+        finished (EOS, ``max_new_tokens`` or the context window, or its grammar failed)."""
         req.last = token
         tokens = req.tokens
         tokens.append(token)
         reason = None
+        if eos and (failure := self.sampler.grammar_failure(row)) is not None:  # EOS was forced
+            self._invalid(req.key, failure)
+            return True
         if eos:
             reason = "stop"
         elif length or (
@@ -408,7 +403,7 @@ class EngineCore:
         )
         finished = []
         for j, req in enumerate(running):
-            if self._emit(req, tokens[j], eos[j], length[j], entries[j], logits[j]):
+            if self._emit(j, req, tokens[j], eos[j], length[j], entries[j], logits[j]):
                 finished.append(j)
         if finished:
             self._remove_rows(finished)
@@ -451,7 +446,7 @@ class EngineCore:
             delivered.append(token)
             eos, length = stop_flags(cfg, token, len(req.tokens) + 1)
             logprobs = lps[t] if lps else (None, None, None)
-            if self._emit(req, token, eos, length, logprobs, verdict.logits[t]):
+            if self._emit(row, req, token, eos, length, logprobs, verdict.logits[t]):
                 done = True
                 break
         if verdict.speculative:
@@ -460,6 +455,13 @@ class EngineCore:
         return delivered, done
 
     # -- failures and load ---------------------------------------------------------------------
+    def _invalid(self, key: str, why: str, hint: str = "", error: Exception | None = None) -> None:
+        """Sequence ``key`` asked for something wrong: served it fails (``invalid_request``);
+        offline ``error`` raises, or a ``ConfigError`` naming the prompt, with ``hint``."""
+        if self.offline:  # offline keys are prompt indices
+            raise error or ConfigError(f"prompt {key}: {why}" + (f": {hint}" if hint else ""))
+        self._out.append(SeqError(key, why, ErrorKind.INVALID_REQUEST))
+
     def _fail_active(self, message: str, kind: ErrorKind) -> None:
         """Fail every active sequence and start over on a fresh cache (served)."""
         own = self._own_cache
@@ -467,9 +469,7 @@ class EngineCore:
         if self.spec is not None:
             self.spec.close()
         active = self.scheduler.clear(cache)
-        for req in active:
-            self.output.forget(req.key)
-            self._out.append(SeqError(req.key, message, kind))
+        self._out += [SeqError(req.key, message, kind) for req in active]
         self.sampler = None
         self.spec = self._new_spec()
 

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pace_core.engine.detokenize import IncrementalDetokenizer
-from pace_core.engine.events import SpecStep, Token
+from pace_core.engine.events import SeqError, SpecStep, Token
 from pace_core.sampling.config import SamplingConfig
 from pace_core.sampling.stop import StopChecker
 
@@ -74,6 +74,8 @@ class OutputProcessor:
                     out.append(ev)
                 continue
             if not isinstance(ev, Token):
+                if isinstance(ev, SeqError):  # the sequence ended
+                    self._texts.pop(ev.key, None)
                 out.append(ev)
                 continue
             if ev.key not in self._texts:

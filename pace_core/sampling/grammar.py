@@ -79,15 +79,23 @@ class RowGrammar:
     def __init__(self, matcher: Any, eos_id: int) -> None:
         self._matcher = matcher
         self._eos = eos_id
+        self.failure: str | None = None  # why the grammar engine gave up on the row, if it did
 
     def mask_into(self, bitmask: Tensor, row: int) -> None:
         """Write the allowed next tokens into ``bitmask[row]`` (int32, contiguous, CPU).
 
-        A matcher that can go nowhere (it cannot happen with a sampled token, but a plugin's
-        logits processor could have forced one) allows EOS only, so the row ends."""
+        A matcher that can go nowhere allows EOS only, so the row ends: a forced token (a
+        plugin's logits processor) or the engine's own limits (a schema whose parser state
+        outgrows them), which :attr:`failure` then names, so the row ends as an error, never
+        as a normal stop."""
         line = bitmask[row]
         self._matcher.unsafe_compute_mask_ptr(line.data_ptr(), line.numel() * 4)
         if self._matcher.is_error() or not bool(line.any()):
+            if self._matcher.is_error() and self.failure is None:
+                self.failure = (
+                    "the structured-output grammar engine gave up on this request's schema "
+                    f"({self._matcher.get_error()}); simplify the schema"
+                )
             line.zero_()
             line[self._eos // 32] = _bit(self._eos % 32)
 

@@ -301,6 +301,11 @@ class BatchSampler:
         self.state = self.state.concat(other.state)
         self._rebuild()
 
+    def grammar_failure(self, row: int) -> str | None:
+        """Why row ``row``'s grammar engine gave up (then it forced EOS), or None."""
+        grammar = self.grammars[row]
+        return None if grammar is None else grammar.failure
+
     # ------------------------------------------------------------------ decoding
     def process(self, logits: Tensor) -> Tensor:
         """The processed float32 logits; ``logits`` itself is never modified.

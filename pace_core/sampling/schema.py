@@ -68,10 +68,15 @@ def strict_problem(schema: Any, path: str = "$") -> str | None:
     if not isinstance(schema, dict):
         return None
     if "properties" in schema and _may_be_object(schema):
+        properties, required = schema["properties"], schema.get("required", [])
+        if not isinstance(properties, dict):
+            return f"{path}.properties must be an object, not {properties!r}"
+        if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
+            return f"{path}.required must be a list of property names, not {required!r}"
         extra = schema.get("additionalProperties", False)
         if extra is not False:
             return f"{path}: additionalProperties must be false in strict mode, not {extra!r}"
-        missing = [name for name in schema["properties"] if name not in schema.get("required", [])]
+        missing = [name for name in properties if name not in required]
         if missing:
             return (
                 f"{path}: strict mode requires every property, but {missing[0]!r} is not in "

@@ -155,6 +155,15 @@ def test_invalid_schema_and_grammar_are_config_errors(llm):
         llm.generate([PROMPT], SamplingConfig(grammar="start: undefined_rule"))
 
 
+def test_a_schema_past_the_grammar_engines_limits_raises_offline(llm):
+    """3000 optional properties outgrow llguidance's parser after the first ``{``: generate
+    raises naming the prompt, never returns that row as a normal stop."""
+    schema = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(3000)}}
+    cfg = SamplingConfig(json_schema=schema, max_new_tokens=6)
+    with pytest.raises(ConfigError, match="prompt 0: the structured-output grammar engine gave up"):
+        llm.generate([PROMPT], cfg)
+
+
 def test_needs_a_tokenizer_and_no_speculation(smollm2_dir):
     bare = LLMModel(smollm2_dir, dtype=torch.float32, load_tokenizer=False, quiet=True)
     with pytest.raises(ConfigError, match="need a tokenizer"):

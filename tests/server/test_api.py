@@ -292,6 +292,8 @@ def test_models_and_health(server):
     assert [m.id for m in models.data] == [MODEL_NAME]
     r = httpx.get(server.url + "/health")
     assert r.status_code == 200 and r.json() == {"status": "ok", "ready": 1, "instances": 1}
+    r = httpx.head(server.url + "/health")
+    assert r.status_code == 200 and r.content == b""
 
 
 def test_prompt_text_work_runs_off_the_event_loop(server, monkeypatch):

@@ -69,10 +69,16 @@ CASES = [
     ("logit-bias-key", P, _ok(logit_bias={"abc": 1}), 400, "logit_bias"),
     ("logit-bias-range", P, _ok(logit_bias={"5": 101}), 400, "logit_bias.5"),
     ("logit-bias-vocab", P, _ok(logit_bias={"99999999": 1}), 400, "logit_bias"),
+    ("logit-bias-superscript-digit", P, _ok(logit_bias={"\u00b2": 1}), 400, "logit_bias"),
+    ("logit-bias-fullwidth-digit", C, _chat(logit_bias={"\uff15": 1}), 400, "logit_bias"),
     ("seed-negative", P, _ok(seed=-1), 400, "seed"),
     ("stream-string", P, _ok(stream="yes"), 400, "stream"),
     ("stream-options-type", P, _ok(stream_options={"include_usage": "y"}), 400, None),
-    ("min-tokens-over-max", P, _ok(min_tokens=5, max_tokens=2), 400, None),
+    ("stream-options-unstreamed", P, _ok(stream_options={"include_usage": True}), 400,
+     "stream_options"),
+    ("temperature-nan", P, b'{"prompt": "hi", "max_tokens": 2, "temperature": NaN}', 400,
+     "temperature"),
+    ("min-tokens-over-max", P, _ok(min_tokens=5, max_tokens=2), 400, "min_tokens"),
     ("best-of-mismatch", P, _ok(best_of=3), 400, "best_of"),
     ("functions-legacy", C, _chat(functions=[{"name": "f"}]), 400, "functions"),
     ("response-format-type", C, _chat(response_format={"type": "xml"}), 400, None),
@@ -85,6 +91,12 @@ CASES = [
     ("json-schema-strict-optional", C, _chat(response_format={"type": "json_schema",
      "json_schema": {"name": "a", "strict": True, "schema": _tool("f")["function"]["parameters"]}}),
      400, "response_format"),
+    ("json-schema-strict-properties-type", C, _chat(response_format={"type": "json_schema",
+     "json_schema": {"name": "a", "strict": True, "schema": {"type": "object", "properties": 5}}}),
+     400, "response_format"),
+    ("tool-strict-required-type", C, _chat(tools=[{"type": "function", "function": {"name": "f",
+     "strict": True, "parameters": {"type": "object", "properties": {"a": {}}, "required": 7}}}]),
+     400, "tools[0].function.parameters"),
     ("tool-strict-optional", C, _chat(tools=[{"type": "function", "function": {**_tool("f")[
      "function"], "strict": True}}]), 400, "tools[0].function.parameters"),
     ("tool-choice-without-tools", C, _chat(tool_choice="required"), 400, "tool_choice"),
@@ -110,6 +122,10 @@ CASES = [
     ("chat-logprobs-int", C, _chat(logprobs=3), 400, "logprobs"),
     ("chat-over-context", C, _chat(max_completion_tokens=9000), 400, "max_tokens"),
     ("chat-unknown-model", C, _chat(model="nope"), 404, "model"),
+    ("tokenize-prompt-with-tools", "/tokenize", {"prompt": "a", "tools": [_tool("f")]}, 400,
+     "tools"),
+    ("tokenize-prompt-generation-prompt", "/tokenize", {"prompt": "a",
+     "add_generation_prompt": False}, 400, "add_generation_prompt"),
 ]
 
 
@@ -134,6 +150,18 @@ def test_default_max_tokens_fit_context_and_kv_pool(server):
     assert max_tokens(state, None, 10, None) == CACHE_TOKENS - 10  # clamped to the KV pool
     assert max_tokens(state, None, 10, 1024) == 1024  # chat default
     assert max_tokens(state, 5, 10, 1024) == 5
+
+
+def test_null_max_tokens_is_the_server_default(server):
+    """``max_tokens: null`` is the server's default budget on both endpoints, never the whole
+    context window (seen through the min_tokens check that quotes the budget)."""
+    default = server.server_state.config.default_max_tokens
+    for path, body in ((P, _ok(max_tokens=None, min_tokens=5000)),
+                       (C, _chat(max_tokens=None, min_tokens=5000))):  # fmt: skip
+        r = httpx.post(server.url + path, json=body, timeout=30)
+        err = r.json()["error"]
+        assert r.status_code == 400 and f"max_tokens={default}" in err["message"], r.text
+        assert err["param"] == "min_tokens" and "new_tokens" not in err["message"]
 
 
 def test_unknown_fields_are_400_but_bookkeeping_fields_are_accepted(server):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import jsonschema
 import pytest
 
@@ -80,6 +81,29 @@ def test_response_format_outputs_validate(server, stream):
     for text, reason in zip(texts, finish):
         assert reason == "stop", text
         jsonschema.validate(json.loads(text), PERSON)
+    wait_idle(server)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_schema_past_the_grammar_engines_limits_is_an_error_not_a_stop(server, stream):
+    """3000 optional properties outgrow llguidance's parser rows after the first ``{``: the
+    request fails naming the schema (a 400, or streamed an error payload), where the row used
+    to end with a forced EOS reported as ``finish_reason: "stop"``."""
+    props = {f"p{i}": {"type": "string"} for i in range(3000)}
+    fmt = {"type": "json_schema", "json_schema": {"name": "big", "schema": {
+        "type": "object", "properties": props}}}  # fmt: skip
+    body = {"model": MODEL_NAME, "messages": ASK, "response_format": fmt, "max_tokens": 6,
+            "temperature": 0, "stream": stream}  # fmt: skip
+    r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=120)
+    if stream:
+        assert r.status_code == 200
+        events = [json.loads(line[6:]) for line in r.text.splitlines()
+                  if line.startswith("data: {")]  # fmt: skip
+        assert "grammar engine gave up" in events[-1]["error"]["message"], events[-1]
+        assert all(ch["finish_reason"] != "stop" for e in events for ch in e.get("choices", []))
+    else:
+        assert r.status_code == 400, r.text
+        assert "grammar engine gave up" in r.json()["error"]["message"]
     wait_idle(server)
 
 

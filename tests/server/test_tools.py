@@ -97,6 +97,9 @@ def test_a_call_cut_off_by_max_tokens_is_a_partial_call_not_content():
     assert [(c.name, c.arguments) for c in calls] == [("get_weather", '{"city": "Par')]
     content, calls = _feed_in_pieces(ToolStreamParser(HERMES), "<tool_call>\n{", 3)
     assert content == "" and [(c.name, c.arguments) for c in calls] == [("", "")]
+    cut = '<tool_call>\n{"name": "f", "arguments": {"a": 100}}\n</tool_'  # only the tag cut
+    content, calls = _feed_in_pieces(ToolStreamParser(HERMES), cut, 4)
+    assert content == "" and [(c.name, c.arguments) for c in calls] == [("f", '{"a": 100}')]
     cut = '{"name": "get_weather", "parameters": {"ci'
     content, calls = _feed_in_pieces(ToolStreamParser(LLAMA3_JSON), cut, 5)
     assert content == "" and [(c.name, c.arguments) for c in calls] == [("get_weather", '{"ci')]
@@ -149,7 +152,11 @@ def test_generic_template_gets_a_tool_prompt_and_text_history():
         rendered[0]["content"].startswith("<tool_call>\n")
         and '"name": "f"' in rendered[0]["content"]
     )
-    assert rendered[1] == {"role": "user", "content": "<tool_response>\n42\n</tool_response>"}
+    assert '"id": "c"' in rendered[0]["content"]
+    assert rendered[1] == {
+        "role": "user",
+        "content": "<tool_response>\ntool_call_id: c\n42\n</tool_response>",
+    }
     plan = plan_tools(_req(), "{{ messages }}")
     assert plan.format is GENERIC and plan.template_tools is None
     assert plan.messages[0]["role"] == "system" and "get_weather" in plan.messages[0]["content"]

@@ -110,7 +110,7 @@ v1 = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)])
 tokens = APIRouter(dependencies=[Depends(require_api_key)])  # vLLM's /tokenize, /detokenize
 
 
-@open_routes.get("/health")
+@open_routes.api_route("/health", methods=["GET", "HEAD"])  # HEAD: load balancers' probes
 async def health(request: Request):
     body = _server(request).frontend.readiness()
     if not body["ready"]:

@@ -87,7 +87,8 @@ def completion_plan(server: ServingContext, req: CompletionRequest) -> Plan:
     configs = []
     for prompt in prompts:
         check_prompt(server, prompt)
-        mt = max_tokens(server, req.max_tokens or (1 if score_only else None), len(prompt), None)
+        requested = 1 if score_only else req.max_tokens  # null: the server's default, as chat
+        mt = max_tokens(server, requested, len(prompt), server.config.default_max_tokens)
         configs += [
             sampling(server, req, mt, req.logprobs, j, constraint, prompt_logprobs=scored)
             for j in range(req.n)
@@ -303,8 +304,24 @@ def sampling(
             grammar=constraint.grammar,
         )
     except (ValueError, ConfigError) as exc:
-        raise APIError(400, str(exc)) from None
+        raise _config_error(str(exc)) from None
     return config
+
+
+# SamplingConfig's names for the request fields they come from
+_REQUEST_NAMES = {
+    "min_new_tokens": "min_tokens", "max_new_tokens": "max_tokens",
+    "json_schema": "response_format",
+}  # fmt: skip
+
+
+def _config_error(message: str) -> APIError:
+    """A 400 for a SamplingConfig's complaint, in the request's own names; ``param`` the
+    first field the message names."""
+    named = sorted((message.index(k), k) for k in _REQUEST_NAMES if k in message)
+    for _, name in named:
+        message = message.replace(name, _REQUEST_NAMES[name])
+    return APIError(400, message, param=_REQUEST_NAMES[named[0][1]] if named else None)
 
 
 def check_constraint(server: ServingContext, configs: Sequence[SamplingConfig]) -> None:

@@ -10,9 +10,17 @@ answered 400 in the OpenAI error shape (see :func:`error_body`).
 from __future__ import annotations
 
 import math
+import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 from pace_core.sampling.schema import strict_problem
 
@@ -22,6 +30,7 @@ MAX_COMPLETION_LOGPROBS = 5
 MAX_CHAT_TOP_LOGPROBS = 20
 
 TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+_TOKEN_ID = re.compile(r"[0-9]+")  # a logit_bias key: ASCII digits only
 
 
 class _Strict(BaseModel):
@@ -85,11 +94,20 @@ class _Sampling(_Strict):
     response_format: ResponseFormat | None = None
     cache_salt: str | None = Field(None, min_length=1, max_length=256)  # prefix-cache tenant
 
-    @field_validator("temperature", "top_p", "presence_penalty", "frequency_penalty", "min_p")
+    @field_validator(
+        "temperature", "top_p", "presence_penalty", "frequency_penalty", "min_p", mode="before"
+    )
     @classmethod
-    def _finite(cls, v: float | None) -> float | None:
-        if v is not None and not math.isfinite(v):
+    def _finite(cls, v: Any) -> Any:  # before the range checks, which NaN fails misleadingly
+        if isinstance(v, float) and not math.isfinite(v):
             raise ValueError("must be a finite number")
+        return v
+
+    @field_validator("stream_options")
+    @classmethod
+    def _streamed(cls, v: StreamOptions | None, info: ValidationInfo) -> StreamOptions | None:
+        if v is not None and not info.data.get("stream", False):
+            raise ValueError("stream_options is only allowed with stream: true")
         return v
 
     @field_validator("stop")
@@ -108,7 +126,7 @@ class _Sampling(_Strict):
         if v is None:
             return None
         for key in v:
-            if not key.strip().isdigit():
+            if not _TOKEN_ID.fullmatch(key.strip()):  # ASCII digits ("²".isdigit() is True)
                 raise ValueError(f"logit_bias keys must be token ids (got {key!r})")
         return v
 

@@ -35,6 +35,11 @@ def tokenize(server: ServingContext, req: TokenizeRequest) -> dict[str, Any]:
     if (req.prompt is None) == (req.messages is None):
         raise APIError(400, "give exactly one of prompt and messages", param="prompt")
     if req.prompt is not None:
+        for field in ("tools", "add_generation_prompt"):
+            if field in req.model_fields_set:
+                raise APIError(
+                    400, f"{field} applies to chat messages, not to a prompt", param=field
+                )
         special = True if req.add_special_tokens is None else req.add_special_tokens
         ids = list(server.tokenizer(req.prompt, add_special_tokens=special)["input_ids"])
     else:

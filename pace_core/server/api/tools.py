@@ -150,12 +150,17 @@ def render_messages(messages: Sequence[ChatMessage], fmt: ToolFormat) -> list[di
                 ]
             if m.tool_call_id is not None:
                 item["tool_call_id"] = m.tool_call_id
-        else:
+        else:  # calls and results written out, each result naming its call's id
             if calls:
-                text = "\n".join(_tagged(json.dumps(c)) for c in calls)
+                ids = [c.id for c in m.tool_calls or []]
+                text = "\n".join(_tagged(json.dumps({"id": i, **c})) for i, c in zip(ids, calls))
                 item["content"] = (item["content"] + "\n" + text).strip()
             if m.role == "tool":
-                item = {"role": "user", "content": f"<tool_response>\n{m.text()}\n</tool_response>"}
+                ref = "" if m.tool_call_id is None else f"tool_call_id: {m.tool_call_id}\n"
+                item = {
+                    "role": "user",
+                    "content": f"<tool_response>\n{ref}{m.text()}\n</tool_response>",
+                }
         if m.name is not None:
             item["name"] = m.name
         out.append(item)
@@ -243,14 +248,20 @@ _NAME = re.compile(r'"name"\s*:\s*"((?:[^"\\]|\\.)*)"')
 
 def partial_call(body: str, fmt: ToolFormat) -> ParsedCall:
     """A call cut off before its end (``max_tokens``): the name when the model wrote it, and
-    the arguments exactly as far as they were generated (JSON text, possibly incomplete)."""
+    the arguments as far as they were generated (JSON text, possibly incomplete; complete
+    arguments end where their JSON value ends, without the rest of the call's wrapper)."""
     found = _NAME.search(body)
     name = _loads_or_text(f'"{found.group(1)}"') if found else ""
     keys = "|".join(re.escape(k) for k in dict.fromkeys((fmt.args_key, "arguments", "parameters")))
     start = re.search(rf'"(?:{keys})"\s*:\s*', body)
-    return ParsedCall(
-        _call_id(), name if isinstance(name, str) else "", body[start.end() :] if start else ""
-    )
+    arguments = ""
+    if start is not None:
+        try:
+            end = json.JSONDecoder().raw_decode(body, start.end())[1]
+        except ValueError:  # cut inside the arguments
+            end = len(body)
+        arguments = body[start.end() : end]
+    return ParsedCall(_call_id(), name if isinstance(name, str) else "", arguments)
 
 
 class ToolStreamParser:
