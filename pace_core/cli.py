@@ -24,6 +24,21 @@ DTYPES = {
 }
 
 
+def _at_least(minimum: float, kind: type = int) -> Any:
+    """An argparse type: a ``kind`` value >= ``minimum`` (a bad one exits 2 before any load)."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
+        if not value >= minimum:  # also refuses NaN
+            raise argparse.ArgumentTypeError(f"{text!r}: expected a value >= {minimum}")
+        return value
+
+    return parse
+
+
 def _cmd_plugins(args: argparse.Namespace) -> int:
     from pace_core.platform import current_topology
     from pace_core.plugins import get_host
@@ -75,7 +90,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     from pace_core import zoo
     from pace_core.engine.llm import LLMModel
 
-    if args.threads:
+    if args.threads is not None:
         torch.set_num_threads(args.threads)
     model = LLMModel(
         args.model or zoo.DEFAULT_MODEL,
@@ -171,11 +186,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("prompt")
     p.add_argument("--model", default=None, help="directory, GGUF file, zoo name or hub id")
     p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--temperature", type=float, default=None, help="0 = greedy")
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--max-new-tokens", type=_at_least(1), default=64)
+    p.add_argument("--temperature", type=_at_least(0, float), default=None, help="0 = greedy")
+    p.add_argument("--seed", type=_at_least(0), default=None)
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--threads", type=_at_least(1), default=None)
     p.add_argument("--opconfig", default=None, help="e.g. 'linear=avx512,norm=native' or JSON")
     p.add_argument("--show-plan", action="store_true", help="print the op plan to stderr")
     p.add_argument("--profile", action="store_true", help="time every op; print a table")
@@ -191,7 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "model", nargs="?", default=None, help="directory, GGUF file, zoo name or hub id"
     )
-    p.add_argument("--new-tokens", type=int, default=24)
+    p.add_argument("--new-tokens", type=_at_least(1), default=24)
     p.add_argument("--plans", nargs="+", default=["native", "auto"])
     add_quantization_argument(p)
     p.set_defaults(func=_cmd_check)

@@ -38,9 +38,11 @@ from torch import Tensor
 
 from pace_core.engine.offline import pack_tokens
 from pace_core.engine.output import GenerationOutput, SequenceOutput
+from pace_core.errors import ConfigError
 from pace_core.models.decoder import DecoderLM, forward_step, prefill
 from pace_core.sampling.config import SamplingConfig
 from pace_core.sampling.processors import LogitsProcessor, build_processors
+from pace_core.sampling.sampler import check_token_ids
 from pace_core.sampling.state import TokenState
 
 __all__ = ["BeamHypothesis", "beam_search"]
@@ -61,6 +63,10 @@ def _gather(t: Tensor, idx: Tensor) -> Tensor:
     while idx.dim() < t.dim():
         idx = idx.unsqueeze(-1)
     return torch.take_along_dim(t, idx, dim=1)
+
+
+# SamplingConfig fields beam search does not apply (set, they are refused, never ignored)
+BEAM_UNSUPPORTED = ("stop", "logprobs", "prompt_logprobs", "json_schema", "grammar")
 
 
 @torch.inference_mode()
@@ -100,6 +106,11 @@ def beam_search(
         raise ValueError(f"early_stopping must be True, False or 'never' (got {es!r})")
     if any(p.numel() == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
+    ignored = [name for name in BEAM_UNSUPPORTED if getattr(config, name) is not None]
+    if ignored:
+        raise ConfigError(f"beam search does not support {', '.join(ignored)}: drop them or "
+                          "use num_beams=1")  # fmt: skip
+    check_token_ids(config, model.vocab_size)
     if not prompts:
         return []
     eos = tuple(config.eos_token_ids or tuple(int(e) for e in eos_token_ids))

@@ -18,6 +18,10 @@ def _is_chat(obj: Any) -> bool:
     )
 
 
+def _is_id(t: Any) -> bool:
+    return isinstance(t, int) and not isinstance(t, bool)
+
+
 def _encode(tokenizer: Any, text: str) -> torch.Tensor:
     return torch.tensor(tokenizer(text, add_special_tokens=True)["input_ids"], dtype=torch.long)
 
@@ -46,8 +50,15 @@ def normalize_inputs(
         return tokenizer
 
     if isinstance(inputs, Mapping) or hasattr(inputs, "input_ids"):
-        ids = inputs["input_ids"]
-        ids = torch.as_tensor(ids, dtype=torch.long)
+        if "input_ids" not in inputs:
+            raise ConfigError(f"a mapping input needs input_ids (got keys {sorted(inputs)})")
+        try:
+            ids = torch.as_tensor(_token_ids(inputs["input_ids"]), dtype=torch.long)
+        except ValueError:  # ragged rows
+            raise ConfigError(
+                "input_ids rows differ in length: pad them (tokenizer(texts, padding=True)) "
+                "or pass a list of prompts"
+            ) from None
         if ids.dim() == 1:
             ids = ids.unsqueeze(0)
         mask = inputs.get("attention_mask") if isinstance(inputs, Mapping) else None
@@ -60,7 +71,7 @@ def normalize_inputs(
             )
         return [row[m] for row, m in zip(ids, mask)], ids
     if isinstance(inputs, torch.Tensor):
-        ids = inputs.long()
+        ids = _token_ids(inputs).long()
         if ids.dim() == 1:
             ids = ids.unsqueeze(0)
         if ids.dim() != 2:
@@ -72,6 +83,11 @@ def normalize_inputs(
         return [_encode(need_tokenizer(), inputs)], None
     if _is_chat(inputs):
         return [_chat(need_tokenizer(), inputs)], None
+    if isinstance(inputs, bytes | bytearray):
+        raise ConfigError("bytes are not a prompt: decode them to a str (or pass token ids)")
+    if isinstance(inputs, Sequence) and inputs and all(_is_id(t) for t in inputs):
+        ids = torch.tensor(list(inputs), dtype=torch.long)  # one prompt's token ids
+        return [ids], ids.unsqueeze(0)
     if isinstance(inputs, Sequence) and inputs:
         prompts = []
         for item in inputs:
@@ -80,8 +96,8 @@ def normalize_inputs(
             elif _is_chat(item):
                 prompts.append(_chat(need_tokenizer(), item))
             elif isinstance(item, torch.Tensor) and item.dim() == 1:
-                prompts.append(item.long())
-            elif isinstance(item, Sequence) and all(isinstance(t, int) for t in item):
+                prompts.append(_token_ids(item).long())
+            elif isinstance(item, Sequence) and all(_is_id(t) for t in item):
                 prompts.append(torch.tensor(list(item), dtype=torch.long))
             else:
                 raise ConfigError(f"unsupported prompt item of type {type(item).__name__}")
@@ -92,12 +108,24 @@ def normalize_inputs(
     )
 
 
+def _token_ids(ids: Any) -> Any:
+    """``ids`` unchanged, unless a tensor of a non-integer dtype (a ``ConfigError``: float or
+    bool ids would be truncated or read as 0 / 1)."""
+    if not isinstance(ids, torch.Tensor):
+        return ids
+    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+        raise ConfigError(f"token ids must be an integer tensor, not {ids.dtype}")
+    return ids
+
+
 def checked_prompts(
     inputs: Any, tokenizer: Any | None, vocab_size: int, max_context: int | None
 ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
     """:func:`normalize_inputs`, each prompt checked non-empty, in the vocabulary and
     shorter than the context window (``ConfigError`` naming the prompt)."""
     prompts, padded = normalize_inputs(inputs, tokenizer)
+    if not prompts:
+        raise ConfigError("no prompts were given (an empty batch)")
     for i, p in enumerate(prompts):
         if p.numel() == 0:
             raise ConfigError(f"prompt {i} is empty: every prompt needs at least one token")

@@ -23,7 +23,7 @@ from pace_core.engine.config import EngineConfig
 from pace_core.engine.core import EngineCore
 from pace_core.engine.events import Embedding, EmbedSpec, Event, SeqSpec, Token
 from pace_core.engine.handle import ModelHandle
-from pace_core.engine.inputs import checked_prompts, normalize_inputs
+from pace_core.engine.inputs import checked_prompts
 from pace_core.engine.offline import (
     OFFLINE_ENGINE,
     SEQUENCE_EVENTS,
@@ -334,7 +334,9 @@ class LLMModel:
             return [self.sampling_defaults()] * n
         if isinstance(sampling, SamplingConfig):
             return [sampling] * n
-        configs = list(sampling)
+        configs = list(sampling) if isinstance(sampling, list | tuple) else [sampling]
+        if not all(isinstance(c, SamplingConfig) for c in configs):
+            raise ConfigError(f"sampling_config must be SamplingConfig(s), not {sampling!r}")
         if len(configs) != n:
             raise ConfigError(f"got {len(configs)} sampling configs for {n} prompts")
         return configs
@@ -357,7 +359,7 @@ class LLMModel:
         prompts, padded = self._prompts(inputs)
         configs = self._configs(sampling, len(prompts))
         if any(cfg.num_beams > 1 for cfg in configs):
-            raise ConfigError("num_beams > 1 needs one SamplingConfig for the whole batch")
+            raise ConfigError("beam search: generate(inputs, one SamplingConfig), not stream")
         core = self._core(keep_logits=keep_logits)
         specs = [SeqSpec(str(i), p.tolist(), c) for i, (p, c) in enumerate(zip(prompts, configs))]
         core.submit(specs)
@@ -434,12 +436,14 @@ class LLMModel:
         if isinstance(sampling_config, SamplingConfig) and sampling_config.num_beams > 1:
             if streamer is not None or output_logits:
                 raise ConfigError("beam search does not stream or return logits")
-            prompts, padded = normalize_inputs(inputs, self.tokenizer)
+            prompts, padded = self._prompts(inputs)
             best = [h[0] for h in self.beam_search(prompts, sampling_config)]
             eos = set(sampling_config.eos_token_ids or self.eos_token_ids)
             return beam_output(prompts, padded, best, eos, self.tokenizer, self._pad_id)
         run = self._start(inputs, sampling_config, keep_logits=output_logits)
         prompts = run.prompts
+        if streamer is not None and len(prompts) > 1:
+            raise ConfigError(f"a streamer takes 1 prompt, not {len(prompts)}: use stream()")
         rows = [SequenceCollector(c, self.tokenizer is not None) for c in run.configs]
         if streamer is not None:
             streamer.put(prompts[0].view(1, -1) if len(prompts) == 1 else torch.stack(prompts))
@@ -460,7 +464,7 @@ class LLMModel:
     ) -> list[list[BeamHypothesis]]:
         """Beam search with transformers' semantics: the best ``num_return_sequences``
         hypotheses (generated ids and score) per prompt, best first."""
-        prompts, _ = normalize_inputs(inputs, self.tokenizer)
+        prompts, _ = self._prompts(inputs)
         eos = sampling_config.eos_token_ids or self.eos_token_ids
         return beam_search(
             self.model,
@@ -491,5 +495,5 @@ class LLMModel:
     @torch.inference_mode()
     def logits(self, inputs: Any) -> torch.Tensor:
         """Raw logits ``[B, T, V]`` for every position of the (left-padded) prompts."""
-        prompts, _ = normalize_inputs(inputs, self.tokenizer)
+        prompts, _ = self._prompts(inputs)
         return score(self.model, self.new_cache(), prompts)

@@ -13,6 +13,7 @@ import functools
 import os
 import re
 import shutil
+import tempfile
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -142,23 +143,32 @@ def _converted(
     vocabulary included, for either: seconds and a few hundred MB of transient memory that
     loading the saved copy does not cost). The saved copy is read by ``load_saved`` (default
     ``auto.from_pretrained``)."""
-    saved = _meta_cache(file) / what
+    saved = _meta_cache(file) / f"{what}-alone"  # (converted beside other files before)
     if saved.is_dir():
         try:
             obj = load_saved(saved) if load_saved else auto.from_pretrained(str(saved))
         except (OSError, ValueError):  # a damaged cache entry: convert again
             shutil.rmtree(saved, ignore_errors=True)
         else:
-            if hasattr(obj, "_name_or_path"):  # as the conversion names it: the file's folder
-                obj._name_or_path = str(file.parent)
-            return obj
-    obj = auto.from_pretrained(str(file.parent), gguf_file=file.name)
+            return _named(obj, file)
+    # from a folder of its own: transformers mixes in any tokenizer / config files beside the
+    # GGUF (an HF checkpoint's folder), which replaced the file's chat template and EOS
+    with tempfile.TemporaryDirectory(prefix="pace-gguf-") as alone:
+        (Path(alone) / file.name).symlink_to(file.resolve())
+        obj = auto.from_pretrained(alone, gguf_file=file.name)
     staging = saved.with_name(f"{what}.{os.getpid()}.partial")
     try:
         obj.save_pretrained(str(staging))
         staging.rename(saved)
     except OSError:  # a read-only cache, or another process saved it first: fine either way
         shutil.rmtree(staging, ignore_errors=True)
+    return _named(obj, file)
+
+
+def _named(obj: Any, file: Path) -> Any:
+    """``obj`` named after the file's folder (not the conversion's temporary one)."""
+    if hasattr(obj, "_name_or_path"):
+        obj._name_or_path = str(file.parent)
     return obj
 
 

@@ -205,8 +205,8 @@ class SamplingConfig:
         set_ = object.__setattr__
         if isinstance(self.stop, str):
             set_(self, "stop", [self.stop])
-        elif self.stop is not None and not isinstance(self.stop, list):
-            set_(self, "stop", list(self.stop))
+        elif isinstance(self.stop, tuple):  # a list or tuple of strings; anything else fails
+            set_(self, "stop", list(self.stop))  # _check_stop, naming it
         if isinstance(self.eos_token_id, tuple):
             set_(self, "eos_token_id", list(self.eos_token_id))
         if self.logit_bias is not None and isinstance(self.logit_bias, Mapping):
@@ -348,7 +348,7 @@ class SamplingConfig:
         stop = self.stop
         if stop is None:
             return
-        if not all(isinstance(s, str) and s for s in stop):
+        if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
             raise ValueError(f"stop must be a list of non-empty strings or None (got {stop!r})")
 
 

@@ -176,6 +176,14 @@ def _resolve_eos(eos: EosSpec, n: int) -> list[tuple[int, ...] | None]:
     return [None if e is None else tuple(int(t) for t in e) for e in items]
 
 
+
+def check_token_ids(cfg: SamplingConfig, vocab_size: int) -> None:
+    """``ValueError`` when ``cfg``'s ``logit_bias`` or EOS ids fall outside the vocabulary."""
+    for what, ids in (("logit_bias token ids", cfg.logit_bias or {}),
+                      ("eos_token_id", cfg.eos_token_ids or ())):  # fmt: skip
+        if bad := [t for t in ids if t >= vocab_size]:
+            raise ValueError(f"{what} must be < vocab_size={vocab_size} (got {bad})")
+
 class BatchSampler:
     """Applies the logits processors and picks one token per row, tracking per-row state.
 
@@ -231,15 +239,9 @@ class BatchSampler:
             raise NotImplementedError(
                 f"BatchSampler does not do beam search (num_beams={cfg.num_beams})"
             )
-        v = self.vocab_size
-        bad = [t for t in (cfg.logit_bias or {}) if t >= v]
-        if bad:
-            raise ValueError(f"logit_bias token ids must be < vocab_size={v} (got {bad})")
         if cfg.eos_token_id is None and model_eos:
             cfg = cfg.merged(eos_token_id=list(model_eos))
-        bad = [t for t in cfg.eos_token_ids or () if t >= v]
-        if bad:
-            raise ValueError(f"eos_token_id must be < vocab_size={v} (got {bad})")
+        check_token_ids(cfg, self.vocab_size)
         return cfg
 
     def _rebuild(self) -> None:

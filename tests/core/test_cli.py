@@ -126,3 +126,22 @@ def test_ops_reads_pace_opconfig(monkeypatch, capsys):
     monkeypatch.setenv("PACE_OPCONFIG", "rms_norm=example")
     assert main(["ops", "--dtype", "fp32"]) == 0
     assert ["rms_norm", "example*", "example", "-10", "yes"] in op_rows(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["generate", "Hi", "--max-new-tokens", "0"], "--max-new-tokens"),
+        (["generate", "Hi", "--threads", "-2"], "--threads"),
+        (["generate", "Hi", "--temperature", "nan"], "--temperature"),
+        (["generate", "Hi", "--seed", "-5"], "--seed"),
+        (["check", "--new-tokens", "0"], "--new-tokens"),
+    ],
+)
+def test_out_of_range_flags_exit_2_before_loading(argv, flag, capsys):
+    """A one-line argparse error (exit 2) naming the flag, before any model loads."""
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {flag}:" in err and "Traceback" not in err

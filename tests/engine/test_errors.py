@@ -107,7 +107,54 @@ def test_bad_prompts(tiny):
         tiny.generate(torch.tensor([[1, 2]]), [SamplingConfig(), SamplingConfig()])
 
 
+def test_bad_inputs_of_every_shape(tiny):
+    """Inputs the engine cannot read are ConfigErrors naming the fix, never an internal error
+    (a KeyError, torch's ragged-list error, truncated float ids, an empty batch)."""
+    beams = SamplingConfig(max_new_tokens=2, num_beams=2)
+    bad = [
+        ({"foo": 1}, "needs input_ids"),
+        ({"input_ids": [[1, 2, 3], [4]]}, "pad them"),
+        (torch.zeros(0, 3, dtype=torch.long), "no prompts"),
+        (torch.tensor([1.5, 2.0]), "integer tensor, not torch.float32"),
+        (torch.tensor([True, False]), "integer tensor, not torch.bool"),
+        (b"hi", "decode them"),
+    ]
+    for inputs, match in bad:
+        with pytest.raises(ConfigError, match=match):
+            tiny.generate(inputs, SamplingConfig(max_new_tokens=2))
+    assert tiny.generate([1, 2, 3], SamplingConfig(max_new_tokens=2)).output_token_ids.shape[0] == 1
+    # beam search and logits check their prompts as generate does
+    with pytest.raises(ConfigError, match="token id 500 outside the vocabulary"):
+        tiny.generate(torch.tensor([[1, 500]]), beams)
+    with pytest.raises(ConfigError, match="token id 500 outside the vocabulary"):
+        tiny.logits(torch.tensor([[1, 500]]))
+    with pytest.raises(ConfigError, match="context window is 64"):
+        tiny.generate(torch.ones(1, 64, dtype=torch.long), beams)
+    with pytest.raises(ConfigError, match="sampling_config must be SamplingConfig"):
+        tiny.generate([1, 2], {"max_new_tokens": 2})
+    with pytest.raises(ConfigError, match="a streamer takes 1 prompt, not 2"):
+        tiny.generate([[1, 2], [3, 4]], SamplingConfig(max_new_tokens=2), streamer=object())
+    with pytest.raises(ConfigError, match="not stream"):
+        list(tiny.stream([1, 2], beams))
+
+
+def test_beam_search_refuses_what_it_would_ignore(tiny):
+    """Settings beam search does not apply are refused, never dropped; ids it applies are
+    checked against the vocabulary."""
+    for kw in ({"stop": ["x"]}, {"logprobs": 2}, {"prompt_logprobs": 1}):
+        cfg = SamplingConfig(max_new_tokens=2, num_beams=2, **kw)
+        with pytest.raises(ConfigError, match=f"beam search does not support {next(iter(kw))}"):
+            tiny.generate([1, 2], cfg)
+    cfg = SamplingConfig(max_new_tokens=2, num_beams=2, logit_bias={500: 1.0})
+    with pytest.raises(ValueError, match="logit_bias token ids must be < vocab_size=128"):
+        tiny.generate([1, 2], cfg)
+
+
 def test_bad_sampling_config():
+    with pytest.raises(ValueError, match="stop must be a list"):
+        SamplingConfig(stop=5)
+    with pytest.raises(ValueError, match="stop must be a list"):
+        SamplingConfig(stop={"a": 1})
     with pytest.raises(ValueError, match="temperature"):
         SamplingConfig(temperature=-1)
     with pytest.raises(ValueError, match="max_new_tokenz.*max_new_tokens"):
@@ -117,3 +164,15 @@ def test_bad_sampling_config():
 def test_spec_config_rejected_clearly(tiny_llama_dir):
     with pytest.raises(ConfigError, match="speculative"):
         LLMModel(tiny_llama_dir, spec_config={"k": 3}, load_tokenizer=False)
+
+
+@pytest.mark.parametrize(("kw", "match"), [
+    ({"max_cache_tokens": 0}, "max_cache_tokens must be a count >= 1 \\(got 0\\)"),
+    ({"max_cache_tokens": "100"}, "max_cache_tokens must be a count >= 1 \\(got '100'\\)"),
+    ({"kv_cache_memory_gb": "1"}, "kv_cache_memory_gb must be a number > 0"),
+])  # fmt: skip
+def test_bad_kv_budgets_are_named(tiny_llama_dir, kw, match):
+    """A budget of the wrong type or 0 is named (0 tokens used to become the default pool)."""
+    llm = LLMModel(tiny_llama_dir, dtype=torch.float32, load_tokenizer=False, **kw)
+    with pytest.raises(ConfigError, match=match):
+        llm.generate([1, 2], SamplingConfig(max_new_tokens=2))

@@ -276,3 +276,18 @@ def test_real_smollm2_gguf_matches_its_fp32_conversion(smollm2_dir):
     diff = max_diff(quantized.logits(ids), dense.logits(ids))
     print(f"SmolLM2 GGUF vs fp32 conversion: max |logit diff| = {diff:.2e}")
     assert diff < ATOL
+
+
+def test_a_gguf_beside_another_models_files_keeps_its_own_tokenizer(smollm2_dir, tmp_path):
+    """A GGUF in a folder with an HF checkpoint's tokenizer files (the zoo's layout) is
+    converted alone: transformers used to mix those files in, which dropped the file's chat
+    template and EOS."""
+    from pace_core.models.gguf_source import _header, load_tokenizer
+
+    gguf = _smollm2_gguf()
+    shutil.copy(gguf, tmp_path / gguf.name)  # a file of its own: no saved conversion yet
+    for name in ("tokenizer.json", "tokenizer_config.json"):  # no chat template in these
+        shutil.copy(smollm2_dir / name, tmp_path / name)
+    template = _header(gguf).metadata["tokenizer.chat_template"]
+    tok = load_tokenizer(tmp_path / gguf.name)
+    assert tok.chat_template == template and tok.eos_token is not None
