@@ -101,9 +101,10 @@ def run_check(
     plans: Sequence[str] = ("native", "auto"),
 ) -> list[CheckRow]:
     from pace_core.engine.llm import LLMModel
-    from pace_core.models.loader import load_tokenizer
+    from pace_core.models.loader import load_config, load_tokenizer
     from pace_core.sampling.config import SamplingConfig
 
+    load_config(Path(path))  # a folder that is no model fails here, naming what it lacks
     tok = load_tokenizer(Path(path))
     hf = reference_model(Path(path))
     cfg = SamplingConfig(max_new_tokens=new_tokens, min_new_tokens=new_tokens)

@@ -145,3 +145,8 @@ def test_out_of_range_flags_exit_2_before_loading(argv, flag, capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert f"argument {flag}:" in err and "Traceback" not in err
+
+
+def test_check_of_a_folder_that_is_no_model_exits_2(tmp_path, capsys):
+    assert main(["check", str(tmp_path)]) == 2
+    assert "has no config.json" in capsys.readouterr().err
