@@ -39,7 +39,7 @@ SCALE_BYTES = 4  # an fp32 scale
 
 
 def coerce_kv_dtype(value: str | torch.dtype | None) -> str:
-    """``value`` as a name of :data:`KV_DTYPES` (None and the model's dtype mean auto)."""
+    """``value`` as a name of :data:`KV_DTYPES` (None means auto: the model's own dtype)."""
     if value is None:
         return AUTO
     if value == torch.int8:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from pace_core.engine.output import TokenLogprob
+from pace_core.errors import ConfigError
 from pace_core.sampling.config import SamplingConfig
 
 
@@ -43,6 +44,10 @@ class EmbedSpec:
     pooling: tuple[str, ...] | None = None
     normalize: bool | None = None
     dimensions: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.normalize is not None and not isinstance(self.normalize, bool):
+            raise ConfigError(f"normalize must be True, False or None, not {self.normalize!r}")
 
 
 @dataclass

@@ -88,10 +88,11 @@ class EmbeddingConfig:
     def check_dimensions(self, dimensions: int | None) -> None:
         """Raise ``ConfigError`` naming the allowed values unless ``dimensions`` is one."""
         full = self.dimensions
+        whole = isinstance(dimensions, int) and not isinstance(dimensions, bool)
+        if dimensions is not None and not (whole and dimensions >= 1):
+            raise ConfigError(f"dimensions must be a positive integer, not {dimensions!r}")
         if dimensions is None or dimensions == full:
             return
-        if dimensions < 1:
-            raise ConfigError(f"dimensions must be a positive integer, not {dimensions}")
         if self.matryoshka is False:
             raise ConfigError(
                 f"dimensions={dimensions}: this model was not trained for shortened embeddings "
@@ -107,7 +108,8 @@ def coerce_pooling(pooling: str | Sequence[str] | None) -> tuple[str, ...] | Non
     """A pooling override as modes (None: the model's); ConfigError for unknown ones."""
     if pooling is None:
         return None
-    modes = (pooling,) if isinstance(pooling, str) else tuple(pooling)
+    listed = isinstance(pooling, list | tuple)
+    modes = (pooling,) if isinstance(pooling, str) else tuple(pooling) if listed else (pooling,)
     if not modes or any(m not in POOLING_MODES for m in modes):
         raise ConfigError(f"pooling {pooling!r}: use one or more of {', '.join(POOLING_MODES)}")
     return modes

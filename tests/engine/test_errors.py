@@ -176,3 +176,14 @@ def test_bad_kv_budgets_are_named(tiny_llama_dir, kw, match):
     llm = LLMModel(tiny_llama_dir, dtype=torch.float32, load_tokenizer=False, **kw)
     with pytest.raises(ConfigError, match=match):
         llm.generate([1, 2], SamplingConfig(max_new_tokens=2))
+
+
+def test_bad_embedding_options_are_named(smollm2_dir):
+    llm = LLMModel(smollm2_dir, dtype=torch.float32, quiet=True)
+    for kw, match in (({"pooling": 5}, "pooling 5: use one or more of"),
+                      ({"dimensions": "10"}, "dimensions must be a positive integer, not '10'"),
+                      ({"dimensions": 576.0}, "not 576.0"),
+                      ({"normalize": "no"}, "normalize must be True, False or None")):  # fmt: skip
+        with pytest.raises(ConfigError, match=match):
+            llm.embed("Hello", **kw)
+    assert llm.embed("Hello", dimensions=576).shape == (1, 576)
