@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
 from pace_core.errors import ConfigError
@@ -133,6 +133,10 @@ def coerce_spec_config(value: Any) -> SpecConfig:
                 f"spec_config: unknown key(s) {extra} for speculative method {method!r}; "
                 f"valid: {sorted(names)}"
             )
+        required = [f.name for f in fields(cls) if f.default is MISSING
+                    and f.default_factory is MISSING and f.name not in value]  # fmt: skip
+        if required:
+            raise ConfigError(f"spec_config: speculative method {method!r} needs {required}")
         return cls(**{k: v for k, v in value.items() if k != "method"})
     raise ConfigError(
         "spec_config: speculative decoding takes a PardSpecDecodeConfig, DraftSpecDecodeConfig, "

@@ -164,6 +164,8 @@ def test_bad_sampling_config():
 def test_spec_config_rejected_clearly(tiny_llama_dir):
     with pytest.raises(ConfigError, match="speculative"):
         LLMModel(tiny_llama_dir, spec_config={"k": 3}, load_tokenizer=False)
+    with pytest.raises(ConfigError, match="method 'draft' needs \\['model_name_or_path'\\]"):
+        LLMModel(tiny_llama_dir, spec_config={"method": "draft"}, load_tokenizer=False)
 
 
 @pytest.mark.parametrize(("kw", "match"), [
