@@ -495,5 +495,5 @@ class LLMModel:
     @torch.inference_mode()
     def logits(self, inputs: Any) -> torch.Tensor:
         """Raw logits ``[B, T, V]`` for every position of the (left-padded) prompts."""
-        prompts, _ = self._prompts(inputs)
-        return score(self.model, self.new_cache(), prompts)
+        prompts, _ = checked_prompts(inputs, self.tokenizer, self.model.vocab_size, None)
+        return score(self.model, self.new_cache(), prompts)  # (no room kept for a new token)

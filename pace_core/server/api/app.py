@@ -110,7 +110,8 @@ v1 = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)])
 tokens = APIRouter(dependencies=[Depends(require_api_key)])  # vLLM's /tokenize, /detokenize
 
 
-@open_routes.api_route("/health", methods=["GET", "HEAD"])  # HEAD: load balancers' probes
+@open_routes.head("/health", include_in_schema=False)  # load balancers' probes
+@open_routes.get("/health")
 async def health(request: Request):
     body = _server(request).frontend.readiness()
     if not body["ready"]:
