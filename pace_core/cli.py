@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from pace_core.arg_types import at_least
 from pace_core.caches.kv_quant import add_kv_cache_dtype_argument
 from pace_core.quant.config import add_quantization_argument
 
@@ -22,21 +23,6 @@ DTYPES = {
     "bfloat16": torch.bfloat16,
     "bf16": torch.bfloat16,
 }
-
-
-def _at_least(minimum: float, kind: type = int) -> Any:
-    """An argparse type: a ``kind`` value >= ``minimum`` (a bad one exits 2 before any load)."""
-
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
-        if not value >= minimum:  # also refuses NaN
-            raise argparse.ArgumentTypeError(f"{text!r}: expected a value >= {minimum}")
-        return value
-
-    return parse
 
 
 def _cmd_plugins(args: argparse.Namespace) -> int:
@@ -186,11 +172,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("prompt")
     p.add_argument("--model", default=None, help="directory, GGUF file, zoo name or hub id")
     p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
-    p.add_argument("--max-new-tokens", type=_at_least(1), default=64)
-    p.add_argument("--temperature", type=_at_least(0, float), default=None, help="0 = greedy")
-    p.add_argument("--seed", type=_at_least(0), default=None)
+    p.add_argument("--max-new-tokens", type=at_least(1), default=64)
+    p.add_argument("--temperature", type=at_least(0, float), default=None, help="0 = greedy")
+    p.add_argument("--seed", type=at_least(0), default=None)
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
-    p.add_argument("--threads", type=_at_least(1), default=None)
+    p.add_argument("--threads", type=at_least(1), default=None)
     p.add_argument("--opconfig", default=None, help="e.g. 'linear=avx512,norm=native' or JSON")
     p.add_argument("--show-plan", action="store_true", help="print the op plan to stderr")
     p.add_argument("--profile", action="store_true", help="time every op; print a table")
@@ -206,7 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "model", nargs="?", default=None, help="directory, GGUF file, zoo name or hub id"
     )
-    p.add_argument("--new-tokens", type=_at_least(1), default=24)
+    p.add_argument("--new-tokens", type=at_least(1), default=24)
     p.add_argument("--plans", nargs="+", default=["native", "auto"])
     add_quantization_argument(p)
     p.set_defaults(func=_cmd_check)

@@ -40,6 +40,7 @@ from pace_core.caches.kv_quant import (
 )
 from pace_core.caches.pages import lazy_zeros, populate
 from pace_core.errors import ConfigError
+from pace_core.values import is_int, is_real
 
 DEFAULT_MAX_TOKENS = 32768
 
@@ -124,13 +125,11 @@ class BlockCache:
             for h, d, dv in zip(num_kv_heads, head_dims, value_dims)
         )
         if memory_gb is not None:
-            number = isinstance(memory_gb, int | float) and not isinstance(memory_gb, bool)
-            if not (number and memory_gb > 0):
+            if not (is_real(memory_gb) and memory_gb > 0):
                 raise ConfigError(f"kv_cache_memory_gb must be a number > 0 (got {memory_gb!r})")
             num_blocks = int(memory_gb * (1 << 30)) // self.bytes_per_block
         else:
-            count = isinstance(max_tokens, int) and not isinstance(max_tokens, bool)
-            if max_tokens is not None and not (count and max_tokens >= 1):
+            if max_tokens is not None and not (is_int(max_tokens) and max_tokens >= 1):
                 raise ConfigError(f"max_cache_tokens must be a count >= 1 (got {max_tokens!r})")
             tokens = max_tokens or _env_int("PACE_MAX_CACHE_TOKENS") or DEFAULT_MAX_TOKENS
             num_blocks = -(-tokens // block_size)

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from pace_core.errors import ConfigError
+from pace_core.values import is_int
 
 
 def _is_chat(obj: Any) -> bool:
@@ -16,10 +17,6 @@ def _is_chat(obj: Any) -> bool:
         and bool(obj)
         and all(isinstance(m, Mapping) and "role" in m for m in obj)
     )
-
-
-def _is_id(t: Any) -> bool:
-    return isinstance(t, int) and not isinstance(t, bool)
 
 
 def _encode(tokenizer: Any, text: str) -> torch.Tensor:
@@ -85,7 +82,7 @@ def normalize_inputs(
         return [_chat(need_tokenizer(), inputs)], None
     if isinstance(inputs, bytes | bytearray):
         raise ConfigError("bytes are not a prompt: decode them to a str (or pass token ids)")
-    if isinstance(inputs, Sequence) and inputs and all(_is_id(t) for t in inputs):
+    if isinstance(inputs, Sequence) and inputs and all(is_int(t) for t in inputs):
         ids = torch.tensor(list(inputs), dtype=torch.long)  # one prompt's token ids
         return [ids], ids.unsqueeze(0)
     if isinstance(inputs, Sequence) and inputs:
@@ -97,7 +94,7 @@ def normalize_inputs(
                 prompts.append(_chat(need_tokenizer(), item))
             elif isinstance(item, torch.Tensor) and item.dim() == 1:
                 prompts.append(_token_ids(item).long())
-            elif isinstance(item, Sequence) and all(_is_id(t) for t in item):
+            elif isinstance(item, Sequence) and all(is_int(t) for t in item):
                 prompts.append(torch.tensor(list(item), dtype=torch.long))
             else:
                 raise ConfigError(f"unsupported prompt item of type {type(item).__name__}")

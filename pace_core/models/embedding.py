@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from pace_core.errors import ConfigError, ModelLoadError
+from pace_core.values import is_int
 
 POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len", "weightedmean", "last")
 """Pooling modes in the order sentence-transformers concatenates them."""
@@ -88,8 +89,7 @@ class EmbeddingConfig:
     def check_dimensions(self, dimensions: int | None) -> None:
         """Raise ``ConfigError`` naming the allowed values unless ``dimensions`` is one."""
         full = self.dimensions
-        whole = isinstance(dimensions, int) and not isinstance(dimensions, bool)
-        if dimensions is not None and not (whole and dimensions >= 1):
+        if dimensions is not None and not (is_int(dimensions) and dimensions >= 1):
             raise ConfigError(f"dimensions must be a positive integer, not {dimensions!r}")
         if dimensions is None or dimensions == full:
             return
@@ -108,8 +108,7 @@ def coerce_pooling(pooling: str | Sequence[str] | None) -> tuple[str, ...] | Non
     """A pooling override as modes (None: the model's); ConfigError for unknown ones."""
     if pooling is None:
         return None
-    listed = isinstance(pooling, list | tuple)
-    modes = (pooling,) if isinstance(pooling, str) else tuple(pooling) if listed else (pooling,)
+    modes = tuple(pooling) if isinstance(pooling, list | tuple) else (pooling,)
     if not modes or any(m not in POOLING_MODES for m in modes):
         raise ConfigError(f"pooling {pooling!r}: use one or more of {', '.join(POOLING_MODES)}")
     return modes

@@ -24,6 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from pace_core.values import is_int, is_real
+
 __all__ = ["MAX_LOGPROBS", "SamplingConfig"]
 
 MAX_LOGPROBS = 20
@@ -50,14 +52,6 @@ _GENERATION_CONFIG_KEYS = (
 
 def _fmt(value: Any) -> str:
     return repr(value)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_real(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -196,7 +190,7 @@ class SamplingConfig:
         """``eos_token_id`` as a tuple, or None when the model's EOS should be used."""
         if self.eos_token_id is None:
             return None
-        if _is_int(self.eos_token_id):
+        if is_int(self.eos_token_id):
             return (self.eos_token_id,)
         return tuple(self.eos_token_id)
 
@@ -216,7 +210,7 @@ class SamplingConfig:
                     key = int(key)
                 bias[key] = value
             set_(self, "logit_bias", bias)
-        if _is_int(self.temperature):
+        if is_int(self.temperature):
             set_(self, "temperature", float(self.temperature))
 
     def validate(self) -> None:
@@ -265,7 +259,7 @@ class SamplingConfig:
     ) -> None:
         value = getattr(self, name)
         rng = _range_text(lo, hi, False, False)
-        if not _is_int(value):
+        if not is_int(value):
             kind = "an int or None" if none_ok else "an int"
             raise ValueError(f"{name} must be {kind}{rng} (got {_fmt(value)})")
         if (lo is not None and value < lo) or (hi is not None and value > hi):
@@ -280,7 +274,7 @@ class SamplingConfig:
     ) -> None:
         value = getattr(self, name)
         rng = _range_text(lo, hi, lo_open, False)
-        if not _is_real(value) or not math.isfinite(value):
+        if not is_real(value) or not math.isfinite(value):
             raise ValueError(f"{name} must be a finite number{rng} (got {_fmt(value)})")
         too_low = lo is not None and (value <= lo if lo_open else value < lo)
         too_high = hi is not None and value > hi
@@ -294,9 +288,9 @@ class SamplingConfig:
         if not isinstance(bias, Mapping):
             raise ValueError(f"logit_bias must be a dict {{token_id: bias}} or None (got {bias!r})")
         for key, value in bias.items():
-            if not _is_int(key) or key < 0:
+            if not is_int(key) or key < 0:
                 raise ValueError(f"logit_bias keys must be token ids >= 0 (got {key!r})")
-            ok = _is_real(value) and not math.isnan(value) and value != math.inf
+            ok = is_real(value) and not math.isnan(value) and value != math.inf
             if not ok:
                 raise ValueError(
                     f"logit_bias[{key}] must be a finite number or -inf (got {_fmt(value)})"
@@ -307,7 +301,7 @@ class SamplingConfig:
         if eos is None:
             return
         ids = [eos] if not isinstance(eos, list) else eos
-        if not ids or not all(_is_int(i) and i >= 0 for i in ids):
+        if not ids or not all(is_int(i) and i >= 0 for i in ids):
             raise ValueError(
                 f"eos_token_id must be an int >= 0, a non-empty list of them, or None (got {eos!r})"
             )

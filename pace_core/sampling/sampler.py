@@ -176,13 +176,13 @@ def _resolve_eos(eos: EosSpec, n: int) -> list[tuple[int, ...] | None]:
     return [None if e is None else tuple(int(t) for t in e) for e in items]
 
 
-
 def check_token_ids(cfg: SamplingConfig, vocab_size: int) -> None:
     """``ValueError`` when ``cfg``'s ``logit_bias`` or EOS ids fall outside the vocabulary."""
     for what, ids in (("logit_bias token ids", cfg.logit_bias or {}),
                       ("eos_token_id", cfg.eos_token_ids or ())):  # fmt: skip
         if bad := [t for t in ids if t >= vocab_size]:
             raise ValueError(f"{what} must be < vocab_size={vocab_size} (got {bad})")
+
 
 class BatchSampler:
     """Applies the logits processors and picks one token per row, tracking per-row state.

@@ -24,6 +24,15 @@ def test_defaults():
     assert args.max_prefill_tokens == 512 and callable(args.func)
 
 
+@pytest.mark.parametrize("flag", ["--threads", "--tensor-parallel"])
+def test_counts_below_one_exit_2(flag, capsys):
+    with pytest.raises(SystemExit) as exc:
+        _parse(["serve", flag, "0"])
+    assert exc.value.code == 2 and f"argument {flag}: '0': expected a value >= 1" in (
+        capsys.readouterr().err
+    )
+
+
 def test_flags():
     args = _parse(
         [

@@ -152,8 +152,8 @@ def render_messages(messages: Sequence[ChatMessage], fmt: ToolFormat) -> list[di
                 item["tool_call_id"] = m.tool_call_id
         else:  # calls and results written out, each result naming its call's id
             if calls:
-                ids = [c.id for c in m.tool_calls or []]
-                text = "\n".join(_tagged(json.dumps({"id": i, **c})) for i, c in zip(ids, calls))
+                written = [{"id": tc.id, **c} for tc, c in zip(m.tool_calls or [], calls)]
+                text = "\n".join(_tagged(json.dumps(c)) for c in written)
                 item["content"] = (item["content"] + "\n" + text).strip()
             if m.role == "tool":
                 ref = "" if m.tool_call_id is None else f"tool_call_id: {m.tool_call_id}\n"

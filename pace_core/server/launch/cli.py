@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pace_core.arg_types import at_least
+
 if TYPE_CHECKING:
     from pace_core.platform.placement import InstancePlan
 
@@ -62,17 +64,6 @@ def instances_arg(value: str) -> int | str:
         return parse_instances(value)
     except ConfigError as exc:  # argparse names the option itself
         raise argparse.ArgumentTypeError(str(exc).removeprefix("--instances ")) from None
-
-
-def tensor_parallel_arg(value: str) -> int:
-    """``--tensor-parallel``: ranks per model, >= 1."""
-    try:
-        size = int(value)
-    except ValueError:
-        size = 0
-    if size < 1:
-        raise argparse.ArgumentTypeError(f"{value!r}: expected a rank count >= 1")
-    return size
 
 
 def cpus_arg(value: str) -> list[int]:
@@ -175,7 +166,7 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--tensor-parallel",
-        type=tensor_parallel_arg,
+        type=at_least(1),
         default=1,
         metavar="N",
         help="split the model across N ranks (processes, one per NUMA node with --instances "
@@ -191,7 +182,8 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     ray.add_argument("--replicas", type=int, default=1, help="engine replicas (--ray)")
     ray.add_argument("--min-replicas", type=int, default=None, help="autoscale from (--ray)")
     ray.add_argument("--max-replicas", type=int, default=None, help="autoscale up to (--ray)")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (single instance)")
+    p.add_argument("--threads", type=at_least(1), default=None,
+                   help="torch threads (single instance)")  # fmt: skip
     p.add_argument("--api-key", default=os.environ.get("PACE_API_KEY"), help="require Bearer key")
     p.add_argument(
         "--request-timeout", type=float, default=600.0, help="seconds per request (0 = none)"
