@@ -65,6 +65,20 @@ def reference_model(path: Path) -> Any:
     return AutoModelForCausalLM.from_pretrained(str(path), **kwargs).eval()
 
 
+def check_plans(plans: Sequence[str]) -> dict[str, str]:
+    """Each plan (a backend for every op, or an OperatorConfig string) -> its OperatorConfig
+    string, checked (a ConfigError names a bad op or backend)."""
+    from pace_core.opconfig import OperatorConfig
+    from pace_core.plugins import get_host
+
+    out = {}
+    for plan in plans:
+        text = plan if "=" in plan else f"default={plan}"
+        get_host().resolver(OperatorConfig.coerce(text))
+        out[plan] = text
+    return out
+
+
 def check_quantized(
     path: str, quantization: Any, plans: Sequence[str] = ("native", "auto")
 ) -> list[CheckRow]:
@@ -79,9 +93,9 @@ def check_quantized(
     ids = text_ids(load_tokenizer(Path(path)))[:QUALITY_TOKENS]
     chunks = windows(ids, QUALITY_WINDOW)
     rows = []
-    for plan in plans:
+    for plan, opconfig in check_plans(plans).items():
         for dtype in (torch.float32, torch.bfloat16):
-            model = LLMModel(path, dtype=dtype, opconfig=f"default={plan}", quiet=True,
+            model = LLMModel(path, dtype=dtype, opconfig=opconfig, quiet=True,
                              quantization=q)  # fmt: skip
             r = compare(lambda x: hf(x).logits, model.logits, chunks)
             passed = r.kld_mean <= max_kld and r.top1 >= min_top1
@@ -120,9 +134,9 @@ def run_check(
             for ids in encoded
         ]
     rows = []
-    for plan in plans:
+    for plan, opconfig in check_plans(plans).items():
         for dtype in (torch.float32, torch.bfloat16):
-            model = LLMModel(path, dtype=dtype, opconfig=f"default={plan}", quiet=True)
+            model = LLMModel(path, dtype=dtype, opconfig=opconfig, quiet=True)
             got = model.generate(encoded, cfg).generated_token_ids
             mismatches, max_diff = 0, None
             for ids, want, have in zip(encoded, ref_tokens, got):

@@ -101,11 +101,13 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         print(args.prompt, end="", flush=True)
     start = time.perf_counter()
     count = 0
-    for chunk in model.stream(prompt, config):
-        print(chunk.text, end="", flush=True)
-        count += 1
+    try:
+        for chunk in model.stream(prompt, config):
+            print(chunk.text, end="", flush=True)
+            count += 1
+    finally:
+        print()  # ends the echoed text, before any error message
     wall = time.perf_counter() - start
-    print()
     if args.profile:
         print(f"\n{count} tokens in {wall:.2f} s ({count / wall:.1f} tok/s)", file=sys.stderr)
         print(model.profiler.report(wall), file=sys.stderr)
@@ -114,15 +116,22 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 def _cmd_check(args: argparse.Namespace) -> int:
     from pace_core import zoo
-    from pace_core.check import check_quantized, format_rows, run_check
+    from pace_core.check import check_plans, check_quantized, format_rows, run_check
+    from pace_core.errors import ConfigError
     from pace_core.models.loader import resolve_model_path
     from pace_core.platform import current_topology
 
+    if args.quantization and args.new_tokens is not None:
+        raise ConfigError(
+            "--new-tokens sets the greedy token comparison; with --quantization pace check "
+            "compares logits over the quality text instead: drop one of them"
+        )
+    plans = check_plans(args.plans)  # a bad backend fails before the reference loads
     path = resolve_model_path(args.model or zoo.DEFAULT_MODEL)
     if args.quantization:
-        rows = check_quantized(str(path), args.quantization, plans=args.plans)
+        rows = check_quantized(str(path), args.quantization, plans=plans)
     else:
-        rows = run_check(str(path), new_tokens=args.new_tokens, plans=args.plans)
+        rows = run_check(str(path), new_tokens=args.new_tokens or 24, plans=plans)
     print(format_rows(rows))
     print(current_topology().summary())
     return 0 if all(r.passed for r in rows) else 1
@@ -192,8 +201,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "model", nargs="?", default=None, help="directory, GGUF file, zoo name or hub id"
     )
-    p.add_argument("--new-tokens", type=at_least(1), default=24)
-    p.add_argument("--plans", nargs="+", default=["native", "auto"])
+    p.add_argument(
+        "--new-tokens",
+        type=at_least(1),
+        default=None,
+        help="greedy tokens compared per prompt (default 24; not with --quantization, which "
+        "compares logits over the quality text)",
+    )
+    p.add_argument(
+        "--plans",
+        nargs="+",
+        default=["native", "auto"],
+        help="backend plans: a backend for every op (native, auto, avx512, ...) or an "
+        "OperatorConfig string (linear=avx512,default=native)",
+    )
     add_quantization_argument(p)
     p.set_defaults(func=_cmd_check)
 

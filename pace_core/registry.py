@@ -222,13 +222,20 @@ class Registry(Generic[K, S]):
         return [s for s in self.values() if all(getattr(s, k) == v for k, v in fields.items())]
 
     def get(self, key: K, default: S | None = None) -> S | None:
-        return self._items.get(key, default)
+        """The spec of ``key``, or ``default`` (also for a key no spec can have: a list)."""
+        try:
+            return self._items.get(key, default)
+        except TypeError:  # unhashable
+            return default
 
     def __getitem__(self, key: K) -> S:
         return self._items[key]
 
     def __contains__(self, key: object) -> bool:
-        return key in self._items
+        try:
+            return key in self._items
+        except TypeError:  # unhashable: a user's list where a name belongs
+            return False
 
     def __iter__(self) -> Iterator[K]:
         return iter(sorted(self._items, key=str))

@@ -38,9 +38,8 @@ from pace_core.caches.kv_quant import (
     row_bytes,
     unpack_rows,
 )
-from pace_core.caches.pages import lazy_zeros, populate
+from pace_core.caches.pages import check_budget, check_fits, lazy_zeros, populate
 from pace_core.errors import ConfigError
-from pace_core.values import is_int, is_real
 
 DEFAULT_MAX_TOKENS = 32768
 
@@ -124,15 +123,15 @@ class BlockCache:
             h * (row_bytes(kv_dtype, dtype, d) + row_bytes(kv_dtype, dtype, dv)) * block_size
             for h, d, dv in zip(num_kv_heads, head_dims, value_dims)
         )
+        check_budget(memory_gb, max_tokens)
         if memory_gb is not None:
-            if not (is_real(memory_gb) and memory_gb > 0):
-                raise ConfigError(f"kv_cache_memory_gb must be a number > 0 (got {memory_gb!r})")
             num_blocks = int(memory_gb * (1 << 30)) // self.bytes_per_block
         else:
-            if max_tokens is not None and not (is_int(max_tokens) and max_tokens >= 1):
-                raise ConfigError(f"max_cache_tokens must be a count >= 1 (got {max_tokens!r})")
-            tokens = max_tokens or _env_int("PACE_MAX_CACHE_TOKENS") or DEFAULT_MAX_TOKENS
+            env = None if max_tokens else _env_int("PACE_MAX_CACHE_TOKENS")
+            tokens = max_tokens or env or DEFAULT_MAX_TOKENS
             num_blocks = -(-tokens // block_size)
+            what = "PACE_MAX_CACHE_TOKENS" if env else "max_cache_tokens"
+            check_fits(num_blocks * self.bytes_per_block, f"{what}={tokens}")
         if num_blocks < 1:
             raise ConfigError("the KV cache budget is smaller than one block; raise it")
         self.num_blocks = num_blocks

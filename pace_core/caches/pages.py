@@ -1,5 +1,6 @@
-"""Memory of the block pools: mapped lazily (:func:`lazy_zeros`), committed up front when the
-pool will live as long as the process (:func:`populate`)."""
+"""Memory of the block pools: their budget checked against the machine (:func:`check_budget`,
+:func:`check_fits`), mapped lazily (:func:`lazy_zeros`), committed up front when the pool will
+live as long as the process (:func:`populate`)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,55 @@ import ctypes.util
 import functools
 import math
 import mmap
+import os
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 
+from pace_core.errors import ConfigError
+from pace_core.values import is_int, is_real
+
 MADV_POPULATE_WRITE = 23  # Linux >= 5.14: fault pages in writable, contents untouched
+# the memory limit of this process's cgroup: v2, then v1 ("max" or a huge number: none)
+CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+
+
+def memory_limit() -> int:
+    """Bytes of memory this process can have: the machine's physical memory, or its cgroup's
+    limit when that is lower."""
+    limit = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for path in CGROUP_LIMITS:
+        try:
+            text = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            limit = min(limit, int(text))
+    return limit
+
+
+def check_budget(memory_gb: object, max_tokens: object) -> None:
+    """ConfigError unless a KV pool budget is a number of GiB > 0 within this machine's
+    memory, or a token count >= 1 (None: not given)."""
+    if memory_gb is not None:
+        if not (is_real(memory_gb) and memory_gb > 0):
+            raise ConfigError(f"kv_cache_memory_gb must be a number > 0 (got {memory_gb!r})")
+        check_fits(memory_gb * (1 << 30), f"kv_cache_memory_gb={memory_gb}")
+    if max_tokens is not None and not (is_int(max_tokens) and max_tokens >= 1):
+        raise ConfigError(f"max_cache_tokens must be a count >= 1 (got {max_tokens!r})")
+
+
+def check_fits(nbytes: float, what: str) -> None:
+    """ConfigError when a pool of ``nbytes`` (sized by ``what``) exceeds :func:`memory_limit`:
+    the pool is mapped whole, so the OS would refuse it or swap."""
+    limit = memory_limit()
+    if nbytes > limit:
+        raise ConfigError(
+            f"{what} asks for a {nbytes / (1 << 30):.1f} GiB KV pool, more than the "
+            f"{limit / (1 << 30):.1f} GiB of memory this machine (or its cgroup) has; "
+            "lower it"
+        )
 
 
 def lazy_zeros(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:

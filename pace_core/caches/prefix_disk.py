@@ -10,6 +10,13 @@ from typing import Any
 from pace_core.caches.blocks import BlockCache
 from pace_core.caches.disk_tier import DiskBlockStore, DiskTier, weights_fingerprint
 from pace_core.errors import ConfigError
+from pace_core.values import is_real
+
+
+def check_disk_budget(max_gb: object) -> None:
+    """ConfigError unless ``prefix_cache_disk_gb`` is a number > 0."""
+    if not (is_real(max_gb) and max_gb > 0):
+        raise ConfigError(f"prefix_cache_disk_gb must be a number > 0 (got {max_gb!r})")
 
 
 class PrefixDisk:
@@ -18,8 +25,7 @@ class PrefixDisk:
     :func:`weights_fingerprint`, shared by the model's caches."""
 
     def __init__(self, root: Path | str, max_gb: float, model_path: Path) -> None:
-        if max_gb <= 0:
-            raise ConfigError(f"prefix_cache_disk_gb must be > 0 (got {max_gb})")
+        check_disk_budget(max_gb)
         self.root = Path(root)
         self.max_bytes = int(max_gb * (1 << 30))
         self.model_path = model_path

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from pace_core.arg_types import at_least
 from pace_core.dlrm.config import PRESETS, preset
 from pace_core.dlrm.features import DLRMInputError
 
@@ -77,18 +78,19 @@ def add_dlrm_parser(sub: Any) -> None:
                    help="architecture of random weights (ignored with --weights)")  # fmt: skip
     p.add_argument("--weights", type=Path, default=None, help="a saved DLRM / torchrec state dict")
     p.add_argument("--features", type=Path, default=None, help=".npz or .pt features file")
-    p.add_argument("--batch", type=int, default=8, help="synthetic samples (without --features)")
+    p.add_argument("--batch", type=at_least(1), default=8,
+                   help="synthetic samples (without --features)")  # fmt: skip
     p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     p.add_argument(
         "--quantization", default="none", choices=["none", "int8", "int8-static", "int8-weights"]
     )
-    p.add_argument("--calibration-samples", type=int, default=4096,
+    p.add_argument("--calibration-samples", type=at_least(1), default=4096,
                    help="int8-static: synthetic samples fixing the activation scales")  # fmt: skip
     p.add_argument("--opconfig", default=None, help="e.g. 'cross_interaction=native' or JSON")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--eval", action="store_true", help="also print AUC and log loss (labels)")
     p.add_argument("--show-plan", action="store_true", help="print the op plan to stderr")
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--threads", type=at_least(1), default=None)
     p.set_defaults(func=run)
 
 

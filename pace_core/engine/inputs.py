@@ -26,7 +26,15 @@ def _encode(tokenizer: Any, text: str) -> torch.Tensor:
 def _chat(tokenizer: Any, messages: Sequence[Mapping[str, Any]]) -> torch.Tensor:
     if not getattr(tokenizer, "chat_template", None):
         raise ConfigError("chat messages were given but the tokenizer has no chat template")
-    ids = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
+    try:
+        ids = tokenizer.apply_chat_template(
+            list(messages), add_generation_prompt=True, tokenize=True
+        )
+    except Exception as exc:  # jinja's raise_exception, a message without content, ...
+        raise ConfigError(
+            f"the chat template cannot render these messages ({type(exc).__name__}: {exc}); "
+            "give each a 'role' and a 'content' string"
+        ) from None
     if isinstance(ids, Mapping):
         ids = ids["input_ids"]
     return torch.tensor(list(ids), dtype=torch.long)
@@ -96,6 +104,10 @@ def normalize_inputs(
                 prompts.append(_token_ids(item).long())
             elif isinstance(item, Sequence) and all(is_int(t) for t in item):
                 prompts.append(torch.tensor(list(item), dtype=torch.long))
+            elif isinstance(item, Mapping):
+                raise ConfigError(
+                    f"a chat message needs a 'role' and a 'content' (got keys {list(item)})"
+                )
             else:
                 raise ConfigError(f"unsupported prompt item of type {type(item).__name__}")
         return prompts, None

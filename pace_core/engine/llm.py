@@ -16,7 +16,7 @@ from pace_core.caches import KVCacheType
 from pace_core.caches.base import BlockKVCache, KVCache
 from pace_core.caches.blocks import BlockCache
 from pace_core.caches.disk_tier import DEFAULT_DISK_GB
-from pace_core.caches.kv_quant import AUTO, coerce_kv_dtype
+from pace_core.caches.kv_quant import AUTO
 from pace_core.caches.prefix_disk import PrefixDisk
 from pace_core.engine.beam import BeamHypothesis, beam_output, beam_search
 from pace_core.engine.config import EngineConfig
@@ -24,6 +24,7 @@ from pace_core.engine.core import EngineCore
 from pace_core.engine.events import Embedding, EmbedSpec, Event, SeqSpec, Token
 from pace_core.engine.handle import ModelHandle
 from pace_core.engine.inputs import checked_prompts
+from pace_core.engine.kv_choice import choose_kv_cache
 from pace_core.engine.offline import (
     OFFLINE_ENGINE,
     SEQUENCE_EVENTS,
@@ -100,24 +101,13 @@ class LLMModel:
         self.dtype = parse_dtype(dtype)
         self.quantization = coerce_quantization(quantization)
         self.host = get_host()
-        if kv_cache_type not in self.host.caches:
-            raise ConfigError(
-                f"unknown kv_cache_type {kv_cache_type!r}; available: "
-                f"{', '.join(sorted(self.host.caches))}"
-            )
-        self.kv_cache_type = str(kv_cache_type)  # a KVCacheType member is its name
-        self.cache_spec = self.host.caches[kv_cache_type]
-        self.cache_options = {"memory_gb": kv_cache_memory_gb, "max_tokens": max_cache_tokens}
-        self.kv_cache_dtype = self._kv_cache_dtype(kv_cache_dtype)
-        if self.kv_cache_dtype != AUTO:
-            self.cache_options["kv_dtype"] = self.kv_cache_dtype
-        self.prefix_caching = self._prefix_caching_choice(prefix_caching)
-        if prefix_cache_dir is not None and not self.prefix_caching:
-            raise ConfigError(
-                "prefix_cache_dir keeps prefix-cached KV blocks on disk: it needs prefix caching "
-                f"on a block cache (kv_cache_type 'paged' or 'slab_pool', not "
-                f"{self.kv_cache_type!r}, and prefix_caching not False)"
-            )
+        kv = choose_kv_cache(
+            self.host.caches, kv_cache_type, kv_cache_dtype, memory_gb=kv_cache_memory_gb,
+            max_tokens=max_cache_tokens, prefix_caching=prefix_caching,
+            prefix_cache_dir=prefix_cache_dir, prefix_cache_disk_gb=prefix_cache_disk_gb,
+        )  # fmt: skip
+        self.kv_cache_type, self.cache_spec, self.kv_cache_dtype = kv.name, kv.spec, kv.dtype
+        self.cache_options, self.prefix_caching = kv.options, kv.prefix_caching
         # one rank per process (pace_core.parallel); 1: this process alone
         self.tensor_parallel = TensorParallelConfig.coerce(tensor_parallel)
         tp_load.check_options(
@@ -168,9 +158,8 @@ class LLMModel:
                 f"kv_cache_dtype {self.kv_cache_dtype!r} does not cover the latent (MLA) cache "
                 f"rows of this {self.config.model_type} model; use kv_cache_dtype 'auto'"
             )
-        self.tokenizer = tokenizer  # after the weights: its heap does not add to their peak
-        if tokenizer is None and load_tokenizer:
-            self.tokenizer = loader.load_tokenizer(self.path)
+        # after the weights: its heap does not add to their peak
+        self.tokenizer = loader.tokenizer_for(tokenizer, self.path if load_tokenizer else None)
         gen = self.generation_config = read_generation_config(self.path)
         self.eos_token_ids = resolve_eos_ids(gen, self.model.config, self.tokenizer)
         self.speculator = None if spec is None else self._speculator(spec)
@@ -200,27 +189,6 @@ class LLMModel:
             self.tensor_parallel, *args, kv_cache_type=self.kv_cache_type,
             opconfig=self.opconfig, cache_options=self.cache_options, **kwargs,
         )  # fmt: skip
-
-    def _prefix_caching_choice(self, asked: bool | None) -> bool:
-        """On by default for the block caches (the only ones that can share blocks)."""
-        blocks = self.cache_spec.layout in ("paged", "slab")
-        if asked and not blocks:
-            raise ConfigError(
-                f"prefix_caching needs a block cache (kv_cache_type 'paged' or 'slab_pool'), "
-                f"not {self.kv_cache_type!r}"
-            )
-        return blocks if asked is None else bool(asked)
-
-    def _kv_cache_dtype(self, asked: str | None) -> str:
-        """The KV storage dtype, if this cache type stores it."""
-        kv = coerce_kv_dtype(asked)
-        if kv not in self.cache_spec.kv_dtypes:
-            raise ConfigError(
-                f"kv_cache_dtype {kv!r} is not supported by kv_cache_type "
-                f"{self.kv_cache_type!r} (it stores {', '.join(sorted(self.cache_spec.kv_dtypes))})"
-                f"; use kv_cache_type 'paged' or 'slab_pool', or kv_cache_dtype 'auto'"
-            )
-        return kv
 
     @property
     def kv_namespace(self) -> bytes:

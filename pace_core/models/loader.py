@@ -42,6 +42,11 @@ def parse_dtype(dtype: torch.dtype | str) -> torch.dtype:
 def resolve_model_path(name: str | os.PathLike) -> Path:
     """A local directory, a GGUF file, a pace zoo name (prepared on demand) or a hub id in the
     HF cache."""
+    if not isinstance(name, str | os.PathLike):
+        raise ConfigError(
+            f"model must be a directory, GGUF file, zoo name or hub id (a str or path), not "
+            f"{type(name).__name__} {name!r}"
+        )
     path = Path(name).expanduser()
     gguf = gguf_source.find_gguf(path)
     if gguf is not None:
@@ -95,9 +100,31 @@ def load_tokenizer(path: Path) -> Any:
     else:
         from pace_core.models import tokenizer as lean
 
-        tokenizer = lean.load(path)
+        try:
+            tokenizer = lean.load(path)
+        except (OSError, ValueError) as exc:  # no tokenizer files, or none transformers reads
+            raise ModelLoadError(
+                f"cannot load a tokenizer from {path} ({type(exc).__name__}: "
+                f"{' '.join(str(exc).split())[:240]}); add its tokenizer files, pass another "
+                "(tokenizer=...), or run without one (load_tokenizer=False: token ids in and out)"
+            ) from None
     heap.trim()
     return tokenizer
+
+
+def tokenizer_for(given: Any, model_path: Path | None) -> Any:
+    """The tokenizer a model uses: ``given`` (a tokenizer, or a directory, GGUF file, zoo name
+    or hub id to load one from), else the model's own from ``model_path`` (None: none)."""
+    if given is None:
+        return None if model_path is None else load_tokenizer(model_path)
+    if isinstance(given, str | os.PathLike):
+        return load_tokenizer(resolve_model_path(given))
+    if not (callable(given) and hasattr(given, "decode")):
+        raise ConfigError(
+            f"tokenizer must be a tokenizer (callable, with decode) or a path or name to load "
+            f"one from, not {type(given).__name__} {given!r}"[:300]
+        )
+    return given
 
 
 def load_weights(path: Path, config: Any) -> WeightStore:

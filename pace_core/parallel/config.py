@@ -61,4 +61,12 @@ class TensorParallelConfig:
         from pace_core.platform import current_topology
         from pace_core.platform.placement import plan_instances
 
-        return plan_instances(current_topology(), self.size)
+        topology = current_topology()
+        cores = topology.physical_cpus()
+        if self.size > len(cores):
+            raise ConfigError(
+                f"tensor_parallel={self.size}: a rank per physical core at least, and this "
+                f"process may use {len(cores)}; use at most {len(cores)}, or give the ranks "
+                "their CPUs: TensorParallelConfig(size, plans=[...])"
+            )
+        return plan_instances(topology, self.size)

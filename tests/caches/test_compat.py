@@ -35,15 +35,15 @@ def host_with_flat(monkeypatch):
     reset_host()
 
 
+def pool(cache: str) -> dict[str, int]:
+    """A small pool for a block cache; the contiguous ones grow (a budget is refused)."""
+    return {} if cache in ("dynamic", "bmc") else {"max_cache_tokens": 1024}
+
+
 @pytest.mark.parametrize("cache", ["dynamic", "bmc", "paged", "slab_pool"])
 def test_auto_picks_a_compatible_backend(host_with_flat, tiny_llama_dir, cache):
-    model = LLMModel(
-        tiny_llama_dir,
-        dtype=torch.float32,
-        load_tokenizer=False,
-        kv_cache_type=cache,
-        max_cache_tokens=1024,
-    )
+    model = LLMModel(tiny_llama_dir, dtype=torch.float32, load_tokenizer=False,
+                     kv_cache_type=cache, **pool(cache))  # fmt: skip
     chosen = model.op_plan.backends()["attention"]
     assert chosen == ({"flat"} if cache in ("dynamic", "bmc") else {"native"})
     assert model.generate(torch.tensor([[1, 2, 3]])).sequences[0].token_ids
@@ -68,12 +68,9 @@ def test_all_caches_give_identical_greedy_tokens(tiny_llama_dir):
     outs = []
     for cache in ("dynamic", "bmc", "paged", "slab_pool"):
         model = LLMModel(
-            tiny_llama_dir,
-            dtype=torch.float32,
-            load_tokenizer=False,
-            kv_cache_type=cache,
-            max_cache_tokens=1024,
-        )
+            tiny_llama_dir, dtype=torch.float32, load_tokenizer=False, kv_cache_type=cache,
+            **pool(cache),
+        )  # fmt: skip
         outs.append(model.generate(prompts).generated_token_ids)
     assert all(o == outs[0] for o in outs)
 

@@ -142,6 +142,6 @@ def test_bad_settings_are_clear_errors(tiny_llama_dir, tmp_path):
     with pytest.raises(ConfigError, match="needs prefix caching on a block cache"):
         LLMModel(tiny_llama_dir, kv_cache_type="dynamic", load_tokenizer=False,
                  prefix_cache_dir=tmp_path)  # fmt: skip
-    with pytest.raises(ConfigError, match="prefix_cache_disk_gb must be > 0"):
+    with pytest.raises(ConfigError, match="prefix_cache_disk_gb must be a number > 0 \\(got 0\\)"):
         LLMModel(tiny_llama_dir, load_tokenizer=False, prefix_cache_dir=tmp_path,
                  prefix_cache_disk_gb=0)  # fmt: skip

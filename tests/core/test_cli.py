@@ -150,3 +150,32 @@ def test_out_of_range_flags_exit_2_before_loading(argv, flag, capsys):
 def test_check_of_a_folder_that_is_no_model_exits_2(tmp_path, capsys):
     assert main(["check", str(tmp_path)]) == 2
     assert "has no config.json" in capsys.readouterr().err
+
+
+def test_check_refuses_what_it_would_ignore_before_loading(tmp_path, capsys):
+    """--new-tokens has no effect on --quantization's logit comparison; a bad plan is named
+    before the transformers reference loads (the folder is no model: it is never read)."""
+    assert main(["check", str(tmp_path), "--quantization", "int8", "--new-tokens", "4"]) == 2
+    assert "with --quantization pace check compares logits" in capsys.readouterr().err
+    assert main(["check", str(tmp_path), "--plans", "native", "linear=fastest"]) == 2
+    assert "unknown backend 'fastest' for op 'linear'" in capsys.readouterr().err
+
+
+def test_check_plans_take_backends_or_operator_configs():
+    from pace_core.check import check_plans
+
+    assert check_plans(["native", "linear=native,default=auto"]) == {
+        "native": "default=native",
+        "linear=native,default=auto": "linear=native,default=auto",
+    }
+
+
+def test_generate_ends_the_echoed_prompt_before_an_error(smollm2_dir, tiny_llama_dir, capsys):
+    """The prompt is echoed as it generates; an error ends that line first (was
+    "Hipace: error: ..."). A model folder without a tokenizer is named, not a traceback."""
+    prompt = "hi " * 9000  # past SmolLM2's 8192-token window
+    assert main(["generate", prompt, "--model", str(smollm2_dir), "--max-new-tokens", "2"]) == 2
+    out, err = capsys.readouterr()
+    assert out == prompt + "\n" and err.startswith("pace: error:") and "context window" in err
+    assert main(["generate", "Hi", "--model", str(tiny_llama_dir)]) == 2
+    assert "cannot load a tokenizer from" in capsys.readouterr().err

@@ -172,12 +172,59 @@ def test_spec_config_rejected_clearly(tiny_llama_dir):
     ({"max_cache_tokens": 0}, "max_cache_tokens must be a count >= 1 \\(got 0\\)"),
     ({"max_cache_tokens": "100"}, "max_cache_tokens must be a count >= 1 \\(got '100'\\)"),
     ({"kv_cache_memory_gb": "1"}, "kv_cache_memory_gb must be a number > 0"),
+    ({"kv_cache_memory_gb": 1e6}, "kv_cache_memory_gb=1000000.0 asks for a 1000000.0 GiB KV "
+                                  "pool, more than the .* GiB of memory"),
+    ({"kv_cache_type": "dynamic", "kv_cache_memory_gb": 1}, "kv_cache_type 'dynamic' grows per "
+                                                           "sequence instead"),
+    ({"kv_cache_type": ["paged"]}, "unknown kv_cache_type \\['paged'\\]; available: bmc"),
+    ({"prefix_cache_dir": "unused", "prefix_cache_disk_gb": "x"},
+     "prefix_cache_disk_gb must be a number > 0 \\(got 'x'\\)"),
 ])  # fmt: skip
-def test_bad_kv_budgets_are_named(tiny_llama_dir, kw, match):
-    """A budget of the wrong type or 0 is named (0 tokens used to become the default pool)."""
-    llm = LLMModel(tiny_llama_dir, dtype=torch.float32, load_tokenizer=False, **kw)
+def test_bad_kv_options_are_named_before_the_load(tiny_llama_dir, kw, match, monkeypatch):
+    """A budget of the wrong type, 0, more than the machine has (was an OSError from mmap at
+    the first generate) or for a cache that ignores it; a cache type that is no name."""
+    import pace_core.engine.llm as llm_module
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was looked up before its options were checked")
+
+    monkeypatch.setattr(llm_module, "resolve_model_path", no_load)
     with pytest.raises(ConfigError, match=match):
+        LLMModel(tiny_llama_dir, dtype=torch.float32, load_tokenizer=False, **kw)
+
+
+def test_a_token_budget_beyond_memory_is_named(tiny_llama_dir):
+    """A token count's pool size needs the model's dims: checked when the cache is made."""
+    llm = LLMModel(tiny_llama_dir, dtype=torch.float32, load_tokenizer=False,
+                   max_cache_tokens=10**13)  # fmt: skip
+    with pytest.raises(ConfigError, match="max_cache_tokens=10000000000000 asks for a .* GiB"):
         llm.generate([1, 2], SamplingConfig(max_new_tokens=2))
+
+
+def test_model_and_tokenizer_of_the_wrong_kind(tiny_llama_dir, smollm2_dir):
+    with pytest.raises(ConfigError, match="model must be a directory.*not int 5"):
+        LLMModel(5)
+    with pytest.raises(ConfigError, match="tokenizer must be a tokenizer .* not int 3"):
+        LLMModel(tiny_llama_dir, tokenizer=3)
+    # a path (or name) loads the tokenizer there, as vLLM's tokenizer= does
+    llm = LLMModel(smollm2_dir, dtype=torch.float32, quiet=True, load_tokenizer=False,
+                   tokenizer=str(smollm2_dir))  # fmt: skip
+    assert llm.generate("Hello", SamplingConfig(max_new_tokens=2)).generated_token_ids[0]
+
+
+def test_bad_chat_messages_are_named(smollm2_dir):
+    llm = LLMModel(smollm2_dir, dtype=torch.float32, quiet=True)
+    with pytest.raises(ConfigError, match="chat template cannot render these messages"):
+        llm.generate([{"role": "user"}], SamplingConfig(max_new_tokens=2))
+    with pytest.raises(ConfigError, match="a chat message needs a 'role'.*\\['content'\\]"):
+        llm.generate([{"content": "hi"}], SamplingConfig(max_new_tokens=2))
+
+
+def test_more_tensor_parallel_ranks_than_cores_are_named():
+    from pace_core.parallel.config import TensorParallelConfig
+
+    with pytest.raises(ConfigError, match="tensor_parallel=100000: .* use at most"):
+        TensorParallelConfig(100_000).rank_plans()
 
 
 def test_bad_embedding_options_are_named(smollm2_dir):

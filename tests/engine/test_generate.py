@@ -197,8 +197,9 @@ def test_more_prompts_than_the_pool_holds_stream_through_it(
     with the greedy tokens it gets alone; the pool is empty again after."""
     monkeypatch.setenv("PACE_PAGED_BLOCK_TOKENS", "16")
     monkeypatch.setenv("PACE_SLAB_BLOCK_TOKENS", "16")
+    pool = {} if kv_cache_type == "dynamic" else {"max_cache_tokens": 128}  # (it grows)
     llm = LLMModel(tiny_llama_dir, dtype=torch.float32, load_tokenizer=False,
-                   kv_cache_type=kv_cache_type, max_cache_tokens=128)  # fmt: skip
+                   kv_cache_type=kv_cache_type, **pool)  # fmt: skip
     gen = torch.Generator().manual_seed(0)
     sizes = torch.randint(20, 41, (40,), generator=gen).tolist()
     prompts = [torch.randint(4, 128, (n,), generator=gen) for n in sizes]

@@ -33,6 +33,28 @@ def test_counts_below_one_exit_2(flag, capsys):
     )
 
 
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["--port", "70000"], "expected a value in [0, 65535]"),
+    (["--kv-cache-memory-gb", "0"], "expected a value > 0"),
+    (["--prefix-cache-disk-gb", "nan"], "expected a value > 0"),
+    (["--max-cache-tokens", "0"], "expected a value >= 1"),
+    (["--max-running", "-1"], "expected a value >= 1"),
+    (["--max-queue", "-1"], "expected a value >= 0"),
+    (["--max-prefill-tokens", "x"], "'x' is not a int"),
+    (["--prefill-slice-ms", "-5"], "expected a value >= 0"),
+    (["--request-timeout", "-1"], "expected a value >= 0"),
+    (["--max-request-bytes", "0"], "expected a value >= 1"),
+    (["--default-max-tokens", "0"], "expected a value >= 1"),
+    (["--replicas", "0"], "expected a value >= 1"),
+])  # fmt: skip
+def test_numbers_out_of_range_exit_2(argv, expected, capsys):
+    """Every numeric flag is checked by argparse: one line naming it, before any load."""
+    with pytest.raises(SystemExit) as exc:
+        _parse(["serve", *argv])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and f"argument {argv[0]}: " in err and expected in err
+
+
 def test_flags():
     args = _parse(
         [

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pace_core.arg_types import at_least
+from pace_core.arg_types import above, at_least
 
 if TYPE_CHECKING:
     from pace_core.platform.placement import InstancePlan
@@ -90,7 +90,7 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         "model", nargs="?", default=None, help="model dir, GGUF file, hub id or zoo name"
     )
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=at_least(0, maximum=65535), default=8000)
     p.add_argument("--dtype", default="bfloat16", choices=DTYPE_CHOICES)
     from pace_core.caches.disk_tier import DEFAULT_DISK_GB
     from pace_core.caches.kv_quant import add_kv_cache_dtype_argument
@@ -103,21 +103,26 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="a block cache: paged (default) or slab_pool",
     )
     add_kv_cache_dtype_argument(p)
-    p.add_argument("--kv-cache-memory-gb", type=float, default=None, help="KV pool size in GiB")
-    p.add_argument("--max-cache-tokens", type=int, default=None, help="KV pool size in tokens")
-    p.add_argument("--max-running", type=int, default=32, help="sequences decoded together")
+    p.add_argument("--kv-cache-memory-gb", type=above(0), default=None, help="KV pool size in GiB")
     p.add_argument(
-        "--max-queue", type=int, default=256, help="waiting sequences per instance before 429"
+        "--max-cache-tokens", type=at_least(1), default=None, help="KV pool size in tokens"
+    )
+    p.add_argument("--max-running", type=at_least(1), default=32, help="sequences decoded together")
+    p.add_argument(
+        "--max-queue",
+        type=at_least(0),
+        default=256,
+        help="waiting sequences per instance before 429",
     )
     p.add_argument(
         "--max-prefill-tokens",
-        type=int,
+        type=at_least(1),
         default=512,
         help="prompt tokens prefilled per iteration (long prompts are chunked)",
     )
     p.add_argument(
         "--prefill-slice-ms",
-        type=float,
+        type=at_least(0, float),
         default=50.0,
         help="while sequences decode, prefill about this much work per iteration so their "
         "next token waits at most one short chunk (0: always --max-prefill-tokens)",
@@ -145,7 +150,7 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--prefix-cache-disk-gb",
-        type=float,
+        type=above(0),
         default=DEFAULT_DISK_GB,
         help="size cap of --prefix-cache-dir in GiB (least recently used blocks go first)",
     )
@@ -179,19 +184,28 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=None,
         help="Ray cluster to join ('auto' = the running one; default: start a local one)",
     )
-    ray.add_argument("--replicas", type=int, default=1, help="engine replicas (--ray)")
-    ray.add_argument("--min-replicas", type=int, default=None, help="autoscale from (--ray)")
-    ray.add_argument("--max-replicas", type=int, default=None, help="autoscale up to (--ray)")
+    ray.add_argument("--replicas", type=at_least(1), default=1, help="engine replicas (--ray)")
+    ray.add_argument(
+        "--min-replicas", type=at_least(0), default=None, help="autoscale from (--ray)"
+    )
+    ray.add_argument(
+        "--max-replicas", type=at_least(1), default=None, help="autoscale up to (--ray)"
+    )
     p.add_argument("--threads", type=at_least(1), default=None,
                    help="torch threads (single instance)")  # fmt: skip
     p.add_argument("--api-key", default=os.environ.get("PACE_API_KEY"), help="require Bearer key")
     p.add_argument(
-        "--request-timeout", type=float, default=600.0, help="seconds per request (0 = none)"
+        "--request-timeout",
+        type=at_least(0, float),
+        default=600.0,
+        help="seconds per request (0 = none)",
     )
-    p.add_argument("--max-request-bytes", type=int, default=4 << 20, help="request size limit")
+    p.add_argument(
+        "--max-request-bytes", type=at_least(1), default=4 << 20, help="request size limit"
+    )
     p.add_argument(
         "--default-max-tokens",
-        type=int,
+        type=at_least(1),
         default=1024,
         help="max_tokens of chat requests that do not set it",
     )
