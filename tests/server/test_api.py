@@ -185,6 +185,31 @@ def test_chat_logprobs(server):
         assert bytes(item.bytes).decode("utf-8", "replace")
 
 
+def test_logprobs_of_characters_split_over_tokens(server):
+    """SmolLM2's byte-level BPE spells 猫 with three tokens: their ``bytes`` are its UTF-8
+    (were U+FFFD's each), a part of a character reads ``bytes:\\x..`` (distinct ones no longer
+    collide as top_logprobs keys), and text_offset indexes the returned text (it counted
+    each part as one character)."""
+    c = client(server)
+    chat = c.chat.completions.create(
+        model=MODEL_NAME, messages=[{"role": "user", "content": "Write 猫 three times"}],
+        max_tokens=8, temperature=0, logprobs=True, top_logprobs=3,
+    )  # fmt: skip
+    content = chat.choices[0].logprobs.content
+    joined = bytes(b for item in content for b in item.bytes)
+    assert joined.decode("utf-8") == chat.choices[0].message.content
+    out = c.completions.create(model=MODEL_NAME, prompt="猫 is a cat", max_tokens=3,
+                               temperature=0, echo=True, logprobs=0)  # fmt: skip
+    text, lp = out.choices[0].text, out.choices[0].logprobs
+    assert lp.tokens[:3] == ["bytes:\\xe7", "bytes:\\x8c", "bytes:\\xab"]
+    assert lp.text_offset[:4] == [0, 0, 0, 1]  # the parts start the character; " is" at 1
+    for token, offset in zip(lp.tokens[3:], lp.text_offset[3:]):
+        assert text.startswith(token, offset)
+    wide = c.completions.create(model=MODEL_NAME, prompt="中文：我喜欢", max_tokens=4,
+                                temperature=0, logprobs=5)  # fmt: skip
+    assert [len(top) for top in wide.choices[0].logprobs.top_logprobs] == [5] * 4
+
+
 def test_prompt_forms(server, llm):
     ids = llm.tokenizer(PROMPTS[1])["input_ids"]
     c = client(server)

@@ -14,6 +14,7 @@ import math
 import time
 from typing import TYPE_CHECKING, Any
 
+from pace_core.engine.detokenize import IncrementalDetokenizer
 from pace_core.engine.events import Token
 from pace_core.engine.output import TokenLogprob
 from pace_core.server.api.openai_request import Plan, Submitted
@@ -83,25 +84,36 @@ class Choice:
 
 # -- logprobs ----------------------------------------------------------------------------------
 class CompletionLogprobs:
-    """OpenAI completions logprobs: tokens, token_logprobs, top_logprobs, text_offset."""
+    """OpenAI completions logprobs: tokens, token_logprobs, top_logprobs, text_offset.
+
+    ``text_offset`` indexes the choice's text: an echoed prompt token's is where its text
+    starts in the echo, a generated token's where the text it released starts (after the
+    echo, ``offset`` characters in); a token holding part of a character points at the
+    character's start."""
 
     def __init__(self, server: ServingContext, offset: int) -> None:
         self.tt = server.token_text
         self.offset = offset
 
-    def build(self, items: list[Token]) -> dict[str, Any]:
-        tokens, lps, tops, offsets = [], [], [], []
-        for ev in items:
-            text = self.tt.get(ev.token)[0]
-            tokens.append(text)
+    def build(self, echoed: list[Token], own: list[Token]) -> dict[str, Any]:
+        offsets = []
+        if echoed:  # as the echo was decoded (special tokens kept)
+            detok, done = IncrementalDetokenizer(self.tt.tokenizer, skip_special_tokens=False), 0
+            for ev in echoed:
+                offsets.append(done)
+                done += len(detok.add(ev.token))
+        for ev in own:
+            offsets.append(self.offset)
+            self.offset += len(ev.text)
+        tokens, lps, tops = [], [], []
+        for ev in (*echoed, *own):
+            tokens.append(self.tt.get(ev.token)[0])
             lps.append(_finite(ev.logprob))
             top = {}
             for i, v in zip(ev.top_ids or (), ev.top_logprobs or ()):
                 if i >= 0:
                     top[self.tt.get(i)[0]] = _finite(v)
             tops.append(top if ev.logprob is not None else None)  # a prompt's first token
-            offsets.append(self.offset)
-            self.offset += len(text)
         return {
             "tokens": tokens,
             "token_logprobs": lps,
@@ -228,12 +240,10 @@ class CompletionFormat(ResponseFormat):
         if not self._started[i]:
             self._started[i] = True
             text = self._prefix(i) + text
-            echoed = self._echoed(i)
-            if echoed:  # the prompt's tokens come first: offsets from the start of the echo
-                self._logprobs[i].offset = 0
+            echoed = self._echoed(i)  # the prompt's tokens come first
         if not text and ev.finish_reason is None and ev.logprob is None:
             return None
-        lp = None if self.req.logprobs is None else self._logprobs[i].build([*echoed, *own])
+        lp = None if self.req.logprobs is None else self._logprobs[i].build(echoed, own)
         return self._wrap(
             {"index": i, "text": text, "logprobs": lp, "finish_reason": ev.finish_reason}
         )
@@ -247,9 +257,7 @@ class CompletionFormat(ResponseFormat):
                 own, text, finish = [], prefix, "length"
             lp = None
             if self.req.logprobs is not None:
-                echoed = self._echoed(i)
-                start = 0 if echoed else len(prefix)
-                lp = CompletionLogprobs(self.server, start).build([*echoed, *own])
+                lp = CompletionLogprobs(self.server, len(prefix)).build(self._echoed(i), own)
             out.append({"index": i, "text": text, "logprobs": lp, "finish_reason": finish})
         completion_tokens = sum(c.tokens for c in choices)
         return {**self.base, "choices": out, "usage": self.usage(completion_tokens)}

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from pace_core.models.embedding import EmbeddingConfig
+from pace_core.models.token_bytes import TokenBytes
 from pace_core.sampling.grammar import GrammarCompiler
 from pace_core.server.frontdoor.frontend import Frontend
 
@@ -29,28 +30,26 @@ class ServerConfig:
 
 
 class TokenText:
-    """Token id -> display string and UTF-8 bytes (for logprobs), cached."""
+    """Token id -> display string and bytes (for logprobs), cached. A token holding part of
+    a multi-byte character is displayed as its bytes, ``bytes:\\xe7\\x8c`` (OpenAI's
+    convention), so distinct ones do not all read U+FFFD."""
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
+        self._bytes = TokenBytes(tokenizer)
         self._cache: dict[int, tuple[str, list[int]]] = {}
-        try:
-            from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
-
-            self._byte_decoder = {c: b for b, c in bytes_to_unicode().items()}
-        except Exception:  # pragma: no cover - transformers layout changed
-            self._byte_decoder = {}
 
     def get(self, token: int) -> tuple[str, list[int]]:
         found = self._cache.get(token)
         if found is None:
             text = self.tokenizer.decode([token])
-            raw = self.tokenizer.convert_ids_to_tokens(token)
-            if isinstance(raw, str) and raw and all(c in self._byte_decoder for c in raw):
-                data = [self._byte_decoder[c] for c in raw]  # byte-level BPE
-            else:
-                data = list(text.encode("utf-8"))
-            found = self._cache[token] = (text, data)
+            data = self._bytes(token, text)
+            if "\ufffd" in text:
+                try:
+                    data.decode("utf-8")
+                except UnicodeDecodeError:  # part of a character
+                    text = "bytes:" + "".join(f"\\x{b:02x}" for b in data)
+            found = self._cache[token] = (text, list(data))
         return found
 
 
