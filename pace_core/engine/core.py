@@ -315,7 +315,7 @@ class EngineCore:
             check_speculable(req.sampler)
         if config.prompt_logprobs is not None:  # scored as its prompt is prefilled
             req.scorer = PromptScorer(req.prompt, config.prompt_logprobs)
-        self.output.start(req.key, config)
+        self.output.start(req.key, config, req.spec.prompt)
 
     def _prefilled(
         self, chunks: list[tuple[Request, int]], logits: torch.Tensor | None

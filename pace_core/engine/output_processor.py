@@ -17,6 +17,8 @@ from typing import Any
 
 from pace_core.engine.detokenize import IncrementalDetokenizer
 from pace_core.engine.events import SeqError, SpecStep, Token
+from pace_core.errors import ConfigError
+from pace_core.models.token_bytes import TokenBytes, unfinished_utf8
 from pace_core.sampling.config import SamplingConfig
 from pace_core.sampling.stop import StopChecker
 
@@ -26,8 +28,8 @@ class _Text:
 
     __slots__ = ("detok", "stop")
 
-    def __init__(self, tokenizer: Any, config: SamplingConfig) -> None:
-        self.detok = IncrementalDetokenizer(tokenizer)
+    def __init__(self, tokenizer: Any, config: SamplingConfig, unfinished: list[int]) -> None:
+        self.detok = IncrementalDetokenizer(tokenizer, unfinished=unfinished)
         self.stop = StopChecker(config.stop)
 
     def add(self, token: int, finished: bool) -> tuple[str, bool]:
@@ -44,16 +46,35 @@ class _Text:
 class OutputProcessor:
     """Text and stop strings of many sequences (see the module doc).
 
-    Without a tokenizer, tokens pass through with empty text and stop strings do not apply.
+    Without a tokenizer, tokens pass through with empty text (stop strings are refused).
     """
 
     def __init__(self, tokenizer: Any | None) -> None:
         self.tokenizer = tokenizer
+        self._bytes = None if tokenizer is None else TokenBytes(tokenizer)
         self._texts: dict[str, _Text | None] = {}
 
-    def start(self, key: str, config: SamplingConfig) -> None:
-        """Follow a new sequence."""
-        self._texts[key] = _Text(self.tokenizer, config) if self.tokenizer is not None else None
+    def start(self, key: str, config: SamplingConfig, prompt: Sequence[int] = ()) -> None:
+        """Follow a new sequence of ``prompt``."""
+        if self._bytes is None:
+            if config.stop:
+                raise ConfigError(
+                    "stop strings match the text, and this model has no tokenizer: load it "
+                    "with one, or end on token ids (eos_token_id=[...])"
+                )
+            self._texts[key] = None
+            return
+        self._texts[key] = _Text(self.tokenizer, config, self._unfinished(prompt))
+
+    def _unfinished(self, prompt: Sequence[int]) -> list[int]:
+        """The prompt's last tokens that hold bytes of a character it does not finish."""
+        tail = [int(t) for t in prompt[-4:]]  # a character has at most 4 bytes
+        parts = [self._bytes(t) for t in tail] if self._bytes is not None else []
+        cut, k = unfinished_utf8(b"".join(parts)), 0
+        while cut > 0 and k < len(parts):
+            k += 1
+            cut -= len(parts[-k])
+        return tail[len(tail) - k :]
 
     def forget(self, key: str) -> None:
         """Stop following a sequence (cancelled, failed)."""

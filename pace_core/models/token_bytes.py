@@ -15,6 +15,16 @@ from typing import Any
 _BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
+def unfinished_utf8(data: bytes) -> int:
+    """How many bytes at the end of ``data`` start a character they do not finish."""
+    for back in range(1, min(4, len(data)) + 1):
+        lead = data[-back]
+        if lead & 0xC0 != 0x80:  # not a continuation byte: ASCII or a lead byte
+            need = 1 if lead < 0xC0 else 2 if lead < 0xE0 else 3 if lead < 0xF0 else 4
+            return back if back < need else 0
+    return 0
+
+
 @functools.cache
 def byte_level_alphabet() -> dict[str, int]:
     """GPT-2's byte-level BPE alphabet: character -> the byte it stands for (printable bytes
@@ -58,7 +68,8 @@ class TokenBytes:
 
     def __call__(self, token: int, text: str | None = None) -> bytes:
         """The bytes of ``token``; ``text`` is its decoded text when the caller has it."""
-        raw = self.tokenizer.convert_ids_to_tokens(token)
+        convert = getattr(self.tokenizer, "convert_ids_to_tokens", None)
+        raw = convert(token) if convert is not None else None
         if isinstance(raw, str) and raw:
             if self.byte_fallback and (m := _BYTE_FALLBACK.fullmatch(raw)):
                 return bytes([int(m.group(1), 16)])

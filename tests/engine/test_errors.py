@@ -138,6 +138,13 @@ def test_bad_inputs_of_every_shape(tiny):
         list(tiny.stream([1, 2], beams))
 
 
+def test_stop_strings_without_a_tokenizer_are_refused(tiny):
+    """They match text, which a model without a tokenizer has none of (they were ignored:
+    the output ran to max_new_tokens)."""
+    with pytest.raises(ConfigError, match="stop strings match the text.*eos_token_id"):
+        tiny.generate([1, 2], SamplingConfig(max_new_tokens=2, stop=["."]))
+
+
 def test_beam_search_refuses_what_it_would_ignore(tiny):
     """Settings beam search does not apply are refused, never dropped; ids it applies are
     checked against the vocabulary."""

@@ -55,9 +55,43 @@ def test_a_speculative_steps_emitted_count_is_what_was_delivered():
 
 
 def test_without_a_tokenizer_tokens_pass_with_no_text():
+    import pytest
+
+    from pace_core.errors import ConfigError
+
     out = OutputProcessor(None)
-    out.start("a", SamplingConfig(stop=["x"]))
+    with pytest.raises(ConfigError, match="stop strings match the text"):
+        out.start("a", SamplingConfig(stop=["x"]))  # they would never match
+    out.start("a", SamplingConfig())
     events, stopped = out.process(tokens("a", [1, 2], last_reason="length"))
     assert [(e.token, e.text, e.finish_reason) for e in events] == [(1, "", None),
                                                                    (2, "", "length")]
     assert stopped == [] and out.process(tokens("a", [3])) == ([], [])
+
+
+def test_unfinished_utf8_counts_the_bytes_of_a_started_character():
+    from pace_core.models.token_bytes import unfinished_utf8
+
+    cat = "猫".encode()  # 3 bytes
+    assert [unfinished_utf8(b"a" + cat[:n]) for n in range(4)] == [0, 1, 2, 0]
+    fish = "🐟".encode()  # 4 bytes
+    assert [unfinished_utf8(fish[:n]) for n in range(5)] == [0, 1, 2, 3, 0]
+    assert unfinished_utf8(b"") == 0 and unfinished_utf8(b"\xbf\xbf") == 0  # no lead byte
+
+
+def test_a_prompt_cut_inside_a_character_is_finished_by_the_generated_text(smollm2_dir):
+    """Token ids that stop inside a character (SmolLM2 spells 🐱 with two byte tokens): the
+    generated text starts with the character its tokens finish, as decoding prompt and output
+    together shows (it was U+FFFD: the detokenizer did not see the prompt's bytes)."""
+    import torch
+
+    from pace_core import LLMModel
+
+    llm = LLMModel(smollm2_dir, dtype=torch.float32, quiet=True)
+    tok = llm.tokenizer
+    ids = tok.encode("猫🐱 cat")[:4]  # 猫's three tokens and the first of 🐱's
+    assert tok.decode(ids).endswith("\ufffd") and not tok.decode(ids[:3]).endswith("\ufffd")
+    out = llm.generate([ids], SamplingConfig(max_new_tokens=5)).sequences[0]
+    assert out.text == tok.decode(ids + out.token_ids)[len(tok.decode(ids[:3])) :]
+    streamed = "".join(c.text for c in llm.stream([ids], SamplingConfig(max_new_tokens=5)))
+    assert streamed == out.text and "\ufffd" not in out.text
