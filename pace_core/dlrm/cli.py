@@ -43,17 +43,23 @@ def read_features(path: Path) -> tuple[torch.Tensor, Any, torch.Tensor | None]:
     """``(dense, sparse, labels | None)`` from an ``.npz`` or ``.pt`` file."""
     if not path.is_file():
         raise DLRMInputError(f"no features file at {path}")
-    if path.suffix == ".npz":
-        import numpy as np
-
-        with np.load(path) as f:
-            data = {k: f[k] for k in f.files}
-    elif path.suffix == ".pt":
-        data = torch.load(path, map_location="cpu", weights_only=True)
-        if not isinstance(data, dict):
-            raise DLRMInputError(f"{path} holds a {type(data).__name__}; save a dict of tensors")
-    else:
+    if path.suffix not in (".npz", ".pt"):
         raise DLRMInputError(f"features file {path}: use .npz or .pt (got {path.suffix!r})")
+    try:
+        if path.suffix == ".npz":
+            import numpy as np
+
+            with np.load(path) as f:
+                data = {k: f[k] for k in f.files}
+        else:
+            data = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # not such a file, or truncated
+        raise DLRMInputError(
+            f"cannot read features file {path} ({type(exc).__name__}: "
+            f"{' '.join(str(exc).split())[:200]})"
+        ) from None
+    if not isinstance(data, dict):
+        raise DLRMInputError(f"{path} holds a {type(data).__name__}; save a dict of tensors")
     if "dense" not in data:
         raise DLRMInputError(f"{path} has no 'dense' array (has: {', '.join(sorted(data))})")
     dense = _as_tensor(data["dense"], "'dense'")

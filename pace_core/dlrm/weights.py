@@ -122,7 +122,13 @@ def load(path: str | Path, config: DLRMConfig | None = None) -> tuple[DLRMConfig
     path = Path(path)
     if not path.is_file():
         raise ModelLoadError(f"no DLRM weights file at {path}")
-    data = torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # not a torch save, truncated, or pickled objects beyond tensors
+        raise ModelLoadError(
+            f"cannot read {path} as DLRM weights ({type(exc).__name__}: "
+            f"{' '.join(str(exc).split())[:200]}); pass a file torch.save wrote (a state dict)"
+        ) from None
     if isinstance(data, Mapping) and data.get("format") == FILE_FORMAT:
         config = config or DLRMConfig.from_dict(dict(data["config"]))
         state = dict(data["state_dict"])

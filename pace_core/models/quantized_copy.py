@@ -42,6 +42,12 @@ def save_quantized(
     source, out = resolve_model_path(model), Path(out)
     if not source.is_dir():
         raise ConfigError(f"{source} is not a Hugging Face directory (a GGUF file?): not saved")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        same = out.resolve() == source.resolve()
+        raise ConfigError(
+            f"{out} is {'the source directory' if same else 'not an empty directory'}: write "
+            "the quantized copy to a new or empty one"
+        )
     config = json.loads((source / "config.json").read_text())
     if "quantization_config" in config:
         raise ConfigError(f"{source} is already a quantized checkpoint; start from the original")

@@ -34,6 +34,8 @@ def pack(weights: Mapping[str, QuantizedWeight]) -> tuple[dict[str, torch.Tensor
         if w.mins is not None:
             tensors[f"{name}_mins"] = w.mins.contiguous()
         described[name] = {"format": w.format, "shape": list(w.shape), "group_size": w.group_size}
+        if w.activations:  # W8A8: the kernels quantize the activations too
+            described[name]["activations"] = w.activations
     return tensors, json.dumps(described)
 
 
@@ -48,4 +50,5 @@ def assemble(get: Any, name: str, info: Mapping[str, Any], names: set[str]) -> Q
     """A :class:`QuantizedWeight` from its stored parts (``get(name) -> tensor``)."""
     mins = get(f"{name}_mins") if f"{name}_mins" in names else None
     return QuantizedWeight(info["format"], tuple(info["shape"]), torch.float32, get(name),
-                           get(f"{name}_scales"), mins, int(info["group_size"]))  # fmt: skip
+                           get(f"{name}_scales"), mins, int(info["group_size"]),
+                           activations=info.get("activations", ""))  # fmt: skip

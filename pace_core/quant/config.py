@@ -15,6 +15,12 @@ PER_CHANNEL = 0
 """``group_size`` meaning one scale per output row (int8 only)."""
 
 
+def skip_list(value: Sequence[str] | str) -> tuple[str, ...]:
+    """``"lm_head,embed_tokens"`` or a list -> a tuple of module-name substrings."""
+    parts = value.split(",") if isinstance(value, str) else list(value)
+    return tuple(p.strip() for p in parts if p.strip())
+
+
 @dataclass(frozen=True)
 class QuantizationConfig:
     """Quantize every matrix (linear layers, embeddings, LM head) of a model while loading.
@@ -39,7 +45,7 @@ class QuantizationConfig:
     activations: str = ""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "skip", tuple(self.skip))
+        object.__setattr__(self, "skip", skip_list(self.skip))  # a str is one name, not letters
         if self.bits not in (4, 8):
             raise ConfigError(f"quantization bits={self.bits!r} unsupported; use 8 or 4")
         allowed = (PER_CHANNEL, *GROUP_SIZES) if self.bits == 8 else GROUP_SIZES
@@ -141,12 +147,6 @@ def coerce_quantization(
         except TypeError as exc:
             raise ConfigError(f"bad quantization fields {dict(value)}: {exc}") from None
     raise ConfigError(f"quantization must be a name, a dict or a QuantizationConfig, not {value!r}")
-
-
-def skip_list(value: Sequence[str] | str) -> tuple[str, ...]:
-    """``"lm_head,embed_tokens"`` or a list -> a tuple of module-name substrings."""
-    parts = value.split(",") if isinstance(value, str) else list(value)
-    return tuple(p.strip() for p in parts if p.strip())
 
 
 def add_quantization_argument(parser: Any) -> None:

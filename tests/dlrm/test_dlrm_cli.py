@@ -83,6 +83,11 @@ def test_eval_without_labels_and_a_bad_file(files, capsys):
     (tmp / "f.csv").write_text("1,2,3\n")
     assert cli.main(["dlrm", "--features", str(tmp / "f.csv")]) == 2
     assert "use .npz or .pt" in capsys.readouterr().err
+    (tmp / "junk.pt").write_bytes(b"not a torch save")  # was torch's traceback, exit 1
+    assert cli.main(["dlrm", "--weights", str(tmp / "junk.pt")]) == 2
+    assert "cannot read" in capsys.readouterr().err
+    assert cli.main(["dlrm", "--features", str(tmp / "junk.pt")]) == 2
+    assert "cannot read features file" in capsys.readouterr().err
 
 
 def test_int8_static_calibrates_on_synthetic_samples(capsys):

@@ -216,6 +216,31 @@ def test_saving_needs_a_quantization_and_an_original(family_dirs, tmp_path):
     with pytest.raises(ConfigError, match="quantized experts are not saved yet"):
         save_quantized(family_dirs["qwen3-moe"], tmp_path / "moe", "int8-channel")
     assert not (tmp_path / "moe").exists()  # nothing half-written
+    # over the source or another directory's files: refused (the source raised SameFileError)
+    with pytest.raises(ConfigError, match="is the source directory: write the quantized copy"):
+        save_quantized(tmp_path / "q", tmp_path / "q", "int8")
+    with pytest.raises(ConfigError, match="is not an empty directory"):
+        save_quantized(family_dirs["llama"], tmp_path / "q", "int4")
+
+
+def test_a_saved_w8a8_copy_keeps_its_int8_activations(family_dirs, tmp_path):
+    """The saved copy's weights carry W8A8's activation mode (it loaded as weight-only
+    int8, other logits than the quantize-on-load model it was written from)."""
+    from pace_core.models.quantized_copy import save_quantized
+
+    out = save_quantized(family_dirs["llama"], tmp_path / "w8a8", "w8a8", torch.float32)
+    fresh = LLMModel(family_dirs["llama"], dtype=torch.float32, load_tokenizer=False,
+                     quantization="w8a8", opconfig=NATIVE)  # fmt: skip
+    reloaded = LLMModel(out, dtype=torch.float32, load_tokenizer=False, opconfig=NATIVE)
+    assert reloaded.model.layers[0].attn.o_proj.weight.weight.activations == "int8"
+    ids = torch.tensor([[3, 7, 11, 5, 9]])
+    assert torch.equal(fresh.logits(ids), reloaded.logits(ids))
+
+
+def test_a_skip_string_is_one_name():
+    """``skip="lm_head"`` was split into its letters: nearly every module was skipped."""
+    cfg = QuantizationConfig(bits=4, group_size=32, symmetric=False, skip="lm_head")
+    assert cfg.skip == ("lm_head",) and not cfg.skips("model.layers.0.self_attn.q_proj")
 
 
 @pytest.mark.parametrize("preset", ["int8", "int8-channel", "int4", "int4-sym"])
