@@ -30,6 +30,7 @@ import torch
 
 from pace_bench import compile_families
 from pace_bench.common import emit, note, progress, target_row, with_targets
+from pace_core.arg_types import at_least
 
 ENGINES = ("transformers", "inductor", "pace", "pace-llm")
 # name -> (transformers model_type, config kwargs): real shapes of public checkpoints
@@ -74,10 +75,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     p.add_argument("--engines", nargs="+", default=list(ENGINES), choices=ENGINES)
     p.add_argument("--opconfig", default=None, help="the pace backend's OperatorConfig")
-    p.add_argument("--batches", nargs="+", type=int, default=[1, 8])
+    p.add_argument("--batches", nargs="+", type=at_least(1), default=[1, 8])
     p.add_argument("--prompt-len", type=int, default=64)
-    p.add_argument("--new-tokens", type=int, default=32)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--new-tokens", type=at_least(1), default=32)
+    p.add_argument("--repeats", type=at_least(1), default=3)
     p.add_argument("--threads", type=int, default=None, help="default: torch's")
 
 

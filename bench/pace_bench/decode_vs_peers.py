@@ -28,6 +28,7 @@ from pace_bench.common import (
     with_targets,
 )
 from pace_bench.offline import LlamaCppRunner, measure_point, pace_runner, transformers_runner
+from pace_core.arg_types import at_least
 
 ENGINES = ("pace", "pace-native", "transformers", "llama.cpp")
 PLANS = {"pace": None, "pace-native": {"default": "native"}}  # OperatorConfig per pace engine
@@ -55,9 +56,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--models", nargs="+", default=["smollm2", "gemma3-270m"])
     p.add_argument("--engines", nargs="+", default=list(ENGINES), choices=ENGINES)
     p.add_argument("--threads", nargs="+", type=int, default=[1, 2])
-    p.add_argument("--prompt-lens", nargs="+", type=int, default=[128, 512])
-    p.add_argument("--new-tokens", type=int, default=64)
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--prompt-lens", nargs="+", type=at_least(1), default=[128, 512])
+    p.add_argument("--new-tokens", type=at_least(1), default=64)
+    p.add_argument("--repeats", type=at_least(1), default=5)
 
 
 def load_engines(name: str, args: argparse.Namespace) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from pace_bench.common import emit, interleaved, note, progress
+from pace_core.arg_types import at_least
 
 ENGINES = ("pace-fp32", "pace-bf16", "pace-int8", "pace-int8-static", "torch-eager",
            "torch-compile", "torch-int8-fbgemm", "torchrec-fbgemm", "amd-pace")  # fmt: skip
@@ -50,9 +51,9 @@ class PeerUnavailable(RuntimeError):
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64, 256, 1024, 2048])
+    p.add_argument("--batches", type=at_least(1), nargs="+", default=[1, 16, 64, 256, 1024, 2048])
     p.add_argument("--engines", nargs="+", default=list(ENGINES), choices=ENGINES)
-    p.add_argument("--repeats", type=int, default=5, help="round-robin rounds per batch")
+    p.add_argument("--repeats", type=at_least(1), default=5, help="round-robin rounds per batch")
     p.add_argument("--max-rows", type=int, default=100_000, help="rows per table (cap)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
     p.add_argument("--seed", type=int, default=0)

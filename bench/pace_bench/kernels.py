@@ -78,6 +78,7 @@ from pace_bench.common import (
 from pace_bench.kernels_model import bench_model
 from pace_bench.kernels_moe import bench_moe
 from pace_bench.kernels_quant import QGEMM_FORMATS, bench_qgemm, bench_qgemv
+from pace_core.arg_types import at_least
 from pace_core.errors import ConfigError
 
 SHAPES = {"576x1536": (576, 1536), "2048x8192": (2048, 8192), "4096x4096": (4096, 4096)}  # K x N
@@ -164,7 +165,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="smollm2", help="zoo name or path (--sections model)")
     p.add_argument("--model-prompt", type=int, default=128, help="prompt tokens (model)")
     p.add_argument("--model-tokens", type=int, default=32, help="decoded tokens (model)")
-    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--repeats", type=at_least(1), default=7)
     p.add_argument("--clock", default="wall", choices=["wall", "thread"])
 
 

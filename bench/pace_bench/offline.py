@@ -37,6 +37,7 @@ from pace_bench.common import (
     random_prompts,
     vocab_size,
 )
+from pace_core.arg_types import at_least
 
 ENGINES = ("pace", "transformers", "llama.cpp")
 GGUF_TYPES = {"bfloat16": "bf16", "float32": "f32"}
@@ -78,11 +79,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "TYPE:int8 for an int8 KV cache",
     )
     p.add_argument("--threads", nargs="+", type=int, default=[1, 2])
-    p.add_argument("--batches", nargs="+", type=int, default=[1, 8])
-    p.add_argument("--prompt-lens", nargs="+", type=int, default=[128, 512])
+    p.add_argument("--batches", nargs="+", type=at_least(1), default=[1, 8])
+    p.add_argument("--prompt-lens", nargs="+", type=at_least(1), default=[128, 512])
     p.add_argument("--grid", action="store_true", help="every combination, not one axis at a time")
-    p.add_argument("--new-tokens", type=int, default=128)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--new-tokens", type=at_least(1), default=128)
+    p.add_argument("--repeats", type=at_least(1), default=3)
 
 
 def sweep_points(args: argparse.Namespace) -> list[tuple[int, int, int]]:

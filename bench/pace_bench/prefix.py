@@ -35,6 +35,7 @@ from pace_bench.serving_peers import (
     pace_spec,
     vllm_spec,
 )
+from pace_core.arg_types import at_least
 
 COLUMNS = ["engine", "system_tokens", "ttft_cold_ms", "ttft_warm_ms", "speedup",
            "cached_tokens", "answers"]  # fmt: skip
@@ -52,7 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engines", nargs="+", default=["pace", "pace-nocache"],
                    choices=["pace", "pace-nocache", "pace-restart", "vllm"])  # fmt: skip
     p.add_argument("--system-tokens", type=int, default=1500)
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=at_least(1), default=5)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--start-timeout", type=float, default=600.0)

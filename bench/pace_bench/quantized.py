@@ -51,6 +51,7 @@ from pace_bench.common import (
 )
 from pace_bench.llama_cpp_tools import LlamaBenchRunner
 from pace_bench.offline import LlamaCppRunner, measure_point, pace_runner
+from pace_core.arg_types import at_least
 
 FORMATS = ("bf16", "q8_0", "q4_0", "q4_k_m", "original", "int8", "int4", "w8a8")
 LLAMA_MADE = ("q8_0", "q4_0", "q4_k_m")  # quantized by llama.cpp from the BF16 GGUF
@@ -79,11 +80,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--formats", nargs="+", default=list(FORMATS), choices=FORMATS)
     p.add_argument("--engines", nargs="+", default=["pace", "llama.cpp"], choices=ENGINES)
     p.add_argument("--threads", nargs="+", type=int, default=[1, 2])
-    p.add_argument("--prompt-lens", nargs="+", type=int, default=[128, 512])
-    p.add_argument("--batches", nargs="+", type=int, default=[1, 8],
+    p.add_argument("--prompt-lens", nargs="+", type=at_least(1), default=[128, 512])
+    p.add_argument("--batches", nargs="+", type=at_least(1), default=[1, 8],
                    help="sequences decoded together (random prompts of the same length)")
-    p.add_argument("--new-tokens", type=int, default=64)
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--new-tokens", type=at_least(1), default=64)
+    p.add_argument("--repeats", type=at_least(1), default=5)
     activations.add_argument(p)
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from pace_core.errors import ConfigError
 from pace_core.paths import cache_root
 
 PREFIX = "random:"
@@ -106,7 +107,7 @@ def random_model(name: str) -> Path:
 
     shape = str(name)[len(PREFIX) :]
     if shape not in SHAPES:
-        raise ValueError(f"unknown random model {shape!r}; known: {', '.join(SHAPES)}")
+        raise ConfigError(f"unknown random model {shape!r}; known: {', '.join(SHAPES)}")
     out = cache_root() / "random" / shape
     if (out / "config.json").is_file():
         return out

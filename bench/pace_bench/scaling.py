@@ -56,6 +56,7 @@ from typing import Any
 import torch
 
 from pace_bench.common import emit, model_path, note, read_buffer, stream_read_fn, warn
+from pace_core.arg_types import at_least
 
 COLUMNS = {
     "read": ["threads", "gbs", "best", "fit_gbs"],
@@ -273,10 +274,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="thread counts (default: 1, 2, 4, ... up to the node's cores)",
     )
-    p.add_argument("--batches", nargs="+", type=int, default=[1, 8])
+    p.add_argument("--batches", nargs="+", type=at_least(1), default=[1, 8])
     p.add_argument("--prompt-len", type=int, default=128)
-    p.add_argument("--new-tokens", type=int, default=32)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--new-tokens", type=at_least(1), default=32)
+    p.add_argument("--repeats", type=at_least(1), default=3)
     p.add_argument("--read-mib", type=int, default=512, help="streaming-read buffer size")
     p.add_argument("--gemm-m", type=int, default=256, help="rows of the GEMM (M x 2048 x 2048)")
     p.add_argument(

@@ -35,6 +35,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from pace_core.arg_types import at_least
+
 if TYPE_CHECKING:
     import httpx
 
@@ -67,9 +69,9 @@ Scorer = Callable[[torch.Tensor], torch.Tensor]
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--models", nargs="+", default=["smollm2"])
     p.add_argument("--engines", nargs="+", default=list(ENGINES), choices=ENGINES)
-    p.add_argument("--batches", nargs="+", type=int, default=[1, 8])
+    p.add_argument("--batches", nargs="+", type=at_least(1), default=[1, 8])
     p.add_argument("--lengths", nargs="+", type=int, default=[128, 512], help="tokens per prompt")
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=at_least(1), default=5)
     p.add_argument("--threads", type=int, default=None, help="default: torch's thread count")
     p.add_argument("--hf-attn", default="sdpa", choices=["sdpa", "eager"],
                    help="transformers' attention implementation")  # fmt: skip

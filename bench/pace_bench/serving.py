@@ -66,6 +66,7 @@ from pace_bench.serving_peers import (
 )
 from pace_bench.sse_client import StreamError, stream_events
 from pace_bench.sse_client import run as run_async
+from pace_core.arg_types import at_least
 
 _TEXT = (
     "the quick brown fox jumps over a lazy dog while seven curious engineers measure how "
@@ -296,7 +297,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt-tokens", type=int, default=150, help="fixed workload's prompts")
     p.add_argument("--gguf", default=None, choices=sorted(LLAMA_FTYPES),
                    help="every engine serves the model's GGUF of this llama.cpp type")  # fmt: skip
-    p.add_argument("--new-tokens", type=int, default=64, help="fixed workload's outputs")
+    p.add_argument("--new-tokens", type=at_least(1), default=64, help="fixed workload's outputs")
     p.add_argument("--concurrency", type=int, nargs="+", default=None,
                    help="default: 1 4 16 32 (mixed), 1 8 32 64 (fixed)")  # fmt: skip
     p.add_argument("--rounds", type=int, default=1, help="engines round-robin per round")

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from pace_bench.common import emit, model_path, note, progress
+from pace_core.arg_types import at_least
 
 CODE = '''def summarize_orders(orders, tax_rate=0.08):
     """Return per-customer totals and the grand total of a list of orders."""
@@ -327,10 +328,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     p.add_argument("--k", type=int, default=8, help="prompt lookup num_speculative_tokens")
     p.add_argument("--max-ngram", type=int, default=3)
-    p.add_argument("--new-tokens", type=int, default=128)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--new-tokens", type=at_least(1), default=128)
+    p.add_argument("--repeats", type=at_least(1), default=3)
     p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--batches", nargs="+", type=int, default=[1, 4], help="mechanics batches")
+    p.add_argument(
+        "--batches", nargs="+", type=at_least(1), default=[1, 4], help="mechanics batches"
+    )
     p.add_argument("--mech-tokens", type=int, default=64)
     p.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=list(SECTIONS))
 

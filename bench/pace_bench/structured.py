@@ -28,6 +28,7 @@ from pace_bench.common import (
     target_row,
     with_targets,
 )
+from pace_core.arg_types import at_least
 
 COLUMNS = ["model", "batch", "tokens", "free_tok_s", "grammar_tok_s", "ratio", "valid_prefix"]
 QUICK = {"batches": [1], "tokens": 32, "repeats": 2}
@@ -49,9 +50,9 @@ ASK = "List many product records as JSON: an id, a name and colour tags each."
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--models", nargs="+", default=["smollm2"])
-    p.add_argument("--batches", nargs="+", type=int, default=[1, 8])
+    p.add_argument("--batches", nargs="+", type=at_least(1), default=[1, 8])
     p.add_argument("--tokens", type=int, default=96, help="tokens decoded per row")
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=at_least(1), default=5)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     p.add_argument("--schema", default=None, help="a JSON schema file (default: RECORDS)")

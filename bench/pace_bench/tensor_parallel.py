@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from pace_bench.common import emit, note
+from pace_core.arg_types import at_least
 
 COLUMNS = ["part", "backend", "dtype", "rows", "hidden", "kib", "us", "us_p90", "us_per_layer",
            "tok_s", "ms_per_token"]  # fmt: skip
@@ -43,7 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hidden", nargs="+", type=int, default=[576, 2048, 4096])
     p.add_argument("--rows", nargs="+", type=int, default=[1, 8, 128])
     p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
-    p.add_argument("--repeats", type=int, default=1000)
+    p.add_argument("--repeats", type=at_least(1), default=1000)
     p.add_argument("--decode", action="store_true", help="also time decode with 1 and N ranks")
     p.add_argument("--tokens", type=int, default=64, help="decoded tokens per --decode run")
 

@@ -58,8 +58,12 @@ def resolve_model_path(name: str | os.PathLike) -> Path:
     if zoo.is_zoo_name(str(name)):
         return zoo.pull(str(name))
     if path.exists():
+        with open(path, "rb") as f:
+            gguf_magic = f.read(4) == b"GGUF"
         raise ModelLoadError(
-            f"{path} is a file but not a GGUF model ({gguf_source.SUFFIX}); pass the model "
+            f"{path} is a GGUF file named without the {gguf_source.SUFFIX} suffix; rename it"
+            if gguf_magic
+            else f"{path} is a file but not a GGUF model ({gguf_source.SUFFIX}); pass the model "
             "directory that contains it"
         )
     try:

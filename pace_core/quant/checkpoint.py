@@ -19,7 +19,7 @@ from pace_core.quant.weight import PACE_FORMATS, QuantizedWeight
 
 METADATA_KEY = "pace_quantized"
 WEIGHT_FILES = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.json",
-                "pace-zoo.json")  # fmt: skip
+                "*.gguf", "pace-zoo.json")  # fmt: skip
 
 
 def pack(weights: Mapping[str, QuantizedWeight]) -> tuple[dict[str, torch.Tensor], str]:

@@ -15,8 +15,10 @@ PER_CHANNEL = 0
 """``group_size`` meaning one scale per output row (int8 only)."""
 
 
-def skip_list(value: Sequence[str] | str) -> tuple[str, ...]:
+def skip_list(value: Sequence[str] | str | None) -> tuple[str, ...]:
     """``"lm_head,embed_tokens"`` or a list -> a tuple of module-name substrings."""
+    if value is None:
+        return ()
     parts = value.split(",") if isinstance(value, str) else list(value)
     return tuple(p.strip() for p in parts if p.strip())
 
@@ -155,5 +157,6 @@ def add_quantization_argument(parser: Any) -> None:
         "--quantization",
         default=None,
         choices=list(PRESETS),
-        help="quantize the matrices while loading (a GGUF file keeps its own formats)",
+        help="quantize the dense matrices while loading (a GGUF file's quantized tensors "
+        "keep their own formats)",
     )

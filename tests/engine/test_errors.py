@@ -45,6 +45,15 @@ def test_missing_model_dir_offline(tmp_path, monkeypatch):
         LLMModel("no-such-org/no-such-model", load_tokenizer=False)
 
 
+def test_a_gguf_file_without_its_suffix_is_named(tmp_path):
+    (tmp_path / "model.GGUF").write_bytes(b"GGUF" + bytes(60))
+    with pytest.raises(ModelLoadError, match="GGUF file named without the .gguf suffix"):
+        LLMModel(tmp_path / "model.GGUF", load_tokenizer=False)
+    (tmp_path / "notes.txt").write_text("hello")
+    with pytest.raises(ModelLoadError, match="is a file but not a GGUF model"):
+        LLMModel(tmp_path / "notes.txt", load_tokenizer=False)
+
+
 def test_dir_without_config(tmp_path):
     with pytest.raises(ModelLoadError, match="no config.json"):
         LLMModel(tmp_path, load_tokenizer=False)

@@ -241,6 +241,20 @@ def test_a_skip_string_is_one_name():
     """``skip="lm_head"`` was split into its letters: nearly every module was skipped."""
     cfg = QuantizationConfig(bits=4, group_size=32, symmetric=False, skip="lm_head")
     assert cfg.skip == ("lm_head",) and not cfg.skips("model.layers.0.self_attn.q_proj")
+    assert QuantizationConfig(bits=8, skip=None).skip == ()  # (was a TypeError)
+
+
+def test_a_quantized_copy_leaves_the_sources_gguf_files(family_dirs, tmp_path):
+    """A zoo folder holds the model's GGUF files beside its checkpoint: they are weights of
+    another form, not copied (SmolLM2's int4 copy was 681 MB, 97 MB of it the model)."""
+    import shutil
+
+    from pace_core.models.quantized_copy import save_quantized
+
+    source = shutil.copytree(family_dirs["llama"], tmp_path / "src")
+    (source / "model.q8_0.gguf").write_bytes(b"GGUF" + bytes(60))
+    out = save_quantized(source, tmp_path / "q", "int8")
+    assert (out / "config.json").is_file() and not list(out.glob("*.gguf"))
 
 
 @pytest.mark.parametrize("preset", ["int8", "int8-channel", "int4", "int4-sym"])
