@@ -73,7 +73,8 @@ def check_plans(plans: Sequence[str]) -> dict[str, str]:
 
     out = {}
     for plan in plans:
-        text = plan if "=" in plan else f"default={plan}"
+        given = "=" in plan or plan.lstrip().startswith("{")  # op=backend pairs or JSON
+        text = plan if given else f"default={plan}"
         get_host().resolver(OperatorConfig.coerce(text))
         out[plan] = text
     return out

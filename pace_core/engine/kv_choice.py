@@ -12,7 +12,7 @@ from pace_core.caches.kv_quant import AUTO, coerce_kv_dtype
 from pace_core.caches.pages import check_budget
 from pace_core.caches.prefix_disk import check_disk_budget
 from pace_core.errors import ConfigError
-from pace_core.registry import CacheSpec
+from pace_core.registry import CacheSpec, Registry
 
 BLOCK_LAYOUTS = ("paged", "slab")  # the layouts whose caches share blocks and take a budget
 
@@ -29,7 +29,7 @@ class KVCacheChoice:
 
 
 def choose_kv_cache(
-    caches: Any,
+    caches: Registry[str, CacheSpec],
     kv_cache_type: Any,
     kv_cache_dtype: Any = None,
     *,

@@ -58,14 +58,7 @@ def resolve_model_path(name: str | os.PathLike) -> Path:
     if zoo.is_zoo_name(str(name)):
         return zoo.pull(str(name))
     if path.exists():
-        with open(path, "rb") as f:
-            gguf_magic = f.read(4) == b"GGUF"
-        raise ModelLoadError(
-            f"{path} is a GGUF file named without the {gguf_source.SUFFIX} suffix; rename it"
-            if gguf_magic
-            else f"{path} is a file but not a GGUF model ({gguf_source.SUFFIX}); pass the model "
-            "directory that contains it"
-        )
+        raise ModelLoadError(_not_a_model(path))
     try:
         from huggingface_hub import snapshot_download
 
@@ -78,6 +71,21 @@ def resolve_model_path(name: str | os.PathLike) -> Path:
             f"Hugging Face hub ({type(exc).__name__}: {exc}). Download it first, or set "
             "HF_HUB_OFFLINE=1 and make sure it is in the local HF cache."
         ) from None
+
+
+def _not_a_model(file: Path) -> str:
+    """Why ``file`` (no directory, no ``.gguf``) is no model to load."""
+    try:
+        with open(file, "rb") as f:
+            magic = f.read(4)
+    except OSError:
+        magic = b""
+    if magic == b"GGUF":
+        return f"{file} is a GGUF file named without the {gguf_source.SUFFIX} suffix; rename it"
+    return (
+        f"{file} is a file but not a GGUF model ({gguf_source.SUFFIX}); pass the model "
+        "directory that contains it"
+    )
 
 
 def load_config(path: Path) -> Any:
