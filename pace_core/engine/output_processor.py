@@ -68,8 +68,9 @@ class OutputProcessor:
 
     def _unfinished(self, prompt: Sequence[int]) -> list[int]:
         """The prompt's last tokens that hold bytes of a character it does not finish."""
+        assert self._bytes is not None
         tail = [int(t) for t in prompt[-4:]]  # a character has at most 4 bytes
-        parts = [self._bytes(t) for t in tail] if self._bytes is not None else []
+        parts = [self._bytes(t) for t in tail]
         cut, k = unfinished_utf8(b"".join(parts)), 0
         while cut > 0 and k < len(parts):
             k += 1
