@@ -48,7 +48,11 @@ def _cmd_ops(args: argparse.Namespace) -> int:
 
 def _cmd_models(args: argparse.Namespace) -> int:
     from pace_core import zoo
+    from pace_core.errors import ConfigError
 
+    unused = _unused_models_options(args)
+    if unused:
+        raise ConfigError(f"pace models {args.action} does not take {'; '.join(unused)}")
     if args.action == "pull":
         for name in args.names or [zoo.DEFAULT_MODEL]:
             print(zoo.pull(name, force=args.force, quiet=args.quiet))
@@ -61,6 +65,22 @@ def _cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def _unused_models_options(args: argparse.Namespace) -> list[str]:
+    """The options given to ``pace models <action>`` that the action does not take, each with
+    the actions that do."""
+    options = (
+        ("--quantization", args.quantization is not None, ("quantize",)),
+        ("--dtype", args.dtype is not None, ("quantize",)),
+        ("--force", args.force, ("pull",)),
+        ("model names", bool(args.names), ("pull", "quantize")),
+    )
+    return [
+        f"{name} (only {' and '.join(actions)})"
+        for name, given, actions in options
+        if given and args.action not in actions
+    ]
+
+
 def _quantize_model(args: argparse.Namespace) -> int:
     from pace_core.models.quantized_copy import save_quantized
 
@@ -68,7 +88,7 @@ def _quantize_model(args: argparse.Namespace) -> int:
         print("usage: pace models quantize SOURCE OUT --quantization PRESET", file=sys.stderr)
         return 2
     source, out = args.names
-    print(save_quantized(source, out, args.quantization, DTYPES[args.dtype]))
+    print(save_quantized(source, out, args.quantization, DTYPES[args.dtype or "bfloat16"]))
     return 0
 
 
@@ -172,8 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("names", nargs="*", help="zoo model names (quantize: SOURCE and OUT)")
     p.add_argument("--force", action="store_true", help="re-convert even if prepared")
     p.add_argument("--quiet", action="store_true")
-    p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES),
-                   help="quantize: the dtype the weights de-quantize to")  # fmt: skip
+    p.add_argument("--dtype", default=None, choices=sorted(DTYPES),
+                   help="quantize: what weights de-quantize to (default bfloat16)")  # fmt: skip
     add_quantization_argument(p)
     p.set_defaults(func=_cmd_models)
 

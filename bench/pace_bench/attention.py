@@ -28,10 +28,10 @@ HEADS, KV_HEADS, D = 9, 3, 64
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--caches", nargs="+", default=list(CACHES), choices=CACHES)
-    p.add_argument("--contexts", nargs="+", type=int, default=[128, 1024, 4096, 8192])
+    p.add_argument("--contexts", nargs="+", type=at_least(1), default=[128, 1024, 4096, 8192])
     p.add_argument("--batches", nargs="+", type=at_least(1), default=[1, 8, 32])
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=at_least(1), default=2)
     p.add_argument("--repeats", type=at_least(1), default=7)
 
 

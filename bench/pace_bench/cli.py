@@ -22,9 +22,9 @@ from types import MappingProxyType, ModuleType
 from typing import Any
 
 BENCHMARKS = (
-    "offline", "decode_vs_peers", "kernels", "attention", "serving", "one_user", "speculative",
-    "quality", "loading", "quantized", "structured", "prefix", "embeddings", "scoring",
-    "compile", "dlrm", "tensor_parallel", "scaling",
+    "offline", "batch", "decode_vs_peers", "kernels", "attention", "serving", "one_user",
+    "speculative", "quality", "loading", "quantized", "structured", "prefix", "embeddings",
+    "scoring", "compile", "dlrm", "tensor_parallel", "scaling",
 )  # fmt: skip
 RESULTS_ROOT = Path("results")
 

@@ -23,6 +23,8 @@ from typing import Any, TypeVar
 
 import torch
 
+from pace_core.errors import ConfigError
+
 T = TypeVar("T")
 R = TypeVar("R")
 Columns = Sequence[str] | Mapping[str, Sequence[str]]  # one table, or one per "section"
@@ -159,7 +161,15 @@ def model_path(name: str | Path) -> Path:
     text = str(name)
     if is_random_name(text):
         return random_model(text)
-    return zoo.pull(text, quiet=True) if zoo.is_zoo_name(text) else Path(text)
+    if zoo.is_zoo_name(text):
+        return zoo.pull(text, quiet=True)
+    if not Path(text).exists():
+        known = ", ".join(m.name for m in zoo.list_models())
+        raise ConfigError(
+            f"model {text!r}: no such file or directory, and not a zoo model ({known}) or "
+            "random:<shape>"
+        )
+    return Path(text)
 
 
 def vocab_size(path: Path) -> int:

@@ -71,15 +71,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="no-family architectures (none: skip them)",
     )
     compile_families.add_arguments(p)  # fmt: skip
-    p.add_argument("--layers", type=int, default=None, help="depth (default: the real one)")
+    p.add_argument("--layers", type=at_least(1), default=None, help="depth (default: the real one)")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     p.add_argument("--engines", nargs="+", default=list(ENGINES), choices=ENGINES)
     p.add_argument("--opconfig", default=None, help="the pace backend's OperatorConfig")
     p.add_argument("--batches", nargs="+", type=at_least(1), default=[1, 8])
-    p.add_argument("--prompt-len", type=int, default=64)
+    p.add_argument("--prompt-len", type=at_least(1), default=64)
     p.add_argument("--new-tokens", type=at_least(1), default=32)
     p.add_argument("--repeats", type=at_least(1), default=3)
-    p.add_argument("--threads", type=int, default=None, help="default: torch's")
+    p.add_argument("--threads", type=at_least(1), default=None, help="default: torch's")
 
 
 def build_model(name: str, layers: int | None, dtype: torch.dtype) -> torch.nn.Module:

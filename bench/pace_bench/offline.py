@@ -78,7 +78,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="pace's KV cache types, each a pace engine of its own (ratios vs the first); "
         "TYPE:int8 for an int8 KV cache",
     )
-    p.add_argument("--threads", nargs="+", type=int, default=[1, 2])
+    p.add_argument("--threads", nargs="+", type=at_least(1), default=[1, 2])
     p.add_argument("--batches", nargs="+", type=at_least(1), default=[1, 8])
     p.add_argument("--prompt-lens", nargs="+", type=at_least(1), default=[128, 512])
     p.add_argument("--grid", action="store_true", help="every combination, not one axis at a time")

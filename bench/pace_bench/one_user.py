@@ -41,7 +41,7 @@ from pace_bench.common import (
 from pace_bench.serving import make_fixed_workload, one_request
 from pace_bench.serving_peers import EngineServer, pace_spec
 from pace_bench.sse_client import run as run_async
-from pace_core.arg_types import at_least
+from pace_core.arg_types import above, at_least
 
 COLUMNS = ["model", "threads", "pairs", "offline_ms_per_token", "served_ms_per_token",
            "ratio_median", "ratio_min", "ratio_max", "served_itl_p50_ms", "served_itl_p99_ms",
@@ -54,12 +54,12 @@ ITL_SPREAD_TARGET = 1.5  # served ITL p99 / p50, at most
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--models", nargs="+", default=["smollm2"])
-    p.add_argument("--pairs", type=int, default=10)
-    p.add_argument("--prompt-tokens", type=int, default=150)
+    p.add_argument("--pairs", type=at_least(1), default=10)
+    p.add_argument("--prompt-tokens", type=at_least(1), default=150)
     p.add_argument("--new-tokens", type=at_least(1), default=64)
-    p.add_argument("--threads", type=int, default=None, help="default: all usable cores")
+    p.add_argument("--threads", type=at_least(1), default=None, help="default: all usable cores")
     p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--start-timeout", type=float, default=600.0)
+    p.add_argument("--start-timeout", type=above(0), default=600.0)
 
 
 def per_token(gaps: list[float]) -> float:

@@ -35,7 +35,7 @@ from pace_bench.serving_peers import (
     pace_spec,
     vllm_spec,
 )
-from pace_core.arg_types import at_least
+from pace_core.arg_types import above, at_least
 
 COLUMNS = ["engine", "system_tokens", "ttft_cold_ms", "ttft_warm_ms", "speedup",
            "cached_tokens", "answers"]  # fmt: skip
@@ -52,11 +52,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--models", nargs="+", default=["smollm2"])
     p.add_argument("--engines", nargs="+", default=["pace", "pace-nocache"],
                    choices=["pace", "pace-nocache", "pace-restart", "vllm"])  # fmt: skip
-    p.add_argument("--system-tokens", type=int, default=1500)
+    p.add_argument("--system-tokens", type=at_least(1), default=1500)
     p.add_argument("--repeats", type=at_least(1), default=5)
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--threads", type=at_least(1), default=None)
     p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--start-timeout", type=float, default=600.0)
+    p.add_argument("--start-timeout", type=above(0), default=600.0)
 
 
 def system_prompt(tokenizer: Any, tokens: int, seed: int) -> str:
@@ -68,9 +68,7 @@ def system_prompt(tokenizer: Any, tokens: int, seed: int) -> str:
     return " ".join(words)
 
 
-def chat(
-    client: httpx.Client, url: str, model: str, system: str, question: str
-) -> dict[str, Any]:
+def chat(client: httpx.Client, url: str, model: str, system: str, question: str) -> dict[str, Any]:
     """One streamed chat request on ``client`` (kept across requests: making
     one costs ~30 ms, which a TTFT must not include): TTFT (s), the answer and the cached prompt
     tokens."""

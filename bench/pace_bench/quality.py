@@ -40,6 +40,7 @@ import torch
 from pace_bench import activations
 from pace_bench.common import emit, model_path, note, progress
 from pace_bench.peers import LLAMA_FTYPES
+from pace_core.arg_types import at_least
 from pace_core.quality import SOURCE, Scorer, compare, text_ids, windows
 
 COLUMNS = ["model", "variant", "engine", "reference", "tokens", "kld_mean", "kld_p99", "top1",
@@ -210,10 +211,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    choices=["bf16", *LLAMA_FTYPES],
                    help="llama.cpp on its own quantization of the same weights, scored against "
                    "the dense reference")  # fmt: skip
-    p.add_argument("--window", type=int, default=512, help="tokens per scored window")
-    p.add_argument("--max-tokens", type=int, default=4096, help="tokens of the text used")
+    p.add_argument("--window", type=at_least(2), default=512, help="tokens per scored window")
+    p.add_argument("--max-tokens", type=at_least(1), default=4096, help="tokens of the text used")
     p.add_argument("--bos", action="store_true", help="start every window with BOS")
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--threads", type=at_least(1), default=None)
     activations.add_argument(p)
 
 

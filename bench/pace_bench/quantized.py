@@ -79,10 +79,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--models", nargs="+", default=["smollm2", "gemma3-270m"])
     p.add_argument("--formats", nargs="+", default=list(FORMATS), choices=FORMATS)
     p.add_argument("--engines", nargs="+", default=["pace", "llama.cpp"], choices=ENGINES)
-    p.add_argument("--threads", nargs="+", type=int, default=[1, 2])
+    p.add_argument("--threads", nargs="+", type=at_least(1), default=[1, 2])
     p.add_argument("--prompt-lens", nargs="+", type=at_least(1), default=[128, 512])
-    p.add_argument("--batches", nargs="+", type=at_least(1), default=[1, 8],
-                   help="sequences decoded together (random prompts of the same length)")
+    p.add_argument(
+        "--batches",
+        nargs="+",
+        type=at_least(1),
+        default=[1, 8],
+        help="sequences decoded together (random prompts of the same length)",
+    )
     p.add_argument("--new-tokens", type=at_least(1), default=64)
     p.add_argument("--repeats", type=at_least(1), default=5)
     activations.add_argument(p)

@@ -56,7 +56,7 @@ from typing import Any
 import torch
 
 from pace_bench.common import emit, model_path, note, read_buffer, stream_read_fn, warn
-from pace_core.arg_types import at_least
+from pace_core.arg_types import above, at_least
 
 COLUMNS = {
     "read": ["threads", "gbs", "best", "fit_gbs"],
@@ -270,16 +270,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--threads",
         nargs="+",
-        type=int,
+        type=at_least(1),
         default=None,
         help="thread counts (default: 1, 2, 4, ... up to the node's cores)",
     )
     p.add_argument("--batches", nargs="+", type=at_least(1), default=[1, 8])
-    p.add_argument("--prompt-len", type=int, default=128)
+    p.add_argument("--prompt-len", type=at_least(1), default=128)
     p.add_argument("--new-tokens", type=at_least(1), default=32)
     p.add_argument("--repeats", type=at_least(1), default=3)
-    p.add_argument("--read-mib", type=int, default=512, help="streaming-read buffer size")
-    p.add_argument("--gemm-m", type=int, default=256, help="rows of the GEMM (M x 2048 x 2048)")
+    p.add_argument("--read-mib", type=at_least(1), default=512, help="streaming-read buffer size")
+    p.add_argument(
+        "--gemm-m", type=at_least(1), default=256, help="rows of the GEMM (M x 2048 x 2048)"
+    )
     p.add_argument(
         "--node",
         type=int,
@@ -288,7 +290,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--node-gbs",
-        type=float,
+        type=above(0),
         default=None,
         help="fix the per-node read ceiling B (GB/s) instead of fitting it",
     )

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from pace_core.arg_types import at_least
+from pace_core.arg_types import above, at_least
 
 if TYPE_CHECKING:
     import httpx
@@ -70,12 +70,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--models", nargs="+", default=["smollm2"])
     p.add_argument("--engines", nargs="+", default=list(ENGINES), choices=ENGINES)
     p.add_argument("--batches", nargs="+", type=at_least(1), default=[1, 8])
-    p.add_argument("--lengths", nargs="+", type=int, default=[128, 512], help="tokens per prompt")
+    p.add_argument(
+        "--lengths", nargs="+", type=at_least(1), default=[128, 512], help="tokens per prompt"
+    )
     p.add_argument("--repeats", type=at_least(1), default=5)
-    p.add_argument("--threads", type=int, default=None, help="default: torch's thread count")
+    p.add_argument(
+        "--threads", type=at_least(1), default=None, help="default: torch's thread count"
+    )
     p.add_argument("--hf-attn", default="sdpa", choices=["sdpa", "eager"],
                    help="transformers' attention implementation")  # fmt: skip
-    p.add_argument("--start-timeout", type=float, default=600.0)
+    p.add_argument("--start-timeout", type=above(0), default=600.0)
 
 
 def make_ids(tokenizer: Any, batch: int, length: int) -> torch.Tensor:

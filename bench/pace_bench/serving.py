@@ -66,7 +66,7 @@ from pace_bench.serving_peers import (
 )
 from pace_bench.sse_client import StreamError, stream_events
 from pace_bench.sse_client import run as run_async
-from pace_core.arg_types import at_least
+from pace_core.arg_types import above, at_least
 
 _TEXT = (
     "the quick brown fox jumps over a lazy dog while seven curious engineers measure how "
@@ -288,27 +288,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="servers to compare (peers from `make bench-serving-peers`; absent ones skipped)",
     )  # fmt: skip
     p.add_argument(
-        "--threads", type=int, default=None,
+        "--threads", type=at_least(1), default=None,
         help="threads of every engine (default: torch's default for pace alone, all usable "
         "cores with a peer)",
     )  # fmt: skip
     p.add_argument("--workload", choices=WORKLOADS, default=None,
                    help="default: mixed for pace alone, fixed with a peer")  # fmt: skip
-    p.add_argument("--prompt-tokens", type=int, default=150, help="fixed workload's prompts")
+    p.add_argument(
+        "--prompt-tokens", type=at_least(1), default=150, help="fixed workload's prompts"
+    )
     p.add_argument("--gguf", default=None, choices=sorted(LLAMA_FTYPES),
                    help="every engine serves the model's GGUF of this llama.cpp type")  # fmt: skip
     p.add_argument("--new-tokens", type=at_least(1), default=64, help="fixed workload's outputs")
-    p.add_argument("--concurrency", type=int, nargs="+", default=None,
+    p.add_argument("--concurrency", type=at_least(1), nargs="+", default=None,
                    help="default: 1 4 16 32 (mixed), 1 8 32 64 (fixed)")  # fmt: skip
-    p.add_argument("--rounds", type=int, default=1, help="engines round-robin per round")
-    p.add_argument("--requests-per-level", type=int, default=None,
+    p.add_argument("--rounds", type=at_least(1), default=1, help="engines round-robin per round")
+    p.add_argument("--requests-per-level", type=at_least(1), default=None,
                    help="default: max(4, c) (mixed), max(8, 2c) (fixed)")  # fmt: skip
-    p.add_argument("--level-timeout", type=float, default=600.0, help="seconds per level")
-    p.add_argument("--start-timeout", type=float, default=900.0, help="seconds per server start")
-    p.add_argument("--max-prefill-tokens", type=int, default=512)
+    p.add_argument("--level-timeout", type=above(0), default=600.0, help="seconds per level")
+    p.add_argument("--start-timeout", type=above(0), default=900.0, help="seconds per server start")
+    p.add_argument("--max-prefill-tokens", type=at_least(1), default=512)
     p.add_argument(
         "--max-cache-tokens",
-        type=int,
+        type=at_least(1),
         default=32768,
         help="pace's KV pool (the default holds 128 bookings of 256 tokens)",
     )
@@ -317,7 +319,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="",
         help='extra `pace serve` flags, e.g. "--no-mixed-steps" (comparisons)',
     )
-    p.add_argument("--kv-cache-gb", type=int, default=2, help="KV cache of vllm and amd-pace")
+    p.add_argument(
+        "--kv-cache-gb", type=at_least(1), default=2, help="KV cache of vllm and amd-pace"
+    )
     p.add_argument(
         "--modes", nargs="+", default=None, choices=list(MODES),
         help="pace's modes: continuous (--max-running max(32, top level)), one-at-a-time "

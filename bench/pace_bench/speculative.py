@@ -326,15 +326,15 @@ QUICK = {"new_tokens": 32, "repeats": 1, "sections": ["lookup", "verify"]}
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--models", nargs="+", default=["smollm2"])
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
-    p.add_argument("--k", type=int, default=8, help="prompt lookup num_speculative_tokens")
-    p.add_argument("--max-ngram", type=int, default=3)
+    p.add_argument("--k", type=at_least(1), default=8, help="prompt lookup num_speculative_tokens")
+    p.add_argument("--max-ngram", type=at_least(1), default=3)
     p.add_argument("--new-tokens", type=at_least(1), default=128)
     p.add_argument("--repeats", type=at_least(1), default=3)
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--threads", type=at_least(1), default=None)
     p.add_argument(
         "--batches", nargs="+", type=at_least(1), default=[1, 4], help="mechanics batches"
     )
-    p.add_argument("--mech-tokens", type=int, default=64)
+    p.add_argument("--mech-tokens", type=at_least(1), default=64)
     p.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=list(SECTIONS))
 
 

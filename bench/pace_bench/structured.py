@@ -51,9 +51,9 @@ ASK = "List many product records as JSON: an id, a name and colour tags each."
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--models", nargs="+", default=["smollm2"])
     p.add_argument("--batches", nargs="+", type=at_least(1), default=[1, 8])
-    p.add_argument("--tokens", type=int, default=96, help="tokens decoded per row")
+    p.add_argument("--tokens", type=at_least(1), default=96, help="tokens decoded per row")
     p.add_argument("--repeats", type=at_least(1), default=5)
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--threads", type=at_least(1), default=None)
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     p.add_argument("--schema", default=None, help="a JSON schema file (default: RECORDS)")
 
@@ -87,8 +87,7 @@ def measure(llm: Any, schema: dict[str, Any], batch: int, tokens: int, repeats: 
     flat = {f"{k}/{part}": fn for k, parts in runs.items() for part, fn in parts.items()}
     times = interleaved(flat, repeats)
     rate = {
-        k: _decode_rate({p: times[f"{k}/{p}"] for p in ("full", "first")}, batch, n)
-        for k in runs
+        k: _decode_rate({p: times[f"{k}/{p}"] for p in ("full", "first")}, batch, n) for k in runs
     }
     valid = all(_json_prefix(s.text) for s in probe.sequences)
     return {"tokens": n, "free": rate["free"], "grammar": rate["grammar"], "valid": valid}

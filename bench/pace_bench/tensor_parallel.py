@@ -40,13 +40,13 @@ BACKENDS = ("gloo", "shm")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--ranks", type=int, default=2)
-    p.add_argument("--hidden", nargs="+", type=int, default=[576, 2048, 4096])
-    p.add_argument("--rows", nargs="+", type=int, default=[1, 8, 128])
+    p.add_argument("--ranks", type=at_least(1), default=2)
+    p.add_argument("--hidden", nargs="+", type=at_least(1), default=[576, 2048, 4096])
+    p.add_argument("--rows", nargs="+", type=at_least(1), default=[1, 8, 128])
     p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     p.add_argument("--repeats", type=at_least(1), default=1000)
     p.add_argument("--decode", action="store_true", help="also time decode with 1 and N ranks")
-    p.add_argument("--tokens", type=int, default=64, help="decoded tokens per --decode run")
+    p.add_argument("--tokens", type=at_least(1), default=64, help="decoded tokens per --decode run")
 
 
 def _rank(rank: int, size: int, port: int, shm: str, points: list, repeats: int, out) -> None:

@@ -19,6 +19,7 @@ from pace_bench.cli import BENCHMARKS
 from pace_core import plugins
 from pace_core.cli import main
 from pace_core.cpu import detect_cpu
+from pace_core.errors import ConfigError
 from pace_core.registry import OpContext
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -267,6 +268,7 @@ def test_the_newest_tree_serves_when_llama_cpp_python_is_absent(tmp_path, monkey
     bf16.write_bytes(b"GGUF")
     made = []
     monkeypatch.setattr(llama_cpp_tools, "find_tool", lambda name: Path("/bin/true"))
+
     def quantize(src, out, ftype, requantize):
         made.append((src, out, ftype, requantize))
         out.write_bytes(b"GGUF q")
@@ -349,3 +351,36 @@ def test_random_model_names_are_checked():
 
     with pytest.raises(ValueError, match="qwen3-30b-a3b-2l"):
         model_path("random:nope")
+
+
+def test_unknown_model_names_are_refused_with_the_choices(tmp_path):
+    from pace_bench.common import model_path
+
+    with pytest.raises(ConfigError, match=r"model 'nope': no such file.*smollm2"):
+        model_path("nope")
+    assert model_path(tmp_path) == tmp_path  # a path is taken as it is
+
+
+def test_unknown_backend_names_are_refused_before_the_run(tmp_path, capsys):
+    argv = [*TINY_KERNELS, "--backends", "native", "bogus", "--out", str(tmp_path)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--backends bogus: no such backend; known:" in err and "native" in err
+    assert not (tmp_path / "kernels.json").exists()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["one_user", "--pairs", "0"],
+        ["serving", "--concurrency", "4", "-1"],
+        ["serving", "--start-timeout", "0"],
+        ["kernels", "--threads", "0"],
+        ["quality", "--window", "1"],
+    ],
+)
+def test_out_of_range_bench_flags_exit_2(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", *argv])
+    assert exc.value.code == 2
+    assert f"argument {argv[1]}:" in capsys.readouterr().err
