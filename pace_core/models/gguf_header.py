@@ -29,6 +29,7 @@ from pace_core.quant.gguf_blocks import BY_GGML_TYPE
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)
 DEFAULT_ALIGNMENT = 32
+MAX_ARRAY_NESTING = 64  # arrays of arrays: deeper is no real file (and would exhaust the stack)
 
 _STRING, _ARRAY = 8, 9
 _SCALARS: dict[int, str] = {
@@ -92,18 +93,21 @@ class _Cursor:
         self.pos = end
         return text
 
-    def value(self, kind: int) -> Scalar | None:
-        """A scalar or string value; an array is skipped (None)."""
+    def value(self, kind: int, depth: int = 0) -> Scalar | None:
+        """A scalar or string value; an array is skipped (None). ``depth``: the arrays this
+        value sits in."""
         if kind == _STRING:
             return self.string()
         if kind == _ARRAY:
-            self.skip_array()
+            if depth >= MAX_ARRAY_NESTING:
+                raise ValueError(f"metadata arrays nested deeper than {MAX_ARRAY_NESTING}")
+            self.skip_array(depth + 1)
             return None
         if kind not in _SCALARS:
             raise ValueError(f"unknown metadata value type {kind}")
         return self.unpack(_SCALARS[kind])
 
-    def skip_array(self) -> None:
+    def skip_array(self, depth: int = 1) -> None:
         kind, count = int(self.unpack("<I")), int(self.unpack("<Q"))
         if kind in _SCALARS:
             self.pos += count * struct.calcsize(_SCALARS[kind])
@@ -113,7 +117,7 @@ class _Cursor:
                 size = int(self.unpack("<Q"))  # read before pos is (``pos += f()`` reads pos first)
                 self.pos += size
             else:
-                self.value(kind)
+                self.value(kind, depth)
 
 
 class GGUFHeader:
@@ -157,6 +161,8 @@ class GGUFHeader:
             dims = [int(c.unpack("<Q")) for _ in range(int(c.unpack("<I")))]
             infos.append((name, tuple(reversed(dims)), int(c.unpack("<I")), int(c.unpack("<Q"))))
         align = int(metadata.get("general.alignment", DEFAULT_ALIGNMENT))
+        if align < 1:
+            raise ValueError(f"general.alignment is {align}; it must be at least 1")
         start = -(-c.pos // align) * align
         tensors = [TensorInfo(n, s, t, start + off) for n, s, t, off in infos]
         for t in tensors:

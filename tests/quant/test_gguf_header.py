@@ -101,3 +101,36 @@ def test_unknown_version(tmp_path):
     path.write_bytes(bytes(data))
     with pytest.raises(ModelLoadError, match=r"GGUF version 1 .*pace reads v2/v3"):
         GGUFHeader(path)
+
+
+def _with_header(path: Path, build) -> Path:
+    w = gguf.GGUFWriter(str(path), "llama")
+    build(w)
+    w.add_tensor("a.weight", np.arange(12, dtype=np.float32).reshape(3, 4))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_zero_alignment_is_named(tmp_path):
+    path = _with_header(tmp_path / "t.gguf", lambda w: w.add_uint32("general.alignment", 0))
+    with pytest.raises(ModelLoadError, match=r"general.alignment is 0; it must be at least 1"):
+        GGUFHeader(path)
+
+
+def test_arrays_nested_past_the_limit_are_named(tmp_path):
+    """Arrays nested past 64 (a crafted file 5,000 deep gave a RecursionError): a clear
+    error; 60 deep reads."""
+
+    def nested(depth: int) -> list:
+        value: list = [1]
+        for _ in range(depth):
+            value = [value]
+        return value
+
+    GGUFHeader(_with_header(tmp_path / "ok.gguf", lambda w: w.add_array("t.deep", nested(60))))
+    path = _with_header(tmp_path / "deep.gguf", lambda w: w.add_array("t.deep", nested(100)))
+    with pytest.raises(ModelLoadError, match=r"deep\.gguf \(metadata arrays nested deeper"):
+        GGUFHeader(path)
