@@ -251,6 +251,7 @@ def load_weights(file: Path, config: Any) -> WeightStore:
             rows = _unpermute_rows(t.shape[0], n)
         offset = -1.0 if arch == "gemma3" and name.endswith("norm.weight") else 0.0
         loaders[name] = partial(_load, header, t, rows, offset)
+        loaders[name].shape = t.shape
     if unknown_types:
         supported = ", ".join(bt.name.upper() for bt in BY_GGML_TYPE.values())
         raise ModelLoadError(

@@ -13,6 +13,7 @@ from pace_core.errors import ConfigError, ModelLoadError
 from pace_core.models import gguf_source, heap
 from pace_core.models.builder import ModelBuilder
 from pace_core.models.decoder import DecoderLM
+from pace_core.models.shape_check import check_shapes
 from pace_core.models.weights import WeightStore
 from pace_core.opconfig import OpResolver
 from pace_core.plugins import PluginHost
@@ -140,9 +141,13 @@ def tokenizer_for(given: Any, model_path: Path | None) -> Any:
 
 
 def load_weights(path: Path, config: Any) -> WeightStore:
+    """The checkpoint's tensors, read when taken, their shapes checked against ``config``."""
     if path.suffix == gguf_source.SUFFIX:
-        return gguf_source.load_weights(path, config)
-    return WeightStore.from_dir(path)
+        weights = gguf_source.load_weights(path, config)
+    else:
+        weights = WeightStore.from_dir(path)
+    check_shapes(weights, config)
+    return weights
 
 
 def _without_family(

@@ -281,6 +281,15 @@ class WeightStore:
     def has(self, name: str) -> bool:
         return name in self._loaders
 
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        """The stored shape of every tensor whose file states it without a read (safetensors,
+        GGUF; a quantized weight's logical shape)."""
+        return {
+            name: tuple(shape)
+            for name, loader in self._loaders.items()
+            if (shape := getattr(loader, "shape", None)) is not None
+        }
+
     def rename_prefix(self, old: str, new: str = "") -> None:
         """Replace ``old`` by ``new`` at the start of every name (e.g. a multimodal wrapper's)."""
         self._loaders = {

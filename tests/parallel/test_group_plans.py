@@ -52,3 +52,19 @@ def test_serve_option():
     assert parser.parse_args(["m", "--tensor-parallel", "2"]).tensor_parallel == 2
     with pytest.raises(SystemExit):
         parser.parse_args(["m", "--tensor-parallel", "0"])
+
+
+def test_more_ranks_than_cores_names_both_flags():
+    cores = len(topo("epyc-9354").cores)
+    with pytest.raises(ConfigError, match=rf"--tensor-parallel 3 x --instances 11 = 33 ranks .* "
+                       rf"only {cores} physical core"):  # fmt: skip
+        plan_groups(topo("epyc-9354"), 3, 11)
+
+
+def test_a_size_the_model_does_not_split_into_is_refused_before_any_process(smollm2_dir):
+    """(In a group's process the error only ended it, and the group restarted forever.)"""
+    from pace_core.server.launch.tensor_parallel import check_model
+
+    with pytest.raises(ConfigError, match="valid tensor_parallel sizes for this model are 1, 3"):
+        check_model(str(smollm2_dir), 2)
+    check_model(str(smollm2_dir), 3)

@@ -108,3 +108,27 @@ def test_a_killed_instance_fails_only_its_own_requests(smollm2_dir):
             second = pool.submit(call, 201, 32)
             wait_for(lambda: frontend.outstanding == [1, 1], 30, "one request per instance")
             assert first.result(timeout=120) == second.result(timeout=120) == (32, "length")
+
+
+def test_an_instance_that_never_starts_is_given_up(tmp_path):
+    """A process that dies before its Ready (here: a folder that is no model) is restarted at
+    most twice, then left down with the reason, which ``/health`` shows (was: restarted
+    forever, ``/health`` "starting")."""
+    from pace_core.engine.config import EngineConfig
+    from pace_core.platform.placement import InstancePlan
+    from pace_core.server.frontdoor.frontend import Frontend
+    from pace_core.server.frontdoor.metrics import Metrics
+    from pace_core.server.launch.multi import MAX_EARLY_DEATHS, ProcessEngine
+
+    engine = ProcessEngine("0", {"model": str(tmp_path)}, EngineConfig(),
+                           InstancePlan((0,), None, 1), restart_delay=0.01)  # fmt: skip
+    frontend = Frontend([engine], Metrics(), max_running=4, max_queue=8)
+    engine.start(lambda events: None)
+    try:
+        wait_for(lambda: engine.failed is not None, 180, "the instance given up")
+    finally:
+        engine.shutdown()
+    assert engine.restarts == MAX_EARLY_DEATHS - 1
+    assert f"before serving, {MAX_EARLY_DEATHS} times in a row: not restarted" in engine.failed
+    health = frontend.readiness()
+    assert health["status"] == "failed" and health["error"] == engine.failed

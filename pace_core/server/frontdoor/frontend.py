@@ -126,9 +126,13 @@ class Frontend:
 
     def readiness(self) -> dict[str, Any]:
         """``/health``'s body: ``ok`` (every instance ready), ``degraded`` (some are: requests
-        go to those while the others start or restart) or ``starting`` (none: a 503)."""
+        go to those while the others start or restart), ``starting`` (none: a 503) or
+        ``failed`` (every instance gave up, ``error`` says why: a 503 for good)."""
         ready = sum(1 for inst in self.instances if inst.healthy)
         total = len(self.instances)
+        failed = [inst.failed for inst in self.instances if inst.failed]
+        if not ready and len(failed) == total:
+            return {"status": "failed", "ready": 0, "instances": total, "error": failed[0]}
         status = "ok" if ready == total else "degraded" if ready else "starting"
         return {"status": status, "ready": ready, "instances": total}
 

@@ -45,11 +45,12 @@ class EngineHandle(Protocol):
     instance's own threads); ``wait_warm`` blocks until an instance that takes requests
     before it is ready has warmed up (the server listens only then); ``submit`` / ``cancel``
     may be called from the asyncio loop at any time; ``healthy`` is cleared by the front door
-    when a submission is refused.
+    when a submission is refused; ``failed`` says why an instance gave up for good.
     """
 
     name: str
     healthy: bool
+    failed: str | None  # why it stopped for good (not restarted); None while it may serve
     capacity_tokens: int | None  # KV tokens of its pool (None until a process is ready)
 
     def start(self, deliver: Deliver) -> None: ...

@@ -27,6 +27,7 @@ class LocalEngine:
         self.capacity_tokens: int | None = self.core.capacity_tokens
         self.block_size: int | None = self.core.block_size
         self.healthy = True
+        self.failed: str | None = None  # a thread in this process: it never gives up alone
         self.pid = None
         self._deliver: Deliver | None = None
         self._thread: threading.Thread | None = None

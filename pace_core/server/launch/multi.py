@@ -37,6 +37,7 @@ from pace_core.server.launch.instances import Dead, Deliver, Event, Ready
 from pace_core.server.launch.threads import on_transient_thread
 
 log = logging.getLogger("pace.server.multi")
+MAX_EARLY_DEATHS = 3  # a process that dies before its Ready this often in a row is not restarted
 
 
 def _instance_main(
@@ -136,8 +137,10 @@ class ProcessEngine:
         self.capacity_tokens: int | None = None
         self.block_size: int | None = None
         self.healthy = False
+        self.failed: str | None = None
         self.pid: int | None = None
         self.restarts = 0
+        self.early_deaths = 0  # processes in a row that died before their Ready
         self._deliver: Deliver | None = None
         self._send_lock = threading.Lock()
         self._closing = False
@@ -180,14 +183,22 @@ class ProcessEngine:
                 ready = events[0]
                 self.capacity_tokens, self.block_size = ready.capacity_tokens, ready.block_size
                 self.pid = ready.pid
-                self.healthy = True
+                self.healthy, self.early_deaths = True, 0
             self._emit(events)
         conn.close()
         proc.join(5)
+        self.early_deaths += not self.healthy
         self.healthy = False
         if self._closing:
             return
         reason = f"engine instance {self.name} stopped ({_exit_text(proc.exitcode)})"
+        if self.early_deaths >= MAX_EARLY_DEATHS:
+            self.failed = (
+                f"{reason} before serving, {self.early_deaths} times in a row: not restarted "
+                "(its error is in the log above)"
+            )
+            log.error("%s", self.failed)
+            return
         log.error("%s; restarting it", reason)
         self._emit([Dead(f"{reason} with this request in flight; retry it")])
         time.sleep(self.restart_delay)

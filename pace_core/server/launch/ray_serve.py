@@ -175,6 +175,7 @@ class RayEngines:
     def __init__(self, handle: Any, name: str = "ray") -> None:
         self.name = name
         self.healthy = True
+        self.failed: str | None = None  # Ray Serve restarts its replicas itself
         self.capacity_tokens: int | None = None
         self._handle = handle.options(stream=True)
         self._deliver: Deliver | None = None

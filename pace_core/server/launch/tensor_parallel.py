@@ -31,6 +31,12 @@ def plan_groups(
     asked: int | str = instances * size if isinstance(instances, int) else instances
     if instance_cores:
         asked = len(instance_cores)
+    if isinstance(asked, int) and asked > len(topology.cores):
+        raise ConfigError(
+            f"--tensor-parallel {size} x --instances {instances} = {asked} ranks of at least "
+            f"one core each, but only {len(topology.cores)} physical core(s) are allowed "
+            f"({format_cpus(topology.cpus)}): use fewer, or --instance-cores to share cores"
+        )
     plans = plan_instances(topology, asked, instance_cores)
     if len(plans) % size:
         where = (
@@ -43,6 +49,17 @@ def plan_groups(
             f"{format_cpus(topology.cpus)})"
         )
     return [tuple(plans[i : i + size]) for i in range(0, len(plans), size)]
+
+
+def check_model(model: str, size: int) -> None:
+    """ConfigError unless the model splits ``size`` ways, before any process starts (in a
+    group's process the same error would only end it, and the group be restarted forever)."""
+    from pathlib import Path
+
+    from pace_core.models.loader import load_config
+    from pace_core.parallel.shard import check
+
+    check(load_config(Path(model)), size)
 
 
 def group_engines(
@@ -69,5 +86,6 @@ def tensor_parallel_server(
     from pace_core.server.frontdoor.server import Server, resolved_model_args
 
     model_args = resolved_model_args(model_args)
+    check_model(model_args["model"], len(groups[0]))
     engines = group_engines(model_args, groups, engine_config)
     return Server.for_engines(model_args, engines, engine_config, config)

@@ -1,0 +1,72 @@
+"""A checkpoint whose tensors do not have the shapes its config implies is refused at load,
+naming the file and the tensors (a short norm weight loaded silently and generated garbage
+from the fused kernels; a swapped or cut matrix failed deep in a kernel)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from pace_core import LLMModel
+from pace_core.errors import ModelLoadError
+
+NORM = "model.layers.0.input_layernorm.weight"
+UP = "model.layers.1.mlp.up_proj.weight"
+
+
+def edited(src: Path, out: Path, edit) -> Path:
+    """A copy of the checkpoint ``src`` with ``edit`` applied to its tensors."""
+    shutil.copytree(src, out)
+    (file,) = out.glob("*.safetensors")
+    tensors = load_file(file)
+    edit(tensors)
+    save_file(tensors, file, metadata={"format": "pt"})
+    return out
+
+
+def _set(name: str, make):
+    return lambda t: t.update({name: make(t[name])})
+
+
+CASES = {  # name: (edit, what the error says)
+    "short norm": (_set(NORM, lambda w: w[:32].clone()), f"{NORM} is [32], expected [64]"),
+    "swapped matrix": (
+        _set(UP, lambda w: w.t().contiguous()),
+        f"{UP} is [64, 128], expected [128, 64]",
+    ),
+    "cut rows": (_set(UP, lambda w: w[:100].clone()), f"{UP} is [100, 64], expected [128, 64]"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_safetensors_of_the_wrong_shape_are_named(tiny_llama_dir, tmp_path, case):
+    edit, named = CASES[case]
+    bad = edited(tiny_llama_dir, tmp_path / "bad", edit)
+    with pytest.raises(ModelLoadError, match=r"1 tensor\(s\) do not have the shape") as exc:
+        LLMModel(str(bad), dtype=torch.float32, load_tokenizer=False, quiet=True)
+    assert named in str(exc.value) and str(bad) in str(exc.value)
+
+
+def test_a_gguf_with_a_short_norm_is_named(tiny_llama_dir, tmp_path):
+    pytest.importorskip("gguf")
+    from support.tiny_gguf import write_gguf
+
+    edit, named = CASES["short norm"]
+    bad = write_gguf(edited(tiny_llama_dir, tmp_path / "bad", edit), tmp_path / "bad.gguf", "q8_0")
+    with pytest.raises(ModelLoadError, match="bad.gguf: 1 tensor") as exc:
+        LLMModel(str(bad), dtype=torch.float32, load_tokenizer=False, quiet=True)
+    assert named in str(exc.value)
+
+
+def test_several_mismatches_are_counted_and_the_first_named(tiny_llama_dir, tmp_path):
+    def halve_norms(t: dict) -> None:
+        for name in [n for n in t if n.endswith("layernorm.weight")]:
+            t[name] = t[name][:32].clone()
+
+    bad = edited(tiny_llama_dir, tmp_path / "bad", halve_norms)
+    with pytest.raises(ModelLoadError, match=r"4 tensor\(s\) do not have .* expected \[64\]"):
+        LLMModel(str(bad), dtype=torch.float32, load_tokenizer=False, quiet=True)
