@@ -63,6 +63,9 @@ def read_features(path: Path) -> tuple[torch.Tensor, Any, torch.Tensor | None]:
     if "dense" not in data:
         raise DLRMInputError(f"{path} has no 'dense' array (has: {', '.join(sorted(data))})")
     dense = _as_tensor(data["dense"], "'dense'")
+    if dense.dim() == 0 or dense.shape[0] == 0:
+        raise DLRMInputError(f"{path} holds no samples: its 'dense' array has shape "
+                             f"{tuple(dense.shape)}, one row per sample expected")  # fmt: skip
     if "sparse" in data:
         sparse: Any = _as_tensor(data["sparse"], "'sparse'")
     else:
@@ -148,6 +151,12 @@ def run(args: argparse.Namespace) -> int:
         labels = labels.float().reshape(-1)
         if labels.numel() != probs.numel():
             raise DLRMInputError(f"{labels.numel()} labels for {probs.numel()} samples")
+        odd = labels[(labels != 0) & (labels != 1)]
+        if odd.numel():
+            raise DLRMInputError(
+                f"labels are clicks, 0 or 1; the features file has {odd.numel()} other "
+                f"value(s), e.g. {float(odd[0]):g}"
+            )
         print(f"logloss {logloss(probs, labels):.6f}")
         try:
             print(f"auc {auc(probs, labels):.6f}")

@@ -128,10 +128,16 @@ def _token_ids(ids: Any) -> Any:
 
 
 def checked_prompts(
-    inputs: Any, tokenizer: Any | None, vocab_size: int, max_context: int | None
+    inputs: Any,
+    tokenizer: Any | None,
+    vocab_size: int,
+    max_context: int | None,
+    *,
+    generating: bool = True,
 ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
-    """:func:`normalize_inputs`, each prompt checked non-empty, in the vocabulary and
-    shorter than the context window (``ConfigError`` naming the prompt)."""
+    """:func:`normalize_inputs`, each prompt checked non-empty, in the vocabulary and within
+    the context window: shorter than it when ``generating`` (a new token needs a position),
+    at most as long otherwise (an embedding). ``ConfigError`` naming the prompt."""
     prompts, padded = normalize_inputs(inputs, tokenizer)
     if not prompts:
         raise ConfigError("no prompts were given (an empty batch)")
@@ -143,8 +149,10 @@ def checked_prompts(
             raise ConfigError(
                 f"prompt {i} has token id {int(bad[0])} outside the vocabulary [0, {vocab_size})"
             )
-        if max_context and p.numel() >= max_context:
+        if max_context and p.numel() > max_context - generating:
+            room = " (one position is left for the first new token)" if generating else ""
             raise ConfigError(
-                f"prompt {i} has {p.numel()} tokens; the model's context window is {max_context}"
+                f"prompt {i} has {p.numel()} tokens; the model's context window is "
+                f"{max_context}{room}"
             )
     return prompts, padded

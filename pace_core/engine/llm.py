@@ -310,9 +310,13 @@ class LLMModel:
         return configs
 
     # -- generation ------------------------------------------------------------------------
-    def _prompts(self, inputs: Any) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+    def _prompts(
+        self, inputs: Any, *, generating: bool = True
+    ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
         max_ctx = max_positions(self.model.config)
-        return checked_prompts(inputs, self.tokenizer, self.model.vocab_size, max_ctx)
+        return checked_prompts(
+            inputs, self.tokenizer, self.model.vocab_size, max_ctx, generating=generating
+        )
 
     def _core(self, *, keep_logits: bool = False) -> EngineCore:
         """A new offline engine core over this model's generation cache."""
@@ -373,7 +377,7 @@ class LLMModel:
         config = self.embedding_head.config
         config.check_dimensions(dimensions)
         spec = EmbedSpec(coerce_pooling(pooling), normalize, dimensions)
-        prompts, _ = self._prompts(config.with_prompt(inputs))
+        prompts, _ = self._prompts(config.with_prompt(inputs), generating=False)
         core = self._core()
         default = self.sampling_defaults()
         core.submit(

@@ -291,4 +291,3 @@ class Scheduler:
         new_ids = self.cache.retain([r.seq_id for r in alive])
         for req, sid in zip(alive, new_ids):
             req.seq_id = sid
-

@@ -64,6 +64,7 @@ def test_pt_features_with_one_sparse_tensor(files, capsys):
         (lambda d, s: (d, [s[0], s[1], s[2], s[3] + 10]), "sparse feature 3 has id 1"),
         (lambda d, s: (d, [s[0].float(), *s[1:]]), "sparse feature 0 has dtype float32"),
         (lambda d, s: (d[:, :5], s), "dense features have shape (32, 5)"),
+        (lambda d, s: (d[:0], [t[:0] for t in s]), "holds no samples: its 'dense' array"),
     ],
 )
 def test_bad_features_exit_2_with_the_reason(files, capsys, edit, message):
@@ -97,3 +98,14 @@ def test_int8_static_calibrates_on_synthetic_samples(capsys):
     out = capsys.readouterr().out.splitlines()
     assert all(0 < float(line.split("\t")[1]) < 1 for line in out[:10])
     assert out[11].startswith("logloss ")
+
+
+def test_eval_refuses_labels_that_are_not_clicks(files, capsys):
+    weights, batch, tmp = files
+    labels = batch.labels.clone()
+    labels[5] = 7  # was scored as a log loss of 7.57
+    feats = _npz(tmp / "f.npz", batch.dense, batch.sparse, labels)
+    assert cli.main(["dlrm", "--weights", str(weights), "--features", str(feats), "--eval"]) == 2
+    assert "labels are clicks, 0 or 1; the features file has 1 other value(s), e.g. 7" in (
+        capsys.readouterr().err
+    )

@@ -177,3 +177,14 @@ def test_bad_embedding_input_is_a_clear_error(tiny_llama_dir, tmp_path, tiny):
     (both_ways / "config.json").write_text(json.dumps(config))
     with pytest.raises(ModelLoadError, match="bidirectionally"):
         LLMModel(both_ways, dtype=torch.float32, load_tokenizer=False).embed(PROMPTS)
+
+
+def test_a_prompt_as_long_as_the_context_window_embeds(tiny):
+    """An embedding decodes no token, so a prompt may fill the window (64 here), as served;
+    generation keeps one position for its first new token."""
+    full = torch.randint(4, 100, (1, 64))
+    assert tiny.embed(full).shape[0] == 1
+    with pytest.raises(ConfigError, match=r"65 tokens; the model's context window is 64$"):
+        tiny.embed(torch.ones(1, 65, dtype=torch.long))
+    with pytest.raises(ConfigError, match=r"64 tokens; .* is 64 \(one position is left for"):
+        tiny.generate(full)

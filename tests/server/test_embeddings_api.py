@@ -129,3 +129,19 @@ def test_embedding_events_cross_a_pipe():
     ev = Embedding("k:0", torch.randn(8), 5)
     got = pickle.loads(pickle.dumps(ev))
     assert (got.key, got.prompt_tokens) == ("k:0", 5) and torch.equal(got.vector, ev.vector)
+
+
+def test_a_client_that_gives_up_is_no_server_error(server):
+    """The client leaves before its vectors come: the request is cancelled quietly (was a
+    KeyError logged as an unhandled error and counted as an internal_error)."""
+
+    def internal_errors() -> float:
+        text = httpx.get(f"{server.url}/metrics").text
+        lines = [ln for ln in text.splitlines() if 'type="internal_error"' in ln]
+        return sum(float(ln.rsplit(" ", 1)[1]) for ln in lines if not ln.startswith("#"))
+
+    before = internal_errors()
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(f"{server.url}/v1/embeddings", json={"input": [[5] * 2000]}, timeout=0.2)
+    wait_idle(server)
+    assert internal_errors() == before

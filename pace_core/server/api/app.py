@@ -180,6 +180,8 @@ async def create_embeddings(request: Request, body: bytes = Depends(request_body
     plan = await _on_text_worker(server, emb.embedding_plan, server, req)
     keys, sub = emb.submit(server, plan)
     found = await embeddings(server, request, sub)
+    if found is None:  # the client went away; its sequences were cancelled
+        return Response(status_code=204)
     return emb.embedding_body(server, plan, [found[k].vector for k in keys], req.encoding_format)
 
 

@@ -140,9 +140,11 @@ async def _collect(server: ServingContext, fmt: ResponseFormat, request: Request
 
 async def embeddings(
     server: ServingContext, request: Request, sub: Submission
-) -> dict[str, Embedding]:
-    """The vectors of an embedding submission by sequence key."""
-    return {ev.key: ev async for ev in _answered(server, sub, request)}
+) -> dict[str, Embedding] | None:
+    """The vectors of an embedding submission by sequence key; None when the client went
+    away before all of them came (nobody to answer)."""
+    found = {ev.key: ev async for ev in _answered(server, sub, request)}
+    return found if len(found) == len(sub.keys) else None
 
 
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
