@@ -25,7 +25,7 @@ import pluggy
 
 from pace_core import hookspecs
 from pace_core.cpu import CpuInfo
-from pace_core.errors import ContractError
+from pace_core.errors import ContractError, PluginError
 from pace_core.opconfig import OperatorConfig, OpResolver
 from pace_core.ops import CONTRACT_VERSION
 from pace_core.registry import (
@@ -127,13 +127,22 @@ class PluginHost:
         """Register an in-process plugin object (module or instance with hookimpls)."""
         name = name or getattr(plugin, "__name__", None) or type(plugin).__name__
         info = PluginInfo(name, "registered", getattr(plugin, "__name__", repr(plugin)))
+        taken = self.plugins.get(name)
+        if taken is not None and taken.status != "failed":  # the loaded plugin stays as it is
+            self._fail(info, PluginError(
+                f"a plugin named {name!r} is already loaded ({taken.origin}: {taken.module}); "
+                "register this one under another name"))  # fmt: skip
+            return info
         self.plugins[name] = info
         self._register(info, plugin)
         return info
 
     def _fail(self, info: PluginInfo, exc: BaseException) -> None:
+        """Mark ``info`` failed: the error's first line (tables stay one line a plugin; the
+        whole error and its traceback go to the debug log)."""
         info.status = "failed"
-        info.error = f"{type(exc).__name__}: {exc}"
+        first = (str(exc).strip().splitlines() or [""])[0]
+        info.error = f"{type(exc).__name__}: {first}"
         log.warning("plugin %r skipped: %s", info.name, info.error)
         log.debug("".join(traceback.format_exception(exc)))
 
@@ -158,6 +167,12 @@ class PluginHost:
             check_contract_version(info.name, plugin)
             self.pm.register(plugin, name=info.name)
         except Exception as exc:
+            self._fail(info, exc)
+            return
+        try:
+            self._check_hooks(info.name)
+        except Exception as exc:
+            self.pm.unregister(name=info.name)
             self._fail(info, exc)
             return
         self._register_builds(info)
@@ -189,6 +204,18 @@ class PluginHost:
             (self.models, regs.models),
             (self.samplers, regs.processors),
         ]
+
+    def _check_hooks(self, plugin: str) -> None:
+        """Every hook of ``plugin`` is one of pace's (a misspelt name would register nothing)
+        and a plain implementation: pace calls each plugin's hooks itself, with no wrappers."""
+        self.pm.check_pending()
+        for hook in (*HOOKS, "pace_register_builds"):
+            for impl in self._impls(hook, plugin):
+                if impl.hookwrapper or impl.wrapper:
+                    raise ContractError(
+                        f"plugin {plugin!r}: {hook} is a hook wrapper; pace calls each "
+                        "plugin's hooks directly: drop hookwrapper=True / wrapper=True"
+                    )
 
     def _impls(self, hook: str, plugin: str) -> list[Any]:
         """This plugin's implementations of ``hook`` (see hookspecs: hooks run per plugin)."""

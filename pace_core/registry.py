@@ -7,6 +7,7 @@ already stored and merges it, all or nothing (see ``plugins.PluginHost``).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -15,11 +16,14 @@ import torch
 
 from pace_core.caches.base import CACHE_PROTOCOLS, missing_members
 from pace_core.caches.kv_quant import AUTO, KV_DTYPES
+from pace_core.cpu import KNOWN_FEATURES
 from pace_core.errors import ContractError, PluginError
 from pace_core.ops import OPS
 from pace_core.quant.weight import DENSE, WEIGHT_FORMATS
 
 SupportPredicate = Callable[["OpContext"], "bool | str"]
+BACKEND_NAME = re.compile(r"[a-z][a-z0-9_]*")  # as OperatorConfig reads them: lower case
+RESERVED_BACKENDS = ("auto", "default")  # OperatorConfig's own words
 
 
 @dataclass(frozen=True)
@@ -119,7 +123,13 @@ class KernelSpec:
             names = ", ".join(sorted(str(d).removeprefix("torch.") for d in self.dtypes))
             return f"dtype {str(ctx.dtype).removeprefix('torch.')} unsupported (supports {names})"
         if self.supports is not None:
-            verdict = self.supports(ctx)
+            try:
+                verdict = self.supports(ctx)
+            except Exception as exc:  # a plugin's bug: this kernel is out, the others stay
+                return (
+                    f"its supports predicate raised {type(exc).__name__}: {exc} (a bug in "
+                    f"plugin {self.plugin!r})"
+                )
             if verdict is not True:
                 return verdict if isinstance(verdict, str) and verdict else "unsupported shape"
         return None
@@ -309,8 +319,21 @@ class Registrations:
             raise PluginError(f"packs_ragged applies to decoder_stack kernels only, not to {op!r}")
         if op not in OPS:
             raise PluginError(f"unknown op {op!r}; the op catalogue has: {', '.join(OPS)}")
-        if not backend or not backend.replace("_", "").isalnum():
-            raise PluginError(f"backend name must be alphanumeric/underscore (got {backend!r})")
+        if not isinstance(backend, str) or not BACKEND_NAME.fullmatch(backend):
+            raise PluginError(
+                f"backend name must be lower case letters, digits and underscores, starting "
+                f"with a letter (got {backend!r})"
+            )
+        if backend in RESERVED_BACKENDS:
+            raise PluginError(f"backend name {backend!r} is reserved by OperatorConfig")
+        what = f"backend {backend!r} for op {op!r}"
+        _need_callable(fn, f"{what}: fn")
+        _need_callable(supports, f"{what}: supports", optional=True)
+        _need_int(priority, f"{what}: priority")
+        dtypes = _need_set(dtypes, f"{what}: dtypes", torch.dtype)
+        cpu_features = _need_set(cpu_features, f"{what}: cpu_features", str, KNOWN_FEATURES)
+        if cache_layouts is not None:
+            cache_layouts = _need_set(cache_layouts, f"{what}: cache_layouts", str)
         if OPS[op].prepared and prepare is None:
             raise PluginError(f"op {op!r} needs a prepare step (backend {backend!r} gave none)")
         problem = OPS[op].call_problem(fn, prepare if OPS[op].prepared else None)
@@ -327,8 +350,8 @@ class Registrations:
             op=op,
             backend=backend,
             fn=fn,
-            dtypes=frozenset(dtypes),
-            cpu_features=frozenset(cpu_features),
+            dtypes=dtypes,
+            cpu_features=cpu_features,
             supports=supports,
             prepare=prepare,
             priority=priority,
@@ -361,6 +384,7 @@ class Registrations:
         layout's protocol (:data:`~pace_core.caches.base.CACHE_PROTOCOLS`: the block caches
         :class:`~pace_core.caches.base.BlockKVCache`, the contiguous ones
         :class:`~pace_core.caches.base.ReservingKVCache`), or this raises ``ContractError``."""
+        _need_callable(factory, f"cache {name!r}: factory")
         protocol = CACHE_PROTOCOLS.get(layout)
         if protocol is not None and isinstance(factory, type):
             missing = missing_members(factory, protocol)
@@ -379,10 +403,41 @@ class Registrations:
     def add_model(
         self, model_type: str, builder: Callable[..., Any], description: str = ""
     ) -> None:
+        _need_callable(builder, f"model {model_type!r}: builder")
         self.models.append(ModelSpec(model_type, builder, self.plugin, description))
 
     def add_processor(self, name: str, factory: Callable[..., Any], *, order: int) -> None:
+        _need_callable(factory, f"processor {name!r}: factory")
+        _need_int(order, f"processor {name!r}: order")
         self.processors.append(ProcessorSpec(name, factory, order, self.plugin))
 
     def add_build(self, backend: str, fn: Callable[[], str], *, description: str = "") -> None:
+        _need_callable(fn, f"build of {backend!r}: fn")
         self.builds.append(BuildSpec(backend, fn, self.plugin, description))
+
+
+def _need_callable(value: Any, what: str, *, optional: bool = False) -> None:
+    if not (callable(value) or (optional and value is None)):
+        kind = "a callable or None" if optional else "a callable"
+        raise ContractError(f"{what} must be {kind}, not {value!r}")
+
+
+def _need_int(value: Any, what: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ContractError(f"{what} must be an int, not {value!r}")
+
+
+def _need_set(
+    values: Any, what: str, kind: type, known: Iterable[Any] | None = None
+) -> frozenset[Any]:
+    """``values`` as a frozenset of ``kind`` items (of ``known`` ones, when given)."""
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        raise ContractError(f"{what} must be a collection of {kind.__name__}, not {values!r}")
+    items = frozenset(values)
+    wrong = [v for v in items if not isinstance(v, kind)]
+    if wrong:
+        raise ContractError(f"{what} must hold {kind.__name__} items, not {wrong[0]!r}")
+    unknown = sorted(items - set(known)) if known is not None else []
+    if unknown:
+        raise ContractError(f"{what}: unknown {unknown}; known: {', '.join(known)}")
+    return items

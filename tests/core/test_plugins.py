@@ -309,9 +309,32 @@ def _plugin(**kernels):
     ({"op": "linear", "backend": "x", "fn": rms_norm},
      "PluginError: op 'linear' needs a prepare step (backend 'x' gave none)"),
     ({"op": "rms_norm", "backend": "my-backend", "fn": rms_norm},
-     "PluginError: backend name must be alphanumeric/underscore (got 'my-backend')"),
+     "PluginError: backend name must be lower case letters, digits and underscores, starting "
+     "with a letter (got 'my-backend')"),
     ({"op": "rms_norm", "backend": "x", "fn": rms_norm, "packs_ragged": True},
      "PluginError: packs_ragged applies to decoder_stack kernels only, not to 'rms_norm'"),
+    # each of these registered and then broke every load, or was silently never usable
+    ({"op": "rms_norm", "backend": "MyBack", "fn": rms_norm},
+     "PluginError: backend name must be lower case letters, digits and underscores, starting "
+     "with a letter (got 'MyBack')"),
+    ({"op": "rms_norm", "backend": "auto", "fn": rms_norm},
+     "PluginError: backend name 'auto' is reserved by OperatorConfig"),
+    ({"op": "rms_norm", "backend": "x", "fn": None},
+     "ContractError: backend 'x' for op 'rms_norm': fn must be a callable, not None"),
+    ({"op": "rms_norm", "backend": "x", "fn": rms_norm, "supports": True},
+     "ContractError: backend 'x' for op 'rms_norm': supports must be a callable or None, "
+     "not True"),
+    ({"op": "rms_norm", "backend": "x", "fn": rms_norm, "priority": "10"},
+     "ContractError: backend 'x' for op 'rms_norm': priority must be an int, not '10'"),
+    ({"op": "rms_norm", "backend": "x", "fn": rms_norm, "cpu_features": "avx2"},
+     "ContractError: backend 'x' for op 'rms_norm': cpu_features must be a collection of str, "
+     "not 'avx2'"),
+    ({"op": "rms_norm", "backend": "x", "fn": rms_norm, "cpu_features": ("avx-512f",)},
+     "ContractError: backend 'x' for op 'rms_norm': cpu_features: unknown ['avx-512f']; known: "
+     "sse4_2, avx, avx2, fma, f16c, avx512f, avx512bw, avx512vl, avx512dq, avx512cd, "
+     "avx512_vnni, avx512_bf16, avx512_fp16, avx512vbmi, amx_tile, amx_bf16, amx_int8"),
+    ({"op": "rms_norm", "backend": "x", "fn": rms_norm, "dtypes": ("float32",)},
+     "ContractError: backend 'x' for op 'rms_norm': dtypes must hold dtype items, not 'float32'"),
 ])  # fmt: skip
 def test_invalid_registration_is_reported(kernel, message):
     host = get_host()
@@ -391,3 +414,81 @@ def test_plugin_docs_show_the_tested_example_and_the_catalogue(test_plugins):
         context = ", ".join(spec.context) or "-"
         row = f"| `{spec.name}` | `{signature}` | {prepared} | {context} | {spec.summary} |"
         assert row in docs, f"op catalogue row of {spec.name!r} is missing or stale"
+
+
+def test_a_supports_predicate_that_raises_rules_out_its_kernel_only():
+    """A plugin's predicate reading an undeclared attribute (any exception) makes its kernel
+    unusable with the reason; resolving the op still works (it made every load fail)."""
+
+    def misspelt(ctx):
+        return ctx.hidden_size > 0  # rms_norm declares no such attribute
+
+    host = get_host()
+    kernel = {"op": "rms_norm", "backend": "buggy", "fn": rms_norm, "supports": misspelt,
+              "priority": 100}  # fmt: skip
+    assert host.register(_plugin(k=kernel), "buggy").status == "ok"
+    spec = host.ops[("rms_norm", "buggy")]
+    reason = spec.check(OpContext("rms_norm", torch.float32), frozenset())
+    assert reason.startswith("its supports predicate raised ContractError: op 'rms_norm' has no")
+    assert reason.endswith("(a bug in plugin 'buggy')")
+    chosen = host.resolver(OperatorConfig()).resolve(OpContext("rms_norm", torch.float32))
+    assert chosen.backend != "buggy"
+
+
+class Processors:
+    PACE_CONTRACT_VERSION = CONTRACT_VERSION
+
+    def __init__(self, **kw):
+        self.kw = kw
+
+    @hookimpl
+    def pace_register_samplers(self, registry):
+        registry.add_processor(**self.kw)
+
+
+@pytest.mark.parametrize(("kw", "message"), [
+    ({"name": "p", "factory": lambda configs: None, "order": "500"},
+     "ContractError: processor 'p': order must be an int, not '500'"),
+    ({"name": "p", "factory": "nope", "order": 5},
+     "ContractError: processor 'p': factory must be a callable, not 'nope'"),
+])  # fmt: skip
+def test_invalid_processors_are_refused(kw, message):
+    host = get_host()
+    assert host.register(Processors(**kw), "procs").error == message
+    assert [s.order for s in host.samplers.values()]  # still sortable
+
+
+def test_a_name_in_use_leaves_the_loaded_plugin_alone():
+    host = get_host()
+    info = host.register(Good(), "native")
+    assert info.status == "failed" and "a plugin named 'native' is already loaded" in info.error
+    assert host.plugins["native"].status == "ok"
+
+
+class Misspelt:
+    PACE_CONTRACT_VERSION = CONTRACT_VERSION
+
+    @hookimpl
+    def pace_register_op(self, registry):  # sic
+        registry.add_kernel("rms_norm", "never", rms_norm)
+
+
+class Wrapper:
+    PACE_CONTRACT_VERSION = CONTRACT_VERSION
+
+    @hookimpl(hookwrapper=True)
+    def pace_register_ops(self, registry):
+        registry.add_kernel("rms_norm", "never", rms_norm)
+        yield
+
+
+@pytest.mark.parametrize(("plugin", "message"), [
+    (Misspelt(), "unknown hook 'pace_register_op'"),
+    (Wrapper(), "pace_register_ops is a hook wrapper; pace calls each plugin's hooks directly"),
+])  # fmt: skip
+def test_hooks_pace_would_never_call_fail_the_plugin(plugin, message):
+    """(They left the plugin "ok" with nothing registered.)"""
+    host = get_host()
+    info = host.register(plugin, "hooks")
+    assert info.status == "failed" and message in info.error and "\n" not in info.error
+    assert host.pm.get_plugin("hooks") is None and "never" not in backends(host.ops)
