@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from pace_core.errors import OpResolutionError
 from pace_core.opconfig import OpResolver, Resolution
 from pace_core.ops import OPS
 from pace_core.profiling import OpProfiler
@@ -89,8 +90,13 @@ class KernelBinder:
             try:
                 prepared = k.prepare(*weights)
             except Exception as exc:
-                if k.backend == "native" or self.resolver.config.strict:
+                if k.backend == "native":
                     raise
+                if self.resolver.config.strict:
+                    raise OpResolutionError(
+                        f"op {op!r}: backend {k.backend!r} failed to prepare its weights "
+                        f"({type(exc).__name__}: {exc}); strict=True allows no fallback"
+                    ) from exc
                 self.resolver.disable(k, f"prepare failed: {type(exc).__name__}: {exc}")
                 continue
             return self._use(res, site), prepared

@@ -56,6 +56,8 @@ class OperatorConfig:
     ) -> None:
         merged: dict[str, str] = {}
         for key, value in {**(backends or {}), **ops}.items():
+            if not isinstance(key, str):
+                raise ConfigError(f"OperatorConfig keys are op names (got {key!r})")
             if not isinstance(value, str) or not value:
                 raise ConfigError(
                     f"backend for op {key!r} must be a non-empty string (got {value!r})"
@@ -64,9 +66,14 @@ class OperatorConfig:
                 merged[op] = value.lower()
         if not isinstance(default, str) or not default:
             raise ConfigError(f"default backend must be a non-empty string (got {default!r})")
+        if not isinstance(strict, bool):
+            raise ConfigError(f"strict must be True or False (got {strict!r})")
         object.__setattr__(self, "backends", merged)
         object.__setattr__(self, "default", default.lower())
-        object.__setattr__(self, "strict", bool(strict))
+        object.__setattr__(self, "strict", strict)
+
+    def __hash__(self) -> int:
+        return hash((tuple(sorted(self.backends.items())), self.default, self.strict))
 
     @staticmethod
     def _expand(key: str) -> tuple[str, ...]:
@@ -199,8 +206,9 @@ class OpResolver:
             name = self.config.backend_for(op)
             if name not in valid:
                 why = f" ({self.unavailable[name]})" if name in self.unavailable else ""
+                where = f"op {op!r}" if op in self.config.backends else "default"
                 raise ConfigError(
-                    f"unknown backend {name!r} for op {op!r}{_suggest(name, valid)}; "
+                    f"unknown backend {name!r} for {where}{_suggest(name, valid)}; "
                     f"valid choices: {', '.join(valid)}{why}"
                 )
 

@@ -492,3 +492,29 @@ def test_hooks_pace_would_never_call_fail_the_plugin(plugin, message):
     info = host.register(plugin, "hooks")
     assert info.status == "failed" and message in info.error and "\n" not in info.error
     assert host.pm.get_plugin("hooks") is None and "never" not in backends(host.ops)
+
+
+def _linear_failing_on(rows: int):
+    def prepare(weight, bias=None):
+        if weight.shape[0] == rows:
+            raise RuntimeError(f"cannot pack N={rows}")
+        return weight, bias
+
+    def linear(x, packed):
+        return torch.nn.functional.linear(x, *packed)
+
+    return {"op": "linear", "backend": "packer", "fn": linear, "prepare": prepare}
+
+
+def test_a_prepare_that_fails_falls_back_or_names_itself_under_strict(tiny_llama_dir):
+    host = get_host()
+    assert host.register(_plugin(k=_linear_failing_on(128)), "packer").status == "ok"  # the head
+    llm = LLMModel(tiny_llama_dir, dtype=torch.float32, load_tokenizer=False, quiet=True,
+                   opconfig="linear=packer,default=native")  # fmt: skip
+    notes = {r.backend: r.note for r in llm.op_plan.resolutions if r.op == "linear"}
+    assert notes == {"native": "prepare failed: RuntimeError: cannot pack N=128"}
+    message = (r"op 'linear': backend 'packer' failed to prepare its weights \(RuntimeError: "
+               r"cannot pack N=128\); strict=True")  # fmt: skip
+    with pytest.raises(OpResolutionError, match=message):
+        LLMModel(tiny_llama_dir, dtype=torch.float32, load_tokenizer=False, quiet=True,
+                 opconfig="linear=packer,default=native,strict=1")  # fmt: skip

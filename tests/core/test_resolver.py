@@ -239,8 +239,24 @@ def test_unknown_backend_lists_valid_choices(registry):
     msg = str(err.value)
     assert "unknown backend 'fsat' for op 'linear'" in msg and "did you mean 'fast'?" in msg
     assert "valid choices: amx, auto, avx512, fast, native, onednn, tpp" in msg
-    with pytest.raises(ConfigError, match="unknown backend 'nope' for op "):
+    with pytest.raises(ConfigError, match="unknown backend 'nope' for default;"):
         OpResolver(registry, OperatorConfig(default="nope"), AVX2)
+
+
+@pytest.mark.parametrize(("make", "message"), [
+    (lambda: OperatorConfig(strict="false"), "strict must be True or False (got 'false')"),
+    (lambda: OperatorConfig.from_dict({1: "native"}), "OperatorConfig keys are op names (got 1)"),
+])  # fmt: skip
+def test_config_values_of_the_wrong_type(make, message):
+    """(``strict="false"`` read as True; a number as op name was a TypeError from difflib.)"""
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        make()
+
+
+def test_configs_hash_as_they_compare():
+    a, b = OperatorConfig(linear="native", strict=True), OperatorConfig({"linear": "native"})
+    assert hash(a) == hash(OperatorConfig(linear="native", strict=True)) and a != b
+    assert len({a, b, OperatorConfig(linear="native", strict=True)}) == 2
 
 
 def test_norm_group_expands():
