@@ -42,11 +42,13 @@ def choose_kv_cache(
     """The cache ``kv_cache_type`` of the registry ``caches`` with these options; a
     ConfigError naming the bad value and the fix."""
     spec = caches.get(kv_cache_type)
-    if spec is None:
-        raise ConfigError(
-            f"unknown kv_cache_type {kv_cache_type!r}; available: {', '.join(sorted(caches))}"
-        )
     name = str(kv_cache_type)  # a KVCacheType member is its name
+    if spec is None:
+        available = ", ".join(sorted(caches)) or (
+            "none: no plugin registers a KV cache (is pace.caches in PACE_DISABLE_PLUGINS?)"
+        )
+        shown = repr(name) if isinstance(kv_cache_type, str) else repr(kv_cache_type)
+        raise ConfigError(f"unknown kv_cache_type {shown}; available: {available}")
     blocks = spec.layout in BLOCK_LAYOUTS
     check_budget(memory_gb, max_tokens)
     if not blocks and (memory_gb is not None or max_tokens is not None):

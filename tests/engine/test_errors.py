@@ -252,3 +252,16 @@ def test_bad_embedding_options_are_named(smollm2_dir):
         with pytest.raises(ConfigError, match=match):
             llm.embed("Hello", **kw)
     assert llm.embed("Hello", dimensions=576).shape == (1, 576)
+
+
+def test_no_cache_plugin_is_named_with_the_fix():
+    """With pace.caches disabled the message showed an enum repr and an empty list."""
+    from pace_core.caches import KVCacheType
+    from pace_core.engine.kv_choice import choose_kv_cache
+    from pace_core.registry import Registry
+
+    none = Registry("KV cache", lambda s: s.name)
+    message = (r"unknown kv_cache_type 'paged'; available: none: no plugin registers a KV cache "
+               r"\(is pace.caches in PACE_DISABLE_PLUGINS")  # fmt: skip
+    with pytest.raises(ConfigError, match=message):
+        choose_kv_cache(none, KVCacheType.PAGED, None)
