@@ -41,6 +41,7 @@ class CheckRow:
     max_logit_diff: float | None
     passed: bool
     note: str = ""
+    ran_on: str = ""  # the backends the plan's ops ran on (a pinned one may fall back)
 
 
 def near_tie(ref_logits: torch.Tensor, token: int, k: int = 5, tol: float = 0.5) -> bool:
@@ -169,19 +170,25 @@ def run_check(
                     "identical greedy tokens required"
                     if dtype == torch.float32
                     else "top-5 near-tie rule (0.5 nats)",
+                    ", ".join(sorted({r.backend for r in model.op_plan.resolutions})),
                 )
             )
     return rows
+
+
+COLUMNS = ["plan", "ran on", "dtype", "prompts", "tokens", "mismatches", "max |Δlogit|",
+           "result", "rule"]  # fmt: skip
 
 
 def format_rows(rows: Sequence[CheckRow]) -> str:
     from pace_core.report import format_table
 
     return format_table(
-        ["plan", "dtype", "prompts", "tokens", "mismatches", "max |Δlogit|", "result", "rule"],
+        COLUMNS,
         [
             [
                 r.plan,
+                r.ran_on,
                 r.dtype,
                 str(r.prompts),
                 str(r.tokens),

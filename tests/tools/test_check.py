@@ -46,3 +46,6 @@ def test_check_passes_native_and_fails_a_wrong_kernel(smollm2_dir):
     assert not by_plan[("noisy", "float32")].passed
     assert by_plan[("noisy", "float32")].max_logit_diff > 0.1
     assert "FAIL" in table and "PASS" in table
+    # what ran: "noisy" pins rms_norm alone (the rest is auto); native runs native only
+    assert by_plan[("native", "float32")].ran_on == "native"
+    assert "noisy" in by_plan[("noisy", "float32")].ran_on.split(", ")
