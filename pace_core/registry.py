@@ -8,7 +8,7 @@ already stored and merges it, all or nothing (see ``plugins.PluginHost``).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -428,7 +428,7 @@ def _need_int(value: Any, what: str) -> None:
 
 
 def _need_set(
-    values: Any, what: str, kind: type, known: Iterable[Any] | None = None
+    values: Any, what: str, kind: type, known: Sequence[str] | None = None
 ) -> frozenset[Any]:
     """``values`` as a frozenset of ``kind`` items (of ``known`` ones, when given)."""
     if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
