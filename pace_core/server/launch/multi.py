@@ -174,6 +174,7 @@ class ProcessEngine:
         ).start()
 
     def _read(self, proc: Any, conn: Any) -> None:
+        served = False  # this process sent its Ready
         while True:
             try:
                 events = conn.recv()
@@ -183,11 +184,11 @@ class ProcessEngine:
                 ready = events[0]
                 self.capacity_tokens, self.block_size = ready.capacity_tokens, ready.block_size
                 self.pid = ready.pid
-                self.healthy, self.early_deaths = True, 0
+                self.healthy = served = True
             self._emit(events)
         conn.close()
         proc.join(5)
-        self.early_deaths += not self.healthy
+        self.early_deaths = 0 if served else self.early_deaths + 1
         self.healthy = False
         if self._closing:
             return
