@@ -421,3 +421,42 @@ def test_the_server_listens_once_its_engine_has_warmed_up(llm, monkeypatch):
         release.set()
         starter.join(30)
         http.stop()
+
+
+class _WithBos:
+    """A tokenizer that starts every encoding with a special token (as Gemma's adds <bos>)."""
+
+    def __init__(self, tokenizer, bos: int):
+        self._tok, self._bos = tokenizer, bos
+
+    def __call__(self, text, **kw):
+        out = self._tok(text, **kw)
+        return {**out, "input_ids": [self._bos, *out["input_ids"]]}
+
+    def __getattr__(self, name):
+        return getattr(self._tok, name)
+
+
+def test_echo_is_the_prompt_as_sent(server, monkeypatch):
+    """(Echo decoded the encoded prompt: a model adding <bos> echoed "<bos>The capital ...",
+    so ``text[len(prompt):]`` sliced wrong.) With logprobs the echo spells the tokens, special
+    ones included, since ``text_offset`` indexes it."""
+    state = server.server_state
+    bos = state.tokenizer.convert_tokens_to_ids("<|im_start|>")
+    monkeypatch.setattr(state, "tokenizer", _WithBos(state.tokenizer, bos))
+    c = client(server)
+    kw = dict(model=MODEL_NAME, prompt="Hello there", max_tokens=2, temperature=0, echo=True)
+    plain = c.completions.create(**kw).choices[0]
+    assert plain.text.startswith("Hello there") and "<|im_start|>" not in plain.text
+    scored = c.completions.create(**kw, logprobs=1).choices[0]
+    assert scored.text.startswith("<|im_start|>Hello there")
+    assert scored.logprobs.tokens[0] == "<|im_start|>" and scored.logprobs.text_offset[1] == 12
+
+
+def test_text_parts_are_joined_with_newlines(server):
+    """(They ran together: "Hello" + "world" read "Helloworld".)"""
+    parts = [{"type": "text", "text": "Hello"}, {"type": "text", "text": "world"}]
+    msg = [{"role": "user", "content": parts}]
+    ids = httpx.post(f"{server.url}/tokenize", json={"messages": msg}, timeout=30).json()["tokens"]
+    text = httpx.post(f"{server.url}/detokenize", json={"tokens": ids}, timeout=30).json()["prompt"]
+    assert "Hello\nworld" in text

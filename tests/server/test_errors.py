@@ -58,6 +58,7 @@ CASES = [
     ("temperature-string", P, _ok(temperature="hot"), 400, "temperature"),
     ("top-p-0", P, _ok(top_p=0), 400, "top_p"),
     ("top-p-above-1", P, _ok(top_p=1.5), 400, "top_p"),
+    ("top-k-past-int64", P, _ok(top_k=2**63), 400, "top_k"),  # was an overflow, param null
     ("n-0", P, _ok(n=0), 400, "n"),
     ("n-bool", P, _ok(n=True), 400, "n"),
     ("too-many-stops", P, _ok(stop=["a", "b", "c", "d", "e"]), 400, "stop"),

@@ -72,14 +72,17 @@ def completion_plan(server: ServingContext, req: CompletionRequest) -> Plan:
             param="max_tokens",
         )  # fmt: skip
     p = req.prompt
+    texts: list[str | None]  # a prompt given as text, echoed as sent
     if isinstance(p, str):
-        prompts = [encode(server, p)]
+        prompts, texts = [encode(server, p)], [p]
     elif p and isinstance(p[0], str):
-        prompts = [encode(server, s) for s in p]
+        prompts, texts = [encode(server, s) for s in p], list(p)
     elif p and isinstance(p[0], int):
         prompts = [list(p)]
+        texts = [None]
     else:
         prompts = [list(x) for x in p]
+        texts = [None] * len(prompts)
     if not prompts:
         raise APIError(400, "prompt is empty", param="prompt")
     constraint = Constraint(json_schema=response_schema(req))
@@ -94,7 +97,13 @@ def completion_plan(server: ServingContext, req: CompletionRequest) -> Plan:
             for j in range(req.n)
         ]
     check_constraint(server, configs)
-    echo = [server.tokenizer.decode(x) if req.echo else "" for x in prompts]
+    # echoed: the prompt as sent (vLLM's rule); token ids, or with logprobs (whose text_offset
+    # index the echo), the prompt's tokens spelt out, special ones included
+    echo = [
+        ("" if not req.echo else text if text is not None and not scored
+         else server.tokenizer.decode(ids))
+        for ids, text in zip(prompts, texts)
+    ]  # fmt: skip
     return Plan(
         prompts, configs, req.n, echo, cache_salt=req.cache_salt or "", score_only=score_only
     )
