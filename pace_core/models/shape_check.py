@@ -4,46 +4,74 @@ The families read weights by name and trust their sizes; a tensor of the wrong s
 conversion, a config.json that belongs to another checkpoint) would otherwise be bound as is:
 a raw shape error deep in a kernel, or, where a fused kernel takes the config's sizes, a model
 that reads past its weights and generates garbage. transformers refuses such checkpoints when
-it loads them; so does pace, comparing every tensor whose name transformers' model of the same
-config has (built on the meta device: no memory) with that model's parameter shape.
+it loads them; so does pace for the dense decoders whose every layer has the config's sizes
+(the GGUF architectures among them), from the config alone: no model code is imported.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from typing import Any
-
-import torch
 
 from pace_core.errors import ModelLoadError
 from pace_core.models.weights import WeightStore
 
 SHOWN = 5  # mismatches named in the error
+# model types whose layers all take the config's sizes (no per-layer widths, no experts)
+UNIFORM = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "smollm3")
+_LAYER = re.compile(r"model\.layers\.\d+\.(.+)")
+
+Shape = tuple[int, ...]
 
 
-def expected_shapes(config: Any) -> dict[str, tuple[int, ...]]:
-    """Parameter and buffer shapes of transformers' causal LM for ``config``; empty when
-    transformers cannot build one (a config it does not know: nothing to compare with)."""
-    from transformers import AutoModelForCausalLM
+def _layer_shapes(cfg: Any) -> dict[str, Shape]:
+    """Per-layer tensor name (after ``model.layers.N.``) -> its shape."""
+    hidden, inter = cfg.hidden_size, cfg.intermediate_size
+    heads = cfg.num_attention_heads
+    kv = getattr(cfg, "num_key_value_heads", None) or heads
+    dim = getattr(cfg, "head_dim", None) or hidden // heads
+    q, k = heads * dim, kv * dim
+    out: dict[str, Shape] = {
+        "self_attn.q_proj.weight": (q, hidden), "self_attn.k_proj.weight": (k, hidden),
+        "self_attn.v_proj.weight": (k, hidden), "self_attn.o_proj.weight": (hidden, q),
+        "self_attn.q_proj.bias": (q,), "self_attn.k_proj.bias": (k,),
+        "self_attn.v_proj.bias": (k,), "self_attn.q_norm.weight": (dim,),
+        "self_attn.k_norm.weight": (dim,), "mlp.gate_proj.weight": (inter, hidden),
+        "mlp.up_proj.weight": (inter, hidden), "mlp.down_proj.weight": (hidden, inter),
+    }  # fmt: skip
+    for norm in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                 "post_feedforward_layernorm"):  # fmt: skip
+        out[f"{norm}.weight"] = (hidden,)
+    return out
 
-    try:
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config)
-    except Exception:  # no reference model (a config transformers cannot build): nothing to say
-        return {}
-    return {name: tuple(t.shape) for name, t in model.state_dict().items()}
+
+def expected_shape(cfg: Any) -> Callable[[str], Shape | None]:
+    """``name -> shape`` the config implies (None: a name this check does not know)."""
+    if getattr(cfg, "model_type", None) not in UNIFORM:
+        return lambda name: None
+    top: dict[str, Shape] = {
+        "model.embed_tokens.weight": (cfg.vocab_size, cfg.hidden_size),
+        "lm_head.weight": (cfg.vocab_size, cfg.hidden_size),
+        "model.norm.weight": (cfg.hidden_size,),
+    }
+    layer = _layer_shapes(cfg)
+
+    def shape(name: str) -> Shape | None:
+        m = _LAYER.fullmatch(name)
+        return layer.get(m.group(1)) if m else top.get(name)
+
+    return shape
 
 
 def check_shapes(weights: WeightStore, config: Any) -> None:
     """ModelLoadError naming the tensors of ``weights`` whose shape differs from the one
-    ``config`` implies (names transformers does not have are left to the builder's checks)."""
-    stored = weights.shapes()
-    if not stored:
-        return
-    expected = expected_shapes(config)
+    ``config`` implies (names it does not know are left to the builder's checks)."""
+    expected = expected_shape(config)
     bad = [
-        (name, shape, expected[name])
-        for name, shape in stored.items()
-        if name in expected and expected[name] != shape
+        (name, shape, want)
+        for name, shape in weights.shapes().items()
+        if (want := expected(name)) is not None and want != shape
     ]
     if not bad:
         return
@@ -51,6 +79,6 @@ def check_shapes(weights: WeightStore, config: Any) -> None:
     more = f" (and {len(bad) - SHOWN} more)" if len(bad) > SHOWN else ""
     raise ModelLoadError(
         f"{weights.source}: {len(bad)} tensor(s) do not have the shape the model's config "
-        f"({getattr(config, 'model_type', '?')}) implies: {shown}{more}. The file does not "
-        "match its config: re-convert or re-download it, or use the config.json it was made with"
+        f"({config.model_type}) implies: {shown}{more}. The file does not match its config: "
+        "re-convert or re-download it, or use the config.json it was made with"
     )
