@@ -23,8 +23,6 @@ from typing import Any, TypeVar
 
 import torch
 
-from pace_core.errors import ConfigError
-
 T = TypeVar("T")
 R = TypeVar("R")
 Columns = Sequence[str] | Mapping[str, Sequence[str]]  # one table, or one per "section"
@@ -154,7 +152,8 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 def model_path(name: str | Path) -> Path:
     """A zoo model name (prepared on first use), ``random:<shape>`` (a random-weight model with
-    real layer shapes, :mod:`pace_bench.random_models`) or a directory."""
+    real layer shapes, :mod:`pace_bench.random_models`), a path or a hub id in the HF cache
+    (anything else: a ModelLoadError naming the choices, before the run)."""
     from pace_bench.random_models import is_random_name, random_model
     from pace_core import zoo
 
@@ -163,13 +162,11 @@ def model_path(name: str | Path) -> Path:
         return random_model(text)
     if zoo.is_zoo_name(text):
         return zoo.pull(text, quiet=True)
-    if not Path(text).exists():
-        known = ", ".join(m.name for m in zoo.list_models())
-        raise ConfigError(
-            f"model {text!r}: no such file or directory, and not a zoo model ({known}) or "
-            "random:<shape>"
-        )
-    return Path(text)
+    if Path(text).exists():
+        return Path(text)
+    from pace_core.models.loader import resolve_model_path
+
+    return resolve_model_path(text)  # a hub id in the HF cache, else a ModelLoadError
 
 
 def vocab_size(path: Path) -> int:

@@ -19,7 +19,7 @@ from pace_bench.cli import BENCHMARKS
 from pace_core import plugins
 from pace_core.cli import main
 from pace_core.cpu import detect_cpu
-from pace_core.errors import ConfigError
+from pace_core.errors import ModelLoadError
 from pace_core.registry import OpContext
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -353,10 +353,11 @@ def test_random_model_names_are_checked():
         model_path("random:nope")
 
 
-def test_unknown_model_names_are_refused_with_the_choices(tmp_path):
+def test_unknown_model_names_are_refused_with_the_choices(tmp_path, monkeypatch):
     from pace_bench.common import model_path
 
-    with pytest.raises(ConfigError, match=r"model 'nope': no such file.*smollm2"):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the hub id is looked up in the local cache only
+    with pytest.raises(ModelLoadError, match=r"model 'nope' is not a local .* zoo model \(smollm2"):
         model_path("nope")
     assert model_path(tmp_path) == tmp_path  # a path is taken as it is
 
