@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import random
-import subprocess
 import sys
 import time
 from typing import Any
@@ -36,7 +35,9 @@ from pace_bench.common import (
     emit,
     make_texts,
     model_path,
+    process_memory,
     progress,
+    run_child,
     target_row,
     usable_cores,
     with_targets,
@@ -74,13 +75,6 @@ def mixed_texts(count: int, seed: int = SEED) -> list[str]:
     return [" ".join(rng.choices(TEXT_WORDS, k=rng.randint(*MIXED_WORDS))) for _ in range(count)]
 
 
-def _memory() -> tuple[int, int]:
-    """(RSS, peak RSS) of this process in bytes, from ``/proc/self/status``."""
-    with open("/proc/self/status") as f:
-        fields = dict(line.split(":", 1) for line in f if ":" in line)
-    return int(fields["VmRSS"].split()[0]) * 1024, int(fields["VmHWM"].split()[0]) * 1024
-
-
 def _batch1_tok_s(llm: Any, text: str, new_tokens: int) -> float:
     """One greedy stream's decode rate (tokens after the first over the time they took)."""
     from pace_core import SamplingConfig
@@ -98,7 +92,7 @@ def run_workload(spec: dict[str, Any]) -> dict[str, Any]:
 
     torch.set_num_threads(spec["threads"])
     llm = LLMModel(spec["model"], dtype=spec["dtype"], quiet=True)
-    _, load_peak = _memory()
+    _, load_peak = process_memory()
     if spec["workload"] == "mixed":
         texts, new_tokens, ignore_eos = mixed_texts(spec["prompts"]), spec["new_tokens"], False
     else:
@@ -111,7 +105,7 @@ def run_workload(spec: dict[str, Any]) -> dict[str, Any]:
     start = time.perf_counter()
     out = llm.generate(texts, cfg)
     seconds = time.perf_counter() - start
-    rss, peak = _memory()
+    rss, peak = process_memory()
     generated = out.generated_token_ids
     alone = [llm.generate(t, cfg).generated_token_ids[0] for t in texts[: spec["check"]]]
     output_tokens = sum(len(g) for g in generated)
@@ -137,13 +131,7 @@ def child_main() -> None:
 def measure(spec: dict[str, Any]) -> dict[str, Any]:
     """Run one workload in a fresh process and return its numbers."""
     code = "from pace_bench.batch import child_main; child_main()"
-    out = subprocess.run(
-        [sys.executable, "-c", code, json.dumps(spec)], capture_output=True, text=True,
-        check=False, env={**os.environ, "PYTHONWARNINGS": "ignore"},
-    )  # fmt: skip
-    if out.returncode:
-        raise RuntimeError(f"the {spec['workload']} workload failed: {out.stderr.strip()[-2000:]}")
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result = run_child(code, [json.dumps(spec)], f"the {spec['workload']} workload")
     if "error" in result:
         raise PaceError(f"the {spec['workload']} workload failed: {result['error']}")
     return result

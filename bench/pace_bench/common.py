@@ -392,3 +392,25 @@ def add_rows(rows, times, rate, ref: str | None, **fields) -> dict[str, float]:
             row["vs_torch" if ref == "torch" else "vs_native"] = med[ref] / med[name]
         rows.append(row)
     return med
+
+
+# -- measuring processes ----------------------------------------------------------------------
+def process_memory() -> tuple[int, int]:
+    """(RSS, peak RSS) of this process in bytes, from ``/proc/self/status``."""
+    with open("/proc/self/status") as f:
+        fields = dict(line.split(":", 1) for line in f if ":" in line)
+    return int(fields["VmRSS"].split()[0]) * 1024, int(fields["VmHWM"].split()[0]) * 1024
+
+
+def run_child(code: str, args: Sequence[str], what: str) -> dict[str, Any]:
+    """Run ``python -c code *args`` (a fresh process: its peaks are its own) and return the
+    JSON object its last line of stdout prints; RuntimeError naming ``what`` if it fails."""
+    import subprocess
+
+    out = subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, check=False,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )  # fmt: skip
+    if out.returncode:
+        raise RuntimeError(f"{what} failed: {out.stderr.strip()[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])

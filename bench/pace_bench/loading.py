@@ -23,14 +23,17 @@ model's GGUF made by llama.cpp's converter and quantizer, ``make bench-peers``).
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
-from pace_bench.common import emit, model_path, note, progress
+from pace_bench.common import (
+    emit,
+    model_path,
+    note,
+    progress,
+    run_child,
+)
 
 COLUMNS = ["model", "variant", "file_mb", "weights_mb", "rss_after_mb", "peak_rss_mb",
            "load_s", "after_ok", "peak_ok", "weights_peak_mb", "weights_peak_ok",
@@ -55,11 +58,7 @@ import json, resource, sys, time, torch
 from pace_core import LLMModel
 from pace_core.models.loader import load_tokenizer
 from pace_core.quant.memory import weight_bytes
-
-def memory():
-    with open("/proc/self/status") as f:
-        fields = dict(line.split(":", 1) for line in f)
-    return (int(fields["VmRSS"].split()[0]) * 1024, int(fields["VmHWM"].split()[0]) * 1024)
+from pace_bench.common import process_memory as memory
 
 source, quantization, dtype = sys.argv[1], sys.argv[2] or None, getattr(torch, sys.argv[3])
 start = time.perf_counter()
@@ -79,13 +78,7 @@ print(json.dumps({"weights": weight_bytes(llm.model), "rss": rss, "peak": peak,
 
 def measure(source: str, quantization: str | None, dtype: str) -> dict[str, float]:
     """Load once in a child process; its numbers (bytes, seconds)."""
-    out = subprocess.run(
-        [sys.executable, "-c", CHILD, source, quantization or "", dtype],
-        capture_output=True, text=True, check=False, env={**os.environ, "PYTHONWARNINGS": "ignore"},
-    )  # fmt: skip
-    if out.returncode:
-        raise RuntimeError(f"loading {source} failed: {out.stderr.strip()[-2000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_child(CHILD, [source, quantization or "", dtype], f"loading {source}")
 
 
 def row(model: str, variant: str, m: dict[str, float], file: float | None = None) -> dict[str, Any]:
