@@ -1,7 +1,7 @@
 """The quantized-kernel tests' weights and exact models (tests/avx512): pace presets and GGUF
 blocks as ``QuantizedWeight``, what the kernels compute in float64, what the folded int8
-kernels and q4_k's int8 super-block tiles compute bit for bit, the bf16 panel's switch and the
-int8 tiles' width."""
+kernels and the k-quants' int8 super-block tiles compute bit for bit, the bf16 panel's switch
+and the int8 tiles' width."""
 
 from __future__ import annotations
 
@@ -33,9 +33,10 @@ def weight(kind: str, n: int, k: int) -> QuantizedWeight:
 
 def activation_span(kind: int, path: str) -> int:
     """k per activation scale of a ``qlinear`` call on ``path`` (``qpacking.qlinear_path``):
-    256 for kind q4k on int8 activations (its tiles are integer per super-block:
-    csrc/q4k_tile.h), else 32."""
-    return 256 if path == "int8" and kind == qpacking.KINDS["q4k"] else 32
+    256 for kinds q4k and q6 on int8 activations (their tiles are integer per super-block:
+    csrc/q4k_tile.h, csrc/q6k_tile.h), else 32."""
+    super_kinds = (qpacking.KINDS["q4k"], qpacking.KINDS["q6"])
+    return 256 if path == "int8" and kind in super_kinds else 32
 
 
 def quantized_rows(
@@ -65,7 +66,8 @@ def reference(x: torch.Tensor, w: torch.Tensor, path: str, span: int = 32) -> to
 
 def signed_codes(q: QuantizedWeight, kind: int) -> tuple[torch.Tensor, torch.Tensor]:
     """A weight of a kind without mins (its min -offset s) as the packing reads it: signed
-    codes ``[n, k]`` and fp32 scales (fp16 values) ``[n, spans]``, one per 32 k (16: q6_k)."""
+    codes ``[n, k]`` and fp32 scales (fp16 values) ``[n, spans]``, one per 32 k (16: q6_k
+    packed as int8-g16)."""
     codes, tables = qpacking._codes_tables(q, slice(None), kind)
     assert len(tables) == 1, "a kind with mins"
     if codes.dtype == torch.uint8:  # 4-bit, symmetric: (u - 8) s
@@ -124,6 +126,26 @@ def q4k_super(x: torch.Tensor, q: QuantizedWeight) -> torch.Tensor:
     for s in range(supers):
         total = fma32(acc[..., s].float().double(), dx[..., s], total)
         total = fma32(msum[..., s], mx[..., s], total)
+    return total
+
+
+def q6k_super(x: torch.Tensor, q: QuantizedWeight) -> torch.Tensor:
+    """``x @ w.T`` (fp32, before the bias) bit for bit as the int8-activation kernels compute
+    it for a q6_k weight ``q`` (kind q6, csrc/q6k_tile.h): x quantized per 256, and per
+    super-block in order ``total = fma(float(acc), d * xs, total)`` with the integer sum
+    ``acc = sum sc_i (sum q xq)_i`` over its 16 sub-blocks i of 16 k exact (float(acc): fp32
+    round to nearest even) and ``d * xs`` an fp32 product."""
+    codes, (d, sc, _) = qpacking._codes_tables(q, slice(None), qpacking.KINDS["q6"])
+    m, k = x.shape
+    n, subs, supers = codes.shape[0], k // 16, k // 256
+    xq, xs = quantized_rows(x, 127.0, 256)  # [m, groups, 32], [m, groups, 1]
+    isum = torch.einsum("msj,nsj->mns", xq.double().view(m, subs, 16),
+                        codes.double().view(n, subs, 16))  # fmt: skip
+    acc = (isum * sc.double()).view(m, n, supers, 16).sum(-1)  # [m, n, supers]
+    dx = d.float() * xs.view(m, 1, supers, 8)[..., 0]  # fp32 [m, n, supers]
+    total = torch.zeros(m, n)
+    for s in range(supers):
+        total = fma32(acc[..., s].float().double(), dx[..., s], total)
     return total
 
 

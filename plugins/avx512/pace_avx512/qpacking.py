@@ -2,33 +2,35 @@
 
 Every grouped format becomes one of the kernel kinds (:data:`KINDS`) with groups of 32
 along K: 8-bit codes with an fp16 scale per row and group (``int8`` of any group size, GGUF
-``q8_0``, and ``q5_0`` as codes ``q - 16``); 6-bit codes with an fp16 scale per row and 16 k
-(``q6``: GGUF ``q6_k``, its codes ``q`` in -32..31 stored as ``u = q + 32``, 7 bits per weight
-with the scales; ``int8-g16`` holds the same weight as 8-bit codes, 9 bits per weight);
-4-bit codes with an fp16 scale and min per row and group (``int4`` with mins, ``q4_1``), or
-with a scale only (symmetric ``int4``, ``q4_0``: the kernel uses the min ``-8 s``); GGUF
-``q4_k`` as 4-bit codes with the file's own tables (``q4k``: per super-block of 256 k fp16
-``d`` and ``dmin``, per 32 the 6-bit scale ``sc`` and min ``m`` as bytes; the kernels take
-``d sc`` and ``-dmin m`` in fp32, GGUF's own de-quantization: 4.625 bits per weight, the file
-4.5; ``int4`` holds the same weight with those products rounded to fp16, 5 bits per weight).
-Scales of a coarser group repeat per 32. ``q6_k`` is not bit-exact: its integer sub-block
-scales times the fp16 super-block scale are rounded to fp16 (relative <= 2^-11). ``w8a8``
+``q8_0``, and ``q5_0`` as codes ``q - 16``); GGUF ``q6_k`` as 6-bit codes with the file's own tables
+(``q6``: codes ``q`` in -32..31 stored as ``u = q + 32``, per super-block of 256 k an fp16
+``d``, per 16 k an int8 scale ``sc``; the kernels take ``d sc`` in fp32: 6.625 bits per
+weight, the file 6.5625; ``int8-g16`` holds the same weight as 8-bit codes with ``d sc``
+rounded to fp16, 9 bits per weight); 4-bit codes with an fp16 scale and min per row and group
+(``int4`` with mins, ``q4_1``), or with a scale only (symmetric ``int4``, ``q4_0``: the kernel
+uses the min ``-8 s``); GGUF ``q4_k`` as 4-bit codes with the file's own tables (``q4k``: per
+super-block of 256 k fp16 ``d`` and ``dmin``, per 32 the 6-bit scale ``sc`` and min ``m`` as
+bytes; the kernels take ``d sc`` and ``-dmin m`` in fp32, GGUF's own de-quantization: 4.625
+bits per weight, the file 4.5; ``int4`` holds the same weight with those products rounded to
+fp16, 5 bits per weight). Scales of a coarser group repeat per 32. ``w8a8``
 (:func:`is_w8a8`: int8 with one scale per row and int8 activations) has a layout of its own
 for the integer GEMM (``csrc/igemm.cpp``): per block of 16 rows their fp32 scales, then the
 unsigned codes in k-quads.
 
 Per block of 16 rows, one contiguous span read front to back, padded to 64 bytes: runs of
 groups (2 when a group's tables take 32 bytes: int8 with a scale per 32, symmetric 4-bit; 8,
-a super-block, for ``q4k``; else 1), each run its groups' tables, then their codes; a group's
-tables are fp16 scales ``[16]`` (``[2][16]`` for q6_k), then (4-bit with mins) fp16 mins
-``[16]``; a ``q4k`` run's are fp16 ``d [16]``, ``dmin [16]``, then bytes ``sc [8][16]``,
-``m [8][16]`` (320 bytes; with 8 groups' codes 2368 per 16 rows x 256 k). Codes are unsigned bytes
+a super-block, for ``q4k`` and ``q6``; else 1), each run its groups' tables, then their codes;
+a group's tables are fp16 scales ``[16]`` (``[2][16]`` for int8-g16), then (4-bit with mins)
+fp16 mins ``[16]``; a ``q4k`` run's are fp16 ``d [16]``, ``dmin [16]``, then bytes ``sc
+[8][16]``, ``m [8][16]`` (320 bytes; with 8 groups' codes 2368 per 16 rows x 256 k); a ``q6``
+run's fp16 ``d [16]``, int8 ``sc [16][16]``, 32 bytes of padding (320; with its codes 3392).
+Codes are unsigned bytes
 in k-quads (the ``vpdpbusd`` operand): byte ``4j + e`` of a quad = row j, k = 4 quad + e.
 8-bit codes are stored as ``q + 128``, a group as 8 quads of 64 bytes; 4-bit codes as 4 lines
 of 64 bytes, line v holding quad 2v in the low nibbles and 2v + 1 in the high ones; 6-bit codes
 ``u`` as the 4-bit lines of ``u & 15``, then 2 high lines of 64 bytes: bits ``2 (q % 4)`` and
 ``2 (q % 4) + 1`` of byte ``4j + e`` of high line ``q / 4`` are ``u >> 4`` of that byte of quad
-q (448 bytes per block and group: scales ``[2][16]``, 4 nibble lines, 2 high lines).
+q (384 bytes per block and group: 4 nibble lines, 2 high lines).
 """
 
 from __future__ import annotations
@@ -51,8 +53,9 @@ FORMATS = ("int8", "int4", "q8_0", "q5_0", "q4_0", "q4_1", "q4_k", "q6_k")
 KINDS = {"int4": 0, "int8": 1, "int8-g16": 2, "int4-sym": 3, "w8a8": 4, "q6": 5, "q4k": 6}
 # Kinds ``pack(w, kind=...)`` may hold a format in instead of its own, for comparisons.
 _OVERRIDES = {("q6_k", "int8-g16"), ("q4_k", "int4")}
-SUPER = 256  # k per GGUF k-quant super-block: one run of kind q4k
+SUPER = 256  # k per GGUF k-quant super-block: one run of kinds q4k and q6
 _INT8_KINDS = (KINDS["int8"], KINDS["int8-g16"])
+_SUPER_KINDS = (KINDS["q4k"], KINDS["q6"])  # a run per super-block, the file's tables
 
 CHUNK_ROWS = 1024  # rows converted at a time (bounds the temporaries) at K <= 2048
 CHUNK_ELEMENTS = CHUNK_ROWS * 2048  # fewer rows at a time for wider K: temporaries ~2M values
@@ -61,9 +64,10 @@ CHUNK_ELEMENTS = CHUNK_ROWS * 2048  # fewer rows at a time for wider K: temporar
 def qlinear_path(rows: int, dtype: torch.dtype, int8_activations: bool, kind: int) -> str:
     """How a ``qlinear`` call of ``rows`` activation rows of ``dtype`` on a weight of ``kind``
     (:data:`KINDS`) computes: bf16 rows of a weight packed with ``int8_activations`` as
-    ``"int8"`` (``amax / 127`` per 32, per 256 against kind q4k: csrc/q4k_tile.h); other bf16
-    calls the kernels send to the bf16 panel (an AVX512-BF16 or avx2 build, from
-    ``qpanel_rows`` rows; on avx2 the kinds with a scale per 16 k: kernels.h ``panel_call``) as
+    ``"int8"`` (``amax / 127`` per 32, per 256 against kinds q4k and q6: csrc/q4k_tile.h,
+    csrc/q6k_tile.h); other bf16 calls the kernels send to the bf16 panel (an AVX512-BF16 or
+    avx2 build, from ``qpanel_rows`` rows; on avx2 the kinds with a scale per 16 k: kernels.h
+    ``panel_call``) as
     ``"bf16-panel"`` (qpanel.cpp: weights de-quantized to bf16, activations as they are); the
     rest (every fp32 call) as ``"split"`` (csrc/qlinear.cpp: 15-bit activations, ``amax /
     16256``)."""
@@ -129,9 +133,12 @@ def _codes_tables(w: QuantizedWeight, rows: slice, kind: int):
         ql = nibbles(b[:, :128], 64)
         qh = unpack_blocks(b[:, 128:192].reshape(-1, 2, 32), (0, 2, 4, 6), 3).reshape(-1, 256)
         codes = ((ql | (qh << 4)).to(torch.int16) - 32).to(torch.int8).reshape(n, k)
-        sc = b[:, 192:208].contiguous().view(torch.int8).float()
-        d = b[:, 208:210].contiguous().view(torch.float16).float()
-        return codes, [(d * sc).reshape(n, k // 16).half()]
+        sc = b[:, 192:208].contiguous().view(torch.int8)
+        d = b[:, 208:210].contiguous().view(torch.float16)
+        if kind == KINDS["q6"]:  # the file's tables as they are, 32 bytes of padding
+            pad = torch.zeros(n, k // SUPER, dtype=torch.int16)
+            return codes, [d.reshape(n, -1), sc.reshape(n, -1), pad]
+        return codes, [(d.float() * sc.float()).reshape(n, k // 16).half()]  # kind int8-g16
     if fmt == "q4_k":
         b = data.reshape(n, k // SUPER, 144)
         sc, mn = scale_min_k4(b[..., 4:16].reshape(-1, 12))
@@ -169,7 +176,7 @@ def _block_bytes(codes: torch.Tensor, tables: Sequence[torch.Tensor], kind: int)
     super-block, then ``[8][16]``) as that group's or super-block's."""
     n, k = codes.shape
     nb, g = n // ROWS, k // GROUP
-    units = k // (SUPER if kind == KINDS["q4k"] else GROUP)  # what the tables are per
+    units = k // (SUPER if kind in _SUPER_KINDS else GROUP)  # what the tables are per
     int8, q6 = kind in _INT8_KINDS, kind == KINDS["q6"]
     if int8 or q6:  # unsigned q + 128 / q + 32
         codes = (codes.to(torch.int16) + (128 if int8 else 32)).to(torch.uint8)
@@ -234,9 +241,9 @@ def pack(
     last gate/up at the load's peak), unless a part before the last has rows that are not a
     multiple of 16 (then they are stacked first). ``kind`` (a :data:`KINDS` name) overrides
     the format's kind where another holds the same weight, for comparisons: ``"int8-g16"`` for
-    ``q6_k`` (8-bit codes, 9 bits per weight: the layout before ``q6``, which computes bit for
-    bit the same) and ``"int4"`` for ``q4_k`` (its sub-block scales and mins times d / dmin
-    rounded to fp16 per group: 5 bits per weight, the layout before ``q4k``)."""
+    ``q6_k`` (8-bit codes and its sub-block scales times d rounded to fp16, 9 bits per weight:
+    the layout before ``q6``) and ``"int4"`` for ``q4_k`` (its sub-block scales and mins times
+    d / dmin rounded to fp16 per group: 5 bits per weight, the layout before ``q4k``)."""
     parts = [w] if isinstance(w, QuantizedWeight) else list(w)
     if any(part.shape[0] % ROWS for part in parts[:-1]):
         parts = [QuantizedWeight.cat(parts)]

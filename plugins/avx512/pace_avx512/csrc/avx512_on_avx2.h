@@ -182,6 +182,7 @@ PACE_E float reduce_max_ps(m512 a) {
 #define PACE_EPI2(name, op) \
   PACE_E m512i name(m512i a, m512i b) { return {op(a.lo, b.lo), op(a.hi, b.hi)}; }
 PACE_EPI2(add_epi32, _mm256_add_epi32)
+PACE_EPI2(sub_epi32, _mm256_sub_epi32)
 PACE_EPI2(add_epi64, _mm256_add_epi64)
 PACE_EPI2(mullo_epi32, _mm256_mullo_epi32)
 PACE_EPI2(max_epi32, _mm256_max_epi32)
@@ -238,6 +239,10 @@ PACE_E m512i cvtepu16_epi32(__m256i x) {
 PACE_E m512i cvtepu8_epi16(__m256i x) {
   return {_mm256_cvtepu8_epi16(_mm256_castsi256_si128(x)),
           _mm256_cvtepu8_epi16(_mm256_extracti128_si256(x, 1))};
+}
+PACE_E m512i cvtepi8_epi16(__m256i x) {
+  return {_mm256_cvtepi8_epi16(_mm256_castsi256_si128(x)),
+          _mm256_cvtepi8_epi16(_mm256_extracti128_si256(x, 1))};
 }
 // Truncating narrowings (vpmovdw, vpmovdb): the low 16 / 8 bits of each 32-bit lane.
 PACE_E __m128i low_words8(__m256i x) {
@@ -433,6 +438,7 @@ static inline void consume(const pace_avx2::m512i& v) { asm volatile("" : : "x"(
 #define _mm512_reduce_add_ps pace_avx2::reduce_add_ps
 #define _mm512_reduce_max_ps pace_avx2::reduce_max_ps
 #define _mm512_add_epi32 pace_avx2::add_epi32
+#define _mm512_sub_epi32 pace_avx2::sub_epi32
 #define _mm512_add_epi64 pace_avx2::add_epi64
 #define _mm512_mullo_epi32 pace_avx2::mullo_epi32
 #define _mm512_max_epi32 pace_avx2::max_epi32
@@ -462,6 +468,7 @@ static inline void consume(const pace_avx2::m512i& v) { asm volatile("" : : "x"(
 #define _mm512_cvtepu8_epi32 pace_avx2::cvtepu8_epi32
 #define _mm512_cvtepu16_epi32 pace_avx2::cvtepu16_epi32
 #define _mm512_cvtepu8_epi16 pace_avx2::cvtepu8_epi16
+#define _mm512_cvtepi8_epi16 pace_avx2::cvtepi8_epi16
 #define _mm512_cvtepi32_epi16 pace_avx2::cvtepi32_epi16
 #define _mm512_cvtepi32_epi8 pace_avx2::cvtepi32_epi8
 #define _mm512_cvtsepi32_epi8 pace_avx2::cvtsepi32_epi8

@@ -136,8 +136,8 @@ Tensor gated_activation(const Tensor& gate, const Tensor& up, int64_t act) {
 // A quantized weight packed by pace_avx512/qpacking.py for an [n, K] matrix of `kind`.
 void check_qpacked(const Tensor& w, int64_t n, int64_t K, int64_t kind) {
   TORCH_CHECK(K % 32 == 0, "pace_avx512: quantized weights need K a multiple of 32, got ", K);
-  TORCH_CHECK(kind != KIND_Q4K || K % 256 == 0, "pace_avx512: q4_k weights need K a multiple of "
-              "256, got ", K);
+  TORCH_CHECK(!is_super_run((int)kind) || K % 256 == 0, "pace_avx512: q4_k and q6_k weights "
+              "need K a multiple of 256, got ", K);
   const int64_t block_bytes = kind == KIND_W8A8 ? w8a8_block_bytes(K) : K / 32 * qgroup_bytes(kind);
   TORCH_CHECK(w.scalar_type() == at::kByte && w.dim() == 2 && w.is_contiguous() && kind >= 0 &&
                   kind <= KIND_Q4K && w.size(0) == (n + 15) / 16 && w.size(1) >= block_bytes,

@@ -41,11 +41,11 @@ void gated_fp32(const float* x, int64_t ldx, int64_t M, int64_t K, const float* 
 
 // y[M, N] = x[M, K] @ W^T + bias over a quantized weight packed as qlinear.cpp describes
 // (kind 0: 4-bit codes with mins; 1: int8, a scale per 32 k; 2: int8, a scale per 16 k;
-// 3: 4-bit symmetric; 5: 6-bit, a scale per 16 k; 6: GGUF q4_k's 4-bit codes and tables),
-// K a multiple of 32 (256 for kind 6). Needs AVX512-VNNI. bf16 rows take int8 activations when
-// `int8_act` (pace_avx512/settings.py), else 15 bits; fp32 rows always 15 bits. `act_scales`
-// (int8 activations only): static scales [K / 32] (calibrated), else dynamic per row and 32
-// (kind 6: per row and 256, static ones the largest of each 256).
+// 3: 4-bit symmetric; 5: GGUF q6_k's 6-bit codes and tables; 6: GGUF q4_k's 4-bit codes and
+// tables), K a multiple of 32 (256 for kinds 5 and 6). Needs AVX512-VNNI. bf16 rows take int8
+// activations when `int8_act` (pace_avx512/settings.py), else 15 bits; fp32 rows always 15
+// bits. `act_scales` (int8 activations only): static scales [K / 32] (calibrated), else dynamic
+// per row and 32 (kinds 5 and 6: per row and 256, static ones the largest of each 256).
 void qlinear_bf16(const bf16_t* x, int64_t ldx, int64_t M, int64_t K, const uint8_t* w,
                   int64_t block_stride, int kind, bool int8_act, const float* bias, int64_t N,
                   bf16_t* y, int64_t ldy, int nthreads, const float* act_scales = nullptr);
@@ -65,8 +65,10 @@ void qpacked_rows(const uint8_t* w, int64_t block_stride, int kind, int64_t K,
 // stored), and W8A8 (int8 with one fp32 scale per row, int8 activations: igemm.cpp, its own
 // layout; qlinear_* hand it over). int8 codes are stored as unsigned q + 128 (the min -128 s
 // is not stored).
-// KIND_Q6 (GGUF q6_k): 6-bit codes u = q + 32 (w = (u - 32) s, a scale per 16 k) as the
-// 4-bit kinds' nibble lines (the low 4 bits) plus 2 lines of their high 2 bits (qblock.h q6_quad).
+// KIND_Q6 (GGUF q6_k, K a multiple of 256): 6-bit codes u = q + 32 (w = (u - 32) d sc, a scale
+// per 16 k) as the 4-bit kinds' nibble lines (the low 4 bits) plus 2 lines of their high 2 bits
+// (qblock.h q6_quad); one run per super-block (8 groups) whose tables are fp16 d [16], then the
+// int8 sub-block scales sc [16][16] (one per 16 k), 32 bytes of padding (qblock.h span_scale).
 // KIND_Q4K (GGUF q4_k, K a multiple of 256): 4-bit codes as the nibble lines; one run per
 // super-block (8 groups) whose tables are fp16 d [16] and dmin [16], then uint8 sub-block
 // scales sc [8][16] and mins m [8][16] (6-bit): w = d sc u - dmin m (qblock.h QScales).
@@ -123,10 +125,13 @@ inline decltype(auto) by_kind(int kind, F&& f) {
   }
 }
 
+// The GGUF k-quant kinds: a run per super-block of 256 k (8 groups) with the file's tables.
+constexpr bool is_super_run(int kind) { return kind == KIND_Q4K || kind == KIND_Q6; }
 // A group's tables per row block: fp16 scales [SUB][16], then (KIND_INT4) fp16 mins [16];
-// KIND_Q4K: its share of its run's (d, dmin [16] fp16 and sc, m [8][16] bytes: 320 / 8).
+// the k-quant kinds: its share of its run's 320 bytes (KIND_Q4K: d, dmin [16] fp16 and sc, m
+// [8][16] bytes; KIND_Q6: d [16] fp16, sc [16][16] int8, padding).
 constexpr int64_t qtable_bytes(int kind) {
-  return kind == KIND_Q4K ? 40 : 32 * qscales_per_group(kind) + (kind == KIND_INT4 ? 32 : 0);
+  return is_super_run(kind) ? 40 : 32 * qscales_per_group(kind) + (kind == KIND_INT4 ? 32 : 0);
 }
 // Bytes per row block and group of 32 k of a quantized kind: codes and tables.
 constexpr int64_t qgroup_bytes(int kind) { return qcode_bytes(kind) + qtable_bytes(kind); }
@@ -136,17 +141,18 @@ constexpr int64_t qgroup_bytes(int kind) { return qcode_bytes(kind) + qtable_byt
 // on one core). Runs of 2 groups when a group's tables take 32 bytes, so a run's tables are
 // one 64-byte line (kernels touch it as they enter the run) and its codes whole lines after
 // it; an odd last group is a run of its own (padded at the end of the block). KIND_Q4K: a
-// run per GGUF super-block (8 groups: 320 bytes of tables, 5 lines, then 2048 of codes).
+// run per GGUF super-block (8 groups: 320 bytes of tables, 5 lines, then 2048 of codes; KIND_Q6
+// 3072 of codes).
 constexpr int64_t qrun_groups(int kind) {
-  return kind == KIND_Q4K ? 8 : qtable_bytes(kind) == 32 ? 2 : 1;
+  return is_super_run(kind) ? 8 : qtable_bytes(kind) == 32 ? 2 : 1;
 }
 
-// Where group g (of G) of a packed row block starts: its tables (KIND_Q4K: its run's, which
-// QScales reads), and its codes.
+// Where group g (of G) of a packed row block starts: its tables (the k-quant kinds: its run's,
+// which QScales / span_scale read), and its codes.
 template <int KIND>
 inline const uint16_t* qgroup_tables(const uint8_t* block, int64_t g) {
   constexpr int64_t P = qrun_groups(KIND), RUN = P * qgroup_bytes(KIND);
-  const int64_t own = KIND == KIND_Q4K ? 0 : g % P * qtable_bytes(KIND);
+  const int64_t own = is_super_run(KIND) ? 0 : g % P * qtable_bytes(KIND);
   return (const uint16_t*)(block + g / P * RUN + own);
 }
 template <int KIND>
@@ -155,7 +161,7 @@ inline const uint8_t* qgroup_codes(const uint8_t* block, int64_t G, int64_t g) {
   const int64_t first = g / P * P, in_run = G - first < P ? G - first : P;
   return block + g / P * RUN + in_run * qtable_bytes(KIND) + (g - first) * qcode_bytes(KIND);
 }
-// A group that starts a run: touch the run's table lines (one; KIND_Q4K's 5) before its
+// A group that starts a run: touch the run's table lines (one; the k-quant kinds' 5) before its
 // codes (front to back).
 template <int KIND>
 inline void qtouch_run(const uint8_t* block, int64_t g) {

@@ -40,6 +40,24 @@ __attribute__((always_inline)) inline __m512i quad_codes(const uint8_t* codes, i
     return _mm512_loadu_si512(codes + 64 * q);
 }
 
+// KIND_Q6's int8 scales of sub-block `sub` (0..15, 16 k each) of a run (`tables`: its
+// qgroup_tables), one per row.
+__attribute__((always_inline)) inline const int8_t* q6_sub_scales(const uint16_t* tables, int sub) {
+  return (const int8_t*)(tables + 16) + 16 * sub;
+}
+// A byte-coded kind's scale per row of a block (16 fp32 lanes) over scale span `sub` of group
+// g (`tables`: qgroup_tables of group g): the fp16 scales as stored; KIND_Q6's d sc, its run's
+// fp16 d times the int8 sub-block scale (exact in fp32: GGUF's own de-quantization).
+template <int KIND>
+__attribute__((always_inline)) inline __m512 span_scale(const uint16_t* tables, int64_t g, int sub) {
+  if constexpr (KIND == KIND_Q6) {
+    const __m128i sc = _mm_loadu_si128((const __m128i*)q6_sub_scales(tables, 2 * (g % 8) + sub));
+    return _mm512_mul_ps(fp16x16(tables), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc)));
+  } else {
+    return fp16x16(tables + 16 * sub);
+  }
+}
+
 // 16 bytes (one per row) as fp32: one load, vpmovzxbd, vcvtdq2ps.
 __attribute__((always_inline)) inline __m512 bytes16(const uint8_t* p) {
   return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)p)));

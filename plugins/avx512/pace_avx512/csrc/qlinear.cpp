@@ -3,7 +3,8 @@
 //
 // Every weight code is an unsigned byte u with w = u * s + m: 4-bit codes (0..15) with their
 // min (q4_0 / symmetric int4: m = -8 s; GGUF q4_k: s = d sc, m = -dmin m6 in fp32), 8-bit
-// codes stored as q + 128 (m = -128 s), 6-bit codes (KIND_Q6) as q + 32 (m = -32 s). The
+// codes stored as q + 128 (m = -128 s), 6-bit codes (KIND_Q6, GGUF q6_k: s = d sc in fp32) as
+// q + 32 (m = -32 s). The
 // activation rows are quantized once per call per group of 32 (round to nearest even) with
 // the sum of their codes per 16 (qrows.h), so that
 //   sum w x = s xs sum u xq + m xs sum xq,
@@ -15,7 +16,8 @@
 // s = d sc, m = -dmin m6 with 6-bit sc, m6 per 32 k) cannot fold, so on int8 activations its
 // rows are quantized per super-block of 256 (llama.cpp's q8_K class) and its tiles sum
 // integers across the super-block: sum_i sc_i (sum u xq)_i and sum_i m6_i (sum xq)_i, two
-// FMAs per 256 k (q4k_tile.h).
+// FMAs per 256 k (q4k_tile.h). KIND_Q6 (GGUF q6_k, s = d sc with an int8 sc per 16 k) does
+// the same on int8 activations: sum_i sc_i (sum q xq)_i, one FMA per 256 k (q6k_tile.h).
 // The activations are 15-bit (scale amax / 16256 = 127 x 128, error ~3e-5 relative, far below
 // any weight format's own) held as two int8 planes, c = 128 hi + lo, so each quad takes two
 // vpdpbusd; bf16 rows of a weight packed with int8 activations (qpacking.QPackedLinear, from
@@ -27,9 +29,11 @@
 // Packed layout (pace_avx512/qpacking.py), per block of 16 rows, one contiguous span of
 // `block_stride` bytes read front to back: runs of 1 or 2 groups (kernels.h qrun_groups),
 // each its groups' tables, then their codes; a group's tables are fp16 scales [SUB][16]
-// (SUB = 2 for scales per 16 k: GGUF q6_k), then (4-bit with mins) fp16 mins [16]; KIND_Q4K
+// (SUB = 2 for scales per 16 k: int8-g16), then (4-bit with mins) fp16 mins [16]; KIND_Q4K
 // (GGUF q4_k): runs of 8 groups (a super-block), tables fp16 d, dmin [16], then its 6-bit
-// sub-block scales and mins as bytes [8][16] each (qblock.h QScales). In a
+// sub-block scales and mins as bytes [8][16] each (qblock.h QScales); KIND_Q6 (GGUF q6_k):
+// runs of 8 groups, tables fp16 d [16], then its int8 scales per 16 k [16][16] (qblock.h
+// span_scale). In a
 // group, byte 4j + e of a k-quad = row j, k = 4 quad + e:
 //   8-bit: 8 quads of 64 bytes, quad q at byte 64 q;
 //   4-bit: 4 lines of 64 bytes, line v = quad 2v in the low nibbles and 2v + 1 in the high ones;
@@ -44,7 +48,7 @@
 // file's bytes, 1 run 0.65-0.68, 2 runs 0.88-0.94, 4 runs 0.80-0.90); the tiles of other calls
 // have 4 rows, the leftover 1-3 rows keep 4 or 2 accumulator chains per group. On int8
 // activations a tile takes 1-3 row blocks side by side (`tile_blocks`, per kind as measured):
-// once folded (or integer per super-block: q4_k), the flush no longer bounds the wider tiles
+// once folded (or integer per super-block: q4_k, q6_k), the flush no longer bounds the wider tiles
 // (CHANGELOG).
 #include <omp.h>
 
@@ -55,6 +59,7 @@
 
 #include "kernels.h"
 #include "q4k_tile.h"
+#include "q6k_tile.h"
 #include "qblock.h"
 #include "qrows.h"
 #include "qwords_tile.h"
@@ -174,7 +179,7 @@ inline void qrow(const QArgs& a, const int64_t (&bs)[NB], __m512 (&total)[NB][1]
         PACE_UNROLL for (int j = 0; j < NB; ++j) {
           __m512i sum = SPLIT ? _mm512_add_epi32(_mm512_slli_epi32(acc[j][0], 7), acc[j][1]) : acc[j][0];
           if constexpr (SHIFT) sum = _mm512_add_epi32(sum, shift);
-          const __m512 s = fp16x16(tables[j] + 16 * sub);
+          const __m512 s = span_scale<KIND>(tables[j], g, sub);
           total[j][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(s, sx), total[j][0]);
           if constexpr (!FOLD) total[j][0] = _mm512_fmadd_ps(s, xsum, total[j][0]);
         }
@@ -319,7 +324,7 @@ inline void qtile(const QArgs& a, int64_t b, int64_t m0, __m512 (&total)[NB][MT]
           quad(q + 3, C3{});
         }
         PACE_UNROLL for (int j = 0; j < NB; ++j) {
-          const __m512 s = fp16x16(tables[j] + 16 * sub);
+          const __m512 s = span_scale<KIND>(tables[j], g, sub);
           flush(j, s, sub);
           add_min(j, _mm512_mul_ps(s, _mm512_set1_ps(-128.0f)), sub);
         }
@@ -349,23 +354,31 @@ inline void qtile(const QArgs& a, int64_t b, int64_t m0, __m512 (&total)[NB][MT]
   }
 }
 
-// KIND_Q4K's int8 tile (q4k_tile.h) over the row blocks bs[0..NB) against rows [m0, m0 + MT).
-template <int MT, int NB>
-inline void q4k_blocks(const QArgs& a, const int64_t (&bs)[NB], int64_t m0,
-                       __m512 (&total)[NB][MT]) {
+// Whether a kind's tiles on these activations are integer per super-block: the k-quant kinds
+// on int8 activations (q4k_tile.h, q6k_tile.h).
+template <int KIND, bool SPLIT>
+constexpr bool super_tiles() { return is_super_run(KIND) && !SPLIT; }
+
+// A k-quant kind's int8 tile over the row blocks bs[0..NB) against rows [m0, m0 + MT).
+template <int KIND, int MT, int NB>
+inline void super_blocks(const QArgs& a, const int64_t (&bs)[NB], int64_t m0,
+                         __m512 (&total)[NB][MT]) {
   const uint8_t* block[NB];
   PACE_UNROLL for (int j = 0; j < NB; ++j) block[j] = a.w + bs[j] * a.block_stride;
-  q4k_tile<MT, NB>(block, a.G, *a.x, a.K, m0, total);
+  if constexpr (KIND == KIND_Q4K)
+    q4k_tile<MT, NB>(block, a.G, *a.x, a.K, m0, total);
+  else
+    q6k_tile<MT, NB>(block, a.G, *a.x, a.K, m0, total);
 }
 
-// A tile of MT rows x NB blocks from block b: KIND_Q4K on int8 activations per super-block
-// (q4k_blocks), the rest per group (qtile).
+// A tile of MT rows x NB blocks from block b: the k-quant kinds on int8 activations per
+// super-block (super_blocks), the rest per group (qtile).
 template <int KIND, bool SPLIT, int MT, int NB = 1>
 inline void tile(const QArgs& a, int64_t b, int64_t m0, __m512 (&total)[NB][MT]) {
-  if constexpr (KIND == KIND_Q4K && !SPLIT) {
+  if constexpr (super_tiles<KIND, SPLIT>()) {
     int64_t bs[NB];
     PACE_UNROLL for (int j = 0; j < NB; ++j) bs[j] = b + j;
-    q4k_blocks<MT, NB>(a, bs, m0, total);
+    super_blocks<KIND, MT, NB>(a, bs, m0, total);
   } else {
     qtile<KIND, SPLIT, MT, NB>(a, b, m0, total);
   }
@@ -405,8 +418,8 @@ inline void rows_tail(const QArgs& a, const Store& st, int64_t b, int64_t m0, in
 template <int KIND, bool SPLIT, int NB, typename Store>
 inline void qrow_step(const QArgs& a, const Store& st, const int64_t (&bs)[NB]) {
   __m512 total[NB][1];
-  if constexpr (KIND == KIND_Q4K && !SPLIT)  // a tile of one row
-    q4k_blocks<1, NB>(a, bs, 0, total);
+  if constexpr (super_tiles<KIND, SPLIT>())  // a tile of one row
+    super_blocks<KIND, 1, NB>(a, bs, 0, total);
   else
     qrow<KIND, SPLIT, NB>(a, bs, total);
   PACE_UNROLL for (int j = 0; j < NB; ++j) st.template operator()<1>(total[j], bs[j], 0);
@@ -573,9 +586,9 @@ void qdrive(const QArgs& a, const Store& st, int64_t M, int64_t blocks, int nthr
   work.drain(omp_get_thread_num(), run);
 }
 
-// k per activation scale: KIND_Q4K's int8 tiles take one per super-block (q4k_tile.h).
+// k per activation scale: the k-quant kinds' int8 tiles take one per super-block.
 template <int KIND, bool SPLIT>
-constexpr int64_t activation_span() { return KIND == KIND_Q4K && !SPLIT ? 256 : QGROUP; }
+constexpr int64_t activation_span() { return super_tiles<KIND, SPLIT>() ? 256 : QGROUP; }
 
 // Quantize the activation rows (into the per-thread buffer reused across calls: no allocation
 // per decode step), then run the tiles.
@@ -643,14 +656,19 @@ void packed_row(const uint8_t* block, int64_t G, int64_t lane, float* row) {
     }
     for (int64_t k = 0; k < QGROUP; ++k) {
       const int64_t quad = k / 4, e = k % 4;
-      const uint16_t scale = tables[(k * SUB / QGROUP) * 16 + lane];  // byte-coded kinds
+      const int span = k * SUB / QGROUP;
+      float scale;  // byte-coded kinds: span_scale's value for this row
+      if constexpr (KIND == KIND_Q6)
+        scale = _cvtsh_ss(tables[lane]) * (float)q6_sub_scales(tables, 2 * (g % 8) + span)[lane];
+      else
+        scale = _cvtsh_ss(tables[span * 16 + lane]);
       float v;
       if constexpr (is_int8(KIND)) {  // u = q + 128
-        v = (float)((int)cg[64 * quad + e] - 128) * _cvtsh_ss(scale);
+        v = (float)((int)cg[64 * quad + e] - 128) * scale;
       } else if constexpr (KIND == KIND_Q6) {  // u = nibble | high 2 bits << 4 (qblock.h)
         const uint8_t byte = cg[64 * (quad / 2) + e], high = cg[256 + 64 * (quad / 4) + e];
         const int u = (quad % 2 ? byte >> 4 : byte & 0x0F) | ((high >> (2 * (quad % 4))) & 3) << 4;
-        v = (float)(u - 32) * _cvtsh_ss(scale);
+        v = (float)(u - 32) * scale;
       } else {  // line quad / 2: even quads in the low nibbles; u s + m as GGUF (no FMA)
         const uint8_t byte = cg[64 * (quad / 2) + e];
         v = (float)(quad % 2 ? byte >> 4 : byte & 0x0F) * s4[lane];

@@ -66,7 +66,7 @@ void dequantize_block(const uint8_t* block, int64_t G, bf16_t* dense) {
     bf16_t* pairs = dense + g * (QGROUP / 2) * PAIR_STRIDE;  // this group's 16 k-pairs
     if constexpr (is_byte_coded(KIND)) {  // quad q: k = 4 q + e in byte e of each row's lane
       PACE_UNROLL for (int q = 0; q < 8; ++q) {
-        const __m512 s = fp16x16(tables + (q * SUB / 8) * 16);
+        const __m512 s = span_scale<KIND>(tables, g, q * SUB / 8);
         // u = q + 128 (int8), q + 32 (KIND_Q6)
         const __m512 m = _mm512_mul_ps(s, _mm512_set1_ps(-(float)qcode_offset(KIND)));
         const __m512i line = quad_codes<KIND>(codes, q);

@@ -1,6 +1,6 @@
 // The activation rows of the quantized VNNI kernels (qlinear.cpp), quantized once per call
-// with a scale per group of 32 (int8 against KIND_Q4K: per super-block of 256, q4k_tile.h) and
-// the sums of their codes per 16.
+// with a scale per group of 32 (int8 against the k-quant kinds: per super-block of 256,
+// q4k_tile.h, q6k_tile.h) and the sums of their codes per 16.
 #pragma once
 
 #include "isa.h"
@@ -38,9 +38,10 @@ struct QuantizedRows {
     const float* s = sums.data() + (m * G + g) * 2;
     return SUB == 2 ? s[sub] : s[0] + s[1];
   }
-  // [M][G / 2] (spans of 256 only): the code sums of groups 2p and 2p + 1 as the low and high
-  // int16 of one int32 (|sum| <= 32 * 127), q4k_tile.h's vpdpwssd operand
-  std::vector<int32_t> pair_sums;
+  // Spans of 256 only, vpdpwssd operands: [M][G / 2] the code sums of groups 2p and 2p + 1
+  // as the low and high int16 of one int32 (|sum| <= 32 * 127, q4k_tile.h); [M][G] those of
+  // the two 16s of each group (q6k_tile.h)
+  std::vector<int32_t> pair_sums, half_pairs;
 };
 
 // One per thread, shared by every kind and mode (it grows to the largest call's rows).
@@ -69,7 +70,7 @@ inline void quantize_rows(const T* x, int64_t ldx, int64_t M, int64_t K, Quantiz
   q.scales.resize(M * G);
   q.sums.resize(M * G * 2);
   q.code_sums.resize(M * G * 2);
-  if (per > 1) q.pair_sums.resize(M * G / 2);
+  if (per > 1) q.pair_sums.resize(M * G / 2), q.half_pairs.resize(M * G);
   const int nt = (int)std::max<int64_t>(1, std::min<int64_t>(nthreads, M * K / 8192));
 #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
   for (int64_t m = 0; m < M; ++m) {
@@ -118,6 +119,7 @@ inline void quantize_rows(const T* x, int64_t ldx, int64_t M, int64_t K, Quantiz
         q.code_sums[(m * G + g) * 2] = sa, q.code_sums[(m * G + g) * 2 + 1] = sb;
         q.sums[(m * G + g) * 2] = scale * (float)sa;
         q.sums[(m * G + g) * 2 + 1] = scale * (float)sb;
+        if (per > 1) q.half_pairs[m * G + g] = (int32_t)((uint16_t)sa | (uint32_t)sb << 16);
         if (per > 1 && g % 2) {
           const int32_t* c = q.code_sums.data() + (m * G + g - 1) * 2;
           q.pair_sums[(m * G + g) / 2] = (int32_t)((uint16_t)(c[0] + c[1]) | (uint32_t)(sa + sb) << 16);

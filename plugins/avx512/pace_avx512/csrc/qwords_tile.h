@@ -186,7 +186,7 @@ inline void qwords_half(const uint8_t* block, const uint8_t* merged, int64_t G,
     if constexpr (is_byte_coded(KIND)) {
       PACE_UNROLL for (int sub = 0; sub < SUB; ++sub) {
         span_rows<KIND, H, MT>(codes, xg, sub * 8 / SUB, (sub + 1) * 8 / SUB, sum);
-        flush(sum, half_rows<H>(fp16x16(tables + 16 * sub)), _mm256_setzero_ps(), sub);  // folded
+        flush(sum, half_rows<H>(span_scale<KIND>(tables, g, sub)), _mm256_setzero_ps(), sub);  // folded
       }
     } else {
       span_rows<KIND, H, MT>(codes, xg, 0, 8, sum);
