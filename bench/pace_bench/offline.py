@@ -3,7 +3,9 @@
 For each sweep point (threads, batch, prompt length) every engine generates greedily from the
 same random prompt: time to first token (prefill + one token) and the whole generation are
 timed round-robin across engines, and the medians give TTFT, prefill tok/s, decode tok/s
-(tokens after the first over the time after it) and total tok/s, with pace / transformers
+(pace: the tokens after every prompt's first over the time after it, clocked inside each
+run; the peers: tokens after the first over the whole run's time less the TTFT run's) and
+total tok/s, with pace / transformers
 ratios. The sweep varies one axis at a time from the first value of each list (``--grid``:
 every combination). llama.cpp (llama-cpp-python, ``make bench-peers``) runs a BF16 GGUF
 converted from the same checkpoint, batch 1 only; it is skipped with a note when absent.
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import statistics
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -98,15 +101,43 @@ def sweep_points(args: argparse.Namespace) -> list[tuple[int, int, int]]:
     return list(dict.fromkeys(points))
 
 
-def pace_runner(model: Any, ids: torch.Tensor, new_tokens: int) -> Callable[[], Any]:
-    """Exactly ``new_tokens`` greedy tokens. ``ignore_eos`` is pace's way of not stopping, as
-    transformers' is ``min_new_tokens`` and llama.cpp's runner never checks EOS; pace's
-    ``min_new_tokens`` would add a logits processor (a copy of the logits per step) that
-    llama.cpp's runner does not run."""
-    from pace_core import SamplingConfig
+class PaceRunner:
+    """Exactly ``new_tokens`` greedy tokens per prompt of ``ids`` through ``model.stream``.
+    ``ignore_eos`` is pace's way of not stopping, as transformers' is ``min_new_tokens`` and
+    llama.cpp's runner never checks EOS; pace's ``min_new_tokens`` would add a logits
+    processor (a copy of the logits per step) that llama.cpp's runner does not run.
 
-    cfg = SamplingConfig(max_new_tokens=new_tokens, ignore_eos=True)
-    return lambda: model.generate(ids, cfg)
+    Each call clocks its own decode too (``decode_rates``): the tokens that come after every
+    prompt has its first, over the time after that moment. :func:`measure_point` takes that
+    rather than the difference of two timed calls, which at long prompts is a small number
+    between two large noisy ones (4 x 2,000 tokens: a 40 s prefill against a 3.5 s decode,
+    the prefill's spread between runs as large as the decode)."""
+
+    def __init__(self, model: Any, ids: torch.Tensor, new_tokens: int) -> None:
+        from pace_core import SamplingConfig
+
+        self.model, self.ids = model, ids
+        self.config = SamplingConfig(max_new_tokens=new_tokens, ignore_eos=True)
+        self.decode_rates: list[float] = []
+
+    def __call__(self) -> None:
+        rows = self.ids.shape[0] if self.ids.dim() == 2 else 1
+        started: set[int] = set()
+        start, after = 0.0, 0
+        for chunk in self.model.stream(self.ids, self.config):
+            if len(started) < rows:
+                started.add(chunk.index)
+                if len(started) == rows:
+                    start = time.perf_counter()
+            else:
+                after += 1
+        if after:
+            self.decode_rates.append(after / (time.perf_counter() - start))
+
+
+def pace_runner(model: Any, ids: torch.Tensor, new_tokens: int) -> PaceRunner:
+    """:class:`PaceRunner` of ``model`` (``make(ids, n)`` of :func:`measure_point`)."""
+    return PaceRunner(model, ids, new_tokens)
 
 
 def transformers_runner(model: Any, ids: torch.Tensor, new_tokens: int) -> Callable[[], Any]:
@@ -194,7 +225,9 @@ def load_engines(name: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def measure_point(engines: dict[str, Any], ids: torch.Tensor, args) -> dict[str, dict]:
     """TTFT and generation time of every engine, timed round-robin; derived rates. A fn with a
-    ``reported`` list of seconds (a peer's own clock) is timed by that list instead."""
+    ``reported`` list of seconds (a peer's own clock) is timed by that list instead; a
+    generation fn with ``decode_rates`` (pace's :class:`PaceRunner`) gives the decode rate
+    from its own clock, the others tokens after the first over the time after it."""
     batch, prompt_len = ids.shape
     fns = {}
     for engine, make in engines.items():
@@ -208,10 +241,13 @@ def measure_point(engines: dict[str, Any], ids: torch.Tensor, args) -> dict[str,
     for engine in engines:
         ttft = statistics.median(times[(engine, "ttft")])
         total = statistics.median(times[(engine, "total")])
+        clocked = getattr(fns[(engine, "total")], "decode_rates", None)
+        decode = (statistics.median(clocked[-args.repeats :]) if clocked
+                  else batch * (args.new_tokens - 1) / max(total - ttft, 1e-9))  # fmt: skip
         out[engine] = {
             "ttft_s": ttft,
             "prefill_tok_s": batch * prompt_len / ttft,
-            "decode_tok_s": batch * (args.new_tokens - 1) / max(total - ttft, 1e-9),
+            "decode_tok_s": decode,
             "total_tok_s": batch * args.new_tokens / total,
         }
     hf = out.get("transformers")
