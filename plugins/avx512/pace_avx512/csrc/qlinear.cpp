@@ -43,9 +43,9 @@
 // prefetchers follow (software prefetch on top of it lost a third of the bandwidth on Zen 4);
 // calls of more rows take theirs in jobs and steal the others' last ones when done (qdrive).
 // A single activation row (decode; split or int8) reads its thread's range as 4 runs side by
-// side (`qrow`; 1, 2 or 4 measured alike once the layout was in order), KIND_Q6 as 2 (its
-// codes take ~3 more ops per quad: 4096 x 14336 on one Zen 4 core, of a streaming read in the
-// file's bytes, 1 run 0.65-0.68, 2 runs 0.88-0.94, 4 runs 0.80-0.90); the tiles of other calls
+// side (`qrow`; 1, 2 or 4 measured alike once the layout was in order; KIND_Q6 since its runs
+// are super-blocks 4 against 2: one Zen 4 core, 32064 x 2048 and 2048 x 8192, GB/s of the
+// file's bytes, 15-bit 14-16 -> 19-23, int8 23-25 -> 23-29); the tiles of other calls
 // have 4 rows, the leftover 1-3 rows keep 4 or 2 accumulator chains per group. On int8
 // activations a tile takes 1-3 row blocks side by side (`tile_blocks`, per kind as measured):
 // once folded (or integer per super-block: q4_k, q6_k), the flush no longer bounds the wider tiles
@@ -559,7 +559,7 @@ void qdrive(const QArgs& a, const Store& st, int64_t M, int64_t blocks, int nthr
   const auto first = [&](int64_t t) { return blocks * t / nthreads; };
   std::vector<int64_t> sizes(nthreads);
   if (M == 1) {
-    constexpr int NB = KIND == KIND_Q6 ? 2 : 4;
+    constexpr int NB = 4;
     for (int t = 0; t < nthreads; ++t) sizes[t] = qrow_steps<NB>(first(t), first(t + 1));
     StealRanges work(sizes);
 #pragma omp parallel num_threads(nthreads) if (nthreads > 1)
