@@ -18,6 +18,7 @@
 #include <cstdint>
 
 #include "kernels.h"
+#include "ksuper_tile.h"
 #include "qrows.h"
 #include "simd.h"
 
@@ -41,61 +42,50 @@ inline void q4k_tile(const uint8_t* const (&block)[NB], int64_t G, const Quantiz
                      int64_t K, int64_t m0, __m512 (&total)[NB][MT]) {
   // Independent chains per row and block when the rows are few (a dot product's ~5 cycles)
   constexpr int CH = MT >= 4 ? 1 : MT >= 2 || NB >= 2 ? 2 : 4;
-  const int32_t* xq[MT];
-  PACE_UNROLL for (int m = 0; m < MT; ++m) {
-    PACE_UNROLL for (int j = 0; j < NB; ++j) total[j][m] = _mm512_setzero_ps();
-    xq[m] = (const int32_t*)(x.codes.data() + (m0 + m) * K);
-  }
   const __m512i low = _mm512_set1_epi8(0x0F);
-  for (int64_t g0 = 0; g0 < G; g0 += 8) {
-    const uint16_t* tables[NB];  // fp16 d [16], dmin [16], then bytes sc [8][16], m [8][16]
-    PACE_UNROLL for (int j = 0; j < NB; ++j) {
-      qtouch_run<KIND_Q4K>(block[j], g0);
-      tables[j] = qgroup_tables<KIND_Q4K>(block[j], g0);
-    }
-    __m512i acc[NB][MT];
-    PACE_UNROLL for (int j = 0; j < NB; ++j) PACE_UNROLL for (int m = 0; m < MT; ++m)
-      acc[j][m] = _mm512_setzero_si512();
-    for (int i = 0; i < 8; ++i) {
-      const int64_t g = g0 + i;
-      const uint8_t* codes[NB];
-      PACE_UNROLL for (int j = 0; j < NB; ++j) codes[j] = qgroup_codes<KIND_Q4K>(block[j], G, g);
-      __m512i isum[CH][NB][MT];
-      PACE_UNROLL for (int c = 0; c < CH; ++c) PACE_UNROLL for (int j = 0; j < NB; ++j)
-        PACE_UNROLL for (int m = 0; m < MT; ++m) isum[c][j][m] = _mm512_setzero_si512();
-      // isum[chain][j][m] += block j's codes of quad `quad` (w[j]) . row m's quad broadcast
-      auto dot4 = [&](const __m512i (&w)[NB], int quad, int chain) {
-        const int c = chain % CH;
-        PACE_UNROLL for (int m = 0; m < MT; ++m) {
-          const __m512i xm = _mm512_set1_epi32(xq[m][g * 8 + quad]);
-          PACE_UNROLL for (int j = 0; j < NB; ++j)
-            isum[c][j][m] = dpbusd_nibbles(isum[c][j][m], w[j], xm);
-        }
-      };
-      // line v: quad 2v in the low nibbles, 2v + 1 in the high ones
-      PACE_UNROLL for (int v = 0; v < 4; ++v) {
-        __m512i raw[NB], w[NB];
-        PACE_UNROLL for (int j = 0; j < NB; ++j) {
-          raw[j] = _mm512_loadu_si512(codes[j] + 64 * v);
-          w[j] = _mm512_and_si512(raw[j], low);
-        }
-        dot4(w, 2 * v, 2 * v);
+  // a group (sub-block i of 32 k): acc += sc_i * (sum u xq)
+  const auto group = [&](const int32_t* const (&xq)[MT], int64_t g, int i,
+                         const uint8_t* const (&codes)[NB], const uint16_t* const (&tables)[NB],
+                         __m512i (&acc)[NB][MT]) __attribute__((always_inline)) {
+    __m512i isum[CH][NB][MT];
+    PACE_UNROLL for (int c = 0; c < CH; ++c) PACE_UNROLL for (int j = 0; j < NB; ++j)
+      PACE_UNROLL for (int m = 0; m < MT; ++m) isum[c][j][m] = _mm512_setzero_si512();
+    // isum[chain][j][m] += block j's codes of quad `quad` (w[j]) . row m's quad broadcast
+    auto dot4 = [&](const __m512i (&w)[NB], int quad, int chain) {
+      const int c = chain % CH;
+      PACE_UNROLL for (int m = 0; m < MT; ++m) {
+        const __m512i xm = _mm512_set1_epi32(xq[m][g * 8 + quad]);
         PACE_UNROLL for (int j = 0; j < NB; ++j)
-          w[j] = _mm512_and_si512(_mm512_srli_epi16(raw[j], 4), low);
-        dot4(w, 2 * v + 1, 2 * v + 1);
+          isum[c][j][m] = dpbusd_nibbles(isum[c][j][m], w[j], xm);
       }
+    };
+    // line v: quad 2v in the low nibbles, 2v + 1 in the high ones
+    PACE_UNROLL for (int v = 0; v < 4; ++v) {
+      __m512i raw[NB], w[NB];
       PACE_UNROLL for (int j = 0; j < NB; ++j) {
-        const uint8_t* sc = (const uint8_t*)(tables[j] + 32) + 16 * i;
-        const __m512i s = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)sc));
-        PACE_UNROLL for (int m = 0; m < MT; ++m) {
-          __m512i sum = widen_nibble_sums(isum[0][j][m]);
-          PACE_UNROLL for (int c = 1; c < CH; ++c)
-            sum = _mm512_add_epi32(sum, widen_nibble_sums(isum[c][j][m]));
-          acc[j][m] = _mm512_add_epi32(acc[j][m], _mm512_mullo_epi32(sum, s));
-        }
+        raw[j] = _mm512_loadu_si512(codes[j] + 64 * v);
+        w[j] = _mm512_and_si512(raw[j], low);
+      }
+      dot4(w, 2 * v, 2 * v);
+      PACE_UNROLL for (int j = 0; j < NB; ++j)
+        w[j] = _mm512_and_si512(_mm512_srli_epi16(raw[j], 4), low);
+      dot4(w, 2 * v + 1, 2 * v + 1);
+    }
+    PACE_UNROLL for (int j = 0; j < NB; ++j) {
+      const uint8_t* sc = (const uint8_t*)(tables[j] + 32) + 16 * i;
+      const __m512i s = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)sc));
+      PACE_UNROLL for (int m = 0; m < MT; ++m) {
+        __m512i sum = widen_nibble_sums(isum[0][j][m]);
+        PACE_UNROLL for (int c = 1; c < CH; ++c)
+          sum = _mm512_add_epi32(sum, widen_nibble_sums(isum[c][j][m]));
+        acc[j][m] = _mm512_add_epi32(acc[j][m], _mm512_mullo_epi32(sum, s));
       }
     }
-    // the super-block's flush: the min term on int16 pairs, then the two FMAs
+  };
+  // the super-block's flush: the min term on int16 pairs, then the two FMAs
+  const auto flush = [&](int64_t g0, const uint16_t* const (&tables)[NB],
+                         const __m512i (&acc)[NB][MT], __m512 (&out)[NB][MT])
+                         __attribute__((always_inline)) {
     PACE_UNROLL for (int j = 0; j < NB; ++j) {
       const uint8_t* mins = (const uint8_t*)(tables[j] + 32) + 128;
       __m512i pairs[4];
@@ -108,11 +98,12 @@ inline void q4k_tile(const uint8_t* const (&block)[NB], int64_t G, const Quantiz
         PACE_UNROLL for (int p = 0; p < 4; ++p)
           msum = _mm512_dpwssd_epi32(msum, pairs[p], _mm512_set1_epi32(csum[p]));
         const __m512 xs = _mm512_set1_ps(x.scales[(m0 + m) * G + g0]);
-        total[j][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[j][m]), _mm512_mul_ps(d, xs), total[j][m]);
-        total[j][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_mul_ps(neg_dmin, xs), total[j][m]);
+        out[j][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[j][m]), _mm512_mul_ps(d, xs), out[j][m]);
+        out[j][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_mul_ps(neg_dmin, xs), out[j][m]);
       }
     }
-  }
+  };
+  super_block_runs<KIND_Q4K, MT, NB>(block, G, x, K, m0, total, group, flush);
 }
 
 }  // namespace pace_avx512

@@ -18,6 +18,7 @@
 #include <cstdint>
 
 #include "kernels.h"
+#include "ksuper_tile.h"
 #include "qblock.h"
 #include "qrows.h"
 #include "simd.h"
@@ -40,46 +41,35 @@ __attribute__((always_inline)) inline __m512i q6k_scale_pairs(const uint16_t* ta
 template <int MT, int NB>
 inline void q6k_tile(const uint8_t* const (&block)[NB], int64_t G, const QuantizedRows& x,
                      int64_t K, int64_t m0, __m512 (&total)[NB][MT]) {
-  const int32_t* xq[MT];
-  PACE_UNROLL for (int m = 0; m < MT; ++m) {
-    PACE_UNROLL for (int j = 0; j < NB; ++j) total[j][m] = _mm512_setzero_ps();
-    xq[m] = (const int32_t*)(x.codes.data() + (m0 + m) * K);
-  }
-  for (int64_t g0 = 0; g0 < G; g0 += 8) {
-    const uint16_t* tables[NB];  // fp16 d [16], then int8 sc [16][16]
-    PACE_UNROLL for (int j = 0; j < NB; ++j) {
-      qtouch_run<KIND_Q6>(block[j], g0);
-      tables[j] = qgroup_tables<KIND_Q6>(block[j], g0);
-    }
-    __m512i acc[NB][MT];
-    PACE_UNROLL for (int j = 0; j < NB; ++j) PACE_UNROLL for (int m = 0; m < MT; ++m)
-      acc[j][m] = _mm512_setzero_si512();
-    for (int i = 0; i < 8; ++i) {
-      const int64_t g = g0 + i;
-      const uint8_t* codes[NB];
-      PACE_UNROLL for (int j = 0; j < NB; ++j) codes[j] = qgroup_codes<KIND_Q6>(block[j], G, g);
-      PACE_UNROLL for (int half = 0; half < 2; ++half) {  // sub-block 2i + half: quads 4 half..
-        __m512i isum[NB][MT];
-        PACE_UNROLL for (int j = 0; j < NB; ++j) PACE_UNROLL for (int m = 0; m < MT; ++m)
-          isum[j][m] = _mm512_setzero_si512();
-        PACE_UNROLL for (int q = 4 * half; q < 4 * half + 4; ++q) {
-          __m512i w[NB];
-          PACE_UNROLL for (int j = 0; j < NB; ++j) w[j] = quad_codes<KIND_Q6>(codes[j], q);
-          PACE_UNROLL for (int m = 0; m < MT; ++m) {
-            const __m512i xm = _mm512_set1_epi32(xq[m][g * 8 + q]);
-            PACE_UNROLL for (int j = 0; j < NB; ++j)
-              isum[j][m] = dpbusd_small_codes(isum[j][m], w[j], xm);
-          }
-        }
-        PACE_UNROLL for (int j = 0; j < NB; ++j) {
-          const __m512i s = _mm512_cvtepi8_epi32(
-              _mm_loadu_si128((const __m128i*)q6_sub_scales(tables[j], 2 * i + half)));
-          PACE_UNROLL for (int m = 0; m < MT; ++m)
-            acc[j][m] = _mm512_add_epi32(acc[j][m], _mm512_mullo_epi32(isum[j][m], s));
+  // a group's two sub-blocks of 16 k: acc += sc * (sum u xq)
+  const auto group = [&](const int32_t* const (&xq)[MT], int64_t g, int i,
+                         const uint8_t* const (&codes)[NB], const uint16_t* const (&tables)[NB],
+                         __m512i (&acc)[NB][MT]) __attribute__((always_inline)) {
+    PACE_UNROLL for (int half = 0; half < 2; ++half) {  // sub-block 2i + half: quads 4 half..
+      __m512i isum[NB][MT];
+      PACE_UNROLL for (int j = 0; j < NB; ++j) PACE_UNROLL for (int m = 0; m < MT; ++m)
+        isum[j][m] = _mm512_setzero_si512();
+      PACE_UNROLL for (int q = 4 * half; q < 4 * half + 4; ++q) {
+        __m512i w[NB];
+        PACE_UNROLL for (int j = 0; j < NB; ++j) w[j] = quad_codes<KIND_Q6>(codes[j], q);
+        PACE_UNROLL for (int m = 0; m < MT; ++m) {
+          const __m512i xm = _mm512_set1_epi32(xq[m][g * 8 + q]);
+          PACE_UNROLL for (int j = 0; j < NB; ++j)
+            isum[j][m] = dpbusd_small_codes(isum[j][m], w[j], xm);
         }
       }
+      PACE_UNROLL for (int j = 0; j < NB; ++j) {
+        const __m512i s = _mm512_cvtepi8_epi32(
+            _mm_loadu_si128((const __m128i*)q6_sub_scales(tables[j], 2 * i + half)));
+        PACE_UNROLL for (int m = 0; m < MT; ++m)
+          acc[j][m] = _mm512_add_epi32(acc[j][m], _mm512_mullo_epi32(isum[j][m], s));
+      }
     }
-    // the super-block's flush: the offset term on int16 pairs, then one FMA
+  };
+  // the super-block's flush: the offset term on int16 pairs, then one FMA
+  const auto flush = [&](int64_t g0, const uint16_t* const (&tables)[NB],
+                         const __m512i (&acc)[NB][MT], __m512 (&out)[NB][MT])
+                         __attribute__((always_inline)) {
     PACE_UNROLL for (int j = 0; j < NB; ++j) {
       const __m512 d = fp16x16(tables[j]);
       __m512i msum[MT];
@@ -94,10 +84,11 @@ inline void q6k_tile(const uint8_t* const (&block)[NB], int64_t G, const Quantiz
       PACE_UNROLL for (int m = 0; m < MT; ++m) {
         const __m512i sum = _mm512_sub_epi32(acc[j][m], _mm512_slli_epi32(msum[m], 5));
         const __m512 xs = _mm512_set1_ps(x.scales[(m0 + m) * G + g0]);
-        total[j][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(d, xs), total[j][m]);
+        out[j][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(d, xs), out[j][m]);
       }
     }
-  }
+  };
+  super_block_runs<KIND_Q6, MT, NB>(block, G, x, K, m0, total, group, flush);
 }
 
 }  // namespace pace_avx512
