@@ -6,11 +6,8 @@ emulation is checked wherever the suite runs.
 Bounds: fp32 greedy tokens equal to native and logits within 1e-4; int8 and int4 weights
 (``vpdpbusd`` in its AVX2 forms: signed bytes, nibbles summed in int16; activations as 15-bit
 integers) greedy tokens equal and logits within 2e-2 of native. On an AVX-512 CPU the avx2
-build's logits are also close to the native AVX-512 build's: fp32 within 1e-4 (the same
-arithmetic, the reductions' order aside); int8 and int4 within 5e-3 (the same integer sums,
-but the avx2 word tiles fold the codes' offset into them on 15-bit activations where the
-AVX-512 planes add the min term with an FMA: 1.8e-3 apart on int8 at 2 layers, Zen 4,
-2026-11-30), a tenth of their bound against native."""
+build's logits are also within 1e-4 of the native AVX-512 build's: the same arithmetic (the
+same integer sums), the reductions' order aside."""
 
 from __future__ import annotations
 
@@ -73,7 +70,6 @@ def test_the_avx2_build_matches_native(odd_llama_dir, tiny_llama_dir, tmp_path):
     if detect_cpu().has(*build.BASE_FEATURES, "avx512_vnni"):
         real = run(odd_llama_dir, tiny_llama_dir, tmp_path / "avx512.pt", None)
         assert real["target"] != "avx2"
-        diffs = {name: float((emulated[name, "avx512"][1] - real[name, "avx512"][1]).abs().max())
-                 for name in ("fp32", "int8", "int4")}  # fmt: skip
-        assert diffs["fp32"] <= 1e-4, diffs
-        assert diffs["int8"] <= 5e-3 and diffs["int4"] <= 5e-3, diffs
+        for name in ("fp32", "int8", "int4"):
+            diff = (emulated[name, "avx512"][1] - real[name, "avx512"][1]).abs().max()
+            assert float(diff) <= 1e-4, name

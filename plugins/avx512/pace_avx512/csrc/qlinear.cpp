@@ -10,9 +10,9 @@
 //   sum w x = s xs sum u xq + m xs sum xq,
 // the first sum exact in int32 by vpdpbusd (16 rows x a k-quad of unsigned weight bytes times
 // the activation quad broadcast, per instruction; 4-bit nibbles need only a mask or a shift).
-// On int8 activations the kinds without mins (m = -offset s) fold m into the integer sum,
+// The kinds without mins (m = -offset s) fold m into the integer sum,
 //   sum w x = s xs (sum u xq - offset sum xq),
-// one FMA per scale span (`folds`); 15-bit activations keep the min term. KIND_Q4K (GGUF q4_k,
+// one FMA per scale span (`folds`), on int8 and 15-bit activations alike. KIND_Q4K (GGUF q4_k,
 // s = d sc, m = -dmin m6 with 6-bit sc, m6 per 32 k) cannot fold, so on int8 activations its
 // rows are quantized per super-block of 256 (llama.cpp's q8_K class) and its tiles sum
 // integers across the super-block: sum_i sc_i (sum u xq)_i and sum_i m6_i (sum xq)_i, two
@@ -89,12 +89,13 @@ struct QArgs {
   int64_t M;  // activation rows
 };
 
-// The fold: on int8 activations a kind without mins (its min is -offset s) sums the signed
-// codes, sum q xq = sum u xq - offset sum xq, exact in int32, so a scale span's flush is one
-// FMA, total += sum * (s xs), and no min term. 15-bit activations and kinds with mins keep
-// sum u xq and the min FMA (KIND_Q6 on 15 bits: sum (u + 96) xq with the min -128 s).
+// The fold: a kind without mins (its min is -offset s) sums the signed codes, sum q xq = sum
+// u xq - offset sum xq, exact in int32 (15-bit rows too: |128 sum u hi + sum u lo - offset
+// sum xq| < 2^28 per span), so a scale span's flush is one FMA, total += sum * (s xs), and
+// no min term whose product would cancel most of the first one's; as the avx2 word tiles.
+// Kinds with mins keep sum u xq and the min FMA.
 template <int KIND, bool SPLIT>
-constexpr bool folds() { return !SPLIT && !has_mins(KIND); }
+constexpr bool folds() { return !has_mins(KIND); }
 // acc + a quad's codes u (quad_codes, or a nibble line's masked or shifted codes) . an
 // activation quad: an 8-bit kind's u = q + 128, whose sum falls short by OFFSET_BYTES_BIAS per
 // activation code (isa.h; code_shift adds it back); KIND_Q6's u in [0, 63]; a 4-bit kind's
