@@ -134,9 +134,9 @@ constexpr int code_shift() {
 // - KIND_Q4K's scale and min per group and block are d sc and -dmin m (QScales: two byte
 //   loads widened, converted and multiplied; d and dmin converted once per run of 8 groups)
 //   on 15 bits; an int8 row is a q4k_tile of one row (qrow_step);
-// - the integer sums shift by code_shift (the fold): KIND_Q6 then sums what int8-g16 sums
-//   (q, or on 15 bits q + 128), the same numbers bit for bit as int8-g16's packing of the
-//   same weight.
+// - the integer sums shift by code_shift (the fold): the kinds without mins sum their signed
+//   codes q; KIND_Q6's scale per 16 k is d sc (span_scale) on 15 bits, and an int8 row is a
+//   q6k_tile of one row (qrow_step).
 template <int KIND, bool SPLIT, int NB>
 inline void qrow(const QArgs& a, const int64_t (&bs)[NB], __m512 (&total)[NB][1]) {
   constexpr bool BYTES = is_byte_coded(KIND);
