@@ -94,7 +94,7 @@ struct QArgs {
 // sum xq| < 2^28 per span), so a scale span's flush is one FMA, total += sum * (s xs), and
 // no min term whose product would cancel most of the first one's; as the avx2 word tiles.
 // Kinds with mins keep sum u xq and the min FMA.
-template <int KIND, bool SPLIT>
+template <int KIND>
 constexpr bool folds() { return !has_mins(KIND); }
 // acc + a quad's codes u (quad_codes, or a nibble line's masked or shifted codes) . an
 // activation quad: an 8-bit kind's u = q + 128, whose sum falls short by OFFSET_BYTES_BIAS per
@@ -114,10 +114,9 @@ __attribute__((always_inline)) inline __m512i widen_codes(__m512i acc) {
 }
 // What a span's integer sum adds per activation code (times the span's code sum,
 // QuantizedRows::span_codes).
-template <int KIND, bool SPLIT>
+template <int KIND>
 constexpr int code_shift() {
-  const int of_u = folds<KIND, SPLIT>() ? -qcode_offset(KIND)
-                   : is_byte_coded(KIND) ? 128 - qcode_offset(KIND) : 0;
+  const int of_u = folds<KIND>() ? -qcode_offset(KIND) : 0;
   return of_u + (is_int8(KIND) ? OFFSET_BYTES_BIAS : 0);  // dot_codes sums (u - bias) x
 }
 
@@ -140,8 +139,8 @@ constexpr int code_shift() {
 template <int KIND, bool SPLIT, int NB>
 inline void qrow(const QArgs& a, const int64_t (&bs)[NB], __m512 (&total)[NB][1]) {
   constexpr bool BYTES = is_byte_coded(KIND);
-  constexpr bool FOLD = folds<KIND, SPLIT>();
-  constexpr int SHIFT = code_shift<KIND, SPLIT>();
+  constexpr bool FOLD = folds<KIND>();
+  constexpr int SHIFT = code_shift<KIND>();
   constexpr int SUB = qscales_per_group(KIND);
   const int32_t* hi = (const int32_t*)a.x->codes.data();
   const int32_t* lo = (const int32_t*)(a.x->codes.data() + a.M * a.K);
@@ -161,7 +160,8 @@ inline void qrow(const QArgs& a, const int64_t (&bs)[NB], __m512 (&total)[NB][1]
       codes[j] = qgroup_codes<KIND>(block[j], a.G, g);
       tables[j] = qgroup_tables<KIND>(block[j], g);
     }
-    if constexpr (BYTES) {  // quad q's codes u (quad_codes), summed as u + SHIFT
+    if constexpr (BYTES) {  // quad q's codes u (quad_codes), summed as u + SHIFT (folded)
+      static_assert(FOLD, "the byte-coded kinds have no mins");
       PACE_UNROLL for (int sub = 0; sub < SUB; ++sub) {
         __m512i acc[NB][2];  // [block][activation plane]
         PACE_UNROLL for (int j = 0; j < NB; ++j) acc[j][0] = acc[j][1] = _mm512_setzero_si512();
@@ -175,14 +175,12 @@ inline void qrow(const QArgs& a, const int64_t (&bs)[NB], __m512 (&total)[NB][1]
           }
         }
         const __m512 sx = _mm512_set1_ps(xs[g]);
-        const __m512 xsum = _mm512_set1_ps(-128.0f * a.x->span_sum<SUB>(0, a.G, g, sub));
         const __m512i shift = _mm512_set1_epi32(SHIFT * a.x->span_codes<SUB>(0, a.G, g, sub));
         PACE_UNROLL for (int j = 0; j < NB; ++j) {
           __m512i sum = SPLIT ? _mm512_add_epi32(_mm512_slli_epi32(acc[j][0], 7), acc[j][1]) : acc[j][0];
           if constexpr (SHIFT) sum = _mm512_add_epi32(sum, shift);
           const __m512 s = span_scale<KIND>(tables[j], g, sub);
           total[j][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(s, sx), total[j][0]);
-          if constexpr (!FOLD) total[j][0] = _mm512_fmadd_ps(s, xsum, total[j][0]);
         }
       }
     } else {  // line v = quad 2v in the low nibbles, 2v + 1 in the high ones
@@ -235,8 +233,8 @@ inline void qrow(const QArgs& a, const int64_t (&bs)[NB], __m512 (&total)[NB][1]
 template <int KIND, bool SPLIT, int MT, int NB = 1>
 inline void qtile(const QArgs& a, int64_t b, int64_t m0, __m512 (&total)[NB][MT]) {
   constexpr bool BYTES = is_byte_coded(KIND);
-  constexpr bool FOLD = folds<KIND, SPLIT>();
-  constexpr int SHIFT = code_shift<KIND, SPLIT>();
+  constexpr bool FOLD = folds<KIND>();
+  constexpr int SHIFT = code_shift<KIND>();
   constexpr int SUB = qscales_per_group(KIND);
   // Independent accumulator chains per activation row and block: with few rows a single chain
   // of dot products waits on its own latency (~5 cycles) every instruction.
@@ -325,9 +323,7 @@ inline void qtile(const QArgs& a, int64_t b, int64_t m0, __m512 (&total)[NB][MT]
           quad(q + 3, C3{});
         }
         PACE_UNROLL for (int j = 0; j < NB; ++j) {
-          const __m512 s = span_scale<KIND>(tables[j], g, sub);
-          flush(j, s, sub);
-          add_min(j, _mm512_mul_ps(s, _mm512_set1_ps(-128.0f)), sub);
+          flush(j, span_scale<KIND>(tables[j], g, sub), sub);  // byte kinds fold: no min
         }
       }
     } else {
