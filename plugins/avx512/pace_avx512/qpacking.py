@@ -28,9 +28,10 @@ Codes are unsigned bytes
 in k-quads (the ``vpdpbusd`` operand): byte ``4j + e`` of a quad = row j, k = 4 quad + e.
 8-bit codes are stored as ``q + 128``, a group as 8 quads of 64 bytes; 4-bit codes as 4 lines
 of 64 bytes, line v holding quad 2v in the low nibbles and 2v + 1 in the high ones; 6-bit codes
-``u`` as the 4-bit lines of ``u & 15``, then 2 high lines of 64 bytes: bits ``2 (q % 4)`` and
-``2 (q % 4) + 1`` of byte ``4j + e`` of high line ``q / 4`` are ``u >> 4`` of that byte of quad
-q (384 bytes per block and group: 4 nibble lines, 2 high lines).
+``u`` per 16 k (quads 4s..4s + 3) as a high line s, then the 4-bit lines 2s and 2s + 1 of
+``u & 15``: bits ``2 (q % 4)`` and ``2 (q % 4) + 1`` of byte ``4j + e`` of high line ``q / 4``
+are ``u >> 4`` of that byte of quad q (384 bytes per block and group; the kernels read it in
+ascending order, csrc/qblock.h).
 """
 
 from __future__ import annotations
@@ -183,7 +184,7 @@ def _block_bytes(codes: torch.Tensor, tables: Sequence[torch.Tensor], kind: int)
     quads = codes.view(nb, ROWS, g, 8, 4).permute(0, 2, 3, 1, 4)  # [nb, G, quad, row, 4]
     if int8:
         lines = quads.contiguous()
-    else:  # line v: quad 2v | quad 2v + 1 << 4 (q6: the low 4 bits, then its high lines)
+    else:  # line v: quad 2v | quad 2v + 1 << 4 (q6: the low 4 bits, after their high line)
         halves = (quads & 0x0F).reshape(nb, g, 4, 2, 64)
         lines = halves[:, :, :, 0] | (halves[:, :, :, 1] << 4)
         if q6:  # high line h: quad 4h + i's u >> 4 at bits 2i, 2i + 1
@@ -194,7 +195,8 @@ def _block_bytes(codes: torch.Tensor, tables: Sequence[torch.Tensor], kind: int)
                 | high[:, :, :, 2] << 4
                 | (high[:, :, :, 3] << 6)
             )
-            lines = torch.cat([lines, high], dim=2)
+            nibbles = lines.reshape(nb, g, 2, 2, 64)  # per 16 k: high line s, nibbles 2s, 2s + 1
+            lines = torch.cat([high.unsqueeze(3), nibbles], dim=3)
     groups = lines.reshape(nb, units, -1)  # [nb, units, code bytes]
     tables = torch.cat([  # [nb, units, table bytes]: e.g. scales [SUB][16], then mins [16]
         table.view(nb, ROWS, units, -1).permute(0, 2, 3, 1).contiguous().view(torch.uint8)

@@ -66,8 +66,8 @@ void qpacked_rows(const uint8_t* w, int64_t block_stride, int kind, int64_t K,
 // layout; qlinear_* hand it over). int8 codes are stored as unsigned q + 128 (the min -128 s
 // is not stored).
 // KIND_Q6 (GGUF q6_k, K a multiple of 256): 6-bit codes u = q + 32 (w = (u - 32) d sc, a scale
-// per 16 k) as the 4-bit kinds' nibble lines (the low 4 bits) plus 2 lines of their high 2 bits
-// (qblock.h q6_quad); one run per super-block (8 groups) whose tables are fp16 d [16], then the
+// per 16 k) as, per 16 k, a line of the high 2 bits and two of the 4-bit kinds' nibble lines
+// (the low 4 bits; qblock.h q6_quad); one run per super-block (8 groups) whose tables are fp16 d [16], then the
 // int8 sub-block scales sc [16][16] (one per 16 k), 32 bytes of padding (qblock.h span_scale).
 // KIND_Q4K (GGUF q4_k, K a multiple of 256): 4-bit codes as the nibble lines; one run per
 // super-block (8 groups) whose tables are fp16 d [16] and dmin [16], then uint8 sub-block
@@ -97,7 +97,7 @@ void w8a8_rows(const uint8_t* w, int64_t block_stride, int64_t K, const int64_t*
 constexpr int64_t QGROUP = 32;  // k per quantization group
 constexpr bool is_int8(int kind) { return kind == KIND_INT8 || kind == KIND_INT8_G16; }
 // Code bytes per block and group: 8 quads of 64 (int8), 4 nibble lines (4-bit), or 4 nibble
-// lines then 2 lines of high bits (KIND_Q6).
+// lines and 2 lines of high bits (KIND_Q6).
 constexpr int64_t qcode_bytes(int kind) {
   return is_int8(kind) ? 512 : kind == KIND_Q6 ? 384 : 256;
 }

@@ -12,13 +12,18 @@
 
 namespace pace_avx512 {
 
-// KIND_Q6 codes of a group: nibble lines 0-3 (line v: quad 2v in the low nibbles, 2v + 1 in
-// the high ones, as the 4-bit kinds), then high lines 0-1 at bytes 256 and 320: the high 2
-// bits of quad q are bits 2 (q % 4), 2 (q % 4) + 1 of the same byte (4j + e: row j, k = 4q + e)
-// of high line q / 4. So the k of each scale (16: quads 4s..4s + 3) are nibble lines 2s, 2s + 1
-// and high line s. q6_quad(q, nibble line q / 2, high line q / 4): quad q's codes u (0..63),
-// one per byte: a shift (odd quads) for the nibble, a shift and an AND for the high bits (then
-// at bits 4-5, 16 times their value), one ternary-logic merge.
+// KIND_Q6 codes of a group: per sub-block of 16 k (quads 4s..4s + 3: one scale), its high
+// line s, then nibble lines 2s and 2s + 1 (line v: quad 2v in the low nibbles, 2v + 1 in the
+// high ones, as the 4-bit kinds), 192 bytes, the two sub-blocks one after the other: the high
+// 2 bits of quad q are bits 2 (q % 4), 2 (q % 4) + 1 of the same byte (4j + e: row j,
+// k = 4q + e) of high line q / 4. The kernels read a group's lines in ascending order: with
+// the high lines after all 4 nibble lines, each sub-block read line 2s, then 4 + s, then 2s +
+// 1, and Zen 4's prefetchers followed it badly (decode GEMV, one core: 18-19 GB/s against
+// 27-31 in this order; CHANGELOG). q6_quad(q, nibble line q / 2, high line q / 4): quad q's
+// codes u (0..63), one per byte: a shift (odd quads) for the nibble, a shift and an AND for
+// the high bits (then at bits 4-5, 16 times their value), one ternary-logic merge.
+constexpr int64_t q6_high_line(int h) { return 192 * h; }        // byte offset in the group
+constexpr int64_t q6_nibble_line(int v) { return 64 * (v + v / 2 + 1); }
 __attribute__((always_inline)) inline __m512i q6_quad(int q, __m512i nib, __m512i high) {
   const int i = q % 4;  // bits 2i, 2i + 1 of the high line, to bits 4, 5
   __m512i h = i == 0 ? _mm512_slli_epi16(high, 4) : i == 1 ? _mm512_slli_epi16(high, 2)
@@ -34,8 +39,8 @@ constexpr bool is_byte_coded(int kind) { return is_int8(kind) || kind == KIND_Q6
 template <int KIND>
 __attribute__((always_inline)) inline __m512i quad_codes(const uint8_t* codes, int q) {
   if constexpr (KIND == KIND_Q6)
-    return q6_quad(q, _mm512_loadu_si512(codes + 64 * (q / 2)),
-                   _mm512_loadu_si512(codes + 256 + 64 * (q / 4)));
+    return q6_quad(q, _mm512_loadu_si512(codes + q6_nibble_line(q / 2)),
+                   _mm512_loadu_si512(codes + q6_high_line(q / 4)));
   else
     return _mm512_loadu_si512(codes + 64 * q);
 }

@@ -37,8 +37,9 @@
 // group, byte 4j + e of a k-quad = row j, k = 4 quad + e:
 //   8-bit: 8 quads of 64 bytes, quad q at byte 64 q;
 //   4-bit: 4 lines of 64 bytes, line v = quad 2v in the low nibbles and 2v + 1 in the high ones;
-//   6-bit (KIND_Q6, GGUF q6_k as u = q + 32): the 4-bit lines of the low 4 bits, then 2 lines
-//   of the high 2 bits (qblock.h q6_quad), merged per quad into one byte code u as 8-bit.
+//   6-bit (KIND_Q6, GGUF q6_k as u = q + 32): per 16 k a line of the high 2 bits, then the two
+//   4-bit lines of the low 4 bits (qblock.h q6_quad), merged per quad into one byte code u as
+//   8-bit.
 // Threads take contiguous ranges of row blocks, each one sequential stream that the hardware
 // prefetchers follow (software prefetch on top of it lost a third of the bandwidth on Zen 4);
 // calls of more rows take theirs in jobs and steal the others' last ones when done (qdrive).
@@ -663,7 +664,7 @@ void packed_row(const uint8_t* block, int64_t G, int64_t lane, float* row) {
       if constexpr (is_int8(KIND)) {  // u = q + 128
         v = (float)((int)cg[64 * quad + e] - 128) * scale;
       } else if constexpr (KIND == KIND_Q6) {  // u = nibble | high 2 bits << 4 (qblock.h)
-        const uint8_t byte = cg[64 * (quad / 2) + e], high = cg[256 + 64 * (quad / 4) + e];
+        const uint8_t byte = cg[q6_nibble_line(quad / 2) + e], high = cg[q6_high_line(quad / 4) + e];
         const int u = (quad % 2 ? byte >> 4 : byte & 0x0F) | ((high >> (2 * (quad % 4))) & 3) << 4;
         v = (float)(u - 32) * scale;
       } else {  // line quad / 2: even quads in the low nibbles; u s + m as GGUF (no FMA)
