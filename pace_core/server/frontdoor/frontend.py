@@ -124,15 +124,24 @@ class Frontend:
     def healthy(self) -> bool:
         return any(inst.healthy for inst in self.instances)
 
+    @property
+    def gave_up(self) -> str | None:
+        """Why, when every instance has given up (none healthy, each ``failed``: not
+        restarted); else None. ``pace serve`` then exits (launch/process.py)."""
+        if any(inst.healthy for inst in self.instances):
+            return None
+        failed = [inst.failed for inst in self.instances]
+        return failed[0] if failed and all(failed) else None
+
     def readiness(self) -> dict[str, Any]:
         """``/health``'s body: ``ok`` (every instance ready), ``degraded`` (some are: requests
         go to those while the others start or restart), ``starting`` (none: a 503) or
         ``failed`` (every instance gave up, ``error`` says why: a 503 for good)."""
         ready = sum(1 for inst in self.instances if inst.healthy)
         total = len(self.instances)
-        failed = [inst.failed for inst in self.instances if inst.failed]
-        if not ready and len(failed) == total:
-            return {"status": "failed", "ready": 0, "instances": total, "error": failed[0]}
+        gave_up = self.gave_up
+        if gave_up is not None:
+            return {"status": "failed", "ready": 0, "instances": total, "error": gave_up}
         status = "ok" if ready == total else "degraded" if ready else "starting"
         return {"status": status, "ready": ready, "instances": total}
 

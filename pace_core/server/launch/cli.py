@@ -345,9 +345,8 @@ def _resolve_draft(name: str) -> Path:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from pace_core.server.api.app import create_app
+    from pace_core.server.launch.process import serve_http
 
     level = str(getattr(args, "log_level", None) or "info").lower()
     if not logging.getLogger().handlers:
@@ -375,5 +374,4 @@ def run_serve(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
-    uvicorn.run(app, host=args.host, port=args.port, log_level=level)
-    return 0
+    return serve_http(app, server.frontend, args.host, args.port, level)
