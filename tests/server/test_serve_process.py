@@ -5,7 +5,9 @@ healthy or may still restart."""
 from __future__ import annotations
 
 import logging
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -68,7 +70,20 @@ def test_serve_http_exits_1_when_every_instance_gives_up(caplog):
     assert "engine instance 0 stopped before serving" in caplog.text
 
 
-@pytest.mark.slow  # three failed starts of two spawned instance processes: ~30-60 s here
+def test_serve_http_exits_0_on_ctrl_c_while_an_instance_serves():
+    """SIGINT stops the server cleanly, status 0 (uvicorn re-raises it once shut down), and a
+    healthy instance is never taken for one that gave up."""
+    front = frontend(FakeInstance("0"), FakeInstance("1", healthy=False, failed="gone"))
+
+    def interrupt() -> None:
+        time.sleep(1.0)  # uvicorn's handlers are in place well before this
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    assert serve_http(app, front, "127.0.0.1", 0, "warning", interval=0.05) == 0
+
+
+@pytest.mark.slow  # three failed starts of two spawned instance processes: ~20-40 s here
 def test_pace_serve_exits_when_no_instance_can_load(tmp_path, smollm2_dir):
     """`pace serve --instances 2` on SmolLM2's config and tokenizer without its weights: the
     server starts (the tokenizer loads in its own process), each instance process dies
@@ -79,7 +94,7 @@ def test_pace_serve_exits_when_no_instance_can_load(tmp_path, smollm2_dir):
     proc = subprocess.run(
         [sys.executable, "-m", "pace_core.cli", "--log-level", "warning", "serve",
          str(tmp_path), "--instances", "2", "--port", "0"],
-        capture_output=True, text=True, timeout=600,
+        capture_output=True, text=True, timeout=180,
     )  # fmt: skip
     assert proc.returncode == EXIT_GAVE_UP, proc.stderr[-3000:]
     assert "every engine instance has given up" in proc.stderr

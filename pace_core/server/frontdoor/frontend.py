@@ -136,7 +136,8 @@ class Frontend:
     def readiness(self) -> dict[str, Any]:
         """``/health``'s body: ``ok`` (every instance ready), ``degraded`` (some are: requests
         go to those while the others start or restart), ``starting`` (none: a 503) or
-        ``failed`` (every instance gave up, ``error`` says why: a 503 for good)."""
+        ``failed`` (every instance gave up, ``error`` says why: a 503 until ``pace serve``
+        exits, launch/process.py)."""
         ready = sum(1 for inst in self.instances if inst.healthy)
         total = len(self.instances)
         gave_up = self.gave_up

@@ -24,8 +24,9 @@ class Instances(Protocol):
 
 def serve_http(app: Any, instances: Instances, host: str, port: int, log_level: str,
                interval: float = 1.0) -> int:  # fmt: skip
-    """Serve ``app`` with uvicorn in this thread; the exit status: 0 once stopped,
-    :data:`EXIT_GAVE_UP` when every engine instance gave up (checked every ``interval`` s)."""
+    """Serve ``app`` with uvicorn in this thread; the exit status: 0 once stopped (SIGINT,
+    SIGTERM), :data:`EXIT_GAVE_UP` when every engine instance gave up (checked every
+    ``interval`` s)."""
     import uvicorn
 
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level))
@@ -46,6 +47,8 @@ def serve_http(app: Any, instances: Instances, host: str, port: int, log_level: 
     watcher.start()
     try:
         server.run()
+    except KeyboardInterrupt:  # Ctrl+C: uvicorn shut down, then re-raised it (as uvicorn.run)
+        pass
     finally:
         done.set()
         watcher.join()
