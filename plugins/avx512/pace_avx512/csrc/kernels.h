@@ -65,10 +65,11 @@ void qpacked_rows(const uint8_t* w, int64_t block_stride, int kind, int64_t K,
 // stored), and W8A8 (int8 with one fp32 scale per row, int8 activations: igemm.cpp, its own
 // layout; qlinear_* hand it over). int8 codes are stored as unsigned q + 128 (the min -128 s
 // is not stored).
-// KIND_Q6 (GGUF q6_k, K a multiple of 256): 6-bit codes u = q + 32 (w = (u - 32) d sc, a scale
-// per 16 k) as, per 16 k, a line of the high 2 bits and two of the 4-bit kinds' nibble lines
-// (the low 4 bits; qblock.h q6_quad); one run per super-block (8 groups) whose tables are fp16 d [16], then the
-// int8 sub-block scales sc [16][16] (one per 16 k), 32 bytes of padding (qblock.h span_scale).
+// KIND_Q6 (GGUF q6_k, K a multiple of 256): 6-bit codes u = q + 32 (w = (u - 32) d sc, with a
+// scale per 16 k), each 16 k as a line of the high 2 bits, then two of the 4-bit kinds' nibble
+// lines (the low 4 bits; qblock.h q6_quad); one run per super-block (8 groups) whose tables
+// are fp16 d [16], then the int8 sub-block scales sc [16][16] (one per 16 k), 32 bytes of
+// padding (qblock.h span_scale).
 // KIND_Q4K (GGUF q4_k, K a multiple of 256): 4-bit codes as the nibble lines; one run per
 // super-block (8 groups) whose tables are fp16 d [16] and dmin [16], then uint8 sub-block
 // scales sc [8][16] and mins m [8][16] (6-bit): w = d sc u - dmin m (qblock.h QScales).

@@ -18,8 +18,8 @@ namespace pace_avx512 {
 // 2 bits of quad q are bits 2 (q % 4), 2 (q % 4) + 1 of the same byte (4j + e: row j,
 // k = 4q + e) of high line q / 4. The kernels read a group's lines in ascending order: with
 // the high lines after all 4 nibble lines, each sub-block read line 2s, then 4 + s, then 2s +
-// 1, and Zen 4's prefetchers followed it badly (decode GEMV, one core: 18-19 GB/s against
-// 27-31 in this order; CHANGELOG). q6_quad(q, nibble line q / 2, high line q / 4): quad q's
+// 1, and Zen 4's prefetchers followed it badly (decode GEMV, one core: 17.5-19.5 GB/s against
+// 26-31 in this order; CHANGELOG). q6_quad(q, nibble line q / 2, high line q / 4): quad q's
 // codes u (0..63), one per byte: a shift (odd quads) for the nibble, a shift and an AND for
 // the high bits (then at bits 4-5, 16 times their value), one ternary-logic merge.
 constexpr int64_t q6_high_line(int h) { return 192 * h; }        // byte offset in the group

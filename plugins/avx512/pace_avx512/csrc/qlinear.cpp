@@ -664,7 +664,8 @@ void packed_row(const uint8_t* block, int64_t G, int64_t lane, float* row) {
       if constexpr (is_int8(KIND)) {  // u = q + 128
         v = (float)((int)cg[64 * quad + e] - 128) * scale;
       } else if constexpr (KIND == KIND_Q6) {  // u = nibble | high 2 bits << 4 (qblock.h)
-        const uint8_t byte = cg[q6_nibble_line(quad / 2) + e], high = cg[q6_high_line(quad / 4) + e];
+        const uint8_t byte = cg[q6_nibble_line(quad / 2) + e];
+        const uint8_t high = cg[q6_high_line(quad / 4) + e];
         const int u = (quad % 2 ? byte >> 4 : byte & 0x0F) | ((high >> (2 * (quad % 4))) & 3) << 4;
         v = (float)(u - 32) * scale;
       } else {  // line quad / 2: even quads in the low nibbles; u s + m as GGUF (no FMA)
