@@ -3,6 +3,8 @@ it is much busier; the front door follows the router."""
 
 from __future__ import annotations
 
+from support.fake_instances import FakeInstance
+
 from pace_core.engine.events import SeqSpec
 from pace_core.sampling import SamplingConfig
 from pace_core.server.frontdoor.frontend import Frontend
@@ -35,23 +37,8 @@ def test_router_memory_is_bounded():
     assert len(router.seen[0]) == 4
 
 
-class _Instance:
-    def __init__(self, name: str) -> None:
-        self.name, self.healthy, self.capacity_tokens = name, True, 4096
-        self.submitted: list[list[str]] = []
-
-    def start(self, deliver) -> None: ...
-
-    def submit(self, specs) -> None:
-        self.submitted.append([s.key for s in specs])
-
-    def cancel(self, keys) -> None: ...
-
-    def shutdown(self, timeout: float = 10.0) -> None: ...
-
-
 def test_frontend_routes_a_shared_prefix_to_one_instance():
-    instances = [_Instance("0"), _Instance("1")]
+    instances = [FakeInstance("0"), FakeInstance("1")]
     front = Frontend(instances, Metrics(), max_running=8, max_queue=64)
     cfg = SamplingConfig(max_new_tokens=4)
     subs = [

@@ -15,18 +15,11 @@ import time
 from pathlib import Path
 
 import pytest
+from support.fake_instances import FakeInstance
 
 from pace_core.server.frontdoor.frontend import Frontend
 from pace_core.server.frontdoor.metrics import Metrics
 from pace_core.server.launch.process import EXIT_GAVE_UP, serve_http
-
-
-class FakeInstance:
-    """An engine handle as the front door reads it (no engine behind it)."""
-
-    def __init__(self, name: str, healthy: bool = True, failed: str | None = None) -> None:
-        self.name, self.healthy, self.failed = name, healthy, failed
-        self.capacity_tokens = None
 
 
 async def app(scope, receive, send):  # the smallest ASGI app uvicorn will run

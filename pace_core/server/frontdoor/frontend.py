@@ -126,10 +126,8 @@ class Frontend:
 
     @property
     def gave_up(self) -> str | None:
-        """Why, when every instance has given up (none healthy, each ``failed``: not
-        restarted); else None. ``pace serve`` then exits (launch/process.py)."""
-        if any(inst.healthy for inst in self.instances):
-            return None
+        """Why, when every instance has given up (each ``failed``: down and not restarted);
+        else None. ``pace serve`` then exits (launch/process.py)."""
         failed = [inst.failed for inst in self.instances]
         return failed[0] if failed and all(failed) else None
 

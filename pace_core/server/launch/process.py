@@ -7,22 +7,17 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pace_core.server.frontdoor.frontend import Frontend
 
 log = logging.getLogger("pace.server")
 
 EXIT_GAVE_UP = 1
 
 
-class Instances(Protocol):
-    """What :func:`serve_http` watches: a
-    :class:`~pace_core.server.frontdoor.frontend.Frontend`."""
-
-    @property
-    def gave_up(self) -> str | None: ...
-
-
-def serve_http(app: Any, instances: Instances, host: str, port: int, log_level: str,
+def serve_http(app: Any, frontend: Frontend, host: str, port: int, log_level: str,
                interval: float = 1.0) -> int:  # fmt: skip
     """Serve ``app`` with uvicorn in this thread; the exit status: 0 once stopped (SIGINT,
     SIGTERM), :data:`EXIT_GAVE_UP` when every engine instance gave up (checked every
@@ -36,7 +31,7 @@ def serve_http(app: Any, instances: Instances, host: str, port: int, log_level: 
     def watch() -> None:
         nonlocal status
         while not done.wait(interval):
-            reason = instances.gave_up
+            reason = frontend.gave_up
             if reason is not None:
                 log.error("every engine instance has given up, so pace serve exits: %s", reason)
                 status = EXIT_GAVE_UP

@@ -44,9 +44,8 @@
 // prefetchers follow (software prefetch on top of it lost a third of the bandwidth on Zen 4);
 // calls of more rows take theirs in jobs and steal the others' last ones when done (qdrive).
 // A single activation row (decode; split or int8) reads its thread's range as 4 runs side by
-// side (`qrow`; 1, 2 or 4 measured alike once the layout was in order; KIND_Q6 since its runs
-// are super-blocks 4 against 2: one Zen 4 core, 32064 x 2048 and 2048 x 8192, GB/s of the
-// file's bytes, 15-bit 14-16 -> 19-23, int8 23-25 -> 23-29); the tiles of other calls
+// side (`qrow`; 1, 2 or 4 measured alike once the layout was in order, KIND_Q6's super-block
+// runs too, where 2 read 25-35% slower than 4 on 15-bit rows); the tiles of other calls
 // have 4 rows, the leftover 1-3 rows keep 4 or 2 accumulator chains per group. On int8
 // activations a tile takes 1-3 row blocks side by side (`tile_blocks`, per kind as measured):
 // once folded (or integer per super-block: q4_k, q6_k), the flush no longer bounds the wider tiles
