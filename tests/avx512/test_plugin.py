@@ -7,6 +7,7 @@ nothing here compiles for real (the session ``ext`` fixture did that once).
 from __future__ import annotations
 
 import stat
+from pathlib import Path
 
 import pytest
 import torch
@@ -83,6 +84,15 @@ def test_build_is_tagged_and_threaded(ext):
         assert ext.parallel_width() == 2  # -fopenmp reached compiler and linker
     finally:
         torch.set_num_threads(threads)
+
+
+def test_every_kernel_source_is_a_build_input():
+    """Each csrc file is compiled (.cpp) or hashed (.h): an edit to any of them rebuilds."""
+    ext = build.extension(build.target() or "avx2")
+    on_disk = {p.name for p in build.CSRC.iterdir() if p.suffix in (".cpp", ".h")}
+    inputs = {Path(p).name for p in (*ext.sources, *ext.headers)}
+    assert inputs == on_disk
+    assert {"q6k_tile.h", "ksuper_tile.h"} <= set(build.HEADERS)  # the two a list once missed
 
 
 def test_missing_compiler_fails_the_plugin(no_cache, clean_env):

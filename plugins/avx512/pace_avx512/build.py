@@ -17,9 +17,9 @@ CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = ("bindings.cpp", "stack.cpp", "stack_layers.cpp", "linear.cpp", "qlinear.cpp",
            "igemm.cpp", "qpanel.cpp", "norm.cpp", "rope.cpp", "attention.cpp", "activation.cpp",
            "stream.cpp", "dlrm.cpp", "dlrm_ops.cpp")  # fmt: skip
-HEADERS = ("attention_int8.h", "attention_pairs.h", "avx512_on_avx2.h", "gemm_tiles.h", "isa.h",
-           "kernels.h", "q4k_tile.h", "qblock.h", "qrows.h", "qwords_tile.h", "raw_ops.h", "simd.h",
-           "stack_layers.h", "tensor_ops.h", "work_ranges.h")  # fmt: skip
+# Every header in csrc/, so that an edit to any of them rebuilds (a hand-kept list once missed
+# two, and their edits loaded the stale cached binary).
+HEADERS = tuple(sorted(p.name for p in CSRC.glob("*.h")))
 BASE_FEATURES = ("avx512f", "avx512bw", "avx512vl", "fma")
 AVX2_FEATURES = ("avx2", "fma", "f16c")  # the least a build target needs
 BASE_FLAGS = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma", "-mf16c")
