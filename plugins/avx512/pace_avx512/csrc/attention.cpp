@@ -48,20 +48,6 @@ constexpr bool kDotBf16 = std::is_same_v<T, bf16_t>;
 constexpr bool kDotBf16 = false;
 #endif
 
-// out[k] = sum of the 16 lanes of v[k], for 16 vectors at once (transpose-and-add tree).
-static inline __m512 reduce16(const __m512 (&v)[16]) {
-  __m512 s[8], u[4];
-  for (int i = 0; i < 8; ++i)  // lane L of s[i]: pairwise sums of v[2i], v[2i+1] in that lane
-    s[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
-                         _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-  for (int i = 0; i < 4; ++i)  // lane L of u[i]: the lane-L sums of v[4i .. 4i+3]
-    u[i] = _mm512_add_ps(_mm512_shuffle_ps(s[2 * i], s[2 * i + 1], 0x44),
-                         _mm512_shuffle_ps(s[2 * i], s[2 * i + 1], 0xEE));
-  const __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x44), _mm512_shuffle_f32x4(u[0], u[1], 0xEE));
-  const __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], 0x44), _mm512_shuffle_f32x4(u[2], u[3], 0xEE));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xDD));
-}
-
 // Bytes [0, n) of a 64-byte vector (n may exceed 64).
 static inline __mmask64 bytes_mask(int64_t n) {
   return n >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << n) - 1);

@@ -1,6 +1,6 @@
 // Small AVX-512 helpers shared by the kernels: bf16 <-> fp32 conversion, typed loads and
-// stores, masks, exp and the activation functions of the gated MLP. Everything computes in
-// fp32.
+// stores, masks, the lane sums of 16 vectors at once, exp and the activation functions of the
+// gated MLP. Everything computes in fp32 (the lane sums in int32 too).
 #pragma once
 
 #include "isa.h"
@@ -12,6 +12,30 @@
 namespace pace_avx512 {
 
 using bf16_t = uint16_t;  // raw bfloat16 bits (torch::kBFloat16 storage)
+
+// out lane k = the sum of the 16 lanes of v[k], for 16 vectors at once: a transpose-and-add
+// tree (no horizontal sum per vector). `add` adds two vectors, as fp32 or as int32 bits.
+template <typename Add>
+static inline __m512 sum_lanes16(const __m512 (&v)[16], Add add) {
+  __m512 s[8], u[4];
+  for (int i = 0; i < 8; ++i)  // lane L of s[i]: pairwise sums of v[2i], v[2i+1] in that lane
+    s[i] = add(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  for (int i = 0; i < 4; ++i)  // lane L of u[i]: the lane-L sums of v[4i .. 4i+3]
+    u[i] = add(_mm512_shuffle_ps(s[2 * i], s[2 * i + 1], 0x44), _mm512_shuffle_ps(s[2 * i], s[2 * i + 1], 0xEE));
+  const __m512 ab = add(_mm512_shuffle_f32x4(u[0], u[1], 0x44), _mm512_shuffle_f32x4(u[0], u[1], 0xEE));
+  const __m512 cd = add(_mm512_shuffle_f32x4(u[2], u[3], 0x44), _mm512_shuffle_f32x4(u[2], u[3], 0xEE));
+  return add(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xDD));
+}
+static inline __m512 reduce16(const __m512 (&v)[16]) {
+  return sum_lanes16(v, [](__m512 a, __m512 b) { return _mm512_add_ps(a, b); });
+}
+static inline __m512i reduce16_epi32(const __m512i (&v)[16]) {
+  __m512 f[16];
+  for (int i = 0; i < 16; ++i) f[i] = _mm512_castsi512_ps(v[i]);
+  return _mm512_castps_si512(sum_lanes16(f, [](__m512 a, __m512 b) {
+    return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(a), _mm512_castps_si512(b)));
+  }));
+}
 
 // Lanes [0, n) of a 16-lane vector (n may exceed 16 or be <= 0).
 static inline __mmask16 lane_mask(int64_t n) {
