@@ -205,7 +205,14 @@ class OpResolver:
         for op in OPS:
             name = self.config.backend_for(op)
             if name not in valid:
-                why = f" ({self.unavailable[name]})" if name in self.unavailable else ""
+                if name in self.unavailable:
+                    why = f" ({self.unavailable[name]})"
+                elif self.unavailable:  # a plugin's name need not be its backend's
+                    why = "; not loaded, so their backends are unknown: " + "; ".join(
+                        self.unavailable.values()
+                    )
+                else:
+                    why = ""
                 where = f"op {op!r}" if op in self.config.backends else "default"
                 raise ConfigError(
                     f"unknown backend {name!r} for {where}{_suggest(name, valid)}; "
