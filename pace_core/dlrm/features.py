@@ -68,6 +68,15 @@ def check_dense(dense: Any, config: DLRMConfig) -> torch.Tensor:
             f"dense features have shape {tuple(dense.shape)}; this model takes "
             f"[batch, {config.dense_features}] (DLRMConfig.dense_features)"
         )
+    finite = torch.isfinite(dense).all(dim=1)
+    if not bool(finite.all()):  # NaN in, NaN scores out: say which samples instead
+        rows = (~finite).nonzero().flatten().tolist()
+        shown = ", ".join(map(str, rows[:8])) + (", ..." if len(rows) > 8 else "")
+        raise DLRMInputError(
+            f"dense features of {len(rows)} sample(s) hold NaN or infinite values (rows "
+            f"{shown}); fill missing values first (DLRMv2's Criteo preprocessing: log(x + 1) "
+            "of each count, a missing one as 0)"
+        )
     return dense
 
 

@@ -64,6 +64,8 @@ def test_pt_features_with_one_sparse_tensor(files, capsys):
         (lambda d, s: (d, [s[0], s[1], s[2], s[3] + 10]), "sparse feature 3 has id 1"),
         (lambda d, s: (d, [s[0].float(), *s[1:]]), "sparse feature 0 has dtype float32"),
         (lambda d, s: (d[:, :5], s), "dense features have shape (32, 5)"),
+        (lambda d, s: (d.index_fill(0, torch.tensor([3, 7]), float("nan")), s),
+         "dense features of 2 sample(s) hold NaN or infinite values (rows 3, 7)"),
         (lambda d, s: (d[:0], [t[:0] for t in s]), "holds no samples: its 'dense' array"),
     ],
 )
