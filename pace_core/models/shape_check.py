@@ -5,7 +5,8 @@ conversion, a config.json that belongs to another checkpoint) would otherwise be
 a raw shape error deep in a kernel, or, where a fused kernel takes the config's sizes, a model
 that reads past its weights and generates garbage. transformers refuses such checkpoints when
 it loads them; so does pace for the dense decoders whose every layer has the config's sizes
-(the GGUF architectures among them), from the config alone: no model code is imported.
+(the GGUF architectures among them, Phi-3, OPT and GPT-J), from the config alone: no model
+code is imported.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pace_core.models.weights import WeightStore
 
 SHOWN = 5  # mismatches named in the error
 # model types whose layers all take the config's sizes (no per-layer widths, no experts)
-UNIFORM = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "smollm3")
+UNIFORM = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "smollm3", "phi3")
 _LAYER = re.compile(r"model\.layers\.\d+\.(.+)")
 
 Shape = tuple[int, ...]
@@ -39,6 +40,8 @@ def _layer_shapes(cfg: Any) -> dict[str, Shape]:
         "self_attn.v_proj.bias": (k,), "self_attn.q_norm.weight": (dim,),
         "self_attn.k_norm.weight": (dim,), "mlp.gate_proj.weight": (inter, hidden),
         "mlp.up_proj.weight": (inter, hidden), "mlp.down_proj.weight": (hidden, inter),
+        "self_attn.qkv_proj.weight": (q + 2 * k, hidden),  # Phi-3's fused projections
+        "mlp.gate_up_proj.weight": (2 * inter, hidden),
     }  # fmt: skip
     for norm in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
                  "post_feedforward_layernorm"):  # fmt: skip
@@ -46,19 +49,65 @@ def _layer_shapes(cfg: Any) -> dict[str, Shape]:
     return out
 
 
-def expected_shape(cfg: Any) -> Callable[[str], Shape | None]:
-    """``name -> shape`` the config implies (None: a name this check does not know)."""
-    if getattr(cfg, "model_type", None) not in UNIFORM:
-        return lambda name: None
+def _uniform(cfg: Any) -> tuple[dict[str, Shape], re.Pattern[str], dict[str, Shape]]:
     top: dict[str, Shape] = {
         "model.embed_tokens.weight": (cfg.vocab_size, cfg.hidden_size),
         "lm_head.weight": (cfg.vocab_size, cfg.hidden_size),
         "model.norm.weight": (cfg.hidden_size,),
     }
-    layer = _layer_shapes(cfg)
+    return top, _LAYER, _layer_shapes(cfg)
+
+
+def _opt(cfg: Any) -> tuple[dict[str, Shape], re.Pattern[str], dict[str, Shape]]:
+    """OPT: biased projections and LayerNorms, learned positions (offset 2), an optional
+    projection between the embedding width and the hidden size."""
+    h, ffn, emb = cfg.hidden_size, cfg.ffn_dim, cfg.word_embed_proj_dim
+    top: dict[str, Shape] = {
+        "model.decoder.embed_tokens.weight": (cfg.vocab_size, emb),
+        "lm_head.weight": (cfg.vocab_size, emb),
+        "model.decoder.embed_positions.weight": (cfg.max_position_embeddings + 2, h),
+        "model.decoder.project_in.weight": (h, emb), "model.decoder.project_out.weight": (emb, h),
+        "model.decoder.final_layer_norm.weight": (h,), "model.decoder.final_layer_norm.bias": (h,),
+    }  # fmt: skip
+    layer: dict[str, Shape] = {"fc1.weight": (ffn, h), "fc1.bias": (ffn,), "fc2.weight": (h, ffn),
+                               "fc2.bias": (h,)}  # fmt: skip
+    for proj in ("q_proj", "k_proj", "v_proj", "out_proj"):
+        layer[f"self_attn.{proj}.weight"], layer[f"self_attn.{proj}.bias"] = (h, h), (h,)
+    for norm in ("self_attn_layer_norm", "final_layer_norm"):
+        layer[f"{norm}.weight"] = layer[f"{norm}.bias"] = (h,)
+    return top, re.compile(r"model\.decoder\.layers\.\d+\.(.+)"), layer
+
+
+def _gptj(cfg: Any) -> tuple[dict[str, Shape], re.Pattern[str], dict[str, Shape]]:
+    """GPT-J: one LayerNorm per block, unbiased attention, biased MLP and LM head."""
+    h, inner = cfg.n_embd, getattr(cfg, "n_inner", None) or 4 * cfg.n_embd
+    top: dict[str, Shape] = {
+        "transformer.wte.weight": (cfg.vocab_size, h), "lm_head.weight": (cfg.vocab_size, h),
+        "lm_head.bias": (cfg.vocab_size,), "transformer.ln_f.weight": (h,),
+        "transformer.ln_f.bias": (h,),
+    }  # fmt: skip
+    layer: dict[str, Shape] = {
+        "ln_1.weight": (h,), "ln_1.bias": (h,), "mlp.fc_in.weight": (inner, h),
+        "mlp.fc_in.bias": (inner,), "mlp.fc_out.weight": (h, inner), "mlp.fc_out.bias": (h,),
+    }  # fmt: skip
+    for proj in ("q_proj", "k_proj", "v_proj", "out_proj"):
+        layer[f"attn.{proj}.weight"] = (h, h)
+    return top, re.compile(r"transformer\.h\.\d+\.(.+)"), layer
+
+
+FAMILIES = {**dict.fromkeys(UNIFORM, _uniform), "opt": _opt, "gptj": _gptj}
+"""model_type -> (top-level shapes, the layer-name pattern, per-layer shapes) from a config."""
+
+
+def expected_shape(cfg: Any) -> Callable[[str], Shape | None]:
+    """``name -> shape`` the config implies (None: a name this check does not know)."""
+    family = FAMILIES.get(getattr(cfg, "model_type", None))
+    if family is None:
+        return lambda name: None
+    top, pattern, layer = family(cfg)
 
     def shape(name: str) -> Shape | None:
-        m = _LAYER.fullmatch(name)
+        m = pattern.fullmatch(name)
         return layer.get(m.group(1)) if m else top.get(name)
 
     return shape

@@ -70,3 +70,38 @@ def test_several_mismatches_are_counted_and_the_first_named(tiny_llama_dir, tmp_
     bad = edited(tiny_llama_dir, tmp_path / "bad", halve_norms)
     with pytest.raises(ModelLoadError, match=r"4 tensor\(s\) do not have .* expected \[64\]"):
         LLMModel(str(bad), dtype=torch.float32, load_tokenizer=False, quiet=True)
+
+
+def _first_layer_tensor(names: list[str], suffix: str) -> str:
+    return next(n for n in sorted(names) if n.endswith(suffix) and ".0." in n)
+
+
+# Per checked family: a tiny checkpoint (tests/support/tiny.py) and a layer tensor to cut.
+FAMILY_CASES = {
+    "phi3-partial-sliding": "qkv_proj.weight",
+    "opt-postnorm-project": "fc1.weight",
+    "gptj": "mlp.fc_in.weight",
+    "gemma3": "q_norm.weight",
+}
+
+
+@pytest.mark.parametrize("variant", list(FAMILY_CASES))
+def test_each_checked_family_passes_as_made_and_names_a_cut_tensor(tmp_path, variant):
+    """Every tensor of the family's checkpoint as transformers saved it has the shape the
+    check expects (no false alarm: the check knows each name it checks); one cut is named."""
+    from support.tiny import FACTORIES
+
+    from pace_core.models.loader import load_config, load_weights
+    from pace_core.models.shape_check import expected_shape
+
+    good = FACTORIES[variant](tmp_path / "good")
+    config = load_config(good)
+    weights = load_weights(good, config)  # no error
+    shapes = weights.shapes()
+    expected = expected_shape(config)
+    assert [n for n in shapes if expected(n) is None] == []  # every tensor is checked
+    name = _first_layer_tensor(list(shapes), FAMILY_CASES[variant])
+    bad = edited(good, tmp_path / "bad", _set(name, lambda w: w[:-1].clone()))
+    with pytest.raises(ModelLoadError, match=r"1 tensor\(s\) do not have the shape") as exc:
+        load_weights(bad, config)
+    assert name in str(exc.value)
