@@ -5,8 +5,8 @@ conversion, a config.json that belongs to another checkpoint) would otherwise be
 a raw shape error deep in a kernel, or, where a fused kernel takes the config's sizes, a model
 that reads past its weights and generates garbage. transformers refuses such checkpoints when
 it loads them; so does pace for the dense decoders whose every layer has the config's sizes
-(the GGUF architectures among them, Phi-3, OPT and GPT-J), from the config alone: no model
-code is imported.
+(the GGUF architectures among them, Phi-3, OPT and GPT-J) and Qwen3-MoE, from the config
+alone: no model code is imported.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ SHOWN = 5  # mismatches named in the error
 # model types whose layers all take the config's sizes (no per-layer widths, no experts)
 UNIFORM = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "smollm3", "phi3")
 _LAYER = re.compile(r"model\.layers\.\d+\.(.+)")
+_EXPERT = re.compile(r"\.experts\.\d+\.")  # one expert's tensors: checked alike
 
 Shape = tuple[int, ...]
 
@@ -95,7 +96,21 @@ def _gptj(cfg: Any) -> tuple[dict[str, Shape], re.Pattern[str], dict[str, Shape]
     return top, re.compile(r"transformer\.h\.\d+\.(.+)"), layer
 
 
-FAMILIES = {**dict.fromkeys(UNIFORM, _uniform), "opt": _opt, "gptj": _gptj}
+def _qwen3_moe(cfg: Any) -> tuple[dict[str, Shape], re.Pattern[str], dict[str, Shape]]:
+    """Qwen3-MoE: Qwen3's attention; a router and experts of ``moe_intermediate_size`` (per
+    expert, or fused ``[E, 2I, H]`` / ``[E, H, I]``) or, on its dense layers, Qwen3's MLP."""
+    top, pattern, layer = _uniform(cfg)
+    h, mi, e = cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts
+    layer |= {
+        "mlp.gate.weight": (e, h), "mlp.experts.gate_up_proj": (e, 2 * mi, h),
+        "mlp.experts.down_proj": (e, h, mi), "mlp.experts.*.gate_proj.weight": (mi, h),
+        "mlp.experts.*.up_proj.weight": (mi, h), "mlp.experts.*.down_proj.weight": (h, mi),
+    }  # fmt: skip
+    return top, pattern, layer
+
+
+FAMILIES = {**dict.fromkeys(UNIFORM, _uniform), "opt": _opt, "gptj": _gptj,
+            "qwen3_moe": _qwen3_moe}  # fmt: skip
 """model_type -> (top-level shapes, the layer-name pattern, per-layer shapes) from a config."""
 
 
@@ -108,7 +123,7 @@ def expected_shape(cfg: Any) -> Callable[[str], Shape | None]:
 
     def shape(name: str) -> Shape | None:
         m = pattern.fullmatch(name)
-        return layer.get(m.group(1)) if m else top.get(name)
+        return layer.get(_EXPERT.sub(".experts.*.", m.group(1))) if m else top.get(name)
 
     return shape
 

@@ -82,6 +82,7 @@ FAMILY_CASES = {
     "opt-postnorm-project": "fc1.weight",
     "gptj": "mlp.fc_in.weight",
     "gemma3": "q_norm.weight",
+    "qwen3-moe": "experts.0.up_proj.weight",
 }
 
 
