@@ -188,8 +188,8 @@ class OpResolver:
         *,
         unavailable: Mapping[str, str] | None = None,
     ) -> None:
-        """``unavailable``: backend -> why its installed plugin did not load (stated when a
-        pinned backend falls back)."""
+        """``unavailable``: plugin name (a first-party plugin's is its backend's) -> why it did
+        not load (stated when a pinned backend falls back, or a backend name is unknown)."""
         self.registry = registry
         self.unavailable = dict(unavailable or {})
         self.config = config

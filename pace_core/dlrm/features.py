@@ -55,7 +55,7 @@ def _ids(t: Any, what: str) -> torch.Tensor:
 
 
 def check_dense(dense: Any, config: DLRMConfig) -> torch.Tensor:
-    """``dense [B, F]`` floating point with ``F = config.dense_features``."""
+    """``dense [B, F]``: finite floating point values, ``F = config.dense_features``."""
     if not isinstance(dense, torch.Tensor):
         raise DLRMInputError(f"dense features are a {type(dense).__name__}; pass a tensor")
     if not dense.is_floating_point():
@@ -74,8 +74,8 @@ def check_dense(dense: Any, config: DLRMConfig) -> torch.Tensor:
         shown = ", ".join(map(str, rows[:8])) + (", ..." if len(rows) > 8 else "")
         raise DLRMInputError(
             f"dense features of {len(rows)} sample(s) hold NaN or infinite values (rows "
-            f"{shown}); fill missing values first (DLRMv2's Criteo preprocessing: log(x + 1) "
-            "of each count, a missing one as 0)"
+            f"{shown}); fill or drop them first (Criteo's preprocessing takes a missing count "
+            "as 0 before its log transform)"
         )
     return dense
 

@@ -25,6 +25,9 @@ _LAYER = re.compile(r"model\.layers\.\d+\.(.+)")
 _EXPERT = re.compile(r"\.experts\.\d+\.")  # one expert's tensors: checked alike
 
 Shape = tuple[int, ...]
+Table = tuple[dict[str, Shape], re.Pattern[str], dict[str, Shape]]
+"""A family's top-level shapes, the pattern of its layer tensors' names (group 1: the name
+within the layer) and their shapes."""
 
 
 def _layer_shapes(cfg: Any) -> dict[str, Shape]:
@@ -50,7 +53,8 @@ def _layer_shapes(cfg: Any) -> dict[str, Shape]:
     return out
 
 
-def _uniform(cfg: Any) -> tuple[dict[str, Shape], re.Pattern[str], dict[str, Shape]]:
+def _uniform(cfg: Any) -> Table:
+    """The Llama layout (and its fused Phi-3 form): every layer at the config's sizes."""
     top: dict[str, Shape] = {
         "model.embed_tokens.weight": (cfg.vocab_size, cfg.hidden_size),
         "lm_head.weight": (cfg.vocab_size, cfg.hidden_size),
@@ -59,27 +63,30 @@ def _uniform(cfg: Any) -> tuple[dict[str, Shape], re.Pattern[str], dict[str, Sha
     return top, _LAYER, _layer_shapes(cfg)
 
 
-def _opt(cfg: Any) -> tuple[dict[str, Shape], re.Pattern[str], dict[str, Shape]]:
+def _opt(cfg: Any) -> Table:
     """OPT: biased projections and LayerNorms, learned positions (offset 2), an optional
-    projection between the embedding width and the hidden size."""
+    projection between the embedding width and the hidden size; names under
+    ``model.decoder.`` (OPTForCausalLM) or ``decoder.`` (the original facebook/opt files)."""
     h, ffn, emb = cfg.hidden_size, cfg.ffn_dim, cfg.word_embed_proj_dim
-    top: dict[str, Shape] = {
-        "model.decoder.embed_tokens.weight": (cfg.vocab_size, emb),
-        "lm_head.weight": (cfg.vocab_size, emb),
-        "model.decoder.embed_positions.weight": (cfg.max_position_embeddings + 2, h),
-        "model.decoder.project_in.weight": (h, emb), "model.decoder.project_out.weight": (emb, h),
-        "model.decoder.final_layer_norm.weight": (h,), "model.decoder.final_layer_norm.bias": (h,),
+    decoder: dict[str, Shape] = {
+        "embed_tokens.weight": (cfg.vocab_size, emb),
+        "embed_positions.weight": (cfg.max_position_embeddings + 2, h),
+        "project_in.weight": (h, emb), "project_out.weight": (emb, h),
+        "final_layer_norm.weight": (h,), "final_layer_norm.bias": (h,),
     }  # fmt: skip
+    top: dict[str, Shape] = {"lm_head.weight": (cfg.vocab_size, emb)}
+    for root in ("model.decoder.", "decoder."):
+        top |= {root + name: shape for name, shape in decoder.items()}
     layer: dict[str, Shape] = {"fc1.weight": (ffn, h), "fc1.bias": (ffn,), "fc2.weight": (h, ffn),
                                "fc2.bias": (h,)}  # fmt: skip
     for proj in ("q_proj", "k_proj", "v_proj", "out_proj"):
         layer[f"self_attn.{proj}.weight"], layer[f"self_attn.{proj}.bias"] = (h, h), (h,)
     for norm in ("self_attn_layer_norm", "final_layer_norm"):
         layer[f"{norm}.weight"] = layer[f"{norm}.bias"] = (h,)
-    return top, re.compile(r"model\.decoder\.layers\.\d+\.(.+)"), layer
+    return top, re.compile(r"(?:model\.)?decoder\.layers\.\d+\.(.+)"), layer
 
 
-def _gptj(cfg: Any) -> tuple[dict[str, Shape], re.Pattern[str], dict[str, Shape]]:
+def _gptj(cfg: Any) -> Table:
     """GPT-J: one LayerNorm per block, unbiased attention, biased MLP and LM head."""
     h, inner = cfg.n_embd, getattr(cfg, "n_inner", None) or 4 * cfg.n_embd
     top: dict[str, Shape] = {
@@ -96,7 +103,7 @@ def _gptj(cfg: Any) -> tuple[dict[str, Shape], re.Pattern[str], dict[str, Shape]
     return top, re.compile(r"transformer\.h\.\d+\.(.+)"), layer
 
 
-def _qwen3_moe(cfg: Any) -> tuple[dict[str, Shape], re.Pattern[str], dict[str, Shape]]:
+def _qwen3_moe(cfg: Any) -> Table:
     """Qwen3-MoE: Qwen3's attention; a router and experts of ``moe_intermediate_size`` (per
     expert, or fused ``[E, 2I, H]`` / ``[E, H, I]``) or, on its dense layers, Qwen3's MLP."""
     top, pattern, layer = _uniform(cfg)
@@ -109,14 +116,15 @@ def _qwen3_moe(cfg: Any) -> tuple[dict[str, Shape], re.Pattern[str], dict[str, S
     return top, pattern, layer
 
 
-FAMILIES = {**dict.fromkeys(UNIFORM, _uniform), "opt": _opt, "gptj": _gptj,
-            "qwen3_moe": _qwen3_moe}  # fmt: skip
-"""model_type -> (top-level shapes, the layer-name pattern, per-layer shapes) from a config."""
+SHAPE_TABLES: dict[str, Callable[[Any], Table]] = {
+    **dict.fromkeys(UNIFORM, _uniform), "opt": _opt, "gptj": _gptj, "qwen3_moe": _qwen3_moe,
+}  # fmt: skip
+"""model_type -> its shape table from a config."""
 
 
 def expected_shape(cfg: Any) -> Callable[[str], Shape | None]:
     """``name -> shape`` the config implies (None: a name this check does not know)."""
-    family = FAMILIES.get(getattr(cfg, "model_type", None))
+    family = SHAPE_TABLES.get(getattr(cfg, "model_type", None))
     if family is None:
         return lambda name: None
     top, pattern, layer = family(cfg)

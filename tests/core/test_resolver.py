@@ -243,6 +243,16 @@ def test_unknown_backend_lists_valid_choices(registry):
         OpResolver(registry, OperatorConfig(default="nope"), AVX2)
 
 
+def test_unknown_backend_names_the_plugins_that_did_not_load(registry):
+    """A disabled plugin's name need not be its backend's: the error cannot know which plugin
+    would provide the backend, so it names those that did not load."""
+    why = "plugin 'fastk' (pace-fastk) is disabled (PACE_DISABLE_PLUGINS)"
+    with pytest.raises(ConfigError) as err:
+        OpResolver(registry, OperatorConfig(linear="fastkernels"), AVX2, unavailable={"fastk": why})
+    assert "unknown backend 'fastkernels' for op 'linear'" in str(err.value)
+    assert why in str(err.value)
+
+
 @pytest.mark.parametrize(("make", "message"), [
     (lambda: OperatorConfig(strict="false"), "strict must be True or False (got 'false')"),
     (lambda: OperatorConfig.from_dict({1: "native"}), "OperatorConfig keys are op names (got 1)"),

@@ -17,7 +17,7 @@ from pace_core.dlrm import (
     auc,
     logloss,
 )
-from pace_core.dlrm.features import fixed_hotness
+from pace_core.dlrm.features import check_dense, fixed_hotness
 from pace_core.dlrm.weights import random_state
 from pace_core.errors import ConfigError, ModelLoadError, OpResolutionError
 
@@ -155,6 +155,10 @@ def test_ragged_bags_give_the_same_result_as_fixed_hotness(state, clicks):
         ),
         (lambda d, s: (d, [s[0], s[1], s[2] - 1000, s[3]]), r"sparse feature 2 has id -"),
         (lambda d, s: (d, [s[0][:3], *s[1:]]), r"sparse feature 0 has shape \(3, 3\)"),
+        (
+            lambda d, s: (d.index_fill(0, torch.tensor([2]), float("inf")), s),
+            r"dense features of 1 sample\(s\) hold NaN or infinite values \(rows 2\)",
+        ),
     ],
 )
 def test_bad_inputs_name_the_value_and_the_fix(state, clicks, change, message):
@@ -206,3 +210,11 @@ def test_config_and_quantization_errors():
     assert DLRMConfig.scaled().interaction_dim == 27 * 128
     assert max(DLRMConfig.scaled().table_rows) == 100_000
     assert sum(DLRMConfig.mlperf().table_rows) == 204_184_588
+
+
+def test_many_non_finite_samples_are_counted_and_the_first_named():
+    dense = torch.zeros(12, CONFIG.dense_features)
+    dense[2:12, 5] = float("-inf")
+    with pytest.raises(DLRMInputError, match=r"of 10 sample\(s\) .* \(rows 2, 3, 4, 5, 6, 7, 8, 9, "
+                                             r"\.\.\.\)"):  # fmt: skip
+        check_dense(dense, CONFIG)

@@ -106,3 +106,50 @@ def test_each_checked_family_passes_as_made_and_names_a_cut_tensor(tmp_path, var
     with pytest.raises(ModelLoadError, match=r"1 tensor\(s\) do not have the shape") as exc:
         load_weights(bad, config)
     assert name in str(exc.value)
+
+
+def _original_opt(t: dict) -> None:
+    """OPTForCausalLM's names as the original facebook/opt files have them: ``decoder.*``."""
+    for name in list(t):
+        if name.startswith("model.decoder."):
+            t[name.removeprefix("model.")] = t.pop(name)
+
+
+def _fused_experts(t: dict) -> None:
+    """Per-expert Qwen3-MoE tensors as one fused pair per layer: [E, 2I, H] and [E, H, I]."""
+    for layer in sorted({n.split(".mlp.experts.")[0] for n in t if ".mlp.experts." in n}):
+        experts = f"{layer}.mlp.experts"
+        ids = sorted({int(n.split(".")[5]) for n in t if n.startswith(f"{experts}.")})
+        part = {
+            p: [t.pop(f"{experts}.{i}.{p}_proj.weight") for i in ids]
+            for p in ("gate", "up", "down")
+        }
+        t[f"{experts}.gate_up_proj"] = torch.stack(
+            [torch.cat([g, u]) for g, u in zip(part["gate"], part["up"], strict=True)]
+        )
+        t[f"{experts}.down_proj"] = torch.stack(part["down"])
+
+
+LAYOUT_CASES = {  # variant, layout edit, a tensor of the edited checkpoint to cut
+    "original opt names": ("opt-prenorm", _original_opt, "decoder.layers.0.fc1.weight"),
+    "fused experts": ("qwen3-moe", _fused_experts, "model.layers.0.mlp.experts.down_proj"),
+}
+
+
+@pytest.mark.parametrize("case", list(LAYOUT_CASES))
+def test_other_layouts_of_a_family_are_checked_too(tmp_path, case):
+    from support.tiny import FACTORIES
+
+    from pace_core.models.loader import load_config, load_weights
+    from pace_core.models.shape_check import expected_shape
+
+    variant, layout, cut = LAYOUT_CASES[case]
+    made = FACTORIES[variant](tmp_path / "made")
+    config = load_config(made)
+    good = edited(made, tmp_path / "good", layout)
+    shapes = load_weights(good, config).shapes()  # no error
+    assert cut in shapes and [n for n in shapes if expected_shape(config)(n) is None] == []
+    bad = edited(good, tmp_path / "bad", _set(cut, lambda w: w[:, :-1].clone()))
+    with pytest.raises(ModelLoadError, match=r"1 tensor\(s\) do not have the shape") as exc:
+        load_weights(bad, config)
+    assert cut in str(exc.value)
