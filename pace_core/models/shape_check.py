@@ -5,8 +5,8 @@ conversion, a config.json that belongs to another checkpoint) would otherwise be
 a raw shape error deep in a kernel, or, where a fused kernel takes the config's sizes, a model
 that reads past its weights and generates garbage. transformers refuses such checkpoints when
 it loads them; so does pace for the dense decoders whose every layer has the config's sizes
-(the GGUF architectures among them, Phi-3, OPT and GPT-J) and Qwen3-MoE, from the config
-alone: no model code is imported.
+(the GGUF architectures among them, Phi-3, OPT and GPT-J), Qwen3-MoE and DeepSeek-V3, from
+the config alone: no model code is imported.
 """
 
 from __future__ import annotations
@@ -116,8 +116,43 @@ def _qwen3_moe(cfg: Any) -> Table:
     return top, pattern, layer
 
 
+def _deepseek_v3(cfg: Any) -> Table:
+    """DeepSeek-V3: latent attention (a low-rank query when ``q_lora_rank`` is set, else
+    ``q_proj``), dense MLPs on the first ``first_k_dense_replace`` layers, then a router with
+    its score bias, shared experts and routed experts of ``moe_intermediate_size``."""
+    top, pattern, _ = _uniform(cfg)
+    h, heads = cfg.hidden_size, cfg.num_attention_heads
+    qk = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
+    kv, mi, e = cfg.kv_lora_rank, cfg.moe_intermediate_size, cfg.n_routed_experts
+    layer: dict[str, Shape] = {
+        "self_attn.kv_a_proj_with_mqa.weight": (kv + cfg.qk_rope_head_dim, h),
+        "self_attn.kv_a_layernorm.weight": (kv,),
+        "self_attn.kv_b_proj.weight": (heads * (cfg.qk_nope_head_dim + cfg.v_head_dim), kv),
+        "self_attn.o_proj.weight": (h, heads * cfg.v_head_dim),
+        "input_layernorm.weight": (h,), "post_attention_layernorm.weight": (h,),
+        "mlp.gate_proj.weight": (cfg.intermediate_size, h),
+        "mlp.up_proj.weight": (cfg.intermediate_size, h),
+        "mlp.down_proj.weight": (h, cfg.intermediate_size),
+        "mlp.gate.weight": (e, h), "mlp.gate.e_score_correction_bias": (e,),
+        "mlp.shared_experts.gate_proj.weight": (mi * cfg.n_shared_experts, h),
+        "mlp.shared_experts.up_proj.weight": (mi * cfg.n_shared_experts, h),
+        "mlp.shared_experts.down_proj.weight": (h, mi * cfg.n_shared_experts),
+        "mlp.experts.*.gate_proj.weight": (mi, h), "mlp.experts.*.up_proj.weight": (mi, h),
+        "mlp.experts.*.down_proj.weight": (h, mi), "mlp.experts.gate_up_proj": (e, 2 * mi, h),
+        "mlp.experts.down_proj": (e, h, mi),
+    }  # fmt: skip
+    if cfg.q_lora_rank:
+        q = cfg.q_lora_rank
+        layer |= {"self_attn.q_a_proj.weight": (q, h), "self_attn.q_a_layernorm.weight": (q,),
+                  "self_attn.q_b_proj.weight": (heads * qk, q)}  # fmt: skip
+    else:
+        layer["self_attn.q_proj.weight"] = (heads * qk, h)
+    return top, pattern, layer
+
+
 SHAPE_TABLES: dict[str, Callable[[Any], Table]] = {
     **dict.fromkeys(UNIFORM, _uniform), "opt": _opt, "gptj": _gptj, "qwen3_moe": _qwen3_moe,
+    "deepseek_v3": _deepseek_v3,
 }  # fmt: skip
 """model_type -> its shape table from a config."""
 

@@ -83,6 +83,8 @@ FAMILY_CASES = {
     "gptj": "mlp.fc_in.weight",
     "gemma3": "q_norm.weight",
     "qwen3-moe": "experts.0.up_proj.weight",
+    "deepseek-v3": "kv_b_proj.weight",
+    "deepseek-v3-q-proj": "self_attn.q_proj.weight",
 }
 
 
