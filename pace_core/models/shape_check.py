@@ -30,6 +30,30 @@ Table = tuple[dict[str, Shape], re.Pattern[str], dict[str, Shape]]
 within the layer) and their shapes."""
 
 
+def _gated_mlp(prefix: str, inter: int, hidden: int) -> dict[str, Shape]:
+    """A gated MLP's three matrices under ``prefix``."""
+    return {f"{prefix}.gate_proj.weight": (inter, hidden),
+            f"{prefix}.up_proj.weight": (inter, hidden),
+            f"{prefix}.down_proj.weight": (hidden, inter)}  # fmt: skip
+
+
+def _routed_experts(hidden: int, inter: int, experts: int) -> dict[str, Shape]:
+    """A router and its experts, one gated MLP each (``experts.*``) or fused ``[E, 2I, H]``
+    / ``[E, H, I]``."""
+    return {"mlp.gate.weight": (experts, hidden), **_gated_mlp("mlp.experts.*", inter, hidden),
+            "mlp.experts.gate_up_proj": (experts, 2 * inter, hidden),
+            "mlp.experts.down_proj": (experts, hidden, inter)}  # fmt: skip
+
+
+def _top(cfg: Any) -> dict[str, Shape]:
+    """The Llama layout's embedding, LM head and final norm."""
+    return {
+        "model.embed_tokens.weight": (cfg.vocab_size, cfg.hidden_size),
+        "lm_head.weight": (cfg.vocab_size, cfg.hidden_size),
+        "model.norm.weight": (cfg.hidden_size,),
+    }
+
+
 def _layer_shapes(cfg: Any) -> dict[str, Shape]:
     """Per-layer tensor name (after ``model.layers.N.``) -> its shape."""
     hidden, inter = cfg.hidden_size, cfg.intermediate_size
@@ -42,8 +66,7 @@ def _layer_shapes(cfg: Any) -> dict[str, Shape]:
         "self_attn.v_proj.weight": (k, hidden), "self_attn.o_proj.weight": (hidden, q),
         "self_attn.q_proj.bias": (q,), "self_attn.k_proj.bias": (k,),
         "self_attn.v_proj.bias": (k,), "self_attn.q_norm.weight": (dim,),
-        "self_attn.k_norm.weight": (dim,), "mlp.gate_proj.weight": (inter, hidden),
-        "mlp.up_proj.weight": (inter, hidden), "mlp.down_proj.weight": (hidden, inter),
+        "self_attn.k_norm.weight": (dim,), **_gated_mlp("mlp", inter, hidden),
         "self_attn.qkv_proj.weight": (q + 2 * k, hidden),  # Phi-3's fused projections
         "mlp.gate_up_proj.weight": (2 * inter, hidden),
     }  # fmt: skip
@@ -55,12 +78,7 @@ def _layer_shapes(cfg: Any) -> dict[str, Shape]:
 
 def _uniform(cfg: Any) -> Table:
     """The Llama layout (and its fused Phi-3 form): every layer at the config's sizes."""
-    top: dict[str, Shape] = {
-        "model.embed_tokens.weight": (cfg.vocab_size, cfg.hidden_size),
-        "lm_head.weight": (cfg.vocab_size, cfg.hidden_size),
-        "model.norm.weight": (cfg.hidden_size,),
-    }
-    return top, _LAYER, _layer_shapes(cfg)
+    return _top(cfg), _LAYER, _layer_shapes(cfg)
 
 
 def _opt(cfg: Any) -> Table:
@@ -106,21 +124,14 @@ def _gptj(cfg: Any) -> Table:
 def _qwen3_moe(cfg: Any) -> Table:
     """Qwen3-MoE: Qwen3's attention; a router and experts of ``moe_intermediate_size`` (per
     expert, or fused ``[E, 2I, H]`` / ``[E, H, I]``) or, on its dense layers, Qwen3's MLP."""
-    top, pattern, layer = _uniform(cfg)
-    h, mi, e = cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts
-    layer |= {
-        "mlp.gate.weight": (e, h), "mlp.experts.gate_up_proj": (e, 2 * mi, h),
-        "mlp.experts.down_proj": (e, h, mi), "mlp.experts.*.gate_proj.weight": (mi, h),
-        "mlp.experts.*.up_proj.weight": (mi, h), "mlp.experts.*.down_proj.weight": (h, mi),
-    }  # fmt: skip
-    return top, pattern, layer
+    routed = _routed_experts(cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts)
+    return _top(cfg), _LAYER, _layer_shapes(cfg) | routed
 
 
 def _deepseek_v3(cfg: Any) -> Table:
     """DeepSeek-V3: latent attention (a low-rank query when ``q_lora_rank`` is set, else
     ``q_proj``), dense MLPs on the first ``first_k_dense_replace`` layers, then a router with
     its score bias, shared experts and routed experts of ``moe_intermediate_size``."""
-    top, pattern, _ = _uniform(cfg)
     h, heads = cfg.hidden_size, cfg.num_attention_heads
     qk = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
     kv, mi, e = cfg.kv_lora_rank, cfg.moe_intermediate_size, cfg.n_routed_experts
@@ -130,16 +141,9 @@ def _deepseek_v3(cfg: Any) -> Table:
         "self_attn.kv_b_proj.weight": (heads * (cfg.qk_nope_head_dim + cfg.v_head_dim), kv),
         "self_attn.o_proj.weight": (h, heads * cfg.v_head_dim),
         "input_layernorm.weight": (h,), "post_attention_layernorm.weight": (h,),
-        "mlp.gate_proj.weight": (cfg.intermediate_size, h),
-        "mlp.up_proj.weight": (cfg.intermediate_size, h),
-        "mlp.down_proj.weight": (h, cfg.intermediate_size),
-        "mlp.gate.weight": (e, h), "mlp.gate.e_score_correction_bias": (e,),
-        "mlp.shared_experts.gate_proj.weight": (mi * cfg.n_shared_experts, h),
-        "mlp.shared_experts.up_proj.weight": (mi * cfg.n_shared_experts, h),
-        "mlp.shared_experts.down_proj.weight": (h, mi * cfg.n_shared_experts),
-        "mlp.experts.*.gate_proj.weight": (mi, h), "mlp.experts.*.up_proj.weight": (mi, h),
-        "mlp.experts.*.down_proj.weight": (h, mi), "mlp.experts.gate_up_proj": (e, 2 * mi, h),
-        "mlp.experts.down_proj": (e, h, mi),
+        **_gated_mlp("mlp", cfg.intermediate_size, h), **_routed_experts(h, mi, e),
+        "mlp.gate.e_score_correction_bias": (e,),
+        **_gated_mlp("mlp.shared_experts", mi * cfg.n_shared_experts, h),
     }  # fmt: skip
     if cfg.q_lora_rank:
         q = cfg.q_lora_rank
@@ -147,7 +151,7 @@ def _deepseek_v3(cfg: Any) -> Table:
                   "self_attn.q_b_proj.weight": (heads * qk, q)}  # fmt: skip
     else:
         layer["self_attn.q_proj.weight"] = (heads * qk, h)
-    return top, pattern, layer
+    return _top(cfg), _LAYER, layer
 
 
 SHAPE_TABLES: dict[str, Callable[[Any], Table]] = {
