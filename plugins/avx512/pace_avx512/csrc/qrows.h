@@ -145,16 +145,15 @@ inline void quantize_rows(const T* x, int64_t ldx, int64_t M, int64_t K, Quantiz
         for (int i = 1; i < 8; i += 2) pair_sum(g + i);
       }
     }
-    for (; g < G; ++g) {  // the groups left over (K not a multiple of 256), one at a time
-      if (g % per == 0) span_scale(g, inv, scale);
+    // the groups left over, one at a time: spans of 32 only (a span of 256 divides K)
+    for (; g < G; ++g) {
+      span_scale(g, inv, scale);
       __m512i qa, qb;
       group_codes(g, inv, scale, qa, qb);
       const int32_t sa = _mm512_reduce_add_epi32(qa), sb = _mm512_reduce_add_epi32(qb);
       q.code_sums[(m * G + g) * 2] = sa, q.code_sums[(m * G + g) * 2 + 1] = sb;
       q.sums[(m * G + g) * 2] = scale * (float)sa;
       q.sums[(m * G + g) * 2 + 1] = scale * (float)sb;
-      if (per > 1) q.half_pairs[m * G + g] = (int32_t)((uint16_t)sa | (uint32_t)sb << 16);
-      if (per > 1 && g % 2) pair_sum(g);
     }
   }
 }
