@@ -13,6 +13,7 @@ from pace_core.models.builder import ModelBuilder
 from pace_core.models.decoder import DecoderLM
 from pace_core.models.layers import Attention, Bound, DenseMLP, Norm, PreNormBlock
 from pace_core.models.rope import Rotary
+from pace_core.models.shape_check import TEXT_PREFIXES
 from pace_core.ops import HF_ACTIVATIONS
 from pace_core.quant import formats_of
 
@@ -201,21 +202,13 @@ def self_attention(
     )
 
 
-# Checkpoint prefixes of the text model inside a ConditionalGeneration (new and old layouts).
-_TEXT_PREFIXES = (
-    ("model.language_model.", "model."),
-    ("language_model.model.", "model."),
-    ("language_model.lm_head.", "lm_head."),
-)
-
-
 def build_text_part(b: ModelBuilder, build: Callable[[ModelBuilder], DecoderLM]) -> DecoderLM:
     """The text model of a multimodal ``*ForConditionalGeneration`` checkpoint (Gemma 3,
     Llama 4): its ``text_config`` and language-model weights, built by the text ``build``."""
     text_config = getattr(b.config, "text_config", None)
     if text_config is None:
         raise ModelLoadError(f"{b.config.model_type} config has no text_config")
-    for old, new in _TEXT_PREFIXES:
+    for old, new in TEXT_PREFIXES:
         b.weights.rename_prefix(old, new)
     if not hasattr(text_config, "tie_word_embeddings"):
         text_config.tie_word_embeddings = getattr(b.config, "tie_word_embeddings", True)

@@ -5,8 +5,9 @@ conversion, a config.json that belongs to another checkpoint) would otherwise be
 a raw shape error deep in a kernel, or, where a fused kernel takes the config's sizes, a model
 that reads past its weights and generates garbage. transformers refuses such checkpoints when
 it loads them; so does pace for the dense decoders whose every layer has the config's sizes
-(the GGUF architectures among them, Phi-3, OPT and GPT-J), Qwen3-MoE and DeepSeek-V3, from
-the config alone: no model code is imported.
+(the GGUF architectures among them, Phi-3, OPT and GPT-J), Qwen3-MoE, DeepSeek-V3, GPT-OSS
+(dense or MXFP4 experts) and Llama 4, and for the text part of a multimodal Gemma 3 or
+Llama 4 checkpoint, from the config alone: no model code is imported.
 """
 
 from __future__ import annotations
@@ -128,6 +129,44 @@ def _qwen3_moe(cfg: Any) -> Table:
     return _top(cfg), _LAYER, _layer_shapes(cfg) | routed
 
 
+def _gpt_oss(cfg: Any) -> Table:
+    """GPT-OSS: biased attention with per-head sinks, a biased router, experts fused as
+    ``[E, H, 2I]`` / ``[E, I, H]`` with biases, or as MXFP4 ``_blocks`` / ``_scales`` of the
+    transposed matrices (32 values a block, 16 bytes)."""
+    h, inter, e = cfg.hidden_size, cfg.intermediate_size, cfg.num_local_experts
+    heads, kv, dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    layer: dict[str, Shape] = {
+        "self_attn.sinks": (heads,), "self_attn.o_proj.weight": (h, heads * dim),
+        "self_attn.o_proj.bias": (h,), "input_layernorm.weight": (h,),
+        "post_attention_layernorm.weight": (h,), "mlp.router.weight": (e, h),
+        "mlp.router.bias": (e,), "mlp.experts.gate_up_proj": (e, h, 2 * inter),
+        "mlp.experts.gate_up_proj_bias": (e, 2 * inter),
+        "mlp.experts.down_proj": (e, inter, h), "mlp.experts.down_proj_bias": (e, h),
+    }  # fmt: skip
+    for proj, rows in (("q_proj", heads * dim), ("k_proj", kv * dim), ("v_proj", kv * dim)):
+        layer[f"self_attn.{proj}.weight"], layer[f"self_attn.{proj}.bias"] = (rows, h), (rows,)
+    for name, rows, k in (("gate_up_proj", 2 * inter, h), ("down_proj", h, inter)):
+        layer[f"mlp.experts.{name}_blocks"] = (e, rows, k // 32, 16)
+        layer[f"mlp.experts.{name}_scales"] = (e, rows, k // 32)
+    return _top(cfg), _LAYER, layer
+
+
+def _llama4_text(cfg: Any) -> Table:
+    """Llama 4's text model: Llama attention; dense layers' MLP of ``intermediate_size_mlp``,
+    MoE layers' router, experts fused as ``[E, H, 2I]`` / ``[E, I, H]`` and shared expert of
+    ``intermediate_size``, all under ``feed_forward``."""
+    h, inter, e = cfg.hidden_size, cfg.intermediate_size, cfg.num_local_experts
+    layer = {name: shape for name, shape in _layer_shapes(cfg).items() if ".mlp." not in f".{name}"}
+    layer |= {
+        **_gated_mlp("feed_forward", cfg.intermediate_size_mlp, h),
+        **_gated_mlp("feed_forward.shared_expert", inter, h),
+        "feed_forward.router.weight": (e, h),
+        "feed_forward.experts.gate_up_proj": (e, h, 2 * inter),
+        "feed_forward.experts.down_proj": (e, inter, h),
+    }
+    return _top(cfg), _LAYER, layer
+
+
 def _deepseek_v3(cfg: Any) -> Table:
     """DeepSeek-V3: latent attention (a low-rank query when ``q_lora_rank`` is set, else
     ``q_proj``), dense MLPs on the first ``first_k_dense_replace`` layers, then a router with
@@ -156,14 +195,38 @@ def _deepseek_v3(cfg: Any) -> Table:
 
 SHAPE_TABLES: dict[str, Callable[[Any], Table]] = {
     **dict.fromkeys(UNIFORM, _uniform), "opt": _opt, "gptj": _gptj, "qwen3_moe": _qwen3_moe,
-    "deepseek_v3": _deepseek_v3,
+    "deepseek_v3": _deepseek_v3, "gpt_oss": _gpt_oss, "llama4_text": _llama4_text,
 }  # fmt: skip
 """model_type -> its shape table from a config."""
+MULTIMODAL = ("gemma3", "llama4")
+"""``*ForConditionalGeneration`` model types whose text part (``text_config``, the weights
+under ``TEXT_PREFIXES``) is checked by its own table; the other towers are not."""
+TEXT_PREFIXES = (
+    ("model.language_model.", "model."),
+    ("language_model.model.", "model."),
+    ("language_model.lm_head.", "lm_head."),
+    ("lm_head.", "lm_head."),  # the new layout's LM head: already the text model's name
+)
+"""Where a multimodal checkpoint keeps its text model (new and old layouts) -> the text
+model's own names."""
+
+
+def _text_name(name: str) -> str | None:
+    """A multimodal checkpoint's tensor name as its text model's (None: another tower's)."""
+    for old, new in TEXT_PREFIXES:
+        if name.startswith(old):
+            return new + name.removeprefix(old)
+    return None
 
 
 def expected_shape(cfg: Any) -> Callable[[str], Shape | None]:
     """``name -> shape`` the config implies (None: a name this check does not know)."""
-    family = SHAPE_TABLES.get(getattr(cfg, "model_type", None))
+    model_type = getattr(cfg, "model_type", None)
+    text_config = getattr(cfg, "text_config", None)
+    if model_type in MULTIMODAL and text_config is not None:
+        text = expected_shape(text_config)
+        return lambda name: None if (own := _text_name(name)) is None else text(own)
+    family = SHAPE_TABLES.get(model_type)
     if family is None:
         return lambda name: None
     top, pattern, layer = family(cfg)

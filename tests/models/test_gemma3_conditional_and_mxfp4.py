@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 import transformers as tf
-from support.tiny import DIMS, NO_SPECIAL, randomize
+from support.tiny import gemma3_conditional
 from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
 from pace_core import LLMModel
@@ -12,29 +12,8 @@ from pace_core.models.mxfp4 import dequantize_mxfp4
 
 
 def test_gemma3_conditional_generation_text_part(tmp_path):
-    text = tf.Gemma3TextConfig(
-        **{**DIMS, "num_hidden_layers": 2},
-        head_dim=32,
-        sliding_window=4,
-        layer_types=["sliding_attention", "full_attention"],
-        query_pre_attn_scalar=24,
-        **NO_SPECIAL,
-    )
-    vision = tf.SiglipVisionConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        image_size=32,
-        patch_size=16,
-    )
-    cfg = tf.Gemma3Config(
-        text_config=text.to_dict(), vision_config=vision.to_dict(), mm_tokens_per_image=4
-    )
-    torch.manual_seed(0)
-    model = tf.Gemma3ForConditionalGeneration(cfg).eval()
-    randomize(model)
-    model.save_pretrained(tmp_path)
+    model = tf.Gemma3ForConditionalGeneration.from_pretrained(gemma3_conditional(tmp_path))
+    model.eval()
     ids = torch.randint(0, 160, (1, 12))
     with torch.no_grad():
         ref = model(input_ids=ids).logits

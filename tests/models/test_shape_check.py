@@ -85,6 +85,8 @@ FAMILY_CASES = {
     "qwen3-moe": "experts.0.up_proj.weight",
     "deepseek-v3": "kv_b_proj.weight",
     "deepseek-v3-q-proj": "self_attn.q_proj.weight",
+    "gpt-oss": "mlp.experts.gate_up_proj",
+    "llama4": "feed_forward.gate_proj.weight",
 }
 
 
@@ -132,9 +134,19 @@ def _fused_experts(t: dict) -> None:
         t[f"{experts}.down_proj"] = torch.stack(part["down"])
 
 
+def _mxfp4_experts(t: dict) -> None:
+    """GPT-OSS experts as its released checkpoints store them: MXFP4 ``_blocks`` [E, R, K/32,
+    16] and ``_scales`` [E, R, K/32] of the transposed matrices (R rows of K)."""
+    for name in [n for n in t if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        e, k, rows = t.pop(name).shape  # dense [E, K, R]
+        t[f"{name}_blocks"] = torch.zeros(e, rows, k // 32, 16, dtype=torch.uint8)
+        t[f"{name}_scales"] = torch.full((e, rows, k // 32), 127, dtype=torch.uint8)
+
+
 LAYOUT_CASES = {  # variant, layout edit, a tensor of the edited checkpoint to cut
     "original opt names": ("opt-prenorm", _original_opt, "decoder.layers.0.fc1.weight"),
     "fused experts": ("qwen3-moe", _fused_experts, "model.layers.0.mlp.experts.down_proj"),
+    "mxfp4 experts": ("gpt-oss", _mxfp4_experts, "model.layers.0.mlp.experts.down_proj_blocks"),
 }
 
 
@@ -155,3 +167,48 @@ def test_other_layouts_of_a_family_are_checked_too(tmp_path, case):
     with pytest.raises(ModelLoadError, match=r"1 tensor\(s\) do not have the shape") as exc:
         load_weights(bad, config)
     assert cut in str(exc.value)
+
+
+NEW_MULTIMODAL_NAMES = (
+    ("language_model.model.", "model.language_model."),
+    ("language_model.lm_head.", "lm_head."),
+    ("vision_tower.", "model.vision_tower."),
+    ("multi_modal_projector.", "model.multi_modal_projector."),
+)
+
+
+def _new_multimodal_names(t: dict) -> None:
+    """The layout transformers builds multimodal models in (``model.language_model.*``,
+    ``model.vision_tower.*``, a top-level ``lm_head``) from the saved ``language_model.model.*``."""
+    for name in list(t):
+        for old, new in NEW_MULTIMODAL_NAMES:
+            if name.startswith(old):
+                t[new + name.removeprefix(old)] = t.pop(name)
+                break
+
+
+@pytest.mark.parametrize("layout", ["saved", "new names"])
+def test_a_multimodal_checkpoints_text_part_is_checked(tmp_path, layout):
+    """Gemma 3 ConditionalGeneration: every tensor of the text model is checked against
+    ``text_config`` (under its wrapper's names), the vision tower and projector are not."""
+    from support.tiny import gemma3_conditional
+
+    from pace_core.models.loader import load_config, load_weights
+    from pace_core.models.shape_check import expected_shape
+
+    good = gemma3_conditional(tmp_path / "made")
+    if layout == "new names":
+        good = edited(good, tmp_path / "good", _new_multimodal_names)
+    config = load_config(good)
+    shapes = load_weights(good, config).shapes()  # no error
+    expected = expected_shape(config)
+    towers = [n for n in shapes if "vision_tower." in n or "multi_modal_projector." in n]
+    text = [n for n in shapes if n not in towers]
+    assert towers and text and all(".language_model." in f".{n}" for n in text)
+    assert [n for n in text if expected(n) is None] == []
+    assert [n for n in towers if expected(n) is not None] == []
+    name = _first_layer_tensor(text, "q_norm.weight")
+    bad = edited(good, tmp_path / "bad", _set(name, lambda w: w[:-1].clone()))
+    with pytest.raises(ModelLoadError, match=r"\(gemma3\) implies") as exc:
+        load_weights(bad, config)
+    assert f"{name} is [31], expected [32]" in str(exc.value)

@@ -286,6 +286,25 @@ def gpt_oss(tmp_dir: Path) -> Path:
     return save(tf.GptOssForCausalLM, cfg, tmp_dir)
 
 
+# -- Gemma 3 ConditionalGeneration (not a FACTORIES variant: transformers' causal-LM classes
+# do not load it): the Gemma 3 text model (under model.language_model.) next to a one-layer
+# SigLIP vision tower and its projector
+def gemma3_conditional(tmp_dir: Path) -> Path:
+    text = tf.Gemma3TextConfig(
+        **{**DIMS, "num_hidden_layers": 2}, head_dim=32, sliding_window=4,
+        layer_types=["sliding_attention", "full_attention"], query_pre_attn_scalar=24,
+        **NO_SPECIAL,
+    )  # fmt: skip
+    vision = tf.SiglipVisionConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        image_size=32, patch_size=16,
+    )  # fmt: skip
+    cfg = tf.Gemma3Config(
+        text_config=text.to_dict(), vision_config=vision.to_dict(), mm_tokens_per_image=4
+    )
+    return save(tf.Gemma3ForConditionalGeneration, cfg, tmp_dir)
+
+
 FACTORIES: dict[str, Callable[[Path], Path]] = {
     "llama": _llama(),
     "llama-llama3": _llama(LLAMA3),
