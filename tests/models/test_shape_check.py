@@ -169,6 +169,7 @@ def test_other_layouts_of_a_family_are_checked_too(tmp_path, case):
     assert cut in str(exc.value)
 
 
+OTHER_TOWERS = ("vision_tower", "vision_model", "multi_modal_projector")
 NEW_MULTIMODAL_NAMES = (
     ("language_model.model.", "model.language_model."),
     ("language_model.lm_head.", "lm_head."),
@@ -187,28 +188,36 @@ def _new_multimodal_names(t: dict) -> None:
                 break
 
 
-@pytest.mark.parametrize("layout", ["saved", "new names"])
-def test_a_multimodal_checkpoints_text_part_is_checked(tmp_path, layout):
-    """Gemma 3 ConditionalGeneration: every tensor of the text model is checked against
+MULTIMODAL_CASES = {  # family, layout: the factory's name, a text tensor to cut, its length
+    ("gemma3", "saved"): ("gemma3_conditional", "q_norm.weight", 32),
+    ("gemma3", "new names"): ("gemma3_conditional", "q_norm.weight", 32),
+    ("llama4", "saved"): ("llama4_conditional", "feed_forward.down_proj.weight", 64),
+}
+
+
+@pytest.mark.parametrize("case", list(MULTIMODAL_CASES), ids="-".join)
+def test_a_multimodal_checkpoints_text_part_is_checked(tmp_path, case):
+    """ForConditionalGeneration: every tensor of the text model is checked against
     ``text_config`` (under its wrapper's names), the vision tower and projector are not."""
-    from support.tiny import gemma3_conditional
+    from support import tiny
 
     from pace_core.models.loader import load_config, load_weights
     from pace_core.models.shape_check import expected_shape
 
-    good = gemma3_conditional(tmp_path / "made")
+    (family, layout), (factory, cut, rows) = case, MULTIMODAL_CASES[case]
+    good = getattr(tiny, factory)(tmp_path / "made")
     if layout == "new names":
         good = edited(good, tmp_path / "good", _new_multimodal_names)
     config = load_config(good)
     shapes = load_weights(good, config).shapes()  # no error
     expected = expected_shape(config)
-    towers = [n for n in shapes if "vision_tower." in n or "multi_modal_projector." in n]
+    towers = [n for n in shapes if n.split(".")[n.startswith("model.")] in OTHER_TOWERS]
     text = [n for n in shapes if n not in towers]
     assert towers and text and all(".language_model." in f".{n}" for n in text)
     assert [n for n in text if expected(n) is None] == []
     assert [n for n in towers if expected(n) is not None] == []
-    name = _first_layer_tensor(text, "q_norm.weight")
+    name = _first_layer_tensor(text, cut)
     bad = edited(good, tmp_path / "bad", _set(name, lambda w: w[:-1].clone()))
-    with pytest.raises(ModelLoadError, match=r"\(gemma3\) implies") as exc:
+    with pytest.raises(ModelLoadError, match=rf"\({family}\) implies") as exc:
         load_weights(bad, config)
-    assert f"{name} is [31], expected [32]" in str(exc.value)
+    assert f"{name} is [{rows - 1}" in str(exc.value)

@@ -286,9 +286,9 @@ def gpt_oss(tmp_dir: Path) -> Path:
     return save(tf.GptOssForCausalLM, cfg, tmp_dir)
 
 
-# -- Gemma 3 ConditionalGeneration (not a FACTORIES variant: transformers' causal-LM classes
-# do not load it): the Gemma 3 text model (under model.language_model.) next to a one-layer
-# SigLIP vision tower and its projector
+# -- Gemma 3 ConditionalGeneration (not a FACTORIES variant: the parity tests load those with
+# transformers' causal-LM classes): the Gemma 3 text model (under language_model.model.) next
+# to a one-layer SigLIP vision tower and its projector
 def gemma3_conditional(tmp_dir: Path) -> Path:
     text = tf.Gemma3TextConfig(
         **{**DIMS, "num_hidden_layers": 2}, head_dim=32, sliding_window=4,
@@ -303,6 +303,24 @@ def gemma3_conditional(tmp_dir: Path) -> Path:
         text_config=text.to_dict(), vision_config=vision.to_dict(), mm_tokens_per_image=4
     )
     return save(tf.Gemma3ForConditionalGeneration, cfg, tmp_dir)
+
+
+# -- Llama 4 ConditionalGeneration (not a FACTORIES variant either): a 2-layer Llama 4 text
+# model (layer 1 MoE, 3 experts, top-1) under language_model., a one-layer vision model
+def llama4_conditional(tmp_dir: Path) -> Path:
+    text = tf.Llama4TextConfig(
+        **{**DIMS, **NO_SPECIAL, "num_hidden_layers": 2, "intermediate_size": 40}, head_dim=16,
+        intermediate_size_mlp=96, num_local_experts=3, num_experts_per_tok=1, moe_layers=[1],
+        no_rope_layer_interval=2, attention_chunk_size=8,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    )  # fmt: skip
+    vision = tf.Llama4VisionConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        image_size=32, patch_size=16, vision_output_dim=32, projector_input_dim=32,
+        projector_output_dim=32,
+    )  # fmt: skip
+    cfg = tf.Llama4Config(text_config=text.to_dict(), vision_config=vision.to_dict())
+    return save(tf.Llama4ForConditionalGeneration, cfg, tmp_dir)
 
 
 FACTORIES: dict[str, Callable[[Path], Path]] = {

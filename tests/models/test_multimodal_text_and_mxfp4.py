@@ -1,23 +1,31 @@
-"""Gemma 3 ConditionalGeneration's text part, and MXFP4 expert de-quantization."""
+"""The text part of multimodal checkpoints (Gemma 3, Llama 4 ForConditionalGeneration)
+against transformers, and MXFP4 expert de-quantization."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import transformers as tf
-from support.tiny import gemma3_conditional
+from support.tiny import gemma3_conditional, llama4_conditional
 from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
 from pace_core import LLMModel
 from pace_core.models.mxfp4 import dequantize_mxfp4
 
+MULTIMODAL = {
+    "gemma3": (gemma3_conditional, tf.Gemma3ForConditionalGeneration),
+    "llama4": (llama4_conditional, tf.Llama4ForConditionalGeneration),
+}
 
-def test_gemma3_conditional_generation_text_part(tmp_path):
-    model = tf.Gemma3ForConditionalGeneration.from_pretrained(gemma3_conditional(tmp_path))
-    model.eval()
+
+@pytest.mark.parametrize("family", list(MULTIMODAL))
+def test_conditional_generation_text_part(tmp_path, family):
+    factory, model_cls = MULTIMODAL[family]
+    model = model_cls.from_pretrained(factory(tmp_path)).eval()
     ids = torch.randint(0, 160, (1, 12))
     with torch.no_grad():
         ref = model(input_ids=ids).logits
-    pace = LLMModel(tmp_path, dtype=torch.float32, load_tokenizer=False)
+    pace = LLMModel(tmp_path, dtype=torch.float32, load_tokenizer=False, quiet=True)
     assert (pace.logits(ids) - ref).abs().max() < 1e-4
 
 
