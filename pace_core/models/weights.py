@@ -112,7 +112,11 @@ def _file_loaders(path: Path) -> dict[str, Loader]:
                                                             names))  # fmt: skip
             return loaders
         tensors = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
-        return {name: partial(_identity, tensor) for name, tensor in tensors.items()}
+        loaders = {name: partial(_identity, tensor) for name, tensor in tensors.items()}
+        for name, tensor in tensors.items():  # mapped, not read: the shape is the header's
+            if isinstance(tensor, torch.Tensor):
+                loaders[name].shape = tuple(tensor.shape)
+        return loaders
     except Exception as exc:
         raise ModelLoadError(
             f"cannot read weight file {path} ({type(exc).__name__}: {exc}); the file may be "
@@ -283,7 +287,7 @@ class WeightStore:
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
         """The stored shape of every tensor whose file states it without a read (safetensors,
-        GGUF; a quantized weight's logical shape)."""
+        GGUF, memory-mapped ``.bin``; a quantized weight's logical shape)."""
         return {
             name: tuple(shape)
             for name, loader in self._loaders.items()

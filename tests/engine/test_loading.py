@@ -2,30 +2,19 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 
 import pytest
 import torch
 from safetensors.torch import load_file
+from support.bin_checkpoints import write_bin_shards
 
 from pace_core import LLMModel
 
 
 def reference_logits(path, ids):
     return LLMModel(path, dtype=torch.float32, load_tokenizer=False).logits(ids)
-
-
-def write_bin_shards(state: dict, path, shards: int) -> None:
-    names = sorted(state)
-    weight_map = {}
-    for i in range(shards):
-        file = f"pytorch_model-{i + 1:05d}-of-{shards:05d}.bin"
-        part = {n: state[n] for n in names[i::shards]}
-        torch.save(part, path / file)
-        weight_map.update(dict.fromkeys(part, file))
-    (path / "pytorch_model.bin.index.json").write_text(json.dumps({"weight_map": weight_map}))
 
 
 def test_formats_give_identical_logits(tiny_llama_dir, tmp_path):

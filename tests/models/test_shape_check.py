@@ -51,6 +51,27 @@ def test_safetensors_of_the_wrong_shape_are_named(tiny_llama_dir, tmp_path, case
     assert named in str(exc.value) and str(bad) in str(exc.value)
 
 
+@pytest.mark.parametrize("files", [1, 3])
+def test_a_pytorch_bin_of_the_wrong_shape_is_named(tiny_llama_dir, tmp_path, files):
+    """``pytorch_model.bin`` checkpoints (one file or an indexed set) are memory-mapped: their
+    shapes are checked before anything is read."""
+    from support.bin_checkpoints import write_bin_shards
+
+    edit, named = CASES["swapped matrix"]
+    state = load_file(tiny_llama_dir / "model.safetensors")
+    edit(state)
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    shutil.copy(tiny_llama_dir / "config.json", bad)
+    if files == 1:
+        torch.save(state, bad / "pytorch_model.bin")
+    else:
+        write_bin_shards(state, bad, files)
+    with pytest.raises(ModelLoadError, match=r"1 tensor\(s\) do not have the shape") as exc:
+        LLMModel(str(bad), dtype=torch.float32, load_tokenizer=False, quiet=True)
+    assert named in str(exc.value)
+
+
 def test_a_gguf_with_a_short_norm_is_named(tiny_llama_dir, tmp_path):
     pytest.importorskip("gguf")
     from support.tiny_gguf import write_gguf
