@@ -6,8 +6,9 @@ a raw shape error deep in a kernel, or, where a fused kernel takes the config's 
 that reads past its weights and generates garbage. transformers refuses such checkpoints when
 it loads them; so does pace for the dense decoders whose every layer has the config's sizes
 (the GGUF architectures among them, Phi-3, OPT and GPT-J), Qwen3-MoE, DeepSeek-V3, GPT-OSS
-(dense or MXFP4 experts) and Llama 4, and for the text part of a multimodal Gemma 3 or
-Llama 4 checkpoint, from the config alone: no model code is imported.
+(dense or MXFP4 experts), Llama 4 and Gemma 4 (layer by layer), and for the text part of a
+multimodal Gemma 3, Gemma 4 or Llama 4 checkpoint, from the config alone: no model code is
+imported.
 """
 
 from __future__ import annotations
@@ -22,13 +23,20 @@ from pace_core.models.weights import WeightStore
 SHOWN = 5  # mismatches named in the error
 # model types whose layers all take the config's sizes (no per-layer widths, no experts)
 UNIFORM = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "smollm3", "phi3")
-_LAYER = re.compile(r"model\.layers\.\d+\.(.+)")
+_LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)")
 _EXPERT = re.compile(r"\.experts\.\d+\.")  # one expert's tensors: checked alike
 
 Shape = tuple[int, ...]
-Table = tuple[dict[str, Shape], re.Pattern[str], dict[str, Shape]]
-"""A family's top-level shapes, the pattern of its layer tensors' names (group 1: the name
-within the layer) and their shapes."""
+LayerShapes = Callable[[int], dict[str, Shape]]
+"""A layer's index -> its tensors' shapes by name within the layer."""
+Table = tuple[dict[str, Shape], re.Pattern[str], LayerShapes]
+"""A family's top-level shapes, the pattern of its layer tensors' names (group 1: the layer's
+index, group 2: the name within the layer) and each layer's shapes."""
+
+
+def _every_layer(shapes: dict[str, Shape]) -> LayerShapes:
+    """The same shapes for every layer."""
+    return lambda index: shapes
 
 
 def _gated_mlp(prefix: str, inter: int, hidden: int) -> dict[str, Shape]:
@@ -79,7 +87,7 @@ def _layer_shapes(cfg: Any) -> dict[str, Shape]:
 
 def _uniform(cfg: Any) -> Table:
     """The Llama layout (and its fused Phi-3 form): every layer at the config's sizes."""
-    return _top(cfg), _LAYER, _layer_shapes(cfg)
+    return _top(cfg), _LAYER, _every_layer(_layer_shapes(cfg))
 
 
 def _opt(cfg: Any) -> Table:
@@ -102,7 +110,7 @@ def _opt(cfg: Any) -> Table:
         layer[f"self_attn.{proj}.weight"], layer[f"self_attn.{proj}.bias"] = (h, h), (h,)
     for norm in ("self_attn_layer_norm", "final_layer_norm"):
         layer[f"{norm}.weight"] = layer[f"{norm}.bias"] = (h,)
-    return top, re.compile(r"(?:model\.)?decoder\.layers\.\d+\.(.+)"), layer
+    return top, re.compile(r"(?:model\.)?decoder\.layers\.(\d+)\.(.+)"), _every_layer(layer)
 
 
 def _gptj(cfg: Any) -> Table:
@@ -119,14 +127,14 @@ def _gptj(cfg: Any) -> Table:
     }  # fmt: skip
     for proj in ("q_proj", "k_proj", "v_proj", "out_proj"):
         layer[f"attn.{proj}.weight"] = (h, h)
-    return top, re.compile(r"transformer\.h\.\d+\.(.+)"), layer
+    return top, re.compile(r"transformer\.h\.(\d+)\.(.+)"), _every_layer(layer)
 
 
 def _qwen3_moe(cfg: Any) -> Table:
     """Qwen3-MoE: Qwen3's attention; a router and experts of ``moe_intermediate_size`` (per
     expert, or fused ``[E, 2I, H]`` / ``[E, H, I]``) or, on its dense layers, Qwen3's MLP."""
     routed = _routed_experts(cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts)
-    return _top(cfg), _LAYER, _layer_shapes(cfg) | routed
+    return _top(cfg), _LAYER, _every_layer(_layer_shapes(cfg) | routed)
 
 
 def _gpt_oss(cfg: Any) -> Table:
@@ -148,7 +156,7 @@ def _gpt_oss(cfg: Any) -> Table:
     for name, rows, k in (("gate_up_proj", 2 * inter, h), ("down_proj", h, inter)):
         layer[f"mlp.experts.{name}_blocks"] = (e, rows, k // 32, 16)
         layer[f"mlp.experts.{name}_scales"] = (e, rows, k // 32)
-    return _top(cfg), _LAYER, layer
+    return _top(cfg), _LAYER, _every_layer(layer)
 
 
 def _llama4_text(cfg: Any) -> Table:
@@ -164,7 +172,61 @@ def _llama4_text(cfg: Any) -> Table:
         "feed_forward.experts.gate_up_proj": (e, h, 2 * inter),
         "feed_forward.experts.down_proj": (e, inter, h),
     }
-    return _top(cfg), _LAYER, layer
+    return _top(cfg), _LAYER, _every_layer(layer)
+
+
+def _gemma4_text(cfg: Any) -> Table:
+    """Gemma 4's text model, layer by layer: each layer's head size and KV heads
+    (``per_layer_config``); layers that reuse another's KV (``kv_sharing_modes``) have no key
+    or value projections and, with ``use_double_wide_mlp``, an MLP twice as wide; global layers
+    with ``attention_k_eq_v`` no value projection; optional per-layer inputs and MoE block."""
+    h, heads, e = cfg.hidden_size, cfg.num_attention_heads, getattr(cfg, "num_experts", 0)
+    per_input = cfg.hidden_size_per_layer_input or 0
+    bias = cfg.attention_bias
+
+    def layer(i: int) -> dict[str, Shape]:
+        if i >= cfg.num_hidden_layers:
+            return {}
+        dim, kv = cfg.per_layer_config[i].head_dim, cfg.per_layer_config[i].num_key_value_heads
+        reuses_kv = cfg.kv_sharing_modes[i] == "reuse"
+        projections = {"q_proj": (heads * dim, h), "o_proj": (h, heads * dim)}
+        if not reuses_kv:
+            projections["k_proj"] = (kv * dim, h)
+            if not (cfg.attention_k_eq_v and cfg.layer_types[i] != "sliding_attention"):
+                projections["v_proj"] = (kv * dim, h)
+        out: dict[str, Shape] = {"self_attn.q_norm.weight": (dim,), "layer_scalar": (1,)}
+        if not reuses_kv:
+            out["self_attn.k_norm.weight"] = (dim,)
+        for proj, shape in projections.items():
+            out[f"self_attn.{proj}.weight"] = shape
+            if bias:
+                out[f"self_attn.{proj}.bias"] = shape[:1]
+        wide = 2 if cfg.use_double_wide_mlp and reuses_kv else 1
+        out |= _gated_mlp("mlp", cfg.intermediate_size * wide, h)
+        norms = ["input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                 "post_feedforward_layernorm"]  # fmt: skip
+        if per_input:
+            norms.append("post_per_layer_input_norm")
+            out["per_layer_input_gate.weight"] = (per_input, h)
+            out["per_layer_projection.weight"] = (h, per_input)
+        if cfg.enable_moe_block:
+            mi = cfg.moe_intermediate_size
+            norms += ["post_feedforward_layernorm_1", "post_feedforward_layernorm_2",
+                      "pre_feedforward_layernorm_2"]  # fmt: skip
+            out |= {"router.proj.weight": (e, h), "router.scale": (h,),
+                    "router.per_expert_scale": (e,), "experts.gate_up_proj": (e, 2 * mi, h),
+                    "experts.down_proj": (e, h, mi)}  # fmt: skip
+        return out | {f"{norm}.weight": (h,) for norm in norms}
+
+    top = _top(cfg)
+    if per_input:
+        layers = cfg.num_hidden_layers * per_input
+        top |= {
+            "model.embed_tokens_per_layer.weight": (cfg.vocab_size_per_layer_input, layers),
+            "model.per_layer_model_projection.weight": (layers, h),
+            "model.per_layer_projection_norm.weight": (per_input,),
+        }
+    return top, _LAYER, layer
 
 
 def _deepseek_v3(cfg: Any) -> Table:
@@ -190,15 +252,16 @@ def _deepseek_v3(cfg: Any) -> Table:
                   "self_attn.q_b_proj.weight": (heads * qk, q)}  # fmt: skip
     else:
         layer["self_attn.q_proj.weight"] = (heads * qk, h)
-    return _top(cfg), _LAYER, layer
+    return _top(cfg), _LAYER, _every_layer(layer)
 
 
 SHAPE_TABLES: dict[str, Callable[[Any], Table]] = {
     **dict.fromkeys(UNIFORM, _uniform), "opt": _opt, "gptj": _gptj, "qwen3_moe": _qwen3_moe,
     "deepseek_v3": _deepseek_v3, "gpt_oss": _gpt_oss, "llama4_text": _llama4_text,
+    "gemma4_text": _gemma4_text,
 }  # fmt: skip
 """model_type -> its shape table from a config."""
-MULTIMODAL = ("gemma3", "llama4")
+MULTIMODAL = ("gemma3", "gemma4", "llama4")
 """``*ForConditionalGeneration`` model types whose text part (``text_config``, the weights
 under ``TEXT_PREFIXES``) is checked by its own table; the other towers are not."""
 TEXT_PREFIXES = (
@@ -233,7 +296,9 @@ def expected_shape(cfg: Any) -> Callable[[str], Shape | None]:
 
     def shape(name: str) -> Shape | None:
         m = pattern.fullmatch(name)
-        return layer.get(_EXPERT.sub(".experts.*.", m.group(1))) if m else top.get(name)
+        if m is None:
+            return top.get(name)
+        return layer(int(m.group(1))).get(_EXPERT.sub(".experts.*.", m.group(2)))
 
     return shape
 

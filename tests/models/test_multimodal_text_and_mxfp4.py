@@ -1,4 +1,4 @@
-"""The text part of multimodal checkpoints (Gemma 3, Llama 4 ForConditionalGeneration)
+"""The text part of multimodal checkpoints (Gemma 3, Gemma 4, Llama 4 ForConditionalGeneration)
 against transformers, and MXFP4 expert de-quantization."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers as tf
-from support.tiny import gemma3_conditional, llama4_conditional
+from support.tiny import gemma3_conditional, gemma4_conditional, llama4_conditional
 from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
 from pace_core import LLMModel
@@ -14,6 +14,7 @@ from pace_core.models.mxfp4 import dequantize_mxfp4
 
 MULTIMODAL = {
     "gemma3": (gemma3_conditional, tf.Gemma3ForConditionalGeneration),
+    "gemma4": (gemma4_conditional, tf.Gemma4ForConditionalGeneration),
     "llama4": (llama4_conditional, tf.Llama4ForConditionalGeneration),
 }
 
@@ -22,7 +23,7 @@ MULTIMODAL = {
 def test_conditional_generation_text_part(tmp_path, family):
     factory, model_cls = MULTIMODAL[family]
     model = model_cls.from_pretrained(factory(tmp_path)).eval()
-    ids = torch.randint(0, 160, (1, 12))
+    ids = torch.randint(1, 160, (1, 12))  # not the pad id: Gemma 4 masks it as an image token
     with torch.no_grad():
         ref = model(input_ids=ids).logits
     pace = LLMModel(tmp_path, dtype=torch.float32, load_tokenizer=False, quiet=True)

@@ -108,6 +108,8 @@ FAMILY_CASES = {
     "deepseek-v3-q-proj": "self_attn.q_proj.weight",
     "gpt-oss": "mlp.experts.gate_up_proj",
     "llama4": "feed_forward.gate_proj.weight",
+    "gemma4": "self_attn.k_proj.weight",
+    "gemma4-dense": "mlp.up_proj.weight",
 }
 
 
@@ -190,7 +192,7 @@ def test_other_layouts_of_a_family_are_checked_too(tmp_path, case):
     assert cut in str(exc.value)
 
 
-OTHER_TOWERS = ("vision_tower", "vision_model", "multi_modal_projector")
+OTHER_TOWERS = ("vision_tower", "vision_model", "multi_modal_projector", "embed_vision")
 NEW_MULTIMODAL_NAMES = (
     ("language_model.model.", "model.language_model."),
     ("language_model.lm_head.", "lm_head."),
@@ -212,6 +214,7 @@ def _new_multimodal_names(t: dict) -> None:
 MULTIMODAL_CASES = {  # family, layout: the factory's name, a text tensor to cut, its length
     ("gemma3", "saved"): ("gemma3_conditional", "q_norm.weight", 32),
     ("gemma3", "new names"): ("gemma3_conditional", "q_norm.weight", 32),
+    ("gemma4", "saved"): ("gemma4_conditional", "mlp.up_proj.weight", 96),
     ("llama4", "saved"): ("llama4_conditional", "feed_forward.down_proj.weight", 64),
 }
 
@@ -242,3 +245,25 @@ def test_a_multimodal_checkpoints_text_part_is_checked(tmp_path, case):
     with pytest.raises(ModelLoadError, match=rf"\({family}\) implies") as exc:
         load_weights(bad, config)
     assert f"{name} is [{rows - 1}" in str(exc.value)
+
+
+def test_gemma4_layers_are_checked_at_their_own_widths(tmp_path):
+    """Gemma 4's layers differ in width: a global layer's query projection or a KV-sharing
+    layer's double-wide MLP given the first (sliding) layer's shape is named with its own."""
+    from support.tiny import FACTORIES
+
+    from pace_core.models.loader import load_config, load_weights
+
+    good = FACTORIES["gemma4"](tmp_path / "good")
+    narrowed = {"model.layers.2.self_attn.q_proj.weight": "[64, 64], expected [128, 64]",
+                "model.layers.4.mlp.up_proj.weight": "[96, 64], expected [192, 64]"}  # fmt: skip
+
+    def as_layer_0(t: dict) -> None:
+        for name in narrowed:
+            t[name] = t[name.replace(".2.", ".0.").replace(".4.", ".0.")].clone()
+
+    bad = edited(good, tmp_path / "bad", as_layer_0)
+    with pytest.raises(ModelLoadError, match=r"2 tensor\(s\) do not have the shape") as exc:
+        load_weights(bad, load_config(bad))
+    for name, shapes in narrowed.items():
+        assert f"{name} is {shapes}" in str(exc.value)

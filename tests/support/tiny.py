@@ -172,16 +172,18 @@ def _deepseek_v3(**over: Any) -> Callable[[Path], Path]:
 # -- Gemma 4 text: sliding layers (window 4, head 16) and global ones (head 32, proportional
 # rope); "gemma4" also has per-layer inputs, K=V globals with 1 KV head, the last 2 layers
 # sharing KV (double-wide MLPs), an MoE block (4 experts, top-2) and a final softcap
+def _gemma4_text_config(**over: Any) -> Any:
+    sliding, full = "sliding_attention", "full_attention"
+    return tf.Gemma4TextConfig(
+        **{**DIMS, **NO_SPECIAL, "num_hidden_layers": 6, "intermediate_size": 96, **over},
+        vocab_size_per_layer_input=DIMS["vocab_size"], head_dim=16, global_head_dim=32,
+        layer_types=[sliding, sliding, full, sliding, sliding, full], sliding_window=4,
+    )  # fmt: skip
+
+
 def _gemma4(**over: Any) -> Callable[[Path], Path]:
     def factory(tmp_dir: Path) -> Path:
-        sliding, full = "sliding_attention", "full_attention"
-        cfg = tf.Gemma4TextConfig(
-            **{**DIMS, **NO_SPECIAL, "num_hidden_layers": 6, "intermediate_size": 96},
-            vocab_size_per_layer_input=DIMS["vocab_size"], head_dim=16, global_head_dim=32,
-            layer_types=[sliding, sliding, full, sliding, sliding, full], sliding_window=4,
-            **over,
-        )  # fmt: skip
-        return save(tf.Gemma4ForCausalLM, cfg, tmp_dir)
+        return save(tf.Gemma4ForCausalLM, _gemma4_text_config(**over), tmp_dir)
 
     return factory
 
@@ -321,6 +323,18 @@ def llama4_conditional(tmp_dir: Path) -> Path:
     )  # fmt: skip
     cfg = tf.Llama4Config(text_config=text.to_dict(), vision_config=vision.to_dict())
     return save(tf.Llama4ForConditionalGeneration, cfg, tmp_dir)
+
+
+# -- Gemma 4 ConditionalGeneration (not a FACTORIES variant either): the "gemma4" text model
+# (pad id 0: transformers' forward masks image tokens with it) under model.language_model.,
+# a one-layer vision tower
+def gemma4_conditional(tmp_dir: Path) -> Path:
+    text = _gemma4_text_config(**GEMMA4_ALL, pad_token_id=0)
+    vision = tf.Gemma4VisionConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2
+    )
+    cfg = tf.Gemma4Config(text_config=text.to_dict(), vision_config=vision.to_dict())
+    return save(tf.Gemma4ForConditionalGeneration, cfg, tmp_dir)
 
 
 FACTORIES: dict[str, Callable[[Path], Path]] = {
