@@ -13,7 +13,7 @@ from pace_core.models.builder import ModelBuilder
 from pace_core.models.decoder import DecoderLM
 from pace_core.models.layers import Attention, Bound, DenseMLP, Norm, PreNormBlock
 from pace_core.models.rope import Rotary
-from pace_core.models.shape_check import TEXT_PREFIXES
+from pace_core.models.text_part import TEXT_PREFIXES
 from pace_core.ops import HF_ACTIVATIONS
 from pace_core.quant import formats_of
 
@@ -204,7 +204,8 @@ def self_attention(
 
 def build_text_part(b: ModelBuilder, build: Callable[[ModelBuilder], DecoderLM]) -> DecoderLM:
     """The text model of a multimodal ``*ForConditionalGeneration`` checkpoint (Gemma 3,
-    Llama 4): its ``text_config`` and language-model weights, built by the text ``build``."""
+    Gemma 4, Llama 4): its ``text_config`` and language-model weights, built by the text
+    ``build``."""
     text_config = getattr(b.config, "text_config", None)
     if text_config is None:
         raise ModelLoadError(f"{b.config.model_type} config has no text_config")

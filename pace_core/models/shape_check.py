@@ -6,8 +6,8 @@ a raw shape error deep in a kernel, or, where a fused kernel takes the config's 
 that reads past its weights and generates garbage. transformers refuses such checkpoints when
 it loads them; so does pace for the dense decoders whose every layer has the config's sizes
 (the GGUF architectures among them, Phi-3, OPT and GPT-J), Qwen3-MoE, DeepSeek-V3, GPT-OSS
-(dense or MXFP4 experts), Llama 4 and Gemma 4 (layer by layer), and for the text part of a
-multimodal Gemma 3, Gemma 4 or Llama 4 checkpoint, from the config alone: no model code is
+(dense or MXFP4 experts), Llama 4 and Gemma 4 (layer by layer), and for the text model of a
+multimodal checkpoint (by its ``text_config``), from the config alone: no model code is
 imported.
 """
 
@@ -18,13 +18,14 @@ from collections.abc import Callable
 from typing import Any
 
 from pace_core.errors import ModelLoadError
+from pace_core.models.text_part import text_name
 from pace_core.models.weights import WeightStore
 
 SHOWN = 5  # mismatches named in the error
 # model types whose layers all take the config's sizes (no per-layer widths, no experts)
 UNIFORM = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "smollm3", "phi3")
 _LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)")
-_EXPERT = re.compile(r"\.experts\.\d+\.")  # one expert's tensors: checked alike
+_EXPERT = re.compile(r"\bexperts\.\d+\.")  # one expert's tensors: checked alike
 
 Shape = tuple[int, ...]
 LayerShapes = Callable[[int], dict[str, Shape]]
@@ -74,7 +75,8 @@ def _layer_shapes(cfg: Any) -> dict[str, Shape]:
         "self_attn.q_proj.weight": (q, hidden), "self_attn.k_proj.weight": (k, hidden),
         "self_attn.v_proj.weight": (k, hidden), "self_attn.o_proj.weight": (hidden, q),
         "self_attn.q_proj.bias": (q,), "self_attn.k_proj.bias": (k,),
-        "self_attn.v_proj.bias": (k,), "self_attn.q_norm.weight": (dim,),
+        "self_attn.v_proj.bias": (k,), "self_attn.o_proj.bias": (hidden,),
+        "self_attn.q_norm.weight": (dim,),
         "self_attn.k_norm.weight": (dim,), **_gated_mlp("mlp", inter, hidden),
         "self_attn.qkv_proj.weight": (q + 2 * k, hidden),  # Phi-3's fused projections
         "mlp.gate_up_proj.weight": (2 * inter, hidden),
@@ -138,21 +140,16 @@ def _qwen3_moe(cfg: Any) -> Table:
 
 
 def _gpt_oss(cfg: Any) -> Table:
-    """GPT-OSS: biased attention with per-head sinks, a biased router, experts fused as
-    ``[E, H, 2I]`` / ``[E, I, H]`` with biases, or as MXFP4 ``_blocks`` / ``_scales`` of the
-    transposed matrices (32 values a block, 16 bytes)."""
+    """GPT-OSS: the Llama attention with biases and per-head sinks, a biased router, experts
+    fused as ``[E, H, 2I]`` / ``[E, I, H]`` with biases, or as MXFP4 ``_blocks`` / ``_scales``
+    of the transposed matrices (32 values a block, 16 bytes)."""
     h, inter, e = cfg.hidden_size, cfg.intermediate_size, cfg.num_local_experts
-    heads, kv, dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-    layer: dict[str, Shape] = {
-        "self_attn.sinks": (heads,), "self_attn.o_proj.weight": (h, heads * dim),
-        "self_attn.o_proj.bias": (h,), "input_layernorm.weight": (h,),
-        "post_attention_layernorm.weight": (h,), "mlp.router.weight": (e, h),
+    layer = _layer_shapes(cfg) | {
+        "self_attn.sinks": (cfg.num_attention_heads,), "mlp.router.weight": (e, h),
         "mlp.router.bias": (e,), "mlp.experts.gate_up_proj": (e, h, 2 * inter),
         "mlp.experts.gate_up_proj_bias": (e, 2 * inter),
         "mlp.experts.down_proj": (e, inter, h), "mlp.experts.down_proj_bias": (e, h),
     }  # fmt: skip
-    for proj, rows in (("q_proj", heads * dim), ("k_proj", kv * dim), ("v_proj", kv * dim)):
-        layer[f"self_attn.{proj}.weight"], layer[f"self_attn.{proj}.bias"] = (rows, h), (rows,)
     for name, rows, k in (("gate_up_proj", 2 * inter, h), ("down_proj", h, inter)):
         layer[f"mlp.experts.{name}_blocks"] = (e, rows, k // 32, 16)
         layer[f"mlp.experts.{name}_scales"] = (e, rows, k // 32)
@@ -164,7 +161,9 @@ def _llama4_text(cfg: Any) -> Table:
     MoE layers' router, experts fused as ``[E, H, 2I]`` / ``[E, I, H]`` and shared expert of
     ``intermediate_size``, all under ``feed_forward``."""
     h, inter, e = cfg.hidden_size, cfg.intermediate_size, cfg.num_local_experts
-    layer = {name: shape for name, shape in _layer_shapes(cfg).items() if ".mlp." not in f".{name}"}
+    layer = {
+        name: shape for name, shape in _layer_shapes(cfg).items() if not name.startswith("mlp.")
+    }
     layer |= {
         **_gated_mlp("feed_forward", cfg.intermediate_size_mlp, h),
         **_gated_mlp("feed_forward.shared_expert", inter, h),
@@ -180,13 +179,11 @@ def _gemma4_text(cfg: Any) -> Table:
     (``per_layer_config``); layers that reuse another's KV (``kv_sharing_modes``) have no key
     or value projections and, with ``use_double_wide_mlp``, an MLP twice as wide; global layers
     with ``attention_k_eq_v`` no value projection; optional per-layer inputs and MoE block."""
-    h, heads, e = cfg.hidden_size, cfg.num_attention_heads, getattr(cfg, "num_experts", 0)
+    h, heads = cfg.hidden_size, cfg.num_attention_heads
     per_input = cfg.hidden_size_per_layer_input or 0
     bias = cfg.attention_bias
 
     def layer(i: int) -> dict[str, Shape]:
-        if i >= cfg.num_hidden_layers:
-            return {}
         dim, kv = cfg.per_layer_config[i].head_dim, cfg.per_layer_config[i].num_key_value_heads
         reuses_kv = cfg.kv_sharing_modes[i] == "reuse"
         projections = {"q_proj": (heads * dim, h), "o_proj": (h, heads * dim)}
@@ -209,24 +206,26 @@ def _gemma4_text(cfg: Any) -> Table:
             norms.append("post_per_layer_input_norm")
             out["per_layer_input_gate.weight"] = (per_input, h)
             out["per_layer_projection.weight"] = (h, per_input)
-        if cfg.enable_moe_block:
-            mi = cfg.moe_intermediate_size
+        if cfg.enable_moe_block:  # experts fused [E, 2I, H] / [E, H, I], or one by one
+            e, mi = cfg.num_experts, cfg.moe_intermediate_size
             norms += ["post_feedforward_layernorm_1", "post_feedforward_layernorm_2",
                       "pre_feedforward_layernorm_2"]  # fmt: skip
             out |= {"router.proj.weight": (e, h), "router.scale": (h,),
                     "router.per_expert_scale": (e,), "experts.gate_up_proj": (e, 2 * mi, h),
-                    "experts.down_proj": (e, h, mi)}  # fmt: skip
+                    "experts.down_proj": (e, h, mi), **_gated_mlp("experts.*", mi, h)}  # fmt: skip
         return out | {f"{norm}.weight": (h,) for norm in norms}
+
+    layers = [layer(i) for i in range(cfg.num_hidden_layers)]
 
     top = _top(cfg)
     if per_input:
-        layers = cfg.num_hidden_layers * per_input
+        width = cfg.num_hidden_layers * per_input  # every layer's input, side by side
         top |= {
-            "model.embed_tokens_per_layer.weight": (cfg.vocab_size_per_layer_input, layers),
-            "model.per_layer_model_projection.weight": (layers, h),
+            "model.embed_tokens_per_layer.weight": (cfg.vocab_size_per_layer_input, width),
+            "model.per_layer_model_projection.weight": (width, h),
             "model.per_layer_projection_norm.weight": (per_input,),
         }
-    return top, _LAYER, layer
+    return top, _LAYER, lambda i: layers[i] if i < len(layers) else {}
 
 
 def _deepseek_v3(cfg: Any) -> Table:
@@ -261,35 +260,15 @@ SHAPE_TABLES: dict[str, Callable[[Any], Table]] = {
     "gemma4_text": _gemma4_text,
 }  # fmt: skip
 """model_type -> its shape table from a config."""
-MULTIMODAL = ("gemma3", "gemma4", "llama4")
-"""``*ForConditionalGeneration`` model types whose text part (``text_config``, the weights
-under ``TEXT_PREFIXES``) is checked by its own table; the other towers are not."""
-TEXT_PREFIXES = (
-    ("model.language_model.", "model."),
-    ("language_model.model.", "model."),
-    ("language_model.lm_head.", "lm_head."),
-    ("lm_head.", "lm_head."),  # the new layout's LM head: already the text model's name
-)
-"""Where a multimodal checkpoint keeps its text model (new and old layouts) -> the text
-model's own names."""
-
-
-def _text_name(name: str) -> str | None:
-    """A multimodal checkpoint's tensor name as its text model's (None: another tower's)."""
-    for old, new in TEXT_PREFIXES:
-        if name.startswith(old):
-            return new + name.removeprefix(old)
-    return None
 
 
 def expected_shape(cfg: Any) -> Callable[[str], Shape | None]:
     """``name -> shape`` the config implies (None: a name this check does not know)."""
-    model_type = getattr(cfg, "model_type", None)
+    family = SHAPE_TABLES.get(getattr(cfg, "model_type", None))
     text_config = getattr(cfg, "text_config", None)
-    if model_type in MULTIMODAL and text_config is not None:
+    if family is None and text_config is not None:  # a multimodal checkpoint: its text model
         text = expected_shape(text_config)
-        return lambda name: None if (own := _text_name(name)) is None else text(own)
-    family = SHAPE_TABLES.get(model_type)
+        return lambda name: text(text_name(name) or name)
     if family is None:
         return lambda name: None
     top, pattern, layer = family(cfg)
@@ -298,7 +277,7 @@ def expected_shape(cfg: Any) -> Callable[[str], Shape | None]:
         m = pattern.fullmatch(name)
         if m is None:
             return top.get(name)
-        return layer(int(m.group(1))).get(_EXPERT.sub(".experts.*.", m.group(2)))
+        return layer(int(m.group(1))).get(_EXPERT.sub("experts.*.", m.group(2)))
 
     return shape
 

@@ -110,11 +110,13 @@ def _file_loaders(path: Path) -> dict[str, Loader]:
                     loaders.pop(part, None)
                 loaders[name] = partial(_as_stored, partial(checkpoint.assemble, get, name, info,
                                                             names))  # fmt: skip
+                loaders[name].shape = tuple(info["shape"])  # the weight's logical shape
             return loaders
         tensors = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
-        loaders = {name: partial(_identity, tensor) for name, tensor in tensors.items()}
-        for name, tensor in tensors.items():  # mapped, not read: the shape is the header's
-            if isinstance(tensor, torch.Tensor):
+        loaders = {}
+        for name, tensor in tensors.items():
+            loaders[name] = partial(_identity, tensor)
+            if isinstance(tensor, torch.Tensor):  # memory-mapped: its shape costs no read
                 loaders[name].shape = tuple(tensor.shape)
         return loaders
     except Exception as exc:

@@ -166,10 +166,23 @@ def _mxfp4_experts(t: dict) -> None:
         t[f"{name}_scales"] = torch.full((e, rows, k // 32), 127, dtype=torch.uint8)
 
 
+def _gemma4_per_expert(t: dict) -> None:
+    """Gemma 4's fused experts ``[E, 2I, H]`` / ``[E, H, I]`` as one gated MLP per expert."""
+    for fused in [n for n in t if n.endswith("experts.gate_up_proj")]:
+        experts = fused.removesuffix(".gate_up_proj")
+        gate_up, down = t.pop(fused), t.pop(f"{experts}.down_proj")
+        for i, (pair, d) in enumerate(zip(gate_up, down, strict=True)):
+            gate, up = pair.chunk(2)
+            t |= {f"{experts}.{i}.gate_proj.weight": gate.clone(),
+                  f"{experts}.{i}.up_proj.weight": up.clone(),
+                  f"{experts}.{i}.down_proj.weight": d.clone()}  # fmt: skip
+
+
 LAYOUT_CASES = {  # variant, layout edit, a tensor of the edited checkpoint to cut
     "original opt names": ("opt-prenorm", _original_opt, "decoder.layers.0.fc1.weight"),
     "fused experts": ("qwen3-moe", _fused_experts, "model.layers.0.mlp.experts.down_proj"),
     "mxfp4 experts": ("gpt-oss", _mxfp4_experts, "model.layers.0.mlp.experts.down_proj_blocks"),
+    "per-expert gemma4": ("gemma4", _gemma4_per_expert, "model.layers.0.experts.1.up_proj.weight"),
 }
 
 
@@ -203,17 +216,19 @@ NEW_MULTIMODAL_NAMES = (
 
 def _new_multimodal_names(t: dict) -> None:
     """The layout transformers builds multimodal models in (``model.language_model.*``,
-    ``model.vision_tower.*``, a top-level ``lm_head``) from the saved ``language_model.model.*``."""
+    ``model.vision_tower.*``) from the saved ``language_model.model.*``, with an untied LM
+    head at the top (``lm_head.weight``, the embedding's shape)."""
     for name in list(t):
         for old, new in NEW_MULTIMODAL_NAMES:
             if name.startswith(old):
                 t[new + name.removeprefix(old)] = t.pop(name)
                 break
+    t.setdefault("lm_head.weight", t["model.language_model.embed_tokens.weight"].clone())
 
 
 MULTIMODAL_CASES = {  # family, layout: the factory's name, a text tensor to cut, its length
     ("gemma3", "saved"): ("gemma3_conditional", "q_norm.weight", 32),
-    ("gemma3", "new names"): ("gemma3_conditional", "q_norm.weight", 32),
+    ("gemma3", "new names"): ("gemma3_conditional", "lm_head.weight", 160),
     ("gemma4", "saved"): ("gemma4_conditional", "mlp.up_proj.weight", 96),
     ("llama4", "saved"): ("llama4_conditional", "feed_forward.down_proj.weight", 64),
 }
@@ -235,12 +250,13 @@ def test_a_multimodal_checkpoints_text_part_is_checked(tmp_path, case):
     config = load_config(good)
     shapes = load_weights(good, config).shapes()  # no error
     expected = expected_shape(config)
-    towers = [n for n in shapes if n.split(".")[n.startswith("model.")] in OTHER_TOWERS]
+    towers = [n for n in shapes if n.removeprefix("model.").split(".")[0] in OTHER_TOWERS]
     text = [n for n in shapes if n not in towers]
-    assert towers and text and all(".language_model." in f".{n}" for n in text)
+    assert towers and text
+    assert all("language_model." in n or n.startswith("lm_head.") for n in text)
     assert [n for n in text if expected(n) is None] == []
     assert [n for n in towers if expected(n) is not None] == []
-    name = _first_layer_tensor(text, cut)
+    name = cut if cut in shapes else _first_layer_tensor(text, cut)
     bad = edited(good, tmp_path / "bad", _set(name, lambda w: w[:-1].clone()))
     with pytest.raises(ModelLoadError, match=rf"\({family}\) implies") as exc:
         load_weights(bad, config)
@@ -267,3 +283,30 @@ def test_gemma4_layers_are_checked_at_their_own_widths(tmp_path):
         load_weights(bad, load_config(bad))
     for name, shapes in narrowed.items():
         assert f"{name} is {shapes}" in str(exc.value)
+
+
+def test_biased_llama_attention_and_quantized_copies_are_checked(tmp_path):
+    """A Llama with ``attention_bias`` (every projection biased, the output one too) passes
+    as transformers saved it; in pace's quantized copy (``pace quantize``) the quantized
+    matrices are checked at their logical shapes, as the file's metadata states them."""
+    import json
+
+    import transformers as tf
+    from support.tiny import DIMS, NO_SPECIAL, save
+
+    from pace_core.models.loader import load_config, load_weights
+    from pace_core.models.quantized_copy import save_quantized
+    from pace_core.models.shape_check import expected_shape
+
+    good = save(tf.LlamaForCausalLM, tf.LlamaConfig(**DIMS, **NO_SPECIAL, attention_bias=True),
+                tmp_path / "biased")  # fmt: skip
+    shapes = load_weights(good, load_config(good)).shapes()
+    assert "model.layers.0.self_attn.o_proj.bias" in shapes
+    assert [n for n in shapes if expected_shape(load_config(good))(n) is None] == []
+
+    copy = save_quantized(good, tmp_path / "int8", "int8")
+    config = json.loads((copy / "config.json").read_text())
+    (copy / "config.json").write_text(json.dumps({**config, "intermediate_size": 100}))
+    with pytest.raises(ModelLoadError, match=r"do not have the shape") as exc:
+        load_weights(copy, load_config(copy))
+    assert "model.layers.0.mlp.up_proj.weight is [128, 64], expected [100, 64]" in str(exc.value)

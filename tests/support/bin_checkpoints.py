@@ -1,4 +1,4 @@
-"""``pytorch_model.bin`` checkpoints from a state dict: one file, or shards with their index."""
+"""Sharded ``pytorch_model.bin`` checkpoints (with their index) from a state dict."""
 
 from __future__ import annotations
 
