@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from pace_core.errors import ConfigError
+from pace_core.models.text_part import text_name
 from pace_core.quant.checkpoint import METADATA_KEY, WEIGHT_FILES, pack
 
 
@@ -65,8 +66,9 @@ def save_quantized(
     recorded.clear()
     store = WeightStore.from_dir(source)
     tied = getattr(hf_config, "tie_word_embeddings", False)
-    for name in store.names():
-        if name in tensors or (tied and name == "lm_head.weight"):
+    for name in store.names():  # the rest as stored (a multimodal wrapper's names kept)
+        own = text_name(name) or name  # the name the model was built with
+        if own in tensors or (tied and own == "lm_head.weight"):
             continue
         tensors[name] = store.take(name).contiguous()
     out.mkdir(parents=True, exist_ok=True)

@@ -112,11 +112,11 @@ def _file_loaders(path: Path) -> dict[str, Loader]:
                                                             names))  # fmt: skip
                 loaders[name].shape = tuple(info["shape"])  # the weight's logical shape
             return loaders
-        tensors = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
+        tensors = _load_bin(path)
         loaders = {}
         for name, tensor in tensors.items():
             loaders[name] = partial(_identity, tensor)
-            if isinstance(tensor, torch.Tensor):  # memory-mapped: its shape costs no read
+            if isinstance(tensor, torch.Tensor):  # mapped or in memory: no read for its shape
                 loaders[name].shape = tuple(tensor.shape)
         return loaders
     except Exception as exc:
@@ -124,6 +124,17 @@ def _file_loaders(path: Path) -> dict[str, Loader]:
             f"cannot read weight file {path} ({type(exc).__name__}: {exc}); the file may be "
             "truncated or corrupt — re-download or re-convert it"
         ) from None
+
+
+def _load_bin(path: Path) -> dict[str, Any]:
+    """A ``.bin`` state dict, memory-mapped; a file in torch's legacy (pre-zip) format cannot
+    be mapped and is read whole."""
+    try:
+        return torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
+    except RuntimeError as exc:
+        if "_use_new_zipfile_serialization" not in str(exc):
+            raise
+        return torch.load(str(path), map_location="cpu", weights_only=True)
 
 
 _SAFETENSORS_DTYPES = {
@@ -297,10 +308,19 @@ class WeightStore:
         }
 
     def rename_prefix(self, old: str, new: str = "") -> None:
-        """Replace ``old`` by ``new`` at the start of every name (e.g. a multimodal wrapper's)."""
-        self._loaders = {
-            (new + k[len(old) :] if k.startswith(old) else k): v for k, v in self._loaders.items()
-        }
+        """Replace ``old`` by ``new`` at the start of every name (e.g. a multimodal wrapper's);
+        a ModelLoadError when a renamed tensor takes a name another already has."""
+        renamed: dict[str, Loader] = {}
+        for name, loader in self._loaders.items():
+            to = new + name[len(old) :] if name.startswith(old) else name
+            if to in renamed:
+                raise ModelLoadError(
+                    f"{self.source}: two tensors are {to!r} once {old!r} is read as {new!r} "
+                    "(the checkpoint holds that weight twice, under both names): keep one of "
+                    "them, or re-save the checkpoint from its original"
+                )
+            renamed[to] = loader
+        self._loaders = renamed
 
     def take(self, name: str, dtype: torch.dtype | None = None) -> Any:
         """The tensor called ``name`` (cast to ``dtype``; a quantized weight keeps its format and

@@ -35,6 +35,9 @@ def test_formats_give_identical_logits(tiny_llama_dir, tmp_path):
     (single_bin / "config.json").write_text((tiny_llama_dir / "config.json").read_text())
     torch.save(state, single_bin / "pytorch_model.bin")
     assert torch.equal(reference_logits(single_bin, ids), want)
+    # torch's legacy (pre-zip) format cannot be memory-mapped: it is read whole
+    torch.save(state, single_bin / "pytorch_model.bin", _use_new_zipfile_serialization=False)
+    assert torch.equal(reference_logits(single_bin, ids), want)
 
     sharded_bin = tmp_path / "bin_sharded"
     sharded_bin.mkdir()
@@ -149,3 +152,17 @@ def test_engine_loops_freeze_the_loaded_objects_until_the_last_one_ends():
     )
     outer, still, after = map(int, out.stdout.split())
     assert outer > 1000 and still >= outer and after == 0
+
+
+def test_a_weight_under_two_names_is_an_error_not_a_coin_toss():
+    """A multimodal wrapper's rename that lands on a name the checkpoint already has would keep
+    whichever came last (the file's order): an error naming the tensor instead."""
+    from pace_core.errors import ModelLoadError
+    from pace_core.models.weights import WeightStore
+
+    w = torch.zeros(2, 2)
+    store = WeightStore.from_tensors(
+        {"language_model.model.norm.weight": w, "model.norm.weight": w}, source="ckpt"
+    )
+    with pytest.raises(ModelLoadError, match="ckpt: two tensors are 'model.norm.weight'"):
+        store.rename_prefix("language_model.model.", "model.")

@@ -205,6 +205,28 @@ def test_saved_quantized_copy_reloads_without_requantizing(family_dirs, family, 
     assert size < dense / 3
 
 
+def test_a_multimodal_quantized_copy_holds_each_weight_once(tmp_path):
+    """Gemma 3 ConditionalGeneration: the quantized text matrices replace their originals (the
+    copy held both, and which one loaded depended on the file's order); it reloads quantized,
+    with the logits of quantizing on load."""
+    from support.tiny import gemma3_conditional
+
+    from pace_core.models.quantized_copy import save_quantized
+    from pace_core.models.text_part import text_name
+    from pace_core.models.weights import WeightStore
+
+    source = gemma3_conditional(tmp_path / "mm")
+    out = save_quantized(source, tmp_path / "q", "int8", torch.float32)
+    names = [text_name(n) or n for n in WeightStore.from_dir(out).names()]
+    assert len(names) == len(set(names))
+    reloaded = LLMModel(out, dtype=torch.float32, load_tokenizer=False, opconfig=NATIVE)
+    assert isinstance(reloaded.model.layers[0].attn.o_proj.weight.weight, QuantizedWeight)
+    fresh = LLMModel(source, dtype=torch.float32, load_tokenizer=False, quantization="int8",
+                     opconfig=NATIVE)  # fmt: skip
+    ids = torch.tensor([[3, 7, 11, 5, 9]])
+    assert torch.equal(fresh.logits(ids), reloaded.logits(ids))
+
+
 def test_saving_needs_a_quantization_and_an_original(family_dirs, tmp_path):
     from pace_core.models.quantized_copy import save_quantized
 
