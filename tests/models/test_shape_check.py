@@ -285,7 +285,8 @@ def test_gemma4_layers_are_checked_at_their_own_widths(tmp_path):
         assert f"{name} is {shapes}" in str(exc.value)
 
 
-def test_biased_llama_attention_and_quantized_copies_are_checked(tmp_path):
+@pytest.mark.parametrize("quantization", ["int8", "int4"])  # int4 stores [N, K / 2] bytes
+def test_biased_llama_attention_and_quantized_copies_are_checked(tmp_path, quantization):
     """A Llama with ``attention_bias`` (every projection biased, the output one too) passes
     as transformers saved it; in pace's quantized copy (``pace quantize``) the quantized
     matrices are checked at their logical shapes, as the file's metadata states them."""
@@ -304,7 +305,7 @@ def test_biased_llama_attention_and_quantized_copies_are_checked(tmp_path):
     assert "model.layers.0.self_attn.o_proj.bias" in shapes
     assert [n for n in shapes if expected_shape(load_config(good))(n) is None] == []
 
-    copy = save_quantized(good, tmp_path / "int8", "int8")
+    copy = save_quantized(good, tmp_path / quantization, quantization)
     config = json.loads((copy / "config.json").read_text())
     (copy / "config.json").write_text(json.dumps({**config, "intermediate_size": 100}))
     with pytest.raises(ModelLoadError, match=r"do not have the shape") as exc:
