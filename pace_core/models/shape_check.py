@@ -64,21 +64,26 @@ def _top(cfg: Any) -> dict[str, Shape]:
     }
 
 
+def _attention(hidden: int, heads: int, kv: int, dim: int) -> dict[str, Shape]:
+    """The Llama attention's projections (weights, and biases where a model has them) and
+    QK-norms for ``heads`` query and ``kv`` key / value heads of ``dim``."""
+    q, k = heads * dim, kv * dim
+    out: dict[str, Shape] = {"self_attn.q_norm.weight": (dim,), "self_attn.k_norm.weight": (dim,)}
+    for proj, rows, cols in (("q_proj", q, hidden), ("k_proj", k, hidden), ("v_proj", k, hidden),
+                             ("o_proj", hidden, q)):  # fmt: skip
+        out[f"self_attn.{proj}.weight"], out[f"self_attn.{proj}.bias"] = (rows, cols), (rows,)
+    return out
+
+
 def _layer_shapes(cfg: Any) -> dict[str, Shape]:
     """Per-layer tensor name (after ``model.layers.N.``) -> its shape."""
     hidden, inter = cfg.hidden_size, cfg.intermediate_size
     heads = cfg.num_attention_heads
     kv = getattr(cfg, "num_key_value_heads", None) or heads
     dim = getattr(cfg, "head_dim", None) or hidden // heads
-    q, k = heads * dim, kv * dim
     out: dict[str, Shape] = {
-        "self_attn.q_proj.weight": (q, hidden), "self_attn.k_proj.weight": (k, hidden),
-        "self_attn.v_proj.weight": (k, hidden), "self_attn.o_proj.weight": (hidden, q),
-        "self_attn.q_proj.bias": (q,), "self_attn.k_proj.bias": (k,),
-        "self_attn.v_proj.bias": (k,), "self_attn.o_proj.bias": (hidden,),
-        "self_attn.q_norm.weight": (dim,),
-        "self_attn.k_norm.weight": (dim,), **_gated_mlp("mlp", inter, hidden),
-        "self_attn.qkv_proj.weight": (q + 2 * k, hidden),  # Phi-3's fused projections
+        **_attention(hidden, heads, kv, dim), **_gated_mlp("mlp", inter, hidden),
+        "self_attn.qkv_proj.weight": ((heads + 2 * kv) * dim, hidden),  # Phi-3's fused ones
         "mlp.gate_up_proj.weight": (2 * inter, hidden),
     }  # fmt: skip
     for norm in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
@@ -181,23 +186,15 @@ def _gemma4_text(cfg: Any) -> Table:
     with ``attention_k_eq_v`` no value projection; optional per-layer inputs and MoE block."""
     h, heads = cfg.hidden_size, cfg.num_attention_heads
     per_input = cfg.hidden_size_per_layer_input or 0
-    bias = cfg.attention_bias
 
     def layer(i: int) -> dict[str, Shape]:
         dim, kv = cfg.per_layer_config[i].head_dim, cfg.per_layer_config[i].num_key_value_heads
         reuses_kv = cfg.kv_sharing_modes[i] == "reuse"
-        projections = {"q_proj": (heads * dim, h), "o_proj": (h, heads * dim)}
-        if not reuses_kv:
-            projections["k_proj"] = (kv * dim, h)
-            if not (cfg.attention_k_eq_v and cfg.layer_types[i] != "sliding_attention"):
-                projections["v_proj"] = (kv * dim, h)
-        out: dict[str, Shape] = {"self_attn.q_norm.weight": (dim,), "layer_scalar": (1,)}
-        if not reuses_kv:
-            out["self_attn.k_norm.weight"] = (dim,)
-        for proj, shape in projections.items():
-            out[f"self_attn.{proj}.weight"] = shape
-            if bias:
-                out[f"self_attn.{proj}.bias"] = shape[:1]
+        k_is_v = cfg.attention_k_eq_v and cfg.layer_types[i] != "sliding_attention"
+        absent = ("k_proj", "k_norm", "v_proj") if reuses_kv else ("v_proj",) if k_is_v else ()
+        out = {name: shape for name, shape in _attention(h, heads, kv, dim).items()
+               if name.split(".")[1] not in absent}  # fmt: skip
+        out["layer_scalar"] = (1,)
         wide = 2 if cfg.use_double_wide_mlp and reuses_kv else 1
         out |= _gated_mlp("mlp", cfg.intermediate_size * wide, h)
         norms = ["input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
